@@ -1,0 +1,56 @@
+# The README names these targets. `make up` brings everything up; `make test` runs every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test test-unit test-integration test-e2e lint typecheck crds \
+        cluster-up cluster-down cluster-status images up down clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests hack benchmarks
+	$(VENV)/bin/ruff format --check src tests hack benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+crds: $(STAMP)
+	$(PY) hack/gen_crds.py
+
+# The whole suite: static checks, unit tests, then integration and e2e tests against a real
+# cluster (the fixtures bring the local one up unless KUBECONFIG points at one).
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+test-integration: $(STAMP)
+	$(PY) -m pytest tests/integration
+
+test-e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e
+
+cluster-up: $(STAMP)
+	$(PY) hack/cluster.py up
+
+cluster-down: $(STAMP)
+	$(PY) hack/cluster.py down
+
+cluster-status: $(STAMP)
+	$(PY) hack/cluster.py status
+
+images: $(STAMP)
+	$(PY) hack/cluster.py images
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
