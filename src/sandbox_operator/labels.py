@@ -1,0 +1,160 @@
+"""Labels and annotations that tie every object the operator creates to its sandbox key.
+
+A sandbox key is (scope, threadId, agentDir, callId). Its parts are free-form strings chosen by the
+host, so they cannot be label values as they are (63 characters, a restricted alphabet). Each part
+is hashed into a label value instead, and the original strings are kept in annotations for people.
+Hashing is domain-separated per part, so a scope and a thread id with the same text get different
+values, and deterministic, so any replica (or the client) computes the same selector from the key
+alone: a whole conversation can be found by a label selector, never by an in-memory registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Protocol
+
+GROUP = "sandbox-operator.dev"
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "sandbox-operator"
+
+SCOPE_LABEL = f"{GROUP}/scope"
+THREAD_LABEL = f"{GROUP}/thread"
+CONVERSATION_LABEL = f"{GROUP}/conversation"
+AGENT_DIR_LABEL = f"{GROUP}/agent-dir"
+CALL_LABEL = f"{GROUP}/call"
+KEY_LABEL = f"{GROUP}/key"
+SANDBOX_LABEL = f"{GROUP}/sandbox"
+BACKEND_LABEL = f"{GROUP}/backend"
+
+SCOPE_ANNOTATION = f"{GROUP}/scope"
+THREAD_ANNOTATION = f"{GROUP}/thread-id"
+AGENT_DIR_ANNOTATION = f"{GROUP}/agent-dir"
+CALL_ANNOTATION = f"{GROUP}/call-id"
+
+# The client may stamp this annotation (RFC 3339 UTC) on a Sandbox whenever it uses it; the
+# operator measures lifetime.idleTimeoutSeconds from the later of it and the time the sandbox
+# became ready.
+LAST_ACTIVITY_ANNOTATION = f"{GROUP}/last-activity"
+
+# 32 hex characters = 128 bits of SHA-256: collisions are not a practical concern, and the value
+# stays well under the 63-character limit and starts/ends with an alphanumeric character.
+_HASH_CHARS = 32
+
+
+class KeyLike(Protocol):
+    """Anything with the four key parts (the contract's SandboxKey satisfies it)."""
+
+    @property
+    def scope(self) -> str: ...
+
+    @property
+    def thread_id(self) -> str: ...
+
+    @property
+    def agent_dir(self) -> str: ...
+
+    @property
+    def call_id(self) -> str: ...
+
+
+def _digest(domain: str, *parts: str) -> str:
+    h = hashlib.sha256()
+    h.update(domain.encode())
+    for part in parts:
+        raw = part.encode()
+        # Length-prefix every part so ("ab", "c") and ("a", "bc") never hash alike.
+        h.update(len(raw).to_bytes(8, "big"))
+        h.update(raw)
+    return h.hexdigest()
+
+
+def hash_part(domain: str, *parts: str) -> str:
+    """A label-safe hash of the given parts, separated by domain (e.g. "scope", "thread")."""
+    return _digest(domain, *parts)[:_HASH_CHARS]
+
+
+def scope_value(scope: str) -> str:
+    return hash_part("scope", scope)
+
+
+def thread_value(thread_id: str) -> str:
+    return hash_part("thread", thread_id)
+
+
+def conversation_value(scope: str, thread_id: str) -> str:
+    return hash_part("conversation", scope, thread_id)
+
+
+def key_value(key: KeyLike) -> str:
+    return hash_part("key", key.scope, key.thread_id, key.agent_dir, key.call_id)
+
+
+def key_labels(key: KeyLike) -> dict[str, str]:
+    """The hashed key parts, as labels. Every value is <= 63 characters and label-safe."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        SCOPE_LABEL: scope_value(key.scope),
+        THREAD_LABEL: thread_value(key.thread_id),
+        CONVERSATION_LABEL: conversation_value(key.scope, key.thread_id),
+        AGENT_DIR_LABEL: hash_part("agent-dir", key.agent_dir),
+        CALL_LABEL: hash_part("call", key.call_id),
+        KEY_LABEL: key_value(key),
+    }
+
+
+def key_annotations(key: KeyLike) -> dict[str, str]:
+    """The original key strings, for people reading the objects."""
+    return {
+        SCOPE_ANNOTATION: key.scope,
+        THREAD_ANNOTATION: key.thread_id,
+        AGENT_DIR_ANNOTATION: key.agent_dir,
+        CALL_ANNOTATION: key.call_id,
+    }
+
+
+def sandbox_label_value(sandbox_name: str) -> str:
+    """The sandbox label's value for a Sandbox name (the name itself if a DNS-1123 label)."""
+    from sandbox_operator.naming import object_name
+
+    return object_name(sandbox_name)
+
+
+def object_labels(key: KeyLike, sandbox_name: str, backend: str | None = None) -> dict[str, str]:
+    """Labels for an object that serves one sandbox (pod, NetworkPolicy, remote session)."""
+    labels = key_labels(key)
+    labels[SANDBOX_LABEL] = sandbox_label_value(sandbox_name)
+    if backend is not None:
+        labels[BACKEND_LABEL] = backend
+    return labels
+
+
+def format_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def scope_selector(scope: str, thread_id: str) -> str:
+    """A label selector for everything of one conversation (scope + thread)."""
+    return format_selector(
+        {
+            MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+            CONVERSATION_LABEL: conversation_value(scope, thread_id),
+        }
+    )
+
+
+def key_selector(key: KeyLike) -> str:
+    """A label selector for everything of one sandbox key."""
+    return format_selector({MANAGED_BY_LABEL: MANAGED_BY_VALUE, KEY_LABEL: key_value(key)})
+
+
+def sandbox_selector(sandbox_name: str) -> str:
+    """A label selector for every object that serves the named Sandbox."""
+    return format_selector(
+        {MANAGED_BY_LABEL: MANAGED_BY_VALUE, SANDBOX_LABEL: sandbox_label_value(sandbox_name)}
+    )
+
+
+def managed_selector() -> str:
+    return format_selector({MANAGED_BY_LABEL: MANAGED_BY_VALUE})

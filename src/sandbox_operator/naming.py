@@ -1,0 +1,73 @@
+"""Deterministic object names derived from a sandbox key.
+
+The client names a Sandbox from its key, and the operator names the objects that serve it from the
+Sandbox's name, so two callers racing on one key meet on one object and a restarted operator finds
+what it created before. Every name is a DNS-1123 label (lowercase alphanumerics and '-', starting
+and ending with an alphanumeric, at most 63 characters), valid for any resource kind and as a label
+value.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sandbox_operator.labels import KeyLike, hash_part
+
+MAX_NAME = 63
+_HASH_LEN = 16  # 64 bits: the readable prefix is decoration, the hash carries identity
+_SLUG_LEN = 24
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def slug(text: str, max_len: int = _SLUG_LEN) -> str:
+    """A readable, DNS-safe fragment of text (may be empty)."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:max_len].strip("-")
+
+
+def is_dns1123_label(name: str) -> bool:
+    return len(name) <= MAX_NAME and bool(_DNS1123_LABEL.match(name))
+
+
+def _compose(prefix: str, readable: str, digest: str) -> str:
+    parts = [prefix]
+    if readable:
+        parts.append(readable)
+    parts.append(digest)
+    name = "-".join(parts)
+    assert is_dns1123_label(name), name
+    return name
+
+
+def sandbox_name(key: KeyLike) -> str:
+    """The name of the Sandbox resource for a key: ``sbx-<agentDir slug>-<hash of the key>``."""
+    digest = hash_part("name", key.scope, key.thread_id, key.agent_dir, key.call_id)[:_HASH_LEN]
+    readable = slug(key.agent_dir)
+    if key.call_id:
+        readable = "-".join(p for p in (readable[:14], slug(key.call_id, 9)) if p)
+    return _compose("sbx", readable, digest)
+
+
+def scope_name(scope: str, thread_id: str) -> str:
+    """A suggested name for the SandboxScope of a conversation (hosts may choose their own)."""
+    digest = hash_part("scope-name", scope, thread_id)[:_HASH_LEN]
+    return _compose("sbxs", slug(thread_id), digest)
+
+
+def object_name(sandbox: str) -> str:
+    """The name of the objects that serve a Sandbox, and the value of its sandbox label.
+
+    A Sandbox named by :func:`sandbox_name` (or any name that is a DNS-1123 label) lends its own
+    name; a longer or dotted name is shortened deterministically.
+    """
+    if is_dns1123_label(sandbox):
+        return sandbox
+    return _compose("sbx", slug(sandbox, 30), hash_part("object", sandbox)[:_HASH_LEN])
+
+
+def pod_name(sandbox: str) -> str:
+    return object_name(sandbox)
+
+
+def network_policy_name(sandbox: str) -> str:
+    return object_name(sandbox)
