@@ -1,0 +1,64 @@
+"""Condition types and reasons: the one source for Sandbox/SandboxScope status conditions, client
+exception types and docs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from .errors import RefusalReason
+
+
+class ConditionType(StrEnum):
+    """Condition types a Sandbox or SandboxScope carries."""
+
+    ADMITTED = "Admitted"
+    READY = "Ready"
+    DISPOSED = "Disposed"
+
+
+class ConditionReason(StrEnum):
+    """Every machine-readable reason a condition may carry.
+
+    The first block mirrors :class:`RefusalReason` value for value (a test holds them equal).
+    """
+
+    # Refusals (Admitted=False).
+    ISOLATION_BELOW_FLOOR = RefusalReason.ISOLATION_BELOW_FLOOR.value
+    CAPABILITY_NOT_SUPPORTED = RefusalReason.CAPABILITY_NOT_SUPPORTED.value
+    OS_FAMILY_NOT_SUPPORTED = RefusalReason.OS_FAMILY_NOT_SUPPORTED.value
+    TRANSFER_LIMITS_NOT_PERMITTED = RefusalReason.TRANSFER_LIMITS_NOT_PERMITTED.value
+    EGRESS_NOT_ENFORCED = RefusalReason.EGRESS_NOT_ENFORCED.value
+    ISOLATION_SCOPE_NOT_ENFORCED = RefusalReason.ISOLATION_SCOPE_NOT_ENFORCED.value
+    BACKEND_UNAVAILABLE = RefusalReason.BACKEND_UNAVAILABLE.value
+    NO_BACKEND_CAN_SERVE = RefusalReason.NO_BACKEND_CAN_SERVE.value
+    # Admission and lifecycle.
+    SCOPE_NOT_FOUND = "ScopeNotFound"
+    ADMITTED = "Admitted"
+    PENDING = "Pending"
+    CREATING = "Creating"
+    READY = "Ready"
+    STARTUP_FAILED = "StartupFailed"
+    STARTUP_TIMEOUT = "StartupTimeout"
+    FAILED = "Failed"
+    EXPIRED = "Expired"
+    # Disposal.
+    DISPOSING = "Disposing"
+    DISPOSED = "Disposed"
+    DISPOSAL_FAILED = "DisposalFailed"
+    KEY_UNCLEAN = "KeyUnclean"
+    # SandboxScope purges.
+    PURGED = "Purged"
+    PURGE_INCOMPLETE = "PurgeIncomplete"
+
+
+def refusal_condition_reason(reason: RefusalReason) -> ConditionReason:
+    """The condition reason that reports ``reason``."""
+    return ConditionReason(reason.value)
+
+
+class ConditionStatus(StrEnum):
+    """metav1.Condition status values."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"

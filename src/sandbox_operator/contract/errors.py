@@ -1,0 +1,329 @@
+"""Refusals and configuration errors.
+
+Every refusal is a type with fields a caller branches on (``reason``, ``backend``, ``kind`` and
+the check's own values); ``message`` is prose for a person and is never parsed. Messages name the
+backend, the workload kind and the offending values; they never carry secrets or endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar, TypeVar
+
+from .enums import (
+    Capability,
+    Egress,
+    Isolation,
+    IsolationScope,
+    OsFamily,
+)
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class RefusalReason(StrEnum):
+    """Machine-readable reason of a refusal; also a condition reason and a client exception."""
+
+    ISOLATION_BELOW_FLOOR = "IsolationBelowFloor"
+    CAPABILITY_NOT_SUPPORTED = "CapabilityNotSupported"
+    OS_FAMILY_NOT_SUPPORTED = "OsFamilyNotSupported"
+    TRANSFER_LIMITS_NOT_PERMITTED = "TransferLimitsNotPermitted"
+    EGRESS_NOT_ENFORCED = "EgressNotEnforced"
+    ISOLATION_SCOPE_NOT_ENFORCED = "IsolationScopeNotEnforced"
+    BACKEND_UNAVAILABLE = "BackendUnavailable"
+    NO_BACKEND_CAN_SERVE = "NoBackendCanServe"
+
+
+def _names(values: Iterable[str], empty: str = "none") -> str:
+    items = [str(v) for v in values]
+    return ", ".join(items) if items else empty
+
+
+def _sorted_by_definition(values: Iterable[_E], enum: type[_E]) -> tuple[_E, ...]:
+    wanted = set(values)
+    return tuple(member for member in enum if member in wanted)
+
+
+class SandboxRefusal(Exception):
+    """Base of every admission refusal.
+
+    ``reason`` is stable and machine-readable; ``backend`` names the backend that refused (or
+    ``None`` when the refusal covers several); ``kind`` is the workload kind; ``detail`` is the
+    check-specific part of the prose; ``message`` is the whole sentence.
+    """
+
+    reason: ClassVar[RefusalReason]
+
+    def __init__(self, *, backend: str | None, kind: str, detail: str, message: str) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.kind = kind
+        self.detail = detail
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(reason={self.reason.value!r}, "
+            f"backend={self.backend!r}, kind={self.kind!r})"
+        )
+
+
+def _raised_by(sources: Sequence[str]) -> str:
+    return f" (floor raised by: {', '.join(sources)})" if sources else ""
+
+
+class IsolationBelowFloor(SandboxRefusal):
+    """The backend's declared isolation is below the effective floor, or is not a known rung.
+
+    ``isolation`` is the backend's raw declaration; ``known`` is False when it is not on the
+    ladder; ``floor`` is the effective floor; ``raised_by`` names who set it (host/scope/spec).
+    """
+
+    reason = RefusalReason.ISOLATION_BELOW_FLOOR
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        kind: str,
+        isolation: str,
+        floor: Isolation,
+        raised_by: Sequence[str] = (),
+        known: bool = True,
+    ) -> None:
+        self.isolation = isolation
+        self.floor = floor
+        self.raised_by = tuple(raised_by)
+        self.known = known
+        if known:
+            detail = (
+                f"isolation {isolation} is below the effective floor {floor.value}"
+                f"{_raised_by(raised_by)}"
+            )
+            message = (
+                f"backend {backend!r} (isolation {isolation}) is below the effective floor "
+                f"{floor.value} for kind {kind!r}{_raised_by(raised_by)}"
+            )
+        else:
+            detail = (
+                f"declared isolation {isolation!r} is not a rung on the ladder, so it cannot be "
+                f"judged against the floor {floor.value}"
+            )
+            message = (
+                f"backend {backend!r} declares isolation {isolation!r}, which is not a rung on "
+                f"the ladder; kind {kind!r} is refused rather than guessing how it compares with "
+                f"the effective floor {floor.value}{_raised_by(raised_by)}"
+            )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class CapabilityNotSupported(SandboxRefusal):
+    """The backend lacks capabilities the spec requires
+    (``missing``; ``declared``: what it has)."""
+
+    reason = RefusalReason.CAPABILITY_NOT_SUPPORTED
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        kind: str,
+        missing: Iterable[Capability],
+        declared: Iterable[Capability],
+    ) -> None:
+        self.missing = _sorted_by_definition(missing, Capability)
+        self.declared = _sorted_by_definition(declared, Capability)
+        detail = (
+            f"missing required capabilities {_names(self.missing)} "
+            f"(declares {_names(self.declared)})"
+        )
+        message = (
+            f"backend {backend!r} cannot serve kind {kind!r}: it lacks the required "
+            f"capabilities {_names(self.missing)} (it declares {_names(self.declared)})"
+        )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class OsFamilyNotSupported(SandboxRefusal):
+    """The spec asks for an OS family (``requested``) the backend does not declare."""
+
+    reason = RefusalReason.OS_FAMILY_NOT_SUPPORTED
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        kind: str,
+        requested: OsFamily,
+        declared: Iterable[OsFamily],
+    ) -> None:
+        self.requested = requested
+        self.declared = _sorted_by_definition(declared, OsFamily)
+        declared_text = _names(self.declared, empty="no OS family")
+        detail = f"requires OS family {requested.value} (declares {declared_text})"
+        message = (
+            f"backend {backend!r} cannot serve kind {kind!r}: the spec requires OS family "
+            f"{requested.value} and the backend declares {declared_text}"
+        )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+@dataclass(frozen=True)
+class TransferExcess:
+    """One transfer limit the spec asks above the backend's ceiling.
+
+    ``direction`` is ``filesIn`` or ``filesOut``; ``field`` the camelCase limit name.
+    """
+
+    direction: str
+    field: str
+    asked: int
+    ceiling: int
+
+    def describe(self) -> str:
+        return f"{self.direction}.{self.field} {self.asked} > {self.ceiling}"
+
+
+class TransferLimitsNotPermitted(SandboxRefusal):
+    """The spec's transfer limits exceed the backend's ceilings; the ask is refused, not clamped."""
+
+    reason = RefusalReason.TRANSFER_LIMITS_NOT_PERMITTED
+
+    def __init__(self, *, backend: str, kind: str, excesses: Sequence[TransferExcess]) -> None:
+        self.excesses = tuple(excesses)
+        listed = "; ".join(e.describe() for e in self.excesses)
+        detail = f"transfer limits above the backend's ceilings ({listed})"
+        message = (
+            f"backend {backend!r} cannot serve kind {kind!r}: the spec asks for transfer limits "
+            f"above the backend's ceilings ({listed}); a larger ask is refused, never clamped"
+        )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class EgressNotEnforced(SandboxRefusal):
+    """The backend does not enforce the spec's egress mode, or the host forbids ``unrestricted``.
+
+    ``requested`` is the spec's mode; ``declared`` the backend's modes; ``host_forbids`` is True
+    when the refusal comes from the host policy not allowing unrestricted egress.
+    """
+
+    reason = RefusalReason.EGRESS_NOT_ENFORCED
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        kind: str,
+        requested: Egress,
+        declared: Iterable[Egress],
+        host_forbids: bool = False,
+    ) -> None:
+        self.requested = requested
+        self.declared = _sorted_by_definition(declared, Egress)
+        self.host_forbids = host_forbids
+        declared_text = _names(self.declared, empty="no egress modes")
+        if host_forbids:
+            detail = "unrestricted egress is not allowed by the host policy"
+            message = (
+                f"backend {backend!r} will not serve kind {kind!r} with unrestricted egress: the "
+                "host policy does not allow unrestricted egress (allowUnrestrictedEgress is false)"
+            )
+        else:
+            detail = f"egress mode {requested.value} is not enforced (declares {declared_text})"
+            message = (
+                f"backend {backend!r} cannot serve kind {kind!r}: it does not enforce egress mode "
+                f"{requested.value} (it declares {declared_text})"
+            )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class IsolationScopeNotEnforced(SandboxRefusal):
+    """The backend cannot serve the effective isolation scope (``required``)."""
+
+    reason = RefusalReason.ISOLATION_SCOPE_NOT_ENFORCED
+
+    def __init__(
+        self,
+        *,
+        backend: str,
+        kind: str,
+        required: IsolationScope,
+        declared: Iterable[IsolationScope],
+        raised_by: Sequence[str] = (),
+    ) -> None:
+        self.required = required
+        self.declared = _sorted_by_definition(declared, IsolationScope)
+        self.raised_by = tuple(raised_by)
+        by = f" (required by: {', '.join(self.raised_by)})" if self.raised_by else ""
+        declared_text = _names(self.declared, empty="no isolation scopes")
+        detail = f"isolation scope {required.value}{by} is not served (declares {declared_text})"
+        message = (
+            f"backend {backend!r} cannot serve kind {kind!r} at isolation scope "
+            f"{required.value}{by}: it declares {declared_text}"
+        )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class BackendUnavailable(SandboxRefusal):
+    """The backend passed every check but cannot serve right now (``unavailable_reason``)."""
+
+    reason = RefusalReason.BACKEND_UNAVAILABLE
+
+    def __init__(self, *, backend: str, kind: str, unavailable_reason: str = "") -> None:
+        self.unavailable_reason = unavailable_reason
+        why = f": {unavailable_reason}" if unavailable_reason else ""
+        detail = f"unavailable{why}"
+        message = f"backend {backend!r} is unavailable to serve kind {kind!r}{why}"
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
+class NoBackendCanServe(SandboxRefusal):
+    """Per-spec selection found no backend that passes; ``refusals`` holds each one's refusal,
+    in registration order."""
+
+    reason = RefusalReason.NO_BACKEND_CAN_SERVE
+
+    def __init__(self, *, kind: str, refusals: Sequence[SandboxRefusal]) -> None:
+        self.refusals = tuple(refusals)
+        each = "; ".join(f"{r.backend!r}: {r.reason.value} ({r.detail})" for r in self.refusals)
+        detail = each or "no backends are registered"
+        message = f"no registered backend can serve kind {kind!r}: {detail}"
+        super().__init__(backend=None, kind=kind, detail=detail, message=message)
+
+    def reason_for(self, backend: str) -> RefusalReason | None:
+        """The reason ``backend`` refused, or None when it is not among the refusals."""
+        for refusal in self.refusals:
+            if refusal.backend == backend:
+                return refusal.reason
+        return None
+
+
+class ConfigurationError(ValueError):
+    """The operator's configuration is wrong; ``entry`` names which entry (e.g.
+    ``hostPolicy.pinnedBackend`` or ``backends[1].isolation``)."""
+
+    def __init__(self, entry: str, problem: str) -> None:
+        self.entry = entry
+        self.problem = problem
+        super().__init__(f"configuration entry {entry}: {problem}")
+
+
+#: Every refusal type, keyed by its reason.
+REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
+    cls.reason: cls
+    for cls in (
+        IsolationBelowFloor,
+        CapabilityNotSupported,
+        OsFamilyNotSupported,
+        TransferLimitsNotPermitted,
+        EgressNotEnforced,
+        IsolationScopeNotEnforced,
+        BackendUnavailable,
+        NoBackendCanServe,
+    )
+}

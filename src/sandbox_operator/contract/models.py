@@ -1,0 +1,548 @@
+"""Pydantic models of the contract: what a workload asks for, what a backend declares, what the
+host mandates. Attributes are snake_case; the wire (YAML, JSON, Kubernetes) spelling is camelCase.
+
+Invalid values and invalid combinations raise at construction, and the error names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from .enums import (
+    DEFAULT_CAPABILITIES,
+    Capability,
+    DisposalCode,
+    Disposition,
+    Egress,
+    Isolation,
+    IsolationScope,
+    OsFamily,
+    Selection,
+    parse_isolation,
+)
+
+MiB: Final = 1024 * 1024
+
+#: Longest string the key fields may carry (a DNS subdomain's length).
+KEY_MAX_LENGTH: Final = 253
+#: Most hosts an egress allowlist may name.
+EGRESS_ALLOW_MAX_ITEMS: Final = 64
+#: Most outputs a spec may declare.
+DECLARED_OUTPUTS_MAX_ITEMS: Final = 64
+#: Longest host name (DNS).
+HOST_MAX_LENGTH: Final = 253
+#: Longest relative output path.
+PATH_MAX_LENGTH: Final = 1024
+
+
+class ContractModel(BaseModel):
+    """Base of every contract model: camelCase aliases, unknown fields refused, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-ready dict in the camelCase wire spelling, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _parse_isolation_input(value: object) -> object:
+    if isinstance(value, str):
+        return parse_isolation(value)
+    return value
+
+
+#: An ``Isolation`` field: strings are parsed strictly (unknown and retired spellings refused).
+IsolationValue = Annotated[Isolation, BeforeValidator(_parse_isolation_input)]
+
+
+def _ordered_values(values: frozenset[Any]) -> list[str]:
+    """Serialize an enum set in the enum's definition order, so output is deterministic."""
+    if not values:
+        return []
+    enum_type = type(next(iter(values)))
+    return [member.value for member in enum_type if member in values]
+
+
+_SetSerializer = PlainSerializer(_ordered_values, return_type=list[str], when_used="json")
+
+CapabilitySet = Annotated[frozenset[Capability], _SetSerializer]
+EgressSet = Annotated[frozenset[Egress], _SetSerializer]
+OsFamilySet = Annotated[frozenset[OsFamily], _SetSerializer]
+IsolationScopeSet = Annotated[frozenset[IsolationScope], _SetSerializer]
+
+
+class TransferLimits(ContractModel):
+    """Ceilings on one direction of file transfer. All three bound a transfer together."""
+
+    max_bytes_per_file: int = Field(
+        default=8 * MiB,
+        ge=0,
+        le=1 << 40,
+        description="Largest single file, in bytes.",
+    )
+    max_total_bytes: int = Field(
+        default=32 * MiB,
+        ge=0,
+        le=1 << 42,
+        description="Largest sum of all files in one transfer, in bytes.",
+    )
+    max_files: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Most files in one transfer.",
+    )
+
+    @model_validator(mode="after")
+    def _per_file_within_total(self) -> TransferLimits:
+        if self.max_bytes_per_file > self.max_total_bytes:
+            raise ValueError(
+                f"maxBytesPerFile ({self.max_bytes_per_file}) exceeds maxTotalBytes "
+                f"({self.max_total_bytes})"
+            )
+        return self
+
+
+#: The default ceilings, also what a backend that declares no limits is held to.
+DEFAULT_TRANSFER_LIMITS: Final = TransferLimits()
+
+_SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def _check_relative_path(value: str, what: str) -> str:
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+        raise ValueError(f"{what} {value!r} must be relative to workDir, not absolute")
+    if _SEGMENT_FORBIDDEN.search(value):
+        raise ValueError(f"{what} {value!r} must not contain backslashes or control characters")
+    for segment in value.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(f"{what} {value!r} must not contain empty, '.' or '..' segments")
+    return value
+
+
+class DeclaredOutput(ContractModel):
+    """One artifact a workload produces, named in advance as a literal path under workDir."""
+
+    path: str = Field(
+        max_length=PATH_MAX_LENGTH,
+        description="Literal path of the artifact, relative to workDir (no globs, no '..').",
+    )
+    media_type: str = Field(
+        max_length=255,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$",
+        description="Declared media type (e.g. image/png); declared, never sniffed.",
+    )
+    required: bool = Field(
+        default=True,
+        description="When false, the artifact's absence is normal rather than an error.",
+    )
+    name: str | None = Field(
+        default=None,
+        max_length=PATH_MAX_LENGTH,
+        description="Name the artifact lands under; defaults to path.",
+    )
+    disposition: Disposition = Field(
+        default=Disposition.LAND,
+        description="land: delivered to the host's sink; consume: parsed by the declaring kind.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_relative(cls, value: str) -> str:
+        return _check_relative_path(value, "path")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_relative(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relative_path(value, "name")
+
+    @property
+    def landing_name(self) -> str:
+        """The name the artifact lands under."""
+        return self.name or self.path
+
+
+_KEY_PART_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_key_part(value: str, field: str, *, allow_empty: bool = False) -> str:
+    if not value and not allow_empty:
+        raise ValueError(f"{field} must not be empty")
+    if _KEY_PART_FORBIDDEN.search(value):
+        raise ValueError(f"{field} must not contain control characters")
+    return value
+
+
+class SandboxKey(ContractModel):
+    """The one sandbox a caller may reach: ``(scope, thread_id, agent_dir, call_id)``.
+
+    ``call_id`` is empty unless the workload runs one sandbox per call.
+    """
+
+    scope: str = Field(max_length=KEY_MAX_LENGTH, description="Tenant or scope of the caller.")
+    thread_id: str = Field(max_length=KEY_MAX_LENGTH, description="Conversation thread.")
+    agent_dir: str = Field(max_length=KEY_MAX_LENGTH, description="Agent the sandbox belongs to.")
+    call_id: str = Field(
+        default="",
+        max_length=KEY_MAX_LENGTH,
+        description="Call the sandbox serves; empty unless the isolation scope is call.",
+    )
+
+    @field_validator("scope", "thread_id", "agent_dir")
+    @classmethod
+    def _non_empty(cls, value: str, info: Any) -> str:
+        return _check_key_part(value, to_camel(info.field_name))
+
+    @field_validator("call_id")
+    @classmethod
+    def _call_id_clean(cls, value: str) -> str:
+        return _check_key_part(value, "callId", allow_empty=True)
+
+
+QUANTITY_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
+_QUANTITY_RE: Final = re.compile(QUANTITY_PATTERN)
+_SUFFIX: Final[dict[str, Decimal]] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+}
+
+
+def parse_quantity(value: str) -> Decimal:
+    """Value of a Kubernetes quantity in the subset this API accepts (e.g. ``500m``, ``1Gi``)."""
+    match = _QUANTITY_RE.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a quantity like 500m, 2, 256Mi or 1Gi")
+    number = value[: len(value) - len(match.group(2) or "")]
+    return Decimal(number) * _SUFFIX[match.group(2) or ""]
+
+
+def _quantity_input(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str):
+        parse_quantity(value)
+    return value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_input),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 64}],
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+
+
+class ResourceList(ContractModel):
+    """CPU and memory amounts (Kubernetes quantities)."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU, e.g. 500m or 2.")
+    memory: Quantity | None = Field(default=None, description="Memory, e.g. 256Mi or 1Gi.")
+
+
+class ResourceRequirements(ContractModel):
+    """CPU and memory requests and limits of the sandbox."""
+
+    requests: ResourceList = Field(
+        default_factory=ResourceList,
+        description="Guaranteed amounts; each at most its limit.",
+    )
+    limits: ResourceList = Field(
+        default_factory=lambda: ResourceList(cpu="1", memory="512Mi"),
+        description="Upper bounds the sandbox may not exceed.",
+    )
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourceRequirements:
+        for resource in ("cpu", "memory"):
+            request = getattr(self.requests, resource)
+            limit = getattr(self.limits, resource)
+            if (
+                request is not None
+                and limit is not None
+                and parse_quantity(request) > parse_quantity(limit)
+            ):
+                raise ValueError(
+                    f"requests.{resource} ({request}) exceeds limits.{resource} ({limit})"
+                )
+        return self
+
+
+class Lifetime(ContractModel):
+    """How long a sandbox may take to start, live, and sit idle."""
+
+    startup_timeout_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=3600,
+        description="Seconds the sandbox may take to become ready before it counts as failed.",
+    )
+    ttl_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=7 * 24 * 3600,
+        description="Seconds after creation when the sandbox expires and is disposed.",
+    )
+    idle_timeout_seconds: int = Field(
+        default=900,
+        ge=1,
+        le=7 * 24 * 3600,
+        description="Seconds without use after which the sandbox is disposed.",
+    )
+
+    @model_validator(mode="after")
+    def _idle_within_ttl(self) -> Lifetime:
+        if self.idle_timeout_seconds > self.ttl_seconds:
+            raise ValueError(
+                f"idleTimeoutSeconds ({self.idle_timeout_seconds}) exceeds ttlSeconds "
+                f"({self.ttl_seconds})"
+            )
+        return self
+
+
+HOST_PATTERN: Final = (
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+KIND_PATTERN: Final = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+
+EgressHost = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=HOST_MAX_LENGTH,
+        pattern=HOST_PATTERN,
+        description="A lower-case host name; a leading '*.' allows any subdomain.",
+    ),
+]
+
+
+class SandboxSpec(ContractModel):
+    """What a sandbox of one workload kind needs. Everything not stated gets the closed posture."""
+
+    kind: str = Field(
+        max_length=63,
+        pattern=KIND_PATTERN,
+        description="Workload kind (e.g. python); names the sandbox in refusals and metrics.",
+    )
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+        description="Container image (or remote image reference) the sandbox runs.",
+    )
+    work_dir: str = Field(
+        default="/workspace",
+        min_length=1,
+        max_length=PATH_MAX_LENGTH,
+        description="Absolute working directory in the guest; declared outputs are under it.",
+    )
+    requires: CapabilitySet = Field(
+        default=DEFAULT_CAPABILITIES,
+        max_length=len(Capability),
+        description="Capabilities the workload cannot run without.",
+    )
+    min_isolation: IsolationValue | None = Field(
+        default=None,
+        description="Isolation floor for this kind; may raise the host's floor, never lower it.",
+    )
+    isolation_scope: IsolationScope = Field(
+        default=IsolationScope.CONVERSATION,
+        description="conversation: one sandbox per conversation; call: one per call.",
+    )
+    requires_os_family: OsFamily | None = Field(
+        default=None,
+        description="Guest OS family the workload's commands are written for, if any.",
+    )
+    egress: Egress = Field(
+        default=Egress.CLOSED,
+        description="Network reach: closed (none), allowlist (egressAllow only), unrestricted.",
+    )
+    egress_allow: tuple[EgressHost, ...] = Field(
+        default=(),
+        max_length=EGRESS_ALLOW_MAX_ITEMS,
+        description="Hosts reachable under egress allowlist; everything else is denied.",
+    )
+    files_in: TransferLimits = Field(
+        default=DEFAULT_TRANSFER_LIMITS,
+        description="Ceilings on files sent into the sandbox.",
+    )
+    files_out: TransferLimits = Field(
+        default=DEFAULT_TRANSFER_LIMITS,
+        description="Ceilings on files collected from the sandbox.",
+    )
+    declared_outputs: tuple[DeclaredOutput, ...] = Field(
+        default=(),
+        max_length=DECLARED_OUTPUTS_MAX_ITEMS,
+        description="Artifacts the workload produces, in collection order.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory requests and limits.",
+    )
+    lifetime: Lifetime = Field(
+        default_factory=Lifetime,
+        description="Startup timeout, time to live and idle timeout.",
+    )
+
+    @field_validator("work_dir")
+    @classmethod
+    def _work_dir_absolute(cls, value: str) -> str:
+        if not (value.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", value)):
+            raise ValueError(f"workDir {value!r} must be an absolute path")
+        if _KEY_PART_FORBIDDEN.search(value):
+            raise ValueError("workDir must not contain control characters")
+        return value
+
+    @model_validator(mode="after")
+    def _combinations(self) -> SandboxSpec:
+        if self.egress_allow and self.egress is not Egress.ALLOWLIST:
+            raise ValueError(
+                f"egressAllow is only valid with egress allowlist (egress is {self.egress.value})"
+            )
+        if len(set(self.egress_allow)) != len(self.egress_allow):
+            raise ValueError("egressAllow lists a host more than once")
+        if self.declared_outputs:
+            if Capability.FILES_OUT not in self.requires:
+                raise ValueError(
+                    "declaredOutputs needs files_out in requires (outputs are collected with it)"
+                )
+            if len(self.declared_outputs) > self.files_out.max_files:
+                raise ValueError(
+                    f"declaredOutputs has {len(self.declared_outputs)} entries, more than "
+                    f"filesOut.maxFiles ({self.files_out.max_files})"
+                )
+            landing = [o.landing_name for o in self.declared_outputs]
+            duplicates = sorted({n for n in landing if landing.count(n) > 1})
+            if duplicates:
+                raise ValueError(
+                    f"declaredOutputs land two artifacts under the same name: {duplicates}"
+                )
+        return self
+
+
+class BackendDeclarations(ContractModel):
+    """What a backend declares about itself. Each field's default is its own silence rule."""
+
+    capabilities: CapabilitySet = Field(
+        default=DEFAULT_CAPABILITIES,
+        description="What the backend can do; silence means exactly exec and files_in.",
+    )
+    limits: TransferLimits = Field(
+        default=DEFAULT_TRANSFER_LIMITS,
+        description="Transfer ceilings (each direction); silence means the default ceilings.",
+    )
+    egress_modes: EgressSet = Field(
+        default=frozenset(),
+        description="Egress modes the backend enforces; silence is none, refusing every spec.",
+    )
+    os_families: OsFamilySet = Field(
+        default=frozenset(),
+        description="Guest OS families; silence refuses only a spec that asks for one.",
+    )
+    isolation_scopes: IsolationScopeSet = Field(
+        default=frozenset({IsolationScope.CONVERSATION}),
+        description="Isolation scopes served; silence means conversation only.",
+    )
+    observes_egress: bool = Field(
+        default=False,
+        description="Whether the backend records egress decisions; informational.",
+    )
+
+
+class HostPolicy(ContractModel):
+    """The host's mandate: the floors and how a backend is chosen."""
+
+    min_isolation: IsolationValue = Field(
+        default=Isolation.MICROVM,
+        description="Isolation floor for every sandbox on this host.",
+    )
+    min_isolation_scope: IsolationScope = Field(
+        default=IsolationScope.CONVERSATION,
+        description="Least separation a sandbox may provide on this host.",
+    )
+    selection: Selection = Field(
+        default=Selection.FIXED,
+        description="fixed: one backend serves every spec; perSpec: first backend that passes.",
+    )
+    pinned_backend: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Under fixed selection, the backend to use (default: the first registered).",
+    )
+    allow_unrestricted_egress: bool = Field(
+        default=False,
+        description="Whether a spec may ask for unrestricted egress at all.",
+    )
+
+    @model_validator(mode="after")
+    def _pin_only_when_fixed(self) -> HostPolicy:
+        if self.pinned_backend is not None and self.selection is not Selection.FIXED:
+            raise ValueError(
+                "pinnedBackend is only valid with selection fixed "
+                f"(selection is {self.selection.value})"
+            )
+        return self
+
+
+class DisposalFailure(ContractModel):
+    """One sandbox that could not be disposed; branch on ``code``, not on ``detail``."""
+
+    code: DisposalCode = Field(description="Why disposal failed.")
+    detail: str = Field(
+        default="",
+        max_length=1024,
+        description="Human-readable detail; carries no secrets or endpoints.",
+    )
+    backend: str = Field(max_length=63, description="Backend that held the sandbox.")
+
+
+class ScopePurge(ContractModel):
+    """Outcome of disposing every sandbox of one scope and thread."""
+
+    disposed: int = Field(default=0, ge=0, description="Sandboxes disposed.")
+    undisposed: tuple[DisposalFailure, ...] = Field(
+        default=(),
+        max_length=256,
+        description="Sandboxes that could not be disposed, with the reason for each.",
+    )
+
+    @property
+    def complete(self) -> bool:
+        """True when nothing was left behind."""
+        return not self.undisposed

@@ -1,0 +1,217 @@
+"""Models of the two custom resources, Sandbox and SandboxScope. The CRDs are generated from these
+(see ``sandbox_operator.crdgen``), so the API server and the operator validate the same shape."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+from pydantic import Field, field_validator, model_validator
+
+from .enums import IsolationScope
+from .models import (
+    KEY_MAX_LENGTH,
+    ContractModel,
+    IsolationValue,
+    SandboxKey,
+    SandboxSpec,
+    ScopePurge,
+    _check_key_part,
+)
+
+GROUP: Final = "sandbox-operator.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+SANDBOX_KIND: Final = "Sandbox"
+SANDBOX_PLURAL: Final = "sandboxes"
+SANDBOX_SHORT_NAME: Final = "sbx"
+SANDBOX_SCOPE_KIND: Final = "SandboxScope"
+SANDBOX_SCOPE_PLURAL: Final = "sandboxscopes"
+SANDBOX_SCOPE_SHORT_NAME: Final = "sbxs"
+#: Most conditions a status holds.
+CONDITIONS_MAX_ITEMS: Final = 16
+
+DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class Condition(ContractModel):
+    """A status condition in the shape of metav1.Condition."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        description="Condition type: Admitted, Ready or Disposed.",
+    )
+    status: str = Field(
+        pattern=r"^(True|False|Unknown)$",
+        description="True, False or Unknown.",
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="metadata.generation the condition was set from.",
+    )
+    last_transition_time: datetime = Field(
+        description="When the condition last changed status.",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="Machine-readable CamelCase reason (see ConditionReason).",
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Human-readable detail; never carries secrets or endpoints.",
+    )
+
+
+class ServedBy(ContractModel):
+    """The Kubernetes object or remote resource that serves a sandbox (never an endpoint)."""
+
+    kind: str = Field(max_length=63, description="Kind of the serving object, e.g. Pod.")
+    name: str = Field(max_length=KEY_MAX_LENGTH, description="Name or id of the serving object.")
+    namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Namespace of the serving object, when it is a namespaced Kubernetes object.",
+    )
+
+
+class SandboxResourceSpec(SandboxSpec):
+    """spec of a Sandbox: the key parts it owns plus the workload's SandboxSpec."""
+
+    scope_ref: str = Field(
+        min_length=1,
+        max_length=KEY_MAX_LENGTH,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "Name of the SandboxScope in this namespace that supplies scope, threadId and the "
+            "conversation's floors. Immutable."
+        ),
+    )
+    agent_dir: str = Field(
+        min_length=1,
+        max_length=KEY_MAX_LENGTH,
+        description="Agent the sandbox belongs to (part of the sandbox key). Immutable.",
+    )
+    call_id: str = Field(
+        default="",
+        max_length=KEY_MAX_LENGTH,
+        description="Call the sandbox serves; required iff isolationScope is call. Immutable.",
+    )
+
+    @field_validator("agent_dir")
+    @classmethod
+    def _agent_dir_clean(cls, value: str) -> str:
+        return _check_key_part(value, "agentDir")
+
+    @field_validator("call_id")
+    @classmethod
+    def _call_id_clean(cls, value: str) -> str:
+        return _check_key_part(value, "callId", allow_empty=True)
+
+    @model_validator(mode="after")
+    def _call_id_iff_call_scope(self) -> SandboxResourceSpec:
+        per_call = self.isolation_scope is IsolationScope.CALL
+        if per_call and not self.call_id:
+            raise ValueError("callId is required when isolationScope is call")
+        if not per_call and self.call_id:
+            raise ValueError(
+                f"callId must be empty unless isolationScope is call "
+                f"(isolationScope is {self.isolation_scope.value})"
+            )
+        return self
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The workload's SandboxSpec, without the key parts."""
+        data: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in SandboxSpec.model_fields
+            if name in self.model_fields_set
+        }
+        return SandboxSpec(**data)
+
+    def key(self, scope: str, thread_id: str) -> SandboxKey:
+        """The sandbox key, given the scope and thread of the referenced SandboxScope."""
+        return SandboxKey(
+            scope=scope, thread_id=thread_id, agent_dir=self.agent_dir, call_id=self.call_id
+        )
+
+
+class SandboxResourceStatus(ContractModel):
+    """status of a Sandbox, written by the operator."""
+
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        max_length=CONDITIONS_MAX_ITEMS,
+        description="Admitted, Ready and Disposed conditions.",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed from."
+    )
+    backend: str | None = Field(
+        default=None, max_length=63, description="Backend that serves the sandbox."
+    )
+    isolation: IsolationValue | None = Field(
+        default=None, description="Isolation the serving backend declares."
+    )
+    effective_floor: IsolationValue | None = Field(
+        default=None,
+        description="Strictest of the host's, the scope's and the spec's isolation floors.",
+    )
+    isolation_scope: IsolationScope | None = Field(
+        default=None, description="Effective isolation scope (strictest of host, scope and spec)."
+    )
+    served_by: ServedBy | None = Field(
+        default=None, description="The Kubernetes object or remote resource serving it."
+    )
+
+
+class SandboxScopeResourceSpec(ContractModel):
+    """spec of a SandboxScope: one conversation, and the floors it sets for its sandboxes."""
+
+    scope: str = Field(
+        min_length=1,
+        max_length=KEY_MAX_LENGTH,
+        description="Tenant or scope of the conversation (part of the sandbox key). Immutable.",
+    )
+    thread_id: str = Field(
+        min_length=1,
+        max_length=KEY_MAX_LENGTH,
+        description="Conversation thread (part of the sandbox key). Immutable.",
+    )
+    min_isolation: IsolationValue | None = Field(
+        default=None,
+        description="Isolation floor for this conversation; raises the host's, never lowers it.",
+    )
+    min_isolation_scope: IsolationScope | None = Field(
+        default=None,
+        description="Least separation for this conversation; raises the host's, never lowers it.",
+    )
+
+    @field_validator("scope", "thread_id")
+    @classmethod
+    def _clean(cls, value: str, info: Any) -> str:
+        return _check_key_part(value, "scope" if info.field_name == "scope" else "threadId")
+
+
+class SandboxScopeResourceStatus(ContractModel):
+    """status of a SandboxScope, written by the operator."""
+
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        max_length=CONDITIONS_MAX_ITEMS,
+        description="Ready and Disposed conditions of the scope.",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed from."
+    )
+    sandbox_count: int = Field(default=0, ge=0, description="Sandboxes that reference the scope.")
+    last_purge: ScopePurge | None = Field(
+        default=None, description="Outcome of the last purge: disposed count and what was left."
+    )
+    last_purge_time: datetime | None = Field(
+        default=None, description="When the last purge finished."
+    )
