@@ -186,7 +186,16 @@ class TransferExcess:
     ceiling: int
 
     def describe(self) -> str:
-        return f"{self.direction}.{self.field} {self.asked} > {self.ceiling}"
+        if self.field == "maxFiles":
+            return f"{self.direction}.{self.field} {self.asked} > {self.ceiling}"
+        return f"{self.direction}.{self.field} {_bytes(self.asked)} > {_bytes(self.ceiling)}"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
 
 
 class TransferLimitsNotPermitted(SandboxRefusal):
@@ -290,7 +299,7 @@ class NoBackendCanServe(SandboxRefusal):
 
     def __init__(self, *, kind: str, refusals: Sequence[SandboxRefusal]) -> None:
         self.refusals = tuple(refusals)
-        each = "; ".join(f"{r.backend!r}: {r.reason.value} ({r.detail})" for r in self.refusals)
+        each = "; ".join(f"{r.backend!r} {r.reason.value}: {r.detail}" for r in self.refusals)
         detail = each or "no backends are registered"
         message = f"no registered backend can serve kind {kind!r}: {detail}"
         super().__init__(backend=None, kind=kind, detail=detail, message=message)

@@ -1,0 +1,385 @@
+"""Admission policy: the six checks, backend selection and registration validation.
+
+Pure functions over contract models; no Kubernetes, no I/O. The check order is fixed and part of
+the contract: floor, capabilities, OS family, transfer ceilings, egress, isolation scope. A
+backend that passes all six but is currently unavailable is refused last, with
+``BackendUnavailable``, so a spec a backend can never serve always gets the permanent reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from sandbox_operator.contract import (
+    ISOLATION_LADDER,
+    BackendDeclarations,
+    BackendUnavailable,
+    CapabilityNotSupported,
+    ConfigurationError,
+    Egress,
+    EgressNotEnforced,
+    HostPolicy,
+    Isolation,
+    IsolationBelowFloor,
+    IsolationScope,
+    IsolationScopeNotEnforced,
+    NoBackendCanServe,
+    OsFamilyNotSupported,
+    SandboxRefusal,
+    SandboxSpec,
+    Selection,
+    TransferExcess,
+    TransferLimits,
+    TransferLimitsNotPermitted,
+    UnknownIsolation,
+    isolation_rank,
+    isolation_scope_rank,
+    parse_isolation,
+)
+
+#: Where a floor came from, in the order they are reported.
+HOST: Final = "host"
+SCOPE: Final = "scope"
+SPEC: Final = "spec"
+
+BACKEND_NAME_PATTERN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """What the policy knows about one registered backend.
+
+    ``isolation`` is the raw declared value, kept as given so an unknown rung can be reported as
+    such rather than failing before the policy sees it. ``available`` and
+    ``unavailable_reason`` describe whether it can serve right now (the reason is prose for a
+    person and must carry no secrets or endpoints).
+    """
+
+    name: str
+    isolation: str
+    declarations: BackendDeclarations = field(default_factory=BackendDeclarations)
+    available: bool = True
+    unavailable_reason: str = ""
+
+    @property
+    def known_isolation(self) -> Isolation | None:
+        """The declared rung, or None when it is not on the ladder."""
+        try:
+            return parse_isolation(self.isolation)
+        except UnknownIsolation:
+            return None
+
+
+@dataclass(frozen=True)
+class EffectiveFloor:
+    """The strictest isolation floor, and which sources set it (``host``, ``scope``, ``spec``)."""
+
+    isolation: Isolation
+    raised_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EffectiveIsolationScope:
+    """The most separating isolation scope, and which sources require it."""
+
+    isolation_scope: IsolationScope
+    raised_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A spec admitted onto a backend, with the floor and isolation scope it was judged against."""
+
+    backend: BackendProfile
+    floor: Isolation
+    isolation_scope: IsolationScope
+    floor_raised_by: tuple[str, ...] = ()
+    isolation_scope_raised_by: tuple[str, ...] = ()
+
+
+def effective_floor(
+    host: HostPolicy, spec: SandboxSpec, *, scope_floor: Isolation | None = None
+) -> EffectiveFloor:
+    """Strictest of the host's, the scope's and the spec's floors: they raise, never lower."""
+    sources: list[tuple[str, Isolation]] = [(HOST, host.min_isolation)]
+    if scope_floor is not None:
+        sources.append((SCOPE, scope_floor))
+    if spec.min_isolation is not None:
+        sources.append((SPEC, spec.min_isolation))
+    top = max(isolation_rank(value) for _, value in sources)
+    return EffectiveFloor(
+        isolation=ISOLATION_LADDER[top],
+        raised_by=tuple(name for name, value in sources if isolation_rank(value) == top),
+    )
+
+
+def effective_isolation_scope(
+    host: HostPolicy,
+    spec: SandboxSpec,
+    *,
+    scope_min_isolation_scope: IsolationScope | None = None,
+) -> EffectiveIsolationScope:
+    """Most separating of the host's, the scope's and the spec's isolation scopes."""
+    sources: list[tuple[str, IsolationScope]] = [(HOST, host.min_isolation_scope)]
+    if scope_min_isolation_scope is not None:
+        sources.append((SCOPE, scope_min_isolation_scope))
+    sources.append((SPEC, spec.isolation_scope))
+    top = max(isolation_scope_rank(value) for _, value in sources)
+    winner = next(value for _, value in sources if isolation_scope_rank(value) == top)
+    return EffectiveIsolationScope(
+        isolation_scope=winner,
+        raised_by=tuple(name for name, value in sources if isolation_scope_rank(value) == top),
+    )
+
+
+def _transfer_excesses(spec: SandboxSpec, ceiling: TransferLimits) -> list[TransferExcess]:
+    excesses: list[TransferExcess] = []
+    for direction, asked in (("filesIn", spec.files_in), ("filesOut", spec.files_out)):
+        for attr, wire in (
+            ("max_bytes_per_file", "maxBytesPerFile"),
+            ("max_total_bytes", "maxTotalBytes"),
+            ("max_files", "maxFiles"),
+        ):
+            value = getattr(asked, attr)
+            limit = getattr(ceiling, attr)
+            if value > limit:
+                excesses.append(TransferExcess(direction, wire, value, limit))
+    return excesses
+
+
+def check_backend(
+    backend: BackendProfile,
+    spec: SandboxSpec,
+    *,
+    floor: Isolation,
+    isolation_scope: IsolationScope,
+    allow_unrestricted: bool,
+    floor_raised_by: Sequence[str] = (),
+    isolation_scope_raised_by: Sequence[str] = (),
+) -> None:
+    """Raise the first refusal ``backend`` gives ``spec``, in the fixed check order.
+
+    ``floor`` and ``isolation_scope`` are the effective values (see :func:`effective_floor` and
+    :func:`effective_isolation_scope`); ``allow_unrestricted`` is the host's
+    ``allow_unrestricted_egress``. The ``*_raised_by`` sources only shape the message.
+    """
+    name, kind, declared = backend.name, spec.kind, backend.declarations
+
+    # 1. Isolation floor; an unknown rung is refused, never guessed.
+    rung = backend.known_isolation
+    if rung is None or isolation_rank(rung) < isolation_rank(floor):
+        raise IsolationBelowFloor(
+            backend=name,
+            kind=kind,
+            isolation=backend.isolation,
+            floor=floor,
+            raised_by=floor_raised_by,
+            known=rung is not None,
+        )
+
+    # 2. Capabilities.
+    missing = spec.requires - declared.capabilities
+    if missing:
+        raise CapabilityNotSupported(
+            backend=name, kind=kind, missing=missing, declared=declared.capabilities
+        )
+
+    # 3. OS family: silence refuses only a spec that asks.
+    if spec.requires_os_family is not None and spec.requires_os_family not in declared.os_families:
+        raise OsFamilyNotSupported(
+            backend=name,
+            kind=kind,
+            requested=spec.requires_os_family,
+            declared=declared.os_families,
+        )
+
+    # 4. Transfer ceilings: a bigger ask is refused, never clamped.
+    excesses = _transfer_excesses(spec, declared.limits)
+    if excesses:
+        raise TransferLimitsNotPermitted(backend=name, kind=kind, excesses=excesses)
+
+    # 5. Egress: the host may forbid unrestricted outright; otherwise the backend must declare
+    #    the exact mode (stricter or looser both refuse).
+    if spec.egress is Egress.UNRESTRICTED and not allow_unrestricted:
+        raise EgressNotEnforced(
+            backend=name,
+            kind=kind,
+            requested=spec.egress,
+            declared=declared.egress_modes,
+            host_forbids=True,
+        )
+    if spec.egress not in declared.egress_modes:
+        raise EgressNotEnforced(
+            backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
+        )
+
+    # 6. Isolation scope.
+    if isolation_scope not in declared.isolation_scopes:
+        raise IsolationScopeNotEnforced(
+            backend=name,
+            kind=kind,
+            required=isolation_scope,
+            declared=declared.isolation_scopes,
+            raised_by=isolation_scope_raised_by,
+        )
+
+    # Static checks passed; is it there to serve?
+    if not backend.available:
+        raise BackendUnavailable(
+            backend=name, kind=kind, unavailable_reason=backend.unavailable_reason
+        )
+
+
+def resolve_fixed_backend(host: HostPolicy, backends: Sequence[BackendProfile]) -> BackendProfile:
+    """The backend fixed selection uses: the pinned one, else the first registered."""
+    if not backends:
+        raise ConfigurationError("backends", "no backends are registered")
+    if host.pinned_backend is None:
+        return backends[0]
+    for backend in backends:
+        if backend.name == host.pinned_backend:
+            return backend
+    names = ", ".join(repr(b.name) for b in backends)
+    raise ConfigurationError(
+        "hostPolicy.pinnedBackend",
+        f"pins backend {host.pinned_backend!r}, which is not registered (registered: {names})",
+    )
+
+
+def validate_registration(host: HostPolicy, backends: Sequence[BackendProfile]) -> tuple[str, ...]:
+    """Judge a backend set against the host policy once, at construction.
+
+    Raises :class:`ConfigurationError` naming the wrong entry; returns warnings (prose) for
+    arrangements that are allowed but worth a person's attention.
+    """
+    if not backends:
+        raise ConfigurationError("backends", "no backends are registered")
+    seen: dict[str, int] = {}
+    for index, backend in enumerate(backends):
+        if not BACKEND_NAME_PATTERN.match(backend.name):
+            raise ConfigurationError(
+                f"backends[{index}].name",
+                f"backend name {backend.name!r} must be a DNS label "
+                "(lower-case letters, digits and '-', at most 63 characters)",
+            )
+        if backend.name in seen:
+            raise ConfigurationError(
+                f"backends[{index}].name",
+                f"backend name {backend.name!r} is already used by backends[{seen[backend.name]}]",
+            )
+        seen[backend.name] = index
+    if host.pinned_backend is not None and host.selection is not Selection.FIXED:
+        raise ConfigurationError(
+            "hostPolicy.pinnedBackend", "a pinned backend is only valid with selection fixed"
+        )
+
+    floor = host.min_isolation
+    allowed = ", ".join(r.value for r in ISOLATION_LADDER)
+    warnings: list[str] = []
+
+    def below(backend: BackendProfile) -> bool:
+        rung = backend.known_isolation
+        return rung is None or isolation_rank(rung) < isolation_rank(floor)
+
+    if host.selection is Selection.FIXED:
+        chosen = resolve_fixed_backend(host, backends)
+        index = seen[chosen.name]
+        if chosen.known_isolation is None:
+            raise ConfigurationError(
+                f"backends[{index}].isolation",
+                f"backend {chosen.name!r} declares isolation {chosen.isolation!r}, which is not "
+                f"a rung on the ladder (allowed: {allowed})",
+            )
+        if below(chosen):
+            raise ConfigurationError(
+                f"backends[{index}].isolation",
+                f"backend {chosen.name!r} (isolation {chosen.isolation}) is below the host "
+                f"floor {floor.value}, and fixed selection would use it for every sandbox",
+            )
+        for backend in backends:
+            if backend is not chosen and backend.known_isolation is None:
+                warnings.append(
+                    f"backend {backend.name!r} declares isolation {backend.isolation!r}, which is "
+                    f"not a rung on the ladder (allowed: {allowed}); fixed selection does not "
+                    "use it"
+                )
+    else:
+        if all(below(b) for b in backends):
+            raise ConfigurationError(
+                "backends",
+                f"no registered backend clears the host floor {floor.value} "
+                f"({', '.join(f'{b.name!r}: {b.isolation}' for b in backends)})",
+            )
+        for backend in backends:
+            if backend.known_isolation is None:
+                warnings.append(
+                    f"backend {backend.name!r} declares isolation {backend.isolation!r}, which is "
+                    f"not a rung on the ladder (allowed: {allowed}); per-spec selection never "
+                    "routes to it"
+                )
+            elif below(backend):
+                warnings.append(
+                    f"backend {backend.name!r} (isolation {backend.isolation}) is below the host "
+                    f"floor {floor.value}; it stays registered, so disposal still reaches it, "
+                    "but per-spec selection never routes to it"
+                )
+    for backend in backends:
+        if not backend.declarations.egress_modes:
+            warnings.append(
+                f"backend {backend.name!r} declares no egress modes, so it refuses every spec"
+            )
+    return tuple(warnings)
+
+
+def select_backend(
+    host: HostPolicy,
+    backends: Sequence[BackendProfile],
+    spec: SandboxSpec,
+    *,
+    scope_floor: Isolation | None = None,
+    scope_min_isolation_scope: IsolationScope | None = None,
+) -> Admission:
+    """Pick the backend that serves ``spec``, or raise the refusal.
+
+    ``fixed``: the pinned (or first) backend, or its own refusal. ``perSpec``: the first
+    registered backend that passes every check; the same spec and backends always give the same
+    backend; when none passes, :class:`NoBackendCanServe` names each backend with its reason.
+    """
+    floor = effective_floor(host, spec, scope_floor=scope_floor)
+    scope = effective_isolation_scope(
+        host, spec, scope_min_isolation_scope=scope_min_isolation_scope
+    )
+
+    def admit(backend: BackendProfile) -> Admission:
+        check_backend(
+            backend,
+            spec,
+            floor=floor.isolation,
+            isolation_scope=scope.isolation_scope,
+            allow_unrestricted=host.allow_unrestricted_egress,
+            floor_raised_by=floor.raised_by,
+            isolation_scope_raised_by=scope.raised_by,
+        )
+        return Admission(
+            backend=backend,
+            floor=floor.isolation,
+            isolation_scope=scope.isolation_scope,
+            floor_raised_by=floor.raised_by,
+            isolation_scope_raised_by=scope.raised_by,
+        )
+
+    if host.selection is Selection.FIXED:
+        return admit(resolve_fixed_backend(host, backends))
+
+    if not backends:
+        raise ConfigurationError("backends", "no backends are registered")
+    refusals: list[SandboxRefusal] = []
+    for backend in backends:
+        try:
+            return admit(backend)
+        except SandboxRefusal as refusal:
+            refusals.append(refusal)
+    raise NoBackendCanServe(kind=spec.kind, refusals=refusals)
