@@ -1,0 +1,33 @@
+{{/*
+The operator's permissions, kept in one place. tests/unit/test_chart_rbac.py renders these and
+compares them with the Kubernetes calls the operator's code makes.
+*/}}
+
+{{/* Rules on namespaced objects: the watched namespaces, or all of them. */}}
+{{- define "sandbox-operator.namespacedRules" -}}
+- apiGroups: [sandbox-operator.dev]
+  resources: [sandboxes, sandboxscopes]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [sandbox-operator.dev]
+  resources: [sandboxes/status, sandboxscopes/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/* Rules on cluster-scoped objects. */}}
+{{- define "sandbox-operator.clusterRules" -}}
+- apiGroups: [node.k8s.io]
+  resources: [runtimeclasses]
+  verbs: [get, list]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}

@@ -1,0 +1,328 @@
+"""The Helm chart lints clean, renders, and its values schema refuses bad floors and rungs.
+
+No cluster: `helm lint` and `helm template` only. Helm itself is built from its Go module by
+hack/build-binaries.sh and cached; these tests build it once if it is missing (about a minute).
+The helpers here are shared by the other chart tests (unit and e2e).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "sandbox-operator"
+RUNGS = ["none", "runtime", "os_process", "container", "hardened_container", "microvm", "vm"]
+KUBE_VERSION = "1.33.0"
+
+
+def helm_binary() -> str:
+    """Path of helm: $HELM, else the project's cached build (built now if missing), else PATH."""
+    if os.environ.get("HELM"):
+        return os.environ["HELM"]
+    script = ROOT / "hack" / "build-binaries.sh"
+    paths = subprocess.run(
+        ["bash", str(script), "print-paths"], check=True, capture_output=True, text=True
+    ).stdout
+    helm_dir = dict(line.split("=", 1) for line in paths.split())["HELM_BIN"]
+    cached = Path(helm_dir) / "helm"
+    if cached.is_file():
+        return str(cached)
+    on_path = shutil.which("helm")
+    if on_path:
+        return on_path
+    subprocess.run(["bash", str(script), "helm"], check=True)
+    return str(cached)
+
+
+def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm_binary(), *args], check=check, capture_output=True, text=True, timeout=300
+    )
+
+
+def set_args(values: dict[str, str] | None) -> list[str]:
+    out: list[str] = []
+    for key, value in (values or {}).items():
+        out += ["--set", f"{key}={value}"]
+    return out
+
+
+def template(
+    values: dict[str, str] | None = None,
+    *,
+    values_files: list[Path] | None = None,
+    release: str = "so",
+    namespace: str = "sandbox-operator-system",
+) -> list[dict[str, Any]]:
+    """`helm template` the chart and return the rendered objects."""
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    args += ["--kube-version", KUBE_VERSION]
+    for f in values_files or []:
+        args += ["--values", str(f)]
+    out = run_helm(*args, *set_args(values)).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def template_error(values: dict[str, str]) -> str:
+    """Render with values that should be refused; return helm's error output."""
+    result = run_helm(
+        "template", "so", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values), check=False
+    )
+    assert result.returncode != 0, f"helm accepted {values}"
+    return result.stderr
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def default_objs() -> Iterator[list[dict[str, Any]]]:
+    yield template()
+
+
+def test_helm_lint_is_clean() -> None:
+    result = run_helm("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_default_render_has_the_operator_objects(default_objs: list[dict[str, Any]]) -> None:
+    kinds = sorted(o["kind"] for o in default_objs)
+    for kind in ("ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Deployment"):
+        assert kind in kinds
+    # Nothing optional by default: no RuntimeClass, no agent objects.
+    assert "RuntimeClass" not in kinds
+    assert "ValidatingAdmissionPolicy" not in kinds
+    for obj in default_objs:
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+            assert obj["metadata"]["namespace"] == "sandbox-operator-system", obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "so"
+
+
+def test_deployment_is_hardened_and_probed(default_objs: list[dict[str, Any]]) -> None:
+    dep = one(default_objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["enableServiceLinks"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc.get("privileged") is not True
+    assert container["args"][0] == "run"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "health"
+        assert container[probe]["httpGet"]["path"].startswith("/")
+    assert ports["health"] == 8080
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert container["image"] == "sandbox-operator.dev/operator:0.1.0"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/sandbox-operator"]["readOnly"] is True
+
+
+def test_replicas_and_image_tag_come_from_values() -> None:
+    objs = template({"replicaCount": "3", "image.tag": "dev-abc"})
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":dev-abc")
+    # Rolling one pod at a time with a surge never leaves zero operators running.
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_configmap_holds_the_values_config(default_objs: list[dict[str, Any]]) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    cm = one(default_objs, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == values["config"]
+    # The chart's default floor stays microvm.
+    assert values["config"]["hostPolicy"]["minIsolation"] == "microvm"
+
+
+def test_a_changed_floor_rolls_the_operator_pods(default_objs: list[dict[str, Any]]) -> None:
+    lowered = template({"config.hostPolicy.minIsolation": "hardened_container"})
+    cm = one(lowered, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["hostPolicy"]["minIsolation"] == (
+        "hardened_container"
+    )
+
+    def checksum(objs: list[dict[str, Any]]) -> str:
+        ann = one(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        return str(ann["checksum/config"])
+
+    assert checksum(lowered) != checksum(default_objs)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_every_rung_is_accepted_as_floor(rung: str) -> None:
+    template({"config.hostPolicy.minIsolation": rung})
+
+
+@pytest.mark.parametrize("bad", ["microVM", "gvisor", "kata", "strongest", ""])
+def test_schema_rejects_a_bad_floor(bad: str) -> None:
+    err = template_error({"config.hostPolicy.minIsolation": bad})
+    assert "config.hostPolicy.minIsolation" in err
+
+
+def test_schema_rejects_an_unknown_rung_on_a_backend(tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "hostPolicy": {"minIsolation": "microvm"},
+                    "backends": [
+                        {
+                            "name": "fc",
+                            "type": "runtimeClass",
+                            "runtimeClassName": "firecracker",
+                            "isolation": "firecracker",
+                        }
+                    ],
+                }
+            }
+        )
+    )
+    result = run_helm(
+        "template", "so", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values), check=False
+    )
+    assert result.returncode != 0
+    assert "config.backends.0.isolation" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("config.hostPolicy.selection", "roundRobin"),
+        ("config.hostPolicy.minIsolationScope", "thread"),
+        ("config.hostPolicy.floor", "microvm"),  # a typo of a key is refused, not ignored
+        ("replicaCount", "-1"),
+        ("image.pullPolicy", "Sometimes"),
+    ],
+)
+def test_schema_rejects_other_bad_values(key: str, value: str) -> None:
+    template_error({key: value})
+
+
+def test_fixed_selection_needs_a_pinned_backend() -> None:
+    template_error({"config.hostPolicy.selection": "fixed"})
+    template({"config.hostPolicy.selection": "fixed", "config.hostPolicy.pinnedBackend": "kata"})
+
+
+def test_watch_namespaces_gives_roles_not_a_cluster_wide_grant() -> None:
+    objs = template({"watchNamespaces": "{team-a,team-b}"})
+    roles = by_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert len(by_kind(objs, "RoleBinding")) == 2
+    # Only the cluster-scoped reads stay in a ClusterRole.
+    (cluster_role,) = by_kind(objs, "ClusterRole")
+    for rule in cluster_role["rules"]:
+        assert "pods" not in rule["resources"]
+        assert "sandboxes" not in rule["resources"]
+    args = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+
+
+def test_runtime_classes_are_optional() -> None:
+    objs = template({"runtimeClasses.create": "true"})
+    handlers = {rc["metadata"]["name"]: rc["handler"] for rc in by_kind(objs, "RuntimeClass")}
+    assert handlers == {"gvisor": "runsc", "kata": "kata"}
+
+
+def test_agent_role_grants_sandboxes_and_exec_only() -> None:
+    objs = template(
+        {
+            "agentRole.create": "true",
+            "agentRole.namespaces": "{agents}",
+            "agentRole.subjects[0].kind": "ServiceAccount",
+            "agentRole.subjects[0].name": "agent",
+            "agentRole.subjects[0].namespace": "agents",
+        }
+    )
+    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
+    assert role["metadata"]["namespace"] == "agents"
+    grants = {
+        (g, res, v)
+        for r in role["rules"]
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
+    sandbox_verbs = {v for g, res, v in grants if res == "sandboxes"}
+    assert {"create", "get", "watch", "delete"} <= sandbox_verbs
+    assert not {"update", "patch", "*"} & sandbox_verbs
+    assert ("", "pods/exec", "create") in grants
+    # Nothing that creates pods or touches other kinds of object.
+    assert not {v for g, res, v in grants if res == "pods"} - {"get"}
+    assert all(res in {"sandboxes", "sandboxscopes", "pods", "pods/exec"} for _, res, _ in grants)
+    binding = next(
+        b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"].endswith("-agent")
+    )
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}
+    ]
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    assert (
+        "system:serviceaccount:agents:agent" in policy["spec"]["matchConditions"][0]["expression"]
+    )
+    assert 'startsWith("sbx-")' in policy["spec"]["validations"][0]["expression"]
+    vapb = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert vapb["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def render_notes(values: dict[str, str] | None = None, tmp: Path | None = None) -> str:
+    """NOTES.txt as `helm install` prints it, rendered without a cluster.
+
+    `helm template` skips NOTES.txt, and `helm install --dry-run` wants an API server, so a copy
+    of the chart gets one more template that includes NOTES.txt by its template name.
+    """
+    assert tmp is not None
+    chart = tmp / "sandbox-operator"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        'notes: {{ include "sandbox-operator/templates/NOTES.txt" . | toJson }}\n'
+    )
+    out = run_helm(
+        "template",
+        "so",
+        str(chart),
+        "--kube-version",
+        KUBE_VERSION,
+        "--namespace",
+        "ns",
+        "--show-only",
+        "templates/zz-notes.yaml",
+        *set_args(values),
+    ).stdout
+    return str(yaml.safe_load(out)["notes"])
+
+
+def test_notes_say_how_to_check_and_what_a_microvm_floor_needs(tmp_path: Path) -> None:
+    notes = render_notes(tmp=tmp_path / "a")
+    assert "kubectl wait --for=condition=Ready" in notes
+    assert "kubectl get sbx -o wide" in notes
+    assert "Host isolation floor: microvm" in notes
+    assert "minIsolation=hardened_container" in notes  # how to lower it knowingly
+    assert "RuntimeClass named kata" in notes  # how to declare a microVM runtime class
+    lowered = render_notes({"config.hostPolicy.minIsolation": "hardened_container"}, tmp_path / "b")
+    assert "Host isolation floor: hardened_container" in lowered
+    assert "RuntimeClass named kata" not in lowered
