@@ -1,0 +1,516 @@
+"""Async HTTP client for the ACA sandboxes data-plane API: one `httpx.AsyncClient` per backend.
+
+Behaviour every call shares:
+* timeouts on every call (connect/read/write/pool; executions use `timeouts.execute` as read);
+* retries with exponential backoff (jittered) honouring `Retry-After` on 429/503 and on
+  connection failures, for idempotent requests only: a command execution, a create, a file
+  write, mkdir, stop or resume is sent exactly once;
+* a 401 makes the token provider forget its token; an idempotent call is then tried once more;
+* non-success statuses become typed `AcasError`s (status and service code as fields);
+* neither the endpoint nor a token appears in any exception message or log line: httpx's and
+  httpcore's own log records are filtered for this client's host too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import httpx
+
+from .auth import TokenProvider
+from .config import AcasBackendConfig, AcasRetries, AcasTimeouts
+from .errors import (
+    AcasAuthError,
+    AcasError,
+    AcasNotFound,
+    AcasPayloadTooLarge,
+    AcasProtocolError,
+    AcasStillPresent,
+    AcasTimeout,
+    AcasUnreachable,
+    error_for_status,
+)
+from .models import DirListing, ExecResult, FileInfo, FileOpStatus, RemoteSandbox, WriteFileResult
+from .operations import AcasOperations, ApiRequest
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+#: Statuses a retry may cure (only for idempotent requests).
+RETRYABLE_STATUSES = frozenset({429, 503})
+#: Largest list page asked for when walking the label listing.
+LIST_PAGE_SIZE = 100
+LIST_MAX_PAGES = 1000
+
+
+class _RedactHosts(logging.Filter):
+    """Rewrites httpx/httpcore log records so they never show a registered host."""
+
+    def __init__(self) -> None:
+        super().__init__("acas-redact")
+        self.hosts: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.hosts:
+            return True
+        text = record.getMessage()
+        if any(h in text for h in self.hosts):
+            for host in self.hosts:
+                text = text.replace(host, "[endpoint]")
+            record.msg = text
+            record.args = None
+        return True
+
+
+_REDACT = _RedactHosts()
+_REDACTED_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+)
+
+
+def _install_redaction(host: str) -> None:
+    _REDACT.hosts.add(host)
+    for name in _REDACTED_LOGGERS:
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds or HTTP-date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def backoff_delay(attempt: int, retries: AcasRetries) -> float:
+    """Jittered exponential delay before retry number `attempt` (1-based)."""
+    ceiling = min(
+        retries.max_delay_seconds, retries.base_delay_seconds * float(2 ** max(0, attempt - 1))
+    )
+    return ceiling * (0.5 + random.random() / 2)
+
+
+class AcasClient:
+    """The data-plane API of one sandbox group. Create one per backend and `aclose()` it."""
+
+    def __init__(
+        self,
+        config: AcasBackendConfig,
+        tokens: TokenProvider,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.ops = AcasOperations(
+            subscription=config.subscription,
+            resource_group=config.resource_group,
+            sandbox_group=config.sandbox_group,
+            api_version=config.api_version,
+            create_method=config.create_method,
+            file_write_method=config.file_write_method,
+        )
+        self._tokens = tokens
+        self._timeouts: AcasTimeouts = config.timeouts
+        self._retries: AcasRetries = config.retries
+        self._sleep = sleep
+        host = urlsplit(config.endpoint).hostname or ""
+        self._secrets: tuple[str, ...] = tuple(s for s in (config.endpoint, host) if s)
+        _install_redaction(host)
+        self._http = httpx.AsyncClient(
+            base_url=config.endpoint,
+            timeout=httpx.Timeout(
+                connect=self._timeouts.connect,
+                read=self._timeouts.read,
+                write=self._timeouts.write,
+                pool=self._timeouts.pool,
+            ),
+            transport=transport,
+            follow_redirects=False,
+            headers={"User-Agent": "sandbox-operator-acas/0.1"},
+        )
+
+    def __repr__(self) -> str:
+        return f"AcasClient(backend={self.config.name!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        await self._tokens.aclose()
+
+    # -- core --------------------------------------------------------------------------------
+
+    def _timeout_for(self, req: ApiRequest, read: float | None) -> httpx.Timeout:
+        t = self._timeouts
+        if read is None:
+            read = t.execute if req.long_running else t.read
+        return httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool)
+
+    async def send(self, req: ApiRequest, *, read_timeout: float | None = None) -> httpx.Response:
+        """Send `req` (retrying only if it is idempotent); the successful response, or raise."""
+        retries = self._retries
+        attempt = 0
+        reauthed = False
+        while True:
+            attempt += 1
+            may_retry = req.idempotent and attempt < retries.max_attempts
+            try:
+                token = await self._tokens.get_token()
+            except AcasError:
+                raise
+            except Exception as exc:  # azure-identity raises its own types; keep no text
+                log.warning(
+                    "acas %s: token acquisition failed (%s)", req.operation, type(exc).__name__
+                )
+                raise AcasAuthError(req.operation, what="token acquisition failed") from None
+            headers = req.headers()
+            headers["Authorization"] = f"Bearer {token}"
+            try:
+                response = await self._http.request(
+                    req.method,
+                    req.path,
+                    params=req.params,
+                    headers=headers,
+                    json=req.json if req.json is not None else None,
+                    content=req.content,
+                    timeout=self._timeout_for(req, read_timeout),
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                kind = type(exc).__name__
+                if may_retry:
+                    delay = backoff_delay(attempt, retries)
+                    log.info("acas %s: %s, retry %d in %.2fs", req.operation, kind, attempt, delay)
+                    await self._sleep(delay)
+                    continue
+                raise AcasUnreachable(req.operation, attempts=attempt, what=kind) from None
+            except httpx.TimeoutException as exc:
+                raise AcasTimeout(
+                    req.operation, attempts=attempt, what=type(exc).__name__
+                ) from None
+            except httpx.TransportError as exc:
+                # The connection broke mid-exchange: the request may have been processed.
+                kind = type(exc).__name__
+                if may_retry:
+                    delay = backoff_delay(attempt, retries)
+                    log.info("acas %s: %s, retry %d in %.2fs", req.operation, kind, attempt, delay)
+                    await self._sleep(delay)
+                    continue
+                raise AcasUnreachable(req.operation, attempts=attempt, what=kind) from None
+
+            status = response.status_code
+            if status in req.success:
+                log.debug("acas %s: HTTP %d (attempt %d)", req.operation, status, attempt)
+                return response
+            body = response.content
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            if status == 401:
+                self._tokens.invalidate()
+                if req.idempotent and not reauthed:
+                    reauthed = True
+                    log.info("acas %s: HTTP 401, retrying once with a fresh token", req.operation)
+                    continue
+            if status in RETRYABLE_STATUSES and may_retry:
+                if retry_after is not None and retry_after > retries.max_retry_after_seconds:
+                    log.warning(
+                        "acas %s: HTTP %d with Retry-After %.0fs beyond the %.0fs cap",
+                        req.operation,
+                        status,
+                        retry_after,
+                        retries.max_retry_after_seconds,
+                    )
+                else:
+                    delay = (
+                        retry_after if retry_after is not None else backoff_delay(attempt, retries)
+                    )
+                    log.info(
+                        "acas %s: HTTP %d, retry %d in %.2fs", req.operation, status, attempt, delay
+                    )
+                    await self._sleep(delay)
+                    continue
+            error = error_for_status(
+                req.operation,
+                status,
+                body,
+                attempts=attempt,
+                retry_after=retry_after,
+                secrets=self._secrets,
+            )
+            log.info("acas %s: %s", req.operation, error)
+            raise error
+
+    async def _json(self, req: ApiRequest) -> Any:
+        response = await self.send(req)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except (ValueError, UnicodeDecodeError):
+            raise AcasProtocolError(
+                req.operation, status=response.status_code, what="response is not JSON"
+            ) from None
+
+    def _model(self, req: ApiRequest, cls: type[Any], data: Any) -> Any:
+        try:
+            return cls.model_validate(data)
+        except ValueError:
+            raise AcasProtocolError(req.operation, what=f"unreadable {cls.__name__}") from None
+
+    # -- sandboxes ---------------------------------------------------------------------------
+
+    async def create_sandbox(self, content: Mapping[str, Any]) -> RemoteSandbox:
+        """Create a sandbox (sent once; the caller finds a lost one again by its labels)."""
+        req = self.ops.create_sandbox(content)
+        result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
+        return result
+
+    async def get_sandbox(self, sandbox_id: str) -> RemoteSandbox:
+        req = self.ops.get_sandbox(sandbox_id)
+        result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
+        return result
+
+    async def find_sandbox(self, sandbox_id: str) -> RemoteSandbox | None:
+        """The sandbox, or None when the service says 404."""
+        try:
+            return await self.get_sandbox(sandbox_id)
+        except AcasNotFound:
+            return None
+
+    async def list_sandboxes(
+        self, labels: Mapping[str, str] | None = None, *, page_size: int = LIST_PAGE_SIZE
+    ) -> list[RemoteSandbox]:
+        """Every sandbox carrying all `labels` (exact match), filtered by the service.
+
+        Walks `page`/`pageSize` until a short page; tolerates the `{value: [...]}` shape too.
+        """
+        seen: dict[str, RemoteSandbox] = {}
+        for page in range(1, LIST_MAX_PAGES + 1):
+            req = self.ops.list_sandboxes(labels, page=page, page_size=page_size)
+            data = await self._json(req)
+            items = data.get("value") if isinstance(data, dict) else data
+            if not isinstance(items, list):
+                raise AcasProtocolError(req.operation, what="list response is not an array")
+            fresh = 0
+            for item in items:
+                sandbox: RemoteSandbox = self._model(req, RemoteSandbox, item)
+                if sandbox.id not in seen:
+                    fresh += 1
+                seen[sandbox.id] = sandbox
+            if len(items) < page_size or fresh == 0:
+                break
+        return list(seen.values())
+
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
+        """Ask the service to delete; False when it was already gone (404)."""
+        try:
+            await self.send(self.ops.delete_sandbox(sandbox_id))
+        except AcasNotFound:
+            return False
+        return True
+
+    async def wait_gone(self, sandbox_id: str, *, within: float | None = None) -> None:
+        """Poll GET until 404; raise `AcasStillPresent` (a timeout) after `within` seconds
+        (default `timeouts.delete`)."""
+        deadline = time.monotonic() + (self._timeouts.delete if within is None else within)
+        polls = 0
+        while True:
+            polls += 1
+            if await self.find_sandbox(sandbox_id) is None:
+                return
+            if time.monotonic() >= deadline:
+                raise AcasStillPresent(
+                    "AzureSandboxes_Delete", attempts=polls, what="sandbox still present"
+                )
+            await self._sleep(
+                min(self._timeouts.poll_interval, max(0.0, deadline - time.monotonic()))
+            )
+
+    async def delete_and_wait(self, sandbox_id: str, *, within: float | None = None) -> None:
+        """Delete, then wait until the service no longer has the sandbox."""
+        await self.delete_sandbox(sandbox_id)
+        await self.wait_gone(sandbox_id, within=within)
+
+    async def count_sandboxes(self) -> int:
+        """Accepts a bare integer (text or JSON) or `{"count": n}` (reference section 3.9)."""
+        req = self.ops.count_sandboxes()
+        response = await self.send(req)
+        text = response.text.strip()
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = text
+        if isinstance(data, dict):
+            data = data.get("count")
+        try:
+            return int(data)
+        except (TypeError, ValueError):
+            raise AcasProtocolError(req.operation, what="count is not an integer") from None
+
+    async def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, Any]) -> RemoteSandbox:
+        req = self.ops.set_lifecycle(sandbox_id, policy)
+        result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
+        return result
+
+    async def stop_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Blocking stop; returns the Snapshot the service made."""
+        data = await self._json(self.ops.stop_sandbox(sandbox_id))
+        return data if isinstance(data, dict) else {}
+
+    async def resume_sandbox(self, sandbox_id: str) -> RemoteSandbox:
+        req = self.ops.resume_sandbox(sandbox_id)
+        result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
+        return result
+
+    # -- execution ---------------------------------------------------------------------------
+
+    async def execute_command(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        environment: Mapping[str, str] | None = None,
+        working_directory: str | None = None,
+        read_timeout: float | None = None,
+    ) -> ExecResult:
+        """Run argv (no shell) once. `read_timeout` bounds the wait for the response;
+        the API has no timeout field, so the caller bounds the command itself if it must."""
+        if not argv:
+            raise ValueError("argv must not be empty")
+        req = self.ops.execute_command(
+            sandbox_id,
+            argv[0],
+            argv[1:],
+            environment=environment,
+            working_directory=working_directory,
+        )
+        data = await self._json_with_timeout(req, read_timeout)
+        result: ExecResult = self._model(req, ExecResult, data)
+        return result
+
+    async def execute_shell_command(
+        self,
+        sandbox_id: str,
+        command: str,
+        *,
+        shell: str | None = None,
+        environment: Mapping[str, str] | None = None,
+        working_directory: str | None = None,
+        read_timeout: float | None = None,
+    ) -> ExecResult:
+        req = self.ops.execute_shell_command(
+            sandbox_id,
+            command,
+            shell=shell,
+            environment=environment,
+            working_directory=working_directory,
+        )
+        data = await self._json_with_timeout(req, read_timeout)
+        result: ExecResult = self._model(req, ExecResult, data)
+        return result
+
+    async def _json_with_timeout(self, req: ApiRequest, read_timeout: float | None) -> Any:
+        response = await self.send(req, read_timeout=read_timeout)
+        try:
+            return response.json()
+        except (ValueError, UnicodeDecodeError):
+            raise AcasProtocolError(req.operation, what="response is not JSON") from None
+
+    # -- files -------------------------------------------------------------------------------
+
+    async def write_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes,
+        *,
+        create_dirs: bool = True,
+        mode: int | None = None,
+    ) -> int:
+        """Write `data` at absolute `path`; returns the bytes written."""
+        req = self.ops.write_file(sandbox_id, path, data, create_dirs=create_dirs, mode=mode)
+        body = await self._json(req)
+        if body is None:
+            return len(data)
+        result: WriteFileResult = self._model(req, WriteFileResult, body)
+        if not result.success:
+            raise AcasProtocolError(req.operation, what="service reported write failure")
+        return len(data) if result.bytes_written is None else result.bytes_written
+
+    async def read_file(self, sandbox_id: str, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Raw bytes of the file; `AcasPayloadTooLarge` (status None) past `max_bytes`."""
+        req = self.ops.read_file(sandbox_id, path)
+        response = await self.send(req)
+        data = response.content
+        if max_bytes is not None and len(data) > max_bytes:
+            raise AcasPayloadTooLarge(req.operation, what=f"file exceeds {max_bytes} bytes")
+        return data
+
+    async def stat_file(self, sandbox_id: str, path: str) -> FileInfo:
+        req = self.ops.stat_file(sandbox_id, path)
+        result: FileInfo = self._model(req, FileInfo, await self._json(req))
+        return result
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        req = self.ops.list_files(sandbox_id, path)
+        listing: DirListing = self._model(req, DirListing, await self._json(req))
+        return listing.entries
+
+    async def delete_file(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        req = self.ops.delete_file(sandbox_id, path, recursive=recursive)
+        body = await self._json(req)
+        if isinstance(body, dict):
+            status: FileOpStatus = self._model(req, FileOpStatus, body)
+            if not status.success:
+                raise AcasProtocolError(req.operation, what="service reported delete failure")
+
+    async def mkdir(self, sandbox_id: str, path: str, *, create_parents: bool = True) -> None:
+        req = self.ops.mkdir(sandbox_id, path, create_parents=create_parents)
+        body = await self._json(req)
+        if isinstance(body, dict):
+            status: FileOpStatus = self._model(req, FileOpStatus, body)
+            if not status.success:
+                raise AcasProtocolError(req.operation, what="service reported mkdir failure")
+
+    # -- egress ------------------------------------------------------------------------------
+
+    async def set_egress_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> dict[str, Any]:
+        data = await self._json(self.ops.set_egress_policy(sandbox_id, policy))
+        return data if isinstance(data, dict) else {}
+
+    async def get_egress_decisions(self, sandbox_id: str) -> dict[str, Any]:
+        data = await self._json(self.ops.get_egress_decisions(sandbox_id))
+        return data if isinstance(data, dict) else {}

@@ -1,0 +1,146 @@
+"""Bearer tokens for the ACA sandboxes API.
+
+Tokens come from `azure-identity` (`azure.identity.aio` credentials: workload identity, or a
+service principal whose secret sits in a Kubernetes Secret), for the scope the spec names. A
+`StaticTokenProvider` serves tests and the loopback stand-in. No provider ever logs or formats a
+token; `repr()` of each hides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .config import SecretCredentialSource, WorkloadIdentityCredentialSource
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
+
+
+class CredentialUnavailable(Exception):
+    """The configured credential cannot be built (missing Secret key, library absent, ...).
+
+    `missing` names what is missing (a key name or a component), never a value.
+    """
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(f"ACA credential unavailable: missing {missing}")
+        self.missing = missing
+
+
+@runtime_checkable
+class TokenProvider(Protocol):
+    """Source of bearer tokens for one backend."""
+
+    async def get_token(self) -> str:
+        """A currently valid access token (cached until shortly before expiry)."""
+        ...
+
+    def invalidate(self) -> None:
+        """Forget any cached token (after the service answered 401)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class StaticTokenProvider:
+    """A fixed token: for tests and the loopback stand-in, never for Azure."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise CredentialUnavailable("token")
+        self._token = token
+
+    def __repr__(self) -> str:
+        return "StaticTokenProvider(token=[redacted])"
+
+    async def get_token(self) -> str:
+        return self._token
+
+    def invalidate(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class AzureIdentityTokenProvider:
+    """Wraps an `azure.identity.aio` credential; caches its token until `refresh_margin` before
+    expiry. One provider per backend; safe for concurrent use."""
+
+    def __init__(
+        self, credential: AsyncTokenCredential, scope: str, *, refresh_margin: float = 300.0
+    ) -> None:
+        self._credential = credential
+        self._scope = scope
+        self._margin = refresh_margin
+        self._token: str | None = None
+        self._expires_on = 0.0
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"AzureIdentityTokenProvider(credential={type(self._credential).__name__})"
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    async def get_token(self) -> str:
+        async with self._lock:
+            if self._token is None or time.time() >= self._expires_on - self._margin:
+                access = await self._credential.get_token(self._scope)
+                self._token = access.token
+                self._expires_on = float(access.expires_on)
+            return self._token
+
+    def invalidate(self) -> None:
+        self._token = None
+        self._expires_on = 0.0
+
+    async def aclose(self) -> None:
+        await self._credential.close()
+
+
+def token_provider_for(
+    source: SecretCredentialSource | WorkloadIdentityCredentialSource,
+    scope: str,
+    *,
+    secret_data: Mapping[str, str] | None = None,
+) -> TokenProvider:
+    """Build the provider a backend config names.
+
+    `secret_data` is the decoded `data` of the Kubernetes Secret that `source` references; the
+    operator reads it (it owns the Kubernetes client) and passes it here. With a `tokenKey`
+    present in the Secret, the token is used as-is (stand-in/testing); otherwise the tenant,
+    client id and client secret keys build an `azure.identity.aio.ClientSecretCredential`.
+    """
+    if isinstance(source, WorkloadIdentityCredentialSource):
+        from azure.identity.aio import WorkloadIdentityCredential
+
+        return AzureIdentityTokenProvider(
+            WorkloadIdentityCredential(
+                tenant_id=source.tenant_id,
+                client_id=source.client_id,
+                token_file_path=source.token_file_path,
+            ),
+            scope,
+        )
+    if secret_data is None:
+        raise CredentialUnavailable(f"data of Secret {source.secret_name}")
+    if source.token_key and source.token_key in secret_data:
+        return StaticTokenProvider(secret_data[source.token_key])
+    for key in (source.tenant_id_key, source.client_id_key, source.client_secret_key):
+        if not secret_data.get(key):
+            raise CredentialUnavailable(f"key {key} in Secret {source.secret_name}")
+    from azure.identity.aio import ClientSecretCredential
+
+    return AzureIdentityTokenProvider(
+        ClientSecretCredential(
+            secret_data[source.tenant_id_key],
+            secret_data[source.client_id_key],
+            secret_data[source.client_secret_key],
+        ),
+        scope,
+    )
