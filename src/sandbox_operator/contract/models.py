@@ -125,6 +125,9 @@ class TransferLimits(ContractModel):
 #: The default ceilings, also what a backend that declares no limits is held to.
 DEFAULT_TRANSFER_LIMITS: Final = TransferLimits()
 
+#: A relative path: no leading '/', no empty segments, no backslashes ('.'/'..' checked apart).
+RELATIVE_PATH_PATTERN: Final = r"^[^/\\]+(/[^/\\]+)*$"
+
 _SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
@@ -146,6 +149,7 @@ class DeclaredOutput(ContractModel):
 
     path: str = Field(
         max_length=PATH_MAX_LENGTH,
+        pattern=RELATIVE_PATH_PATTERN,
         description="Literal path of the artifact, relative to workDir (no globs, no '..').",
     )
     media_type: str = Field(
@@ -160,6 +164,7 @@ class DeclaredOutput(ContractModel):
     name: str | None = Field(
         default=None,
         max_length=PATH_MAX_LENGTH,
+        pattern=RELATIVE_PATH_PATTERN,
         description="Name the artifact lands under; defaults to path.",
     )
     disposition: Disposition = Field(
@@ -368,6 +373,7 @@ class SandboxSpec(ContractModel):
     work_dir: str = Field(
         default="/workspace",
         min_length=1,
+        pattern=r"^(/|[A-Za-z]:[\\/])",
         max_length=PATH_MAX_LENGTH,
         description="Absolute working directory in the guest; declared outputs are under it.",
     )

@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from pydantic import Field, field_validator, model_validator
 
+from .conditions import ConditionStatus
 from .enums import IsolationScope
 from .models import (
     KEY_MAX_LENGTH,
@@ -42,10 +43,7 @@ class Condition(ContractModel):
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
         description="Condition type: Admitted, Ready or Disposed.",
     )
-    status: str = Field(
-        pattern=r"^(True|False|Unknown)$",
-        description="True, False or Unknown.",
-    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
         default=None,
         ge=0,
