@@ -1,0 +1,178 @@
+"""Typed configuration of the egress proxy (pydantic v2).
+
+The same model is used by the operator when it runs the proxy in-process and by
+``python -m sandbox_operator.egress --config FILE`` when the proxy runs in a pod.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandbox_operator.egress.hostmatch import HostPattern
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Every address range that is not "somewhere on the public internet": IANA special-purpose
+# registries (RFC 6890 and successors) plus the cloud-metadata endpoints. A resolved address in
+# one of these is refused unless an ``admitted_networks`` entry carves it out.
+DEFAULT_REFUSED_NETWORKS: tuple[str, ...] = (
+    # IPv4
+    "0.0.0.0/8",  # "this network", includes the unspecified address
+    "10.0.0.0/8",  # private
+    "100.64.0.0/10",  # carrier-grade NAT (shared address space)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local (includes 169.254.169.254 metadata)
+    "172.16.0.0/12",  # private
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24",  # documentation
+    "192.88.99.0/24",  # 6to4 relay anycast
+    "192.168.0.0/16",  # private
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation
+    "203.0.113.0/24",  # documentation
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, includes 255.255.255.255 broadcast
+    # IPv6
+    "::/96",  # unspecified, loopback, IPv4-compatible (deprecated)
+    "::ffff:0:0/96",  # IPv4-mapped: refused outright rather than unwrapped
+    "64:ff9b::/96",  # NAT64 well-known prefix (embeds an IPv4 address)
+    "64:ff9b:1::/48",  # local-use NAT64
+    "100::/64",  # discard-only
+    "2001::/23",  # IETF protocol assignments (includes Teredo 2001::/32)
+    "2001:db8::/32",  # documentation
+    "2002::/16",  # 6to4 (embeds an IPv4 address)
+    "fc00::/7",  # unique local (includes fd00:ec2::254 metadata)
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated)
+    "ff00::/8",  # multicast
+)
+
+# Cloud instance-metadata endpoints. Refused even when an admitted network covers them, so a
+# test or operator that admits e.g. 169.254.0.0/16 still cannot reach instance credentials.
+DEFAULT_METADATA_NETWORKS: tuple[str, ...] = (
+    "169.254.169.254/32",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+    "169.254.170.2/32",  # AWS ECS task metadata
+    "169.254.169.123/32",  # AWS time sync (same host family)
+    "100.100.100.200/32",  # Alibaba Cloud
+    "192.0.0.192/32",  # Oracle Cloud (legacy)
+    "fd00:ec2::254/128",  # AWS IMDS over IPv6
+    "fd00:ec2::123/128",  # AWS time sync over IPv6
+)
+
+
+class IdentityMode(StrEnum):
+    """How the proxy decides which sandbox a connection belongs to."""
+
+    SOURCE_IP = "sourceIP"  # the connection's source address is in the sandbox's source_ips
+    TOKEN = "token"  # Proxy-Authorization carries the sandbox's token
+    SOURCE_IP_AND_TOKEN = "sourceIPAndToken"  # both must name the same sandbox
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Limits(_Model):
+    """Bounds on what one client connection may cost the proxy."""
+
+    max_header_bytes: Annotated[int, Field(ge=1024, le=1 << 20, alias="maxHeaderBytes")] = 16384
+    header_timeout_seconds: Annotated[float, Field(gt=0, le=300, alias="headerTimeoutSeconds")] = (
+        10.0
+    )
+    connect_timeout_seconds: Annotated[
+        float, Field(gt=0, le=300, alias="connectTimeoutSeconds")
+    ] = 10.0
+    idle_timeout_seconds: Annotated[float, Field(gt=0, le=86400, alias="idleTimeoutSeconds")] = (
+        300.0
+    )
+    max_connection_seconds: Annotated[
+        float, Field(gt=0, le=7 * 86400, alias="maxConnectionSeconds")
+    ] = 3600.0
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000, alias="maxConnections")] = 4096
+    max_connections_per_sandbox: Annotated[
+        int, Field(ge=1, le=1_000_000, alias="maxConnectionsPerSandbox")
+    ] = 512
+
+
+class SandboxEgress(_Model):
+    """One sandbox's identity and allowlist.
+
+    ``allow`` entries are ``host``, ``*.domain`` or either with ``:port``. Without a port an
+    entry admits the proxy's ``allowed_ports``; with one it admits exactly that port.
+    """
+
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+    allow: tuple[str, ...] = ()
+    source_ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = Field(
+        default=(), alias="sourceIPs"
+    )
+    token_sha256: str | None = Field(default=None, alias="tokenSHA256")
+
+    @field_validator("allow")
+    @classmethod
+    def _parse_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Normalised spelling; raises ValueError (-> ValidationError) on a malformed entry.
+        return tuple(str(HostPattern.parse(v)) for v in value)
+
+    def patterns(self) -> tuple[HostPattern, ...]:
+        return tuple(HostPattern.parse(v) for v in self.allow)
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.lower()
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("tokenSHA256 must be 64 hex digits (the SHA-256 of the token)")
+        return value
+
+
+class ProxyConfig(_Model):
+    """Everything the proxy needs; ``sandboxes`` is the part the operator changes at run time."""
+
+    listen_host: str = Field(default="0.0.0.0", alias="listenHost")
+    listen_port: Annotated[int, Field(ge=0, le=65535, alias="listenPort")] = 3128
+    identity: IdentityMode = IdentityMode.SOURCE_IP
+    allowed_ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = Field(
+        default=(80, 443), alias="allowedPorts"
+    )
+    refused_networks: tuple[Network, ...] = Field(
+        default=tuple(ipaddress.ip_network(n) for n in DEFAULT_REFUSED_NETWORKS),
+        alias="refusedNetworks",
+    )
+    admitted_networks: tuple[Network, ...] = Field(default=(), alias="admittedNetworks")
+    metadata_networks: tuple[Network, ...] = Field(
+        default=tuple(ipaddress.ip_network(n) for n in DEFAULT_METADATA_NETWORKS),
+        alias="metadataNetworks",
+    )
+    limits: Limits = Limits()
+    decision_buffer: Annotated[int, Field(ge=1, le=1_000_000, alias="decisionBuffer")] = 4096
+    sandboxes: tuple[SandboxEgress, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_identities(self) -> ProxyConfig:
+        ids: set[str] = set()
+        ips: dict[str, str] = {}
+        tokens: set[str] = set()
+        for sb in self.sandboxes:
+            if sb.id in ids:
+                raise ValueError(f"sandbox id {sb.id!r} appears twice")
+            ids.add(sb.id)
+            for ip in sb.source_ips:
+                other = ips.setdefault(str(ip), sb.id)
+                if other != sb.id:
+                    raise ValueError(f"source IP {ip} is claimed by {other!r} and {sb.id!r}")
+            if sb.token_sha256 is not None:
+                if sb.token_sha256 in tokens:
+                    raise ValueError(f"sandbox {sb.id!r} reuses another sandbox's token")
+                tokens.add(sb.token_sha256)
+            if self.identity is not IdentityMode.TOKEN and not sb.source_ips:
+                raise ValueError(f"sandbox {sb.id!r} has no sourceIPs (identity {self.identity})")
+            if self.identity is not IdentityMode.SOURCE_IP and sb.token_sha256 is None:
+                raise ValueError(f"sandbox {sb.id!r} has no tokenSHA256 (identity {self.identity})")
+        return self

@@ -1,0 +1,207 @@
+"""Helpers to exercise the proxy on this machine: local upstream servers and proxy clients.
+
+Everything here listens on and connects to loopback addresses only (127.0.0.0/8) unless the
+caller passes another local address. Used by the unit tests and benchmarks/egress_proxy.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class LocalServer:
+    """A running upstream; ``connections`` counts accepted connections, ``heads`` HTTP heads."""
+
+    server: asyncio.Server
+    port: int
+    connections: int = 0
+    heads: list[bytes] = field(default_factory=list)
+
+    async def close(self) -> None:
+        self.server.close()
+        with contextlib.suppress(Exception):
+            await self.server.wait_closed()
+
+
+async def start_echo_server(host: str = "127.0.0.1") -> LocalServer:
+    """Echoes every byte back until the client closes."""
+    state: list[LocalServer] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state[0].connections += 1
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, host, 0, backlog=1024)
+    state.append(LocalServer(server, server.sockets[0].getsockname()[1]))
+    return state[0]
+
+
+def _http_handler(
+    state: list[LocalServer], body: Callable[[bytes], bytes]
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state[0].connections += 1
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                    break
+                state[0].heads.append(head)
+                payload = body(head)
+                close = b"connection: close" in head.lower()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                    + f"Content-Length: {len(payload)}\r\n".encode()
+                    + (b"Connection: close\r\n" if close else b"")
+                    + b"\r\n"
+                    + payload
+                )
+                await writer.drain()
+                if close:
+                    break
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    return handle
+
+
+async def start_http_server(
+    host: str = "127.0.0.1",
+    ssl_context: ssl.SSLContext | None = None,
+    body: Callable[[bytes], bytes] = lambda head: b"hello from upstream\n",
+) -> LocalServer:
+    """A tiny HTTP/1.1 server (keep-alive unless the request says close), optionally TLS."""
+    state: list[LocalServer] = []
+    server = await asyncio.start_server(
+        _http_handler(state, body), host, 0, ssl=ssl_context, backlog=1024
+    )
+    state.append(LocalServer(server, server.sockets[0].getsockname()[1]))
+    return state[0]
+
+
+@dataclass(frozen=True)
+class SelfSignedCert:
+    cert: Path
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.cert))
+        return ctx
+
+
+def make_self_signed_cert(directory: Path, names: tuple[str, ...]) -> SelfSignedCert:
+    """A one-day P-256 certificate for ``names`` made with the openssl CLI."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    san = ",".join(f"DNS:{n}" for n in names)
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-days", "1", "-subj", f"/CN={names[0]}", "-addext",
+            f"subjectAltName={san}", "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return SelfSignedCert(cert, key)
+
+
+@contextlib.asynccontextmanager
+async def self_signed_cert(names: tuple[str, ...]) -> AsyncIterator[SelfSignedCert]:
+    with tempfile.TemporaryDirectory(prefix="egress-cert-") as tmp:
+        yield await asyncio.to_thread(make_self_signed_cert, Path(tmp), names)
+
+
+@dataclass
+class ProxyReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def read_reply_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    return status, headers
+
+
+async def proxy_request(
+    proxy_port: int,
+    request: bytes,
+    *,
+    proxy_host: str = "127.0.0.1",
+    source: str | None = None,
+    limit_seconds: float = 10.0,
+) -> ProxyReply:
+    """Send ``request`` (a complete head) to the proxy from ``source`` and read the reply head.
+
+    Unless this is a 200 to CONNECT, the body (Content-Length) is read too and the connection
+    closed; for a 200 to CONNECT the streams are left open for the tunnel.
+    """
+    async with asyncio.timeout(limit_seconds):
+        reader, writer = await asyncio.open_connection(
+            proxy_host, proxy_port, local_addr=(source, 0) if source else None
+        )
+        writer.write(request)
+        await writer.drain()
+        status, headers = await read_reply_head(reader)
+        body = b""
+        if status != 200 or not request.startswith(b"CONNECT "):
+            length = headers.get("content-length")
+            body = await (reader.readexactly(int(length)) if length else reader.read())
+            writer.close()  # nothing more will come on this connection
+        return ProxyReply(status, headers, body, reader, writer)
+
+
+async def connect_through(
+    proxy_port: int, authority: str, *, source: str | None = None, extra_headers: str = ""
+) -> ProxyReply:
+    return await proxy_request(
+        proxy_port,
+        f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{extra_headers}\r\n".encode(),
+        source=source,
+    )
+
+
+async def get_through(
+    proxy_port: int, url: str, *, source: str | None = None, extra_headers: str = ""
+) -> ProxyReply:
+    host = url.split("/", 3)[2]
+    return await proxy_request(
+        proxy_port,
+        f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra_headers}\r\n".encode(),
+        source=source,
+    )
