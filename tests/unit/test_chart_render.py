@@ -326,3 +326,19 @@ def test_notes_say_how_to_check_and_what_a_microvm_floor_needs(tmp_path: Path) -
     lowered = render_notes({"config.hostPolicy.minIsolation": "hardened_container"}, tmp_path / "b")
     assert "Host isolation floor: hardened_container" in lowered
     assert "RuntimeClass named kata" not in lowered
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"config.hostPolicy.minIsolation": "hardened_container"}],
+    ids=["default", "lowered-floor"],
+)
+def test_rendered_config_is_accepted_by_the_operator(values: dict[str, str]) -> None:
+    from sandbox_operator.config import parse_config
+
+    cm = one(template(values), "ConfigMap")
+    config, _warnings = parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert config.backend_names == ("gvisor", "kata")
+    assert str(config.host_policy.min_isolation) == values.get(
+        "config.hostPolicy.minIsolation", "microvm"
+    )
