@@ -1,0 +1,256 @@
+"""State of the ACA sandboxes stand-in: sandboxes, their files (a real directory per sandbox),
+named egress policies, call counters and the faults a test has armed.
+
+Deliberately independent of `sandbox_operator`: the stand-in is written from the reference
+document, so it cannot inherit a bug from the client it tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+API_VERSION = "2026-09-01-preview"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class Fault:
+    """One armed fault. `operation` is an operationId (None: any operation of the API).
+
+    `status`: answer with this status (ProblemDetails body unless `body` is given) instead of
+    handling the request; `retry_after`: a Retry-After header value; `delay`: seconds to sleep
+    before answering (with or without a status); `times`: how many matching requests it applies
+    to (-1: until cleared). `sandbox_id` narrows it to one sandbox.
+    """
+
+    operation: str | None = None
+    status: int | None = None
+    retry_after: str | None = None
+    delay: float = 0.0
+    times: int = 1
+    body: Any = None
+    code: str = "InjectedFault"
+    sandbox_id: str | None = None
+    hits: int = 0
+
+    def matches(self, operation: str, sandbox_id: str | None) -> bool:
+        if self.times == 0:
+            return False
+        if self.operation is not None and self.operation != operation:
+            return False
+        return self.sandbox_id is None or self.sandbox_id == sandbox_id
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Fault:
+        return cls(
+            operation=data.get("operation"),
+            status=data.get("status"),
+            retry_after=None if data.get("retryAfter") is None else str(data["retryAfter"]),
+            delay=float(data.get("delay", 0.0)),
+            times=int(data.get("times", 1)),
+            body=data.get("body"),
+            code=str(data.get("code", "InjectedFault")),
+            sandbox_id=data.get("sandboxId"),
+        )
+
+
+@dataclass
+class Sandbox:
+    id: str
+    seq: int
+    labels: dict[str, str]
+    body: dict[str, Any]
+    root: Path
+    created_at: str
+    created_mono: float
+    state: str = "Creating"
+    state_details: dict[str, Any] | None = None
+    gets_since_create: int = 0
+    egress_policy: dict[str, Any] | None = None
+    lifecycle: dict[str, Any] | None = None
+    delete_requested: bool = False
+    decisions_allowed: list[dict[str, Any]] = field(default_factory=list)
+    decisions_denied: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "labels": dict(self.labels),
+            "sourcesRef": self.body.get("sourcesRef")
+            or {"diskImage": {"name": "ubuntu", "isPublic": True}},
+            "resources": self.body.get("resources") or {"cpu": "1000m", "memory": "2048Mi"},
+            "createdAt": self.created_at,
+            "state": self.state,
+        }
+        for key in ("entrypoint", "cmd", "ports", "connections", "credentialRefs"):
+            if key in self.body:
+                out[key] = self.body[key]
+        if self.state_details is not None:
+            out["stateDetails"] = dict(self.state_details)
+        if self.egress_policy is not None:
+            out["egressPolicy"] = self.egress_policy
+        if self.lifecycle is not None:
+            out["lifecycle"] = self.lifecycle
+        return out
+
+    def expires_at(self) -> float | None:
+        """Monotonic deadline of an AfterCreation auto-delete policy, if any."""
+        policy = (self.lifecycle or {}).get("autoDeletePolicy") or {}
+        if not policy.get("enabled") or policy.get("trigger", "AfterCreation") != "AfterCreation":
+            return None
+        seconds = policy.get("deleteIntervalInSeconds")
+        if seconds is None and policy.get("deleteIntervalInDays") is not None:
+            seconds = int(policy["deleteIntervalInDays"]) * 86400
+        if seconds is None:
+            return None
+        return self.created_mono + float(seconds)
+
+
+class StandinState:
+    """Everything the stand-in knows; tests read and steer it directly (or over /_standin)."""
+
+    def __init__(self, *, tokens: tuple[str, ...] | None = ("test-token",)) -> None:
+        self.tokens: set[str] | None = None if tokens is None else set(tokens)
+        self.expired_tokens: set[str] = set()
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.policies: dict[str, dict[str, Any]] = {}
+        self.faults: list[Fault] = []
+        self.calls: Counter[str] = Counter()
+        self.executions: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        # behaviour knobs
+        self.ready_after_gets = 1
+        self.ready_after_seconds = 0.0
+        self.startup_state = "Running"
+        self.delete_leaves_listed = False
+        self.max_file_bytes = 64 * 1024 * 1024
+        self.max_sandboxes: int | None = None
+        self.exec_timeout = 60.0
+        self._seq = itertools.count()
+        self._base = Path(tempfile.mkdtemp(prefix="acas-standin-"))
+
+    # -- faults --------------------------------------------------------------------------
+
+    def add_fault(self, fault: Fault | None = None, **kw: Any) -> Fault:
+        fault = fault or Fault(**kw)
+        self.faults.append(fault)
+        return fault
+
+    def take_fault(self, operation: str, sandbox_id: str | None) -> Fault | None:
+        for fault in self.faults:
+            if fault.matches(operation, sandbox_id):
+                fault.hits += 1
+                if fault.times > 0:
+                    fault.times -= 1
+                return fault
+        return None
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    # -- sandboxes -------------------------------------------------------------------------
+
+    def new_sandbox(
+        self,
+        body: dict[str, Any],
+        *,
+        sandbox_id: str | None = None,
+        state: str = "Creating",
+    ) -> Sandbox:
+        sid = sandbox_id or str(uuid.uuid4())
+        root = self._base / sid / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        labels = body.get("labels") or {}
+        sandbox = Sandbox(
+            id=sid,
+            seq=next(self._seq),
+            labels={str(k): str(v) for k, v in labels.items()},
+            body=dict(body),
+            root=root,
+            created_at=now_iso(),
+            created_mono=time.monotonic(),
+            state=state,
+            egress_policy=body.get("egressPolicy"),
+            lifecycle=body.get("lifecycle"),
+        )
+        self.sandboxes[sid] = sandbox
+        return sandbox
+
+    def seed_sandbox(
+        self, sandbox_id: str, *, labels: dict[str, str] | None = None, state: str = "Running"
+    ) -> Sandbox:
+        """Put a sandbox with a chosen id in place (tests replaying published examples)."""
+        return self.new_sandbox({"labels": labels or {}}, sandbox_id=sandbox_id, state=state)
+
+    def advance(self, sandbox: Sandbox) -> None:
+        """Creating -> startup_state after `ready_after_gets` reads and `ready_after_seconds`."""
+        if sandbox.state == "Creating":
+            sandbox.gets_since_create += 1
+            old_enough = time.monotonic() - sandbox.created_mono >= self.ready_after_seconds
+            if sandbox.gets_since_create >= self.ready_after_gets and old_enough:
+                sandbox.state = self.startup_state
+        elif sandbox.state == "Stopping":
+            sandbox.state = "Stopped"
+
+    def remove(self, sandbox_id: str) -> None:
+        sandbox = self.sandboxes.pop(sandbox_id, None)
+        if sandbox is not None:
+            shutil.rmtree(sandbox.root.parent, ignore_errors=True)
+
+    def sweep_expired(self) -> None:
+        now = time.monotonic()
+        for sandbox in list(self.sandboxes.values()):
+            deadline = sandbox.expires_at()
+            if deadline is not None and now >= deadline:
+                self.remove(sandbox.id)
+
+    def ordered(self) -> list[Sandbox]:
+        return sorted(self.sandboxes.values(), key=lambda s: s.seq)
+
+    def close(self) -> None:
+        shutil.rmtree(self._base, ignore_errors=True)
+
+    # -- files -------------------------------------------------------------------------------
+
+    @staticmethod
+    def host_path(sandbox: Sandbox, path: str) -> Path:
+        """Map a sandbox path (absolute, or relative to /) into the sandbox's directory.
+
+        `..` cannot climb above the sandbox root; a symlink that resolves outside it is refused.
+        """
+        clean = os.path.normpath("/" + path.lstrip("/"))
+        candidate = sandbox.root / clean.lstrip("/")
+        resolved_parent = candidate.parent.resolve()
+        root = sandbox.root.resolve()
+        if resolved_parent != root and root not in resolved_parent.parents:
+            raise PermissionError("path escapes the sandbox")
+        return candidate
+
+    @staticmethod
+    def sandbox_path(sandbox: Sandbox, host: Path) -> str:
+        rel = host.relative_to(sandbox.root)
+        return "/" + str(rel) if str(rel) != "." else "/"
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "sandboxes": [s.to_wire() for s in self.ordered()],
+            "calls": dict(self.calls),
+            "executions": len(self.executions),
+            "faults": [
+                {"operation": f.operation, "status": f.status, "times": f.times, "hits": f.hits}
+                for f in self.faults
+            ],
+        }
