@@ -172,15 +172,13 @@ class DeclaredOutput(ContractModel):
         description="land: delivered to the host's sink; consume: parsed by the declaring kind.",
     )
 
-    @field_validator("path")
+    # Before the pattern constraint, so a person gets the specific reason.
+    @field_validator("path", "name", mode="before")
     @classmethod
-    def _path_is_relative(cls, value: str) -> str:
-        return _check_relative_path(value, "path")
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_relative(cls, value: str | None) -> str | None:
-        return None if value is None else _check_relative_path(value, "name")
+    def _relative(cls, value: object, info: Any) -> object:
+        if isinstance(value, str):
+            return _check_relative_path(value, info.field_name)
+        return value
 
     @property
     def landing_name(self) -> str:
@@ -425,9 +423,11 @@ class SandboxSpec(ContractModel):
         description="Startup timeout, time to live and idle timeout.",
     )
 
-    @field_validator("work_dir")
+    @field_validator("work_dir", mode="before")
     @classmethod
-    def _work_dir_absolute(cls, value: str) -> str:
+    def _work_dir_absolute(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
         if not (value.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", value)):
             raise ValueError(f"workDir {value!r} must be an absolute path")
         if _KEY_PART_FORBIDDEN.search(value):

@@ -1,0 +1,482 @@
+"""Unit tests of sandbox_operator.contract: vocabulary, models, refusal types."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox_operator.contract import (
+    DEFAULT_CAPABILITIES,
+    ISOLATION_LADDER,
+    ISOLATION_SCOPE_LADDER,
+    REFUSAL_TYPES,
+    BackendDeclarations,
+    Capability,
+    Condition,
+    ConditionReason,
+    DeclaredOutput,
+    DisposalCode,
+    DisposalFailure,
+    Egress,
+    HostPolicy,
+    Isolation,
+    IsolationScope,
+    Lifetime,
+    RefusalReason,
+    ResourceRequirements,
+    SandboxKey,
+    SandboxResourceSpec,
+    SandboxScopeResourceSpec,
+    SandboxSpec,
+    ScopePurge,
+    Selection,
+    TransferLimits,
+    UnknownIsolation,
+    isolation_rank,
+    isolation_scope_rank,
+    meets_floor,
+    parse_isolation,
+    parse_quantity,
+    refusal_condition_reason,
+    stricter_isolation,
+    stricter_isolation_scope,
+)
+
+MiB = 1024 * 1024
+
+
+def spec(**kw: object) -> SandboxSpec:
+    return SandboxSpec.model_validate({"kind": "python", "image": "python:1", **kw})
+
+
+def error_text(exc: pytest.ExceptionInfo[ValidationError]) -> str:
+    return str(exc.value)
+
+
+def error_locs(exc: pytest.ExceptionInfo[ValidationError]) -> list[str]:
+    return [".".join(str(p) for p in e["loc"]) for e in exc.value.errors()]
+
+
+# --- the isolation ladder ---------------------------------------------------------------------
+
+
+def test_ladder_is_exhaustive_and_in_order() -> None:
+    assert set(ISOLATION_LADDER) == set(Isolation)
+    assert len(ISOLATION_LADDER) == len(Isolation) == 7
+    assert [r.value for r in ISOLATION_LADDER] == [
+        "none",
+        "runtime",
+        "os_process",
+        "container",
+        "hardened_container",
+        "microvm",
+        "vm",
+    ]
+    assert [isolation_rank(r) for r in ISOLATION_LADDER] == list(range(7))
+
+
+def test_every_rung_has_a_rank_and_parses_from_its_value() -> None:
+    for rung in Isolation:
+        assert parse_isolation(rung.value) is rung
+        assert Isolation(rung.value) is rung
+        assert isolation_rank(rung) == ISOLATION_LADDER.index(rung)
+
+
+@pytest.mark.parametrize("a, b", list(itertools.product(Isolation, repeat=2)))
+def test_comparison_is_by_rank_never_by_string(a: Isolation, b: Isolation) -> None:
+    ra, rb = isolation_rank(a), isolation_rank(b)
+    assert (a < b) == (ra < rb)
+    assert (a <= b) == (ra <= rb)
+    assert (a > b) == (ra > rb)
+    assert (a >= b) == (ra >= rb)
+    assert meets_floor(a, b) == (ra >= rb)
+    assert isolation_rank(stricter_isolation(a, b)) == max(ra, rb)
+
+
+def test_string_order_would_be_wrong_for_these_pairs() -> None:
+    # Guards the reason for ranking as data: each of these is inverted in string order.
+    assert Isolation.NONE < Isolation.CONTAINER and "none" > "container"
+    assert Isolation.OS_PROCESS < Isolation.HARDENED_CONTAINER
+    assert "os_process" > "hardened_container"
+    assert Isolation.RUNTIME < Isolation.MICROVM and "runtime" > "microvm"
+    assert sorted(Isolation) == list(ISOLATION_LADDER)
+    assert max(Isolation) is Isolation.VM and min(Isolation) is Isolation.NONE
+
+
+@pytest.mark.parametrize("other", ["vm", "none", 3])
+def test_comparison_with_a_non_rung_is_refused(other: object) -> None:
+    with pytest.raises(TypeError, match="parse_isolation"):
+        _ = other > Isolation.MICROVM  # type: ignore[operator]
+    with pytest.raises(TypeError):
+        _ = other <= Isolation.MICROVM  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("raw", ["process", "Microvm", "gvisor", "", "container "])
+def test_unknown_isolation_is_refused_naming_the_allowed_values(raw: str) -> None:
+    with pytest.raises(UnknownIsolation) as exc:
+        parse_isolation(raw)
+    assert isinstance(exc.value, ValueError)
+    assert exc.value.value == raw
+    assert exc.value.allowed == tuple(r.value for r in ISOLATION_LADDER)
+    for rung in ISOLATION_LADDER:
+        assert rung.value in str(exc.value)
+    with pytest.raises(ValueError):
+        Isolation(raw)
+
+
+def test_retired_process_spelling_is_refused_with_a_hint() -> None:
+    with pytest.raises(UnknownIsolation, match="retired spelling"):
+        parse_isolation("process")
+    with pytest.raises(ValidationError) as exc:
+        spec(minIsolation="process")
+    assert error_locs(exc) == ["minIsolation"]
+    assert "os_process" in error_text(exc) and "retired" in error_text(exc)
+    with pytest.raises(ValidationError):
+        HostPolicy.model_validate({"minIsolation": "process"})
+
+
+def test_isolation_scope_ladder() -> None:
+    assert set(ISOLATION_SCOPE_LADDER) == set(IsolationScope)
+    assert isolation_scope_rank(IsolationScope.CONVERSATION) < isolation_scope_rank(
+        IsolationScope.CALL
+    )
+    for a, b in itertools.product(IsolationScope, repeat=2):
+        winner = stricter_isolation_scope(a, b)
+        assert isolation_scope_rank(winner) == max(isolation_scope_rank(a), isolation_scope_rank(b))
+
+
+# --- vocabularies -----------------------------------------------------------------------------
+
+
+def test_vocabularies_are_exactly_the_contract() -> None:
+    assert {c.value for c in Capability} == {
+        "exec",
+        "run_code",
+        "host_tools",
+        "files_in",
+        "files_out",
+        "files_list",
+        "files_delete",
+        "snapshot",
+        "attached_identity",
+    }
+    assert [e.value for e in Egress] == ["closed", "allowlist", "unrestricted"]
+    assert [s.value for s in Selection] == ["fixed", "perSpec"]
+    assert [d.value for d in DisposalCode] == [
+        "unreachable",
+        "timeout",
+        "refused",
+        "unlisted",
+        "unknown",
+    ]
+    assert {Capability.EXEC, Capability.FILES_IN} == DEFAULT_CAPABILITIES
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("egress", "open", ["closed", "allowlist", "unrestricted"]),
+        ("isolationScope", "thread", ["conversation", "call"]),
+        ("requiresOsFamily", "linux", ["posix", "windows"]),
+        ("requires", ["exec", "teleport"], ["exec", "run_code", "attached_identity"]),
+    ],
+)
+def test_enum_fields_refuse_unknown_values_naming_allowed_ones(
+    field: str, value: object, allowed: list[str]
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(**{field: value})
+    assert error_locs(exc)[0].startswith(field)
+    for name in allowed:
+        assert f"'{name}'" in error_text(exc)
+
+
+# --- SandboxSpec ------------------------------------------------------------------------------
+
+
+def test_spec_defaults_are_the_closed_posture() -> None:
+    s = spec()
+    assert s.egress is Egress.CLOSED
+    assert s.egress_allow == ()
+    assert s.requires == DEFAULT_CAPABILITIES
+    assert s.isolation_scope is IsolationScope.CONVERSATION
+    assert s.min_isolation is None
+    assert s.requires_os_family is None
+    assert s.files_in == s.files_out == TransferLimits()
+    assert TransferLimits() == TransferLimits(
+        max_bytes_per_file=8 * MiB, max_total_bytes=32 * MiB, max_files=64
+    )
+
+
+def test_camel_case_aliases_and_snake_case_names_both_populate() -> None:
+    a = spec(workDir="/w", minIsolation="vm", egress="allowlist", egressAllow=["pypi.org"])
+    b = spec(work_dir="/w", min_isolation="vm", egress="allowlist", egress_allow=["pypi.org"])
+    assert a == b
+    assert a.min_isolation is Isolation.VM
+    wire = a.to_wire()
+    assert wire["workDir"] == "/w" and wire["minIsolation"] == "vm"
+    assert wire["egressAllow"] == ["pypi.org"]
+    assert "work_dir" not in wire
+    assert SandboxSpec.model_validate(wire) == a
+
+
+def test_unknown_fields_are_refused_naming_them() -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(egressAllowList=["x"])
+    assert error_locs(exc) == ["egressAllowList"]
+    assert "Extra inputs are not permitted" in error_text(exc)
+
+
+def test_models_are_frozen() -> None:
+    s = spec()
+    with pytest.raises(ValidationError):
+        s.image = "other"  # type: ignore[misc]
+
+
+def test_set_fields_serialize_in_definition_order() -> None:
+    s = spec(requires=["snapshot", "files_out", "exec", "run_code"])
+    assert s.to_wire()["requires"] == ["exec", "run_code", "files_out", "snapshot"]
+    d = BackendDeclarations(egress_modes={Egress.UNRESTRICTED, Egress.CLOSED})
+    assert d.to_wire()["egressModes"] == ["closed", "unrestricted"]
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"egressAllow": ["pypi.org"]}, "egressAllow is only valid with egress allowlist"),
+        (
+            {"egress": "unrestricted", "egressAllow": ["pypi.org"]},
+            "egressAllow is only valid with egress allowlist (egress is unrestricted)",
+        ),
+        ({"egress": "allowlist", "egressAllow": ["a.org", "a.org"]}, "more than once"),
+        ({"egress": "allowlist", "egressAllow": ["https://a.org"]}, "egressAllow"),
+        ({"egress": "allowlist", "egressAllow": ["a.org:443"]}, "egressAllow"),
+        ({"egress": "allowlist", "egressAllow": ["*"]}, "egressAllow"),
+        ({"workDir": "workspace"}, "workDir"),
+        ({"kind": "Python"}, "kind"),
+        ({"image": "has space"}, "image"),
+        (
+            {"declaredOutputs": [{"path": "a.png", "mediaType": "image/png"}]},
+            "declaredOutputs needs files_out",
+        ),
+        (
+            {
+                "requires": ["exec", "files_out"],
+                "declaredOutputs": [{"path": "/etc/passwd", "mediaType": "text/plain"}],
+            },
+            "must be relative",
+        ),
+        (
+            {
+                "requires": ["exec", "files_out"],
+                "declaredOutputs": [{"path": "a/../../b", "mediaType": "text/plain"}],
+            },
+            "'..'",
+        ),
+        (
+            {
+                "requires": ["exec", "files_out"],
+                "declaredOutputs": [
+                    {"path": "a.png", "mediaType": "image/png"},
+                    {"path": "b.png", "mediaType": "image/png", "name": "a.png"},
+                ],
+            },
+            "same name",
+        ),
+        (
+            {
+                "requires": ["exec", "files_out"],
+                "filesOut": {"maxFiles": 1},
+                "declaredOutputs": [
+                    {"path": "a.png", "mediaType": "image/png"},
+                    {"path": "b.png", "mediaType": "image/png"},
+                ],
+            },
+            "more than filesOut.maxFiles (1)",
+        ),
+        ({"filesIn": {"maxBytesPerFile": 10, "maxTotalBytes": 5}}, "maxBytesPerFile (10)"),
+        ({"filesIn": {"maxFiles": -1}}, "filesIn.maxFiles"),
+        (
+            {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}}},
+            "requests.memory (1Gi) exceeds limits.memory (512Mi)",
+        ),
+        ({"resources": {"limits": {"cpu": "lots"}}}, "not a quantity"),
+        ({"lifetime": {"ttlSeconds": 60, "idleTimeoutSeconds": 120}}, "idleTimeoutSeconds (120)"),
+        ({"lifetime": {"startupTimeoutSeconds": 0}}, "lifetime.startupTimeoutSeconds"),
+    ],
+)
+def test_invalid_specs_raise_at_construction_naming_the_field(
+    kw: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(**kw)
+    text = error_text(exc) + " " + " ".join(error_locs(exc))
+    assert needle in text
+
+
+def test_valid_combinations_are_accepted() -> None:
+    s = spec(
+        egress="allowlist",
+        egressAllow=["pypi.org", "*.pythonhosted.org"],
+        requires=["exec", "files_in", "files_out"],
+        declaredOutputs=[
+            {"path": "out/a.png", "mediaType": "image/png", "required": False},
+            {"path": "b.json", "mediaType": "application/json", "disposition": "consume"},
+        ],
+        resources={"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"cpu": 2}},
+        lifetime={"ttlSeconds": 600, "idleTimeoutSeconds": 600},
+    )
+    assert s.declared_outputs[0].landing_name == "out/a.png"
+    assert s.resources.limits.cpu == "2"
+    assert DeclaredOutput(path="x", media_type="text/plain", name="y").landing_name == "y"
+
+
+def test_quantities() -> None:
+    assert parse_quantity("500m") == parse_quantity("0.5")
+    assert parse_quantity("1Gi") == 1024**3
+    assert parse_quantity("1G") == 10**9
+    assert ResourceRequirements().limits.memory == "512Mi"
+    assert Lifetime().idle_timeout_seconds <= Lifetime().ttl_seconds
+
+
+# --- declarations, host policy, key -----------------------------------------------------------
+
+
+def test_backend_declarations_silence_rules() -> None:
+    d = BackendDeclarations()
+    assert d.capabilities == DEFAULT_CAPABILITIES
+    assert d.limits == TransferLimits()
+    assert d.egress_modes == frozenset()
+    assert d.os_families == frozenset()
+    assert d.isolation_scopes == frozenset({IsolationScope.CONVERSATION})
+    assert d.observes_egress is False
+
+
+def test_host_policy_defaults_and_pin_rule() -> None:
+    h = HostPolicy()
+    assert h.min_isolation is Isolation.MICROVM
+    assert h.min_isolation_scope is IsolationScope.CONVERSATION
+    assert h.selection is Selection.FIXED
+    assert h.pinned_backend is None
+    assert h.allow_unrestricted_egress is False
+    assert HostPolicy(pinned_backend="acas").pinned_backend == "acas"
+    with pytest.raises(ValidationError, match="pinnedBackend is only valid with selection fixed"):
+        HostPolicy.model_validate({"selection": "perSpec", "pinnedBackend": "acas"})
+
+
+def test_sandbox_key() -> None:
+    k = SandboxKey(scope="tenant-1", thread_id="t-1", agent_dir="devops")
+    assert k.call_id == ""
+    assert k.to_wire() == {
+        "scope": "tenant-1",
+        "threadId": "t-1",
+        "agentDir": "devops",
+        "callId": "",
+    }
+    with pytest.raises(ValidationError) as exc:
+        SandboxKey(scope="", thread_id="t", agent_dir="a")
+    assert "scope must not be empty" in error_text(exc)
+    with pytest.raises(ValidationError, match="control characters"):
+        SandboxKey(scope="s", thread_id="t\n", agent_dir="a")
+
+
+def test_scope_purge_and_disposal_failure() -> None:
+    purge = ScopePurge(
+        disposed=2, undisposed=[DisposalFailure(code="timeout", backend="acas", detail="slow")]
+    )
+    assert not purge.complete
+    assert purge.undisposed[0].code is DisposalCode.TIMEOUT
+    assert ScopePurge().complete
+    with pytest.raises(ValidationError) as exc:
+        DisposalFailure.model_validate({"code": "vanished", "backend": "x"})
+    assert "'unreachable'" in str(exc.value)
+
+
+# --- custom-resource models -------------------------------------------------------------------
+
+
+def resource(**kw: object) -> SandboxResourceSpec:
+    return SandboxResourceSpec.model_validate(
+        {"scopeRef": "conv-1", "agentDir": "devops", "kind": "python", "image": "py:1", **kw}
+    )
+
+
+def test_call_id_required_iff_isolation_scope_is_call() -> None:
+    assert resource().call_id == ""
+    assert resource(isolationScope="call", callId="c-1").call_id == "c-1"
+    with pytest.raises(ValidationError, match="callId is required when isolationScope is call"):
+        resource(isolationScope="call")
+    with pytest.raises(ValidationError, match="callId must be empty unless isolationScope is call"):
+        resource(callId="c-1")
+
+
+def test_resource_spec_yields_the_workload_spec_and_key() -> None:
+    r = resource(isolationScope="call", callId="c-1", minIsolation="vm")
+    s = r.sandbox_spec()
+    assert type(s) is SandboxSpec
+    assert s.min_isolation is Isolation.VM and s.isolation_scope is IsolationScope.CALL
+    assert r.key("tenant", "thread") == SandboxKey(
+        scope="tenant", thread_id="thread", agent_dir="devops", call_id="c-1"
+    )
+    with pytest.raises(ValidationError):
+        resource(scopeRef="Not_A_Name")
+
+
+def test_scope_resource_spec() -> None:
+    s = SandboxScopeResourceSpec.model_validate(
+        {"scope": "tenant", "threadId": "t", "minIsolation": "vm", "minIsolationScope": "call"}
+    )
+    assert s.min_isolation is Isolation.VM
+    with pytest.raises(ValidationError, match="retired"):
+        SandboxScopeResourceSpec.model_validate(
+            {"scope": "tenant", "threadId": "t", "minIsolation": "process"}
+        )
+
+
+def test_condition_shape() -> None:
+    c = Condition.model_validate(
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "IsolationBelowFloor",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    )
+    assert c.to_wire()["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    with pytest.raises(ValidationError) as exc:
+        Condition.model_validate(
+            {"type": "Ready", "status": "Maybe", "reason": "X", "lastTransitionTime": "2026-01-01"}
+        )
+    assert "'Unknown'" in str(exc.value)
+
+
+# --- one source of reasons --------------------------------------------------------------------
+
+
+def test_every_refusal_reason_is_a_condition_reason_and_has_a_type() -> None:
+    assert set(REFUSAL_TYPES) == set(RefusalReason)
+    for reason in RefusalReason:
+        assert refusal_condition_reason(reason).value == reason.value
+        assert REFUSAL_TYPES[reason].reason is reason
+    values = {r.value for r in ConditionReason}
+    for needed in [
+        "ScopeNotFound",
+        "Pending",
+        "Creating",
+        "Ready",
+        "StartupFailed",
+        "StartupTimeout",
+        "Failed",
+        "Expired",
+        "Disposing",
+        "Disposed",
+        "DisposalFailed",
+        "KeyUnclean",
+        "Purged",
+        "PurgeIncomplete",
+    ]:
+        assert needed in values
+    for value in values:
+        assert value[0].isupper() and value.isalnum()

@@ -1,0 +1,641 @@
+"""Unit tests of sandbox_operator.policy: the six checks, floors, selection, registration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandbox_operator.contract import (
+    ISOLATION_LADDER,
+    BackendDeclarations,
+    BackendUnavailable,
+    Capability,
+    CapabilityNotSupported,
+    ConfigurationError,
+    Egress,
+    EgressNotEnforced,
+    HostPolicy,
+    Isolation,
+    IsolationBelowFloor,
+    IsolationScope,
+    IsolationScopeNotEnforced,
+    NoBackendCanServe,
+    OsFamily,
+    OsFamilyNotSupported,
+    RefusalReason,
+    SandboxRefusal,
+    SandboxSpec,
+    Selection,
+    TransferLimits,
+    TransferLimitsNotPermitted,
+    isolation_rank,
+    isolation_scope_rank,
+)
+from sandbox_operator.policy import (
+    BackendProfile,
+    check_backend,
+    effective_floor,
+    effective_isolation_scope,
+    resolve_fixed_backend,
+    select_backend,
+    validate_registration,
+)
+
+MiB = 1024 * 1024
+
+FULL = BackendDeclarations(
+    capabilities=frozenset(Capability),
+    limits=TransferLimits(max_bytes_per_file=64 * MiB, max_total_bytes=256 * MiB, max_files=512),
+    egress_modes=frozenset({Egress.CLOSED, Egress.ALLOWLIST}),
+    os_families=frozenset({OsFamily.POSIX}),
+    isolation_scopes=frozenset(IsolationScope),
+)
+
+
+def backend(
+    name: str = "acas",
+    isolation: str = "microvm",
+    declarations: BackendDeclarations = FULL,
+    **kw: Any,
+) -> BackendProfile:
+    return BackendProfile(name=name, isolation=isolation, declarations=declarations, **kw)
+
+
+def spec(**kw: Any) -> SandboxSpec:
+    return SandboxSpec.model_validate({"kind": "python", "image": "python:1", **kw})
+
+
+def check(b: BackendProfile, s: SandboxSpec, host: HostPolicy | None = None) -> None:
+    host = host or HostPolicy()
+    floor = effective_floor(host, s)
+    scope = effective_isolation_scope(host, s)
+    check_backend(
+        b,
+        s,
+        floor=floor.isolation,
+        isolation_scope=scope.isolation_scope,
+        allow_unrestricted=host.allow_unrestricted_egress,
+        floor_raised_by=floor.raised_by,
+        isolation_scope_raised_by=scope.raised_by,
+    )
+
+
+def declared(**kw: Any) -> BackendDeclarations:
+    return FULL.model_copy(update=kw)
+
+
+# --- each check: positive control, then its refusal ------------------------------------------
+
+
+def test_positive_control_passes_every_check() -> None:
+    check(backend(), spec())
+    check(
+        backend(),
+        spec(
+            minIsolation="microvm",
+            requires=["exec", "files_in", "files_out", "run_code"],
+            requiresOsFamily="posix",
+            egress="allowlist",
+            egressAllow=["pypi.org"],
+            isolationScope="call",
+            filesOut={"maxBytesPerFile": 64 * MiB, "maxTotalBytes": 256 * MiB, "maxFiles": 512},
+        ),
+    )
+
+
+CASES: list[tuple[str, Callable[[], BackendProfile], SandboxSpec, type[SandboxRefusal], str]] = [
+    (
+        "floor",
+        lambda: backend(isolation="container"),
+        spec(),
+        IsolationBelowFloor,
+        "backend 'acas' (isolation container) is below the effective floor microvm for kind "
+        "'python' (floor raised by: host)",
+    ),
+    (
+        "floor raised by spec",
+        lambda: backend(isolation="microvm"),
+        spec(minIsolation="vm"),
+        IsolationBelowFloor,
+        "floor raised by: spec",
+    ),
+    (
+        "unknown rung",
+        lambda: backend(isolation="process"),
+        spec(),
+        IsolationBelowFloor,
+        "declares isolation 'process', which is not a rung on the ladder",
+    ),
+    (
+        "capabilities",
+        lambda: backend(declarations=declared(capabilities=frozenset({Capability.EXEC}))),
+        spec(requires=["exec", "files_in", "run_code"]),
+        CapabilityNotSupported,
+        "lacks the required capabilities run_code, files_in (it declares exec)",
+    ),
+    (
+        "os family",
+        lambda: backend(declarations=declared(os_families=frozenset({OsFamily.POSIX}))),
+        spec(requiresOsFamily="windows"),
+        OsFamilyNotSupported,
+        "requires OS family windows and the backend declares posix",
+    ),
+    (
+        "transfer ceilings",
+        lambda: backend(declarations=declared(limits=TransferLimits())),
+        spec(filesOut={"maxTotalBytes": 64 * MiB, "maxFiles": 100}),
+        TransferLimitsNotPermitted,
+        "filesOut.maxTotalBytes 64 MiB > 32 MiB; filesOut.maxFiles 100 > 64",
+    ),
+    (
+        "egress mode not declared",
+        lambda: backend(declarations=declared(egress_modes=frozenset({Egress.CLOSED}))),
+        spec(egress="allowlist", egressAllow=["pypi.org"]),
+        EgressNotEnforced,
+        "does not enforce egress mode allowlist (it declares closed)",
+    ),
+    (
+        "unrestricted without host consent",
+        lambda: backend(declarations=declared(egress_modes=frozenset(Egress))),
+        spec(egress="unrestricted"),
+        EgressNotEnforced,
+        "host policy does not allow unrestricted egress",
+    ),
+    (
+        "isolation scope",
+        lambda: backend(
+            declarations=declared(isolation_scopes=frozenset({IsolationScope.CONVERSATION}))
+        ),
+        spec(isolationScope="call"),
+        IsolationScopeNotEnforced,
+        "at isolation scope call (required by: spec): it declares conversation",
+    ),
+    (
+        "unavailable",
+        lambda: backend(available=False, unavailable_reason="service reports 503"),
+        spec(),
+        BackendUnavailable,
+        "backend 'acas' is unavailable to serve kind 'python': service reports 503",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "make_backend, s, refusal, needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_each_check_refuses_with_its_type_and_reason(
+    make_backend: Callable[[], BackendProfile],
+    s: SandboxSpec,
+    refusal: type[SandboxRefusal],
+    needle: str,
+) -> None:
+    b = make_backend()
+    with pytest.raises(SandboxRefusal) as exc:
+        check(b, s)
+    assert type(exc.value) is refusal
+    assert exc.value.reason is refusal.reason
+    assert exc.value.reason.value == refusal.__name__
+    assert exc.value.backend == "acas" and exc.value.kind == "python"
+    assert needle in exc.value.message
+    assert str(exc.value) == exc.value.message
+    assert "'acas'" in exc.value.message and "'python'" in exc.value.message
+
+
+def test_refusals_carry_fields_to_branch_on() -> None:
+    with pytest.raises(IsolationBelowFloor) as floor:
+        check(backend(isolation="hardened_container"), spec())
+    assert floor.value.floor is Isolation.MICROVM and floor.value.isolation == "hardened_container"
+    assert floor.value.raised_by == ("host",) and floor.value.known
+    with pytest.raises(CapabilityNotSupported) as caps:
+        check(backend(declarations=declared(capabilities=frozenset())), spec())
+    assert caps.value.missing == (Capability.EXEC, Capability.FILES_IN)
+    with pytest.raises(TransferLimitsNotPermitted) as limits:
+        check(
+            backend(declarations=declared(limits=TransferLimits())), spec(filesIn={"maxFiles": 65})
+        )
+    (excess,) = limits.value.excesses
+    assert (excess.direction, excess.field, excess.asked, excess.ceiling) == (
+        "filesIn",
+        "maxFiles",
+        65,
+        64,
+    )
+
+
+def test_checks_run_in_the_fixed_order() -> None:
+    # Fails floor, capabilities, OS family, transfer, egress and scope at once: floor first.
+    worst = backend(isolation="container", declarations=BackendDeclarations(), available=False)
+    s = spec(
+        requires=["run_code"],
+        requiresOsFamily="posix",
+        filesIn={"maxFiles": 100},
+        egress="allowlist",
+        isolationScope="call",
+    )
+    order = [
+        IsolationBelowFloor,
+        CapabilityNotSupported,
+        OsFamilyNotSupported,
+        TransferLimitsNotPermitted,
+        EgressNotEnforced,
+        IsolationScopeNotEnforced,
+        BackendUnavailable,
+    ]
+    fixes: list[Callable[[BackendProfile], BackendProfile]] = [
+        lambda b: BackendProfile(b.name, "vm", b.declarations, b.available),
+        lambda b: BackendProfile(
+            b.name,
+            b.isolation,
+            b.declarations.model_copy(update={"capabilities": FULL.capabilities}),
+            b.available,
+        ),
+        lambda b: BackendProfile(
+            b.name,
+            b.isolation,
+            b.declarations.model_copy(update={"os_families": FULL.os_families}),
+            b.available,
+        ),
+        lambda b: BackendProfile(
+            b.name,
+            b.isolation,
+            b.declarations.model_copy(update={"limits": FULL.limits}),
+            b.available,
+        ),
+        lambda b: BackendProfile(
+            b.name,
+            b.isolation,
+            b.declarations.model_copy(update={"egress_modes": FULL.egress_modes}),
+            b.available,
+        ),
+        lambda b: BackendProfile(
+            b.name,
+            b.isolation,
+            b.declarations.model_copy(update={"isolation_scopes": FULL.isolation_scopes}),
+            b.available,
+        ),
+        lambda b: BackendProfile(b.name, b.isolation, b.declarations, True),
+    ]
+    current = worst
+    for expected, fix in zip(order, fixes, strict=True):
+        with pytest.raises(SandboxRefusal) as exc:
+            check(current, s)
+        assert type(exc.value) is expected
+        current = fix(current)
+    check(current, s)
+
+
+# --- silence rules ----------------------------------------------------------------------------
+
+
+def silent(isolation: str = "microvm", **kw: Any) -> BackendProfile:
+    """A backend that states only its egress modes (the one declaration it must make)."""
+    return backend(isolation=isolation, declarations=BackendDeclarations(**kw))
+
+
+def test_silent_capabilities_mean_exec_and_files_in() -> None:
+    b = silent(egress_modes={Egress.CLOSED})
+    check(b, spec())
+    check(b, spec(requires=["exec"]))
+    with pytest.raises(CapabilityNotSupported):
+        check(b, spec(requires=["exec", "files_in", "files_out"]))
+
+
+def test_silent_egress_refuses_every_spec() -> None:
+    b = silent()
+    for s in (spec(), spec(egress="allowlist"), spec(egress="unrestricted")):
+        with pytest.raises(EgressNotEnforced):
+            check(b, s, HostPolicy(allow_unrestricted_egress=True))
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(b, spec())
+    assert "it declares no egress modes" in exc.value.message
+
+
+def test_egress_mismatch_is_refused_in_both_directions() -> None:
+    only_allowlist = silent(egress_modes={Egress.ALLOWLIST})
+    only_closed = silent(egress_modes={Egress.CLOSED})
+    with pytest.raises(EgressNotEnforced):  # backend would confine more than asked
+        check(only_allowlist, spec())
+    with pytest.raises(EgressNotEnforced):  # backend would confine less than asked
+        check(only_closed, spec(egress="allowlist", egressAllow=["pypi.org"]))
+    check(only_allowlist, spec(egress="allowlist", egressAllow=["pypi.org"]))
+
+
+def test_unrestricted_needs_host_consent_and_a_declaring_backend() -> None:
+    open_backend = silent(egress_modes=set(Egress))
+    allow = HostPolicy(allow_unrestricted_egress=True)
+    check(open_backend, spec(egress="unrestricted"), allow)
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(open_backend, spec(egress="unrestricted"))
+    assert exc.value.host_forbids
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(silent(egress_modes={Egress.CLOSED}), spec(egress="unrestricted"), allow)
+    assert not exc.value.host_forbids
+
+
+def test_silent_os_families_refuse_only_a_spec_that_asks() -> None:
+    b = silent(egress_modes={Egress.CLOSED})
+    check(b, spec())
+    for family in OsFamily:
+        with pytest.raises(OsFamilyNotSupported) as exc:
+            check(b, spec(requiresOsFamily=family.value))
+        assert "the backend declares no OS family" in exc.value.message
+
+
+def test_silent_limits_are_the_default_ceilings_and_a_bigger_ask_is_refused() -> None:
+    b = silent(egress_modes={Egress.CLOSED})
+    check(b, spec(filesIn=TransferLimits().to_wire(), filesOut=TransferLimits().to_wire()))
+    for field in ("maxBytesPerFile", "maxTotalBytes", "maxFiles"):
+        bigger = TransferLimits().to_wire()
+        bigger[field] += 1
+        if field == "maxBytesPerFile":
+            bigger["maxTotalBytes"] += 1
+        with pytest.raises(TransferLimitsNotPermitted) as exc:
+            check(b, spec(filesOut=bigger))
+        assert any(e.field == field for e in exc.value.excesses)
+        assert "never clamped" in exc.value.message
+    check(b, spec(filesIn={"maxFiles": 1}))  # a smaller ask is fine
+
+
+def test_silent_isolation_scopes_mean_conversation() -> None:
+    b = silent(egress_modes={Egress.CLOSED})
+    check(b, spec())
+    with pytest.raises(IsolationScopeNotEnforced):
+        check(b, spec(isolationScope="call"))
+    with pytest.raises(IsolationScopeNotEnforced) as exc:
+        check(b, spec(), HostPolicy(min_isolation_scope=IsolationScope.CALL))
+    assert exc.value.raised_by == ("host",)
+
+
+def test_observes_egress_is_informational() -> None:
+    check(silent(egress_modes={Egress.CLOSED}, observes_egress=True), spec())
+
+
+# --- floors only raise ------------------------------------------------------------------------
+
+rungs = st.sampled_from(list(Isolation))
+optional_rungs = st.none() | rungs
+scopes = st.sampled_from(list(IsolationScope))
+
+
+@given(host=rungs, scope=optional_rungs, own=optional_rungs)
+def test_effective_floor_is_the_strictest_and_never_lowers(
+    host: Isolation, scope: Isolation | None, own: Isolation | None
+) -> None:
+    s = spec(minIsolation=own.value if own else None)
+    floor = effective_floor(HostPolicy(min_isolation=host), s, scope_floor=scope)
+    given_floors = [f for f in (host, scope, own) if f is not None]
+    assert floor.isolation >= host
+    for f in given_floors:
+        assert floor.isolation >= f
+    assert floor.isolation in given_floors
+    assert isolation_rank(floor.isolation) == max(isolation_rank(f) for f in given_floors)
+    assert floor.raised_by and set(floor.raised_by) <= {"host", "scope", "spec"}
+
+
+@given(host=scopes, scope=st.none() | scopes, own=scopes)
+def test_effective_isolation_scope_only_raises(
+    host: IsolationScope, scope: IsolationScope | None, own: IsolationScope
+) -> None:
+    result = effective_isolation_scope(
+        HostPolicy(min_isolation_scope=host),
+        spec(isolationScope=own.value),
+        scope_min_isolation_scope=scope,
+    )
+    for s in (host, scope, own):
+        if s is not None:
+            assert isolation_scope_rank(result.isolation_scope) >= isolation_scope_rank(s)
+
+
+def test_a_spec_cannot_lower_the_host_floor() -> None:
+    floor = effective_floor(HostPolicy(), spec(minIsolation="none"))
+    assert floor.isolation is Isolation.MICROVM and floor.raised_by == ("host",)
+    with pytest.raises(IsolationBelowFloor):
+        check(backend(isolation="none"), spec(minIsolation="none"))
+
+
+def test_scope_floor_raises() -> None:
+    host = HostPolicy(min_isolation=Isolation.CONTAINER, selection=Selection.PER_SPEC)
+    backends = [backend("runc", "container"), backend("kata", "microvm")]
+    assert select_backend(host, backends, spec()).backend.name == "runc"
+    admitted = select_backend(host, backends, spec(), scope_floor=Isolation.MICROVM)
+    assert admitted.backend.name == "kata"
+    assert admitted.floor is Isolation.MICROVM and admitted.floor_raised_by == ("scope",)
+    with pytest.raises(NoBackendCanServe):
+        select_backend(host, backends, spec(), scope_floor=Isolation.VM)
+
+
+# --- selection --------------------------------------------------------------------------------
+
+
+def test_fixed_selection_uses_the_first_or_the_pinned_backend() -> None:
+    a, b = backend("a", "vm"), backend("b", "vm")
+    assert select_backend(HostPolicy(), [a, b], spec()).backend is a
+    assert select_backend(HostPolicy(pinned_backend="b"), [a, b], spec()).backend is b
+    with pytest.raises(ConfigurationError) as exc:
+        select_backend(HostPolicy(pinned_backend="c"), [a, b], spec())
+    assert exc.value.entry == "hostPolicy.pinnedBackend"
+    with pytest.raises(ConfigurationError) as exc:
+        resolve_fixed_backend(HostPolicy(), [])
+    assert exc.value.entry == "backends"
+
+
+def test_fixed_selection_refuses_with_the_backends_own_refusal() -> None:
+    a = backend("a", "vm", declared(capabilities=frozenset({Capability.EXEC})))
+    b = backend("b", "vm")
+    with pytest.raises(CapabilityNotSupported) as exc:
+        select_backend(HostPolicy(), [a, b], spec())
+    assert exc.value.backend == "a"  # b would pass, but fixed selection never moves
+
+
+def test_per_spec_routes_to_the_first_backend_that_passes() -> None:
+    host = HostPolicy(selection=Selection.PER_SPEC)
+    runc = backend("runc", "container")
+    narrow = backend("narrow", "microvm", declared(capabilities=frozenset({Capability.EXEC})))
+    wide = backend("wide", "vm")
+    admitted = select_backend(host, [runc, narrow, wide], spec())
+    assert admitted.backend is wide
+    assert admitted.floor is Isolation.MICROVM
+    assert admitted.isolation_scope is IsolationScope.CONVERSATION
+    assert select_backend(host, [runc, narrow, wide], spec(requires=["exec"])).backend is narrow
+
+
+def test_per_spec_refusal_names_every_backend_with_its_reason() -> None:
+    host = HostPolicy(selection=Selection.PER_SPEC)
+    backends = [
+        backend("runc", "container"),
+        backend("narrow", "microvm", declared(capabilities=frozenset({Capability.EXEC}))),
+        backend("down", "vm", available=False, unavailable_reason="quota exhausted"),
+    ]
+    with pytest.raises(NoBackendCanServe) as exc:
+        select_backend(host, backends, spec())
+    refusal = exc.value
+    assert refusal.reason is RefusalReason.NO_BACKEND_CAN_SERVE
+    assert refusal.backend is None and refusal.kind == "python"
+    assert [r.backend for r in refusal.refusals] == ["runc", "narrow", "down"]
+    assert [r.reason for r in refusal.refusals] == [
+        RefusalReason.ISOLATION_BELOW_FLOOR,
+        RefusalReason.CAPABILITY_NOT_SUPPORTED,
+        RefusalReason.BACKEND_UNAVAILABLE,
+    ]
+    assert refusal.reason_for("narrow") is RefusalReason.CAPABILITY_NOT_SUPPORTED
+    assert refusal.reason_for("missing") is None
+    for name in ("'runc'", "'narrow'", "'down'", "IsolationBelowFloor", "quota exhausted"):
+        assert name in refusal.message
+
+
+declarations_st = st.builds(
+    BackendDeclarations,
+    capabilities=st.frozensets(st.sampled_from(list(Capability))),
+    limits=st.builds(
+        TransferLimits,
+        max_bytes_per_file=st.sampled_from([MiB, 8 * MiB]),
+        max_total_bytes=st.sampled_from([32 * MiB, 64 * MiB]),
+        max_files=st.sampled_from([8, 64, 128]),
+    ),
+    egress_modes=st.frozensets(st.sampled_from(list(Egress))),
+    os_families=st.frozensets(st.sampled_from(list(OsFamily))),
+    isolation_scopes=st.frozensets(st.sampled_from(list(IsolationScope))),
+)
+backends_st = st.lists(
+    st.builds(
+        BackendProfile,
+        name=st.sampled_from(["a", "b", "c", "d", "e"]),
+        isolation=st.sampled_from([r.value for r in ISOLATION_LADDER] + ["process", "gvisor"]),
+        declarations=declarations_st,
+        available=st.booleans(),
+    ),
+    min_size=1,
+    max_size=5,
+    unique_by=lambda b: b.name,
+)
+specs_st = st.builds(
+    lambda requires, floor, scope, family, egress, files: spec(
+        requires=sorted(requires),
+        minIsolation=floor,
+        isolationScope=scope,
+        requiresOsFamily=family,
+        egress=egress,
+        filesIn={"maxFiles": files},
+    ),
+    st.frozensets(st.sampled_from(list(Capability))),
+    st.none() | st.sampled_from([r.value for r in Isolation]),
+    st.sampled_from([s.value for s in IsolationScope]),
+    st.none() | st.sampled_from([f.value for f in OsFamily]),
+    st.sampled_from([e.value for e in Egress]),
+    st.sampled_from([8, 64, 100]),
+)
+hosts_st = st.builds(
+    HostPolicy,
+    min_isolation=rungs,
+    min_isolation_scope=scopes,
+    selection=st.just(Selection.PER_SPEC),
+    allow_unrestricted_egress=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(host=hosts_st, backends=backends_st, s=specs_st, scope_floor=optional_rungs)
+def test_per_spec_route_is_deterministic_and_never_below_the_floor(
+    host: HostPolicy,
+    backends: list[BackendProfile],
+    s: SandboxSpec,
+    scope_floor: Isolation | None,
+) -> None:
+    def route() -> str | tuple[str | None, ...]:
+        try:
+            admitted = select_backend(host, backends, s, scope_floor=scope_floor)
+        except NoBackendCanServe as refusal:
+            assert [r.backend for r in refusal.refusals] == [b.name for b in backends]
+            return tuple(r.reason.value for r in refusal.refusals)
+        rung = admitted.backend.known_isolation
+        assert rung is not None
+        assert rung >= host.min_isolation
+        assert rung >= admitted.floor
+        if scope_floor is not None:
+            assert rung >= scope_floor
+        if s.min_isolation is not None:
+            assert rung >= s.min_isolation
+        assert admitted.backend.available
+        # It is the first registered backend that passes.
+        index = backends.index(admitted.backend)
+        for earlier in backends[:index]:
+            with pytest.raises(SandboxRefusal):
+                check_backend(
+                    earlier,
+                    s,
+                    floor=admitted.floor,
+                    isolation_scope=admitted.isolation_scope,
+                    allow_unrestricted=host.allow_unrestricted_egress,
+                )
+        return admitted.backend.name
+
+    first = route()
+    assert route() == first
+    assert route() == first
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def test_registration_fixed_refuses_a_resolved_backend_below_the_floor() -> None:
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(), [backend("runc", "container"), backend("kata")])
+    assert exc.value.entry == "backends[0].isolation"
+    assert "'runc' (isolation container) is below the host floor microvm" in str(exc.value)
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(
+            HostPolicy(pinned_backend="runc"), [backend("kata"), backend("runc", "container")]
+        )
+    assert exc.value.entry == "backends[1].isolation"
+    assert (
+        validate_registration(
+            HostPolicy(min_isolation=Isolation.CONTAINER), [backend("runc", "container")]
+        )
+        == ()
+    )
+
+
+def test_registration_fixed_refuses_an_unknown_rung() -> None:
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(min_isolation=Isolation.NONE), [backend("old", "process")])
+    assert exc.value.entry == "backends[0].isolation"
+    assert "'process'" in str(exc.value) and "os_process" in str(exc.value)
+
+
+def test_registration_per_spec_refuses_only_when_nothing_clears_the_floor() -> None:
+    host = HostPolicy(selection=Selection.PER_SPEC)
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(host, [backend("runc", "container"), backend("old", "process")])
+    assert exc.value.entry == "backends"
+    warnings = validate_registration(
+        host, [backend("runc", "container"), backend("old", "process"), backend("kata")]
+    )
+    assert len(warnings) == 2
+    assert "'runc' (isolation container) is below the host floor microvm" in warnings[0]
+    assert "never routes to it" in warnings[0]
+    assert "'old' declares isolation 'process'" in warnings[1]
+
+
+def test_registration_refuses_malformed_sets() -> None:
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(), [])
+    assert exc.value.entry == "backends"
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(), [backend("a"), backend("a")])
+    assert exc.value.entry == "backends[1].name"
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(), [backend("Not A Name")])
+    assert exc.value.entry == "backends[0].name"
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(pinned_backend="zzz"), [backend("a")])
+    assert exc.value.entry == "hostPolicy.pinnedBackend"
+    assert isinstance(exc.value, ValueError)
+
+
+def test_registration_warns_about_a_backend_that_refuses_everything() -> None:
+    warnings = validate_registration(HostPolicy(), [backend("a"), silent()])
+    assert any("declares no egress modes" in w for w in warnings)
