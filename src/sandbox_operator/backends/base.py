@@ -1,0 +1,170 @@
+"""The driver protocol every backend implements for the operator.
+
+The operator decides *whether* a sandbox may run and *where* (that is policy); a driver only makes
+the backend's objects exist, reports what it sees, and takes them away again. Drivers hold no state
+the operator's correctness depends on: everything they need is derived from the request (names are
+deterministic, objects carry key labels), so any replica, or a restarted one, can call any method
+for any sandbox.
+
+Nothing in this module is specific to pods: a runtime-class driver creates pods and
+NetworkPolicies, a remote driver creates sessions in a hosted service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from sandbox_operator.contract import (
+    DisposalCode,
+    DisposalFailure,
+    IsolationScope,
+    SandboxKey,
+    SandboxSpec,
+)
+
+
+class ObservedPhase(StrEnum):
+    """What a driver sees of one sandbox's backend objects."""
+
+    ABSENT = "Absent"  # nothing exists (never created, or already disposed)
+    STARTING = "Starting"  # created, not ready yet, nothing has failed so far
+    READY = "Ready"  # usable: the workload can be exec'd into
+    STARTUP_FAILED = "StartupFailed"  # cannot become ready (image missing, crashed while starting)
+    FAILED = "Failed"  # was running and stopped (the operator tells "before" from "after ready")
+    DISPOSING = "Disposing"  # deletion requested, objects still present
+
+
+@dataclass(frozen=True)
+class SandboxRef:
+    """Which sandbox a call is about: enough for any replica to find its objects."""
+
+    namespace: str
+    name: str  # the Sandbox resource's name
+    uid: str = ""  # the Sandbox resource's uid (owner of what the driver creates), if known
+
+
+@dataclass(frozen=True)
+class EnsureRequest:
+    """Everything a driver needs to create (or find) the objects that serve a sandbox."""
+
+    sandbox: SandboxRef
+    key: SandboxKey
+    spec: SandboxSpec
+    isolation_scope: IsolationScope
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ServedBy:
+    """The object that serves a sandbox, as reported in the Sandbox's status."""
+
+    kind: str  # e.g. "Pod" or a remote session kind
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class Observation:
+    phase: ObservedPhase
+    served_by: ServedBy | None = None
+    detail_reason: str = ""  # the backend's own word, e.g. "ImagePullBackOff"
+    message: str = ""  # for people; never carries credentials or endpoints
+    created_at: datetime | None = None  # when the serving object was created (startup clock)
+    ready_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class BackendObject:
+    """One object found by a label listing (for scope purges and key-cleanliness checks)."""
+
+    kind: str
+    name: str
+    namespace: str
+    sandbox_name: str = ""  # value of the sandbox label, if present
+    owner_uid: str = ""  # uid of the Sandbox that owns it, if recorded
+    deleting: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str = ""  # why not, for the BackendUnavailable refusal message
+
+
+class StartupError(Exception):
+    """The backend refused to create the sandbox's objects (e.g. the API server rejected the pod).
+
+    ``reason`` is a condition reason the operator writes as is (normally ``StartupFailed``).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class DisposalError(Exception):
+    """Disposal did not land; ``failure`` says how (code, detail, backend)."""
+
+    def __init__(self, failure: DisposalFailure) -> None:
+        super().__init__(f"{failure.backend}: {failure.code}: {failure.detail}")
+        self.failure = failure
+
+    @property
+    def code(self) -> DisposalCode:
+        return self.failure.code
+
+
+@runtime_checkable
+class BackendDriver(Protocol):
+    """An asynchronous backend driver. Every method is idempotent."""
+
+    @property
+    def name(self) -> str:
+        """The backend's configured name."""
+        ...
+
+    async def check_available(self) -> Availability:
+        """Probe at start (and periodically) whether the backend can serve at all."""
+        ...
+
+    async def ensure(self, request: EnsureRequest) -> ServedBy:
+        """Create the objects that serve the sandbox, or find the ones already there.
+
+        Raises :class:`StartupError` when the backend refuses them outright.
+        """
+        ...
+
+    async def observe(self, sandbox: SandboxRef) -> Observation:
+        """Report what exists for the sandbox and how far it got."""
+        ...
+
+    async def dispose(self, sandbox: SandboxRef) -> None:
+        """Remove everything that serves the sandbox and wait until it is gone.
+
+        Nothing left is success. Raises :class:`DisposalError` when disposal does not land.
+        """
+        ...
+
+    async def list_by_scope(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> list[BackendObject]:
+        """Everything of one conversation, found by its labels alone."""
+        ...
+
+    async def list_by_key(self, namespace: str, key: SandboxKey) -> list[BackendObject]:
+        """Everything of one sandbox key, found by its labels alone."""
+        ...
+
+    async def dispose_object(self, obj: BackendObject) -> None:
+        """Remove one listed object and wait until it is gone (raises :class:`DisposalError`)."""
+        ...
+
+    async def close(self) -> None: ...

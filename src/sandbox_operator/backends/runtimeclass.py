@@ -1,0 +1,539 @@
+"""The runtime-class backend: one hardened pod (plus a NetworkPolicy) per sandbox.
+
+The pod runs the spec's image on the backend's RuntimeClass (runc, gVisor, Kata, ...) with a
+keep-alive command; the workload runs through ``pods/exec``. Builders are pure functions over the
+request, so what gets created is testable without a cluster; the driver below only creates, reads
+and deletes.
+
+Security profile of every sandbox pod (see docs/operator.md):
+
+* no service-account token (``automountServiceAccountToken: false``), ``enableServiceLinks: false``;
+* no host namespaces (hostNetwork/hostPID/hostIPC false), no host paths: only emptyDirs
+  (the work dir and ``/tmp``);
+* ``allowPrivilegeEscalation: false``, every capability dropped, seccomp ``RuntimeDefault``,
+  ``privileged: false``, read-only root filesystem (default);
+* non-root: uid/gid 65532 unless the backend's ``pod`` settings say otherwise, and
+  ``runAsNonRoot: true`` so the kubelet refuses an image that would run as root;
+* ``restartPolicy: Never``: a sandbox whose keep-alive dies has lost its state, so it is reported
+  as failed rather than silently restarted empty;
+* owned by its Sandbox (garbage-collected with it as a last resort) and labelled with the hashed
+  key parts, so a whole conversation is found by a label selector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import naming
+from sandbox_operator.backends.base import (
+    Availability,
+    BackendObject,
+    DisposalError,
+    EnsureRequest,
+    Observation,
+    ObservedPhase,
+    SandboxRef,
+    ServedBy,
+    StartupError,
+)
+from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.contract import (
+    API_VERSION,
+    SANDBOX_KIND,
+    ConditionReason,
+    DisposalCode,
+    DisposalFailure,
+    Egress,
+    SandboxKey,
+    SandboxSpec,
+)
+
+log = logging.getLogger(__name__)
+
+CONTAINER_NAME = "sandbox"
+WORK_VOLUME = "work"
+TMP_VOLUME = "tmp"
+
+#: Waiting reasons that mean the container will not start without someone changing something.
+FATAL_WAITING_REASONS = frozenset(
+    {
+        "ErrImageNeverPull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImagePull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "StartError",
+        "CrashLoopBackOff",
+    }
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure builders
+
+
+def owner_reference(sandbox: SandboxRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SANDBOX_KIND,
+        "name": sandbox.name,
+        "uid": sandbox.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": request.sandbox.namespace,
+        "labels": dict(request.labels),
+        "annotations": dict(request.annotations),
+    }
+    if request.sandbox.uid:
+        meta["ownerReferences"] = [owner_reference(request.sandbox)]
+    return meta
+
+
+def _resources(spec: SandboxSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in ("requests", "limits"):
+        rl = getattr(spec.resources, part)
+        values = {k: str(v) for k, v in (("cpu", rl.cpu), ("memory", rl.memory)) if v is not None}
+        if values:
+            out[part] = values
+    return out
+
+
+def container_security_context(pod: PodSettings) -> dict[str, Any]:
+    ctx: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "readOnlyRootFilesystem": pod.read_only_root_filesystem,
+        "runAsNonRoot": pod.run_as_non_root,
+    }
+    if pod.run_as_user is not None:
+        ctx["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        ctx["runAsGroup"] = pod.run_as_group
+    return ctx
+
+
+def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dict[str, Any]:
+    """The pod manifest that serves a sandbox on a runtime-class backend."""
+    spec = request.spec
+    pod = backend.pod
+    name = naming.pod_name(request.sandbox.name)
+    work_dir = spec.work_dir
+    pod_security: dict[str, Any] = {
+        "runAsNonRoot": pod.run_as_non_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if pod.run_as_user is not None:
+        pod_security["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        pod_security["runAsGroup"] = pod.run_as_group
+    if pod.fs_group is not None:
+        pod_security["fsGroup"] = pod.fs_group
+    work_volume: dict[str, Any] = {"name": WORK_VOLUME, "emptyDir": {}}
+    if pod.work_dir_size_limit:
+        work_volume["emptyDir"]["sizeLimit"] = pod.work_dir_size_limit
+    mounts = [{"name": WORK_VOLUME, "mountPath": work_dir}]
+    volumes = [work_volume]
+    if work_dir != "/tmp":
+        mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
+        volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": pod.tmp_size_limit}})
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": list(pod.keep_alive_command),
+        "workingDir": work_dir,
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "SANDBOX_WORK_DIR", "value": work_dir},
+        ],
+        "resources": _resources(spec),
+        "securityContext": container_security_context(pod),
+        "volumeMounts": mounts,
+        "stdin": False,
+        "tty": False,
+    }
+    pod_spec: dict[str, Any] = {
+        "runtimeClassName": backend.runtime_class_name,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(request, name),
+        "spec": pod_spec,
+    }
+
+
+def build_network_policy(request: EnsureRequest) -> dict[str, Any]:
+    """The NetworkPolicy of a sandbox pod: no ingress ever; egress by the spec's mode.
+
+    ``closed`` denies all egress. ``unrestricted`` leaves egress open (only served when the host
+    policy allows it and the backend declares it). ``allowlist`` also denies direct egress here:
+    the allowlist is enforced by an egress proxy the backend declares, not by this policy.
+    """
+    name = naming.network_policy_name(request.sandbox.name)
+    selector = {lbl.SANDBOX_LABEL: lbl.sandbox_label_value(request.sandbox.name)}
+    policy_types = ["Ingress", "Egress"]
+    spec: dict[str, Any] = {
+        "podSelector": {"matchLabels": selector},
+        "policyTypes": policy_types,
+        "ingress": [],
+        "egress": [],
+    }
+    if request.spec.egress is Egress.UNRESTRICTED:
+        spec["policyTypes"] = ["Ingress"]
+        del spec["egress"]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(request, name),
+        "spec": spec,
+    }
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
+    """What a pod's status says about its sandbox (pure; ``pod`` is the API's JSON shape)."""
+    if pod is None:
+        return Observation(ObservedPhase.ABSENT)
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    served = ServedBy(
+        kind="Pod",
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        uid=meta.get("uid", ""),
+    )
+    created = _parse_time(meta.get("creationTimestamp"))
+    if meta.get("deletionTimestamp"):
+        return Observation(
+            ObservedPhase.DISPOSING, served, "Terminating", "pod is being deleted", created
+        )
+    phase = status.get("phase", "Pending")
+    statuses = status.get("containerStatuses") or []
+    cs = next((c for c in statuses if c.get("name") == CONTAINER_NAME), None)
+    ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if phase in ("Failed", "Succeeded"):
+        term = ((cs or {}).get("state") or {}).get("terminated") or {}
+        why = term.get("reason") or status.get("reason") or phase
+        code = term.get("exitCode")
+        msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
+        if status.get("message"):
+            msg += f": {status['message']}"
+        return Observation(ObservedPhase.FAILED, served, str(why), msg, created)
+    if cs is not None:
+        state = cs.get("state") or {}
+        waiting = state.get("waiting")
+        terminated = state.get("terminated")
+        if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
+            reason = str(waiting["reason"])
+            msg = f"container cannot start: {reason}"
+            if waiting.get("message"):
+                msg += f": {waiting['message']}"
+            return Observation(ObservedPhase.STARTUP_FAILED, served, reason, msg, created)
+        if terminated:
+            reason = str(terminated.get("reason") or "Terminated")
+            msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
+            return Observation(ObservedPhase.FAILED, served, reason, msg, created)
+        if state.get("running") and cs.get("ready"):
+            ready_at = _parse_time((ready_cond or {}).get("lastTransitionTime"))
+            return Observation(
+                ObservedPhase.READY, served, "Running", "pod is running", created, ready_at
+            )
+    # Unschedulable or still creating: not (yet) fatal; the startup timeout bounds it.
+    detail = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            detail = f"not scheduled: {cond.get('reason', '')} {cond.get('message', '')}".strip()
+    if not detail and cs and (cs.get("state") or {}).get("waiting"):
+        detail = str(cs["state"]["waiting"].get("reason") or "")
+    return Observation(
+        ObservedPhase.STARTING, served, detail or phase, detail or f"pod is {phase}", created
+    )
+
+
+def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
+    meta = obj.get("metadata") or {}
+    labels = dict(meta.get("labels") or {})
+    owner = next(
+        (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "Sandbox"),
+        "",
+    )
+    return BackendObject(
+        kind=kind,
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        sandbox_name=labels.get(lbl.SANDBOX_LABEL, ""),
+        owner_uid=owner,
+        deleting=bool(meta.get("deletionTimestamp")),
+        labels=labels,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+
+
+class RuntimeClassDriver:
+    """Creates, observes and disposes sandbox pods on one RuntimeClass.
+
+    ``api`` is a :class:`kubernetes_asyncio.client.ApiClient`.
+    """
+
+    def __init__(
+        self,
+        config: RuntimeClassBackendConfig,
+        api: Any,
+        *,
+        dispose_timeout: float = 30.0,
+        poll_interval: float = 0.5,
+    ) -> None:
+        from kubernetes_asyncio import client
+
+        self._config = config
+        self._api = api
+        # Typed as Any: bodies are plain manifests (dicts), which the client serializes as is.
+        self._core: Any = client.CoreV1Api(api)
+        self._net: Any = client.NetworkingV1Api(api)
+        self._node: Any = client.NodeV1Api(api)
+        self._dispose_timeout = dispose_timeout
+        self._poll = poll_interval
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def config(self) -> RuntimeClassBackendConfig:
+        return self._config
+
+    async def check_available(self) -> Availability:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        rc = self._config.runtime_class_name
+        try:
+            await self._node.read_runtime_class(rc)
+        except ApiException as exc:
+            if exc.status == 404:
+                return Availability(False, f"RuntimeClass {rc!r} does not exist in the cluster")
+            return Availability(False, f"RuntimeClass {rc!r} cannot be read (HTTP {exc.status})")
+        return Availability(True)
+
+    def _sanitize(self, obj: Any) -> Any:
+        return self._api.sanitize_for_serialization(obj)
+
+    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            pod = await self._core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        result: dict[str, Any] = self._sanitize(pod)
+        return result
+
+    async def ensure(self, request: EnsureRequest) -> ServedBy:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        manifest = build_pod(request, self._config)
+        name = manifest["metadata"]["name"]
+        # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
+        np = build_network_policy(request)
+        try:
+            await self._net.create_namespaced_network_policy(ns, np)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: already there (it never changes for a sandbox)
+                raise StartupError(
+                    ConditionReason.STARTUP_FAILED,
+                    f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
+                    f"{_api_message(exc)}",
+                ) from None
+        try:
+            created = await self._core.create_namespaced_pod(ns, manifest)
+            return ServedBy("Pod", created.metadata.name, ns, created.metadata.uid or "")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise StartupError(
+                    ConditionReason.STARTUP_FAILED,
+                    f"pod was refused by the API server (HTTP {exc.status}): {_api_message(exc)}",
+                ) from None
+        existing = await self._read_pod(ns, name)
+        if existing is None:  # deleted between our create and read: next pass creates it
+            return ServedBy("Pod", name, ns, "")
+        existing_meta = existing.get("metadata") or {}
+        owners = [o.get("uid") for o in existing_meta.get("ownerReferences") or []]
+        if request.sandbox.uid and request.sandbox.uid not in owners:
+            raise StartupError(
+                ConditionReason.KEY_UNCLEAN,
+                f"pod {name} exists but belongs to another Sandbox (a previous one with this "
+                "name that was not disposed yet)",
+            )
+        return ServedBy("Pod", name, ns, existing_meta.get("uid", ""))
+
+    async def observe(self, sandbox: SandboxRef) -> Observation:
+        pod = await self._read_pod(sandbox.namespace, naming.pod_name(sandbox.name))
+        if pod is not None and sandbox.uid:
+            owners = [
+                o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or []
+            ]
+            if sandbox.uid not in owners:
+                # Someone else's pod under our name; not ours to report as our sandbox.
+                return Observation(
+                    ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
+                )
+        return classify_pod(pod)
+
+    async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async def delete() -> None:
+            if kind == "Pod":
+                await self._core.delete_namespaced_pod(name, namespace)
+            else:
+                await self._net.delete_namespaced_network_policy(name, namespace)
+
+        async def exists() -> bool:
+            try:
+                if kind == "Pod":
+                    await self._core.read_namespaced_pod(name, namespace)
+                else:
+                    await self._net.read_namespaced_network_policy(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        try:
+            try:
+                await delete()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._dispose_timeout
+            while await exists():
+                if loop.time() >= deadline:
+                    raise DisposalError(
+                        DisposalFailure(
+                            code=DisposalCode.TIMEOUT,
+                            detail=f"{kind} {name} still present after {self._dispose_timeout:g}s",
+                            backend=self.name,
+                        )
+                    )
+                await asyncio.sleep(self._poll)
+        except ApiException as exc:
+            code = DisposalCode.REFUSED if exc.status in (401, 403) else DisposalCode.UNKNOWN
+            raise DisposalError(
+                DisposalFailure(
+                    code=code,
+                    detail=f"deleting {kind} {name}: HTTP {exc.status}",
+                    backend=self.name,
+                )
+            ) from None
+        except (TimeoutError, OSError) as exc:
+            raise DisposalError(
+                DisposalFailure(
+                    code=DisposalCode.UNREACHABLE,
+                    detail=f"deleting {kind} {name}: {type(exc).__name__}",
+                    backend=self.name,
+                )
+            ) from None
+
+    async def dispose(self, sandbox: SandboxRef) -> None:
+        name = naming.pod_name(sandbox.name)
+        errors: list[DisposalError] = []
+        for kind, obj_name in (
+            ("Pod", name),
+            ("NetworkPolicy", naming.network_policy_name(sandbox.name)),
+        ):
+            try:
+                await self._delete_and_wait(kind, sandbox.namespace, obj_name)
+            except DisposalError as exc:
+                errors.append(exc)
+        # Anything else carrying this sandbox's label (e.g. left by an older naming scheme).
+        for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
+            if obj.name in (name,):
+                continue
+            try:
+                await self.dispose_object(obj)
+            except DisposalError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
+        pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
+        nps = await self._net.list_namespaced_network_policy(namespace, label_selector=selector)
+        out = [backend_object("Pod", self._sanitize(p)) for p in pods.items]
+        out += [backend_object("NetworkPolicy", self._sanitize(n)) for n in nps.items]
+        backend = self.name
+        return [o for o in out if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
+
+    async def list_by_scope(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> list[BackendObject]:
+        return await self._list(namespace, lbl.scope_selector(scope, thread_id))
+
+    async def list_by_key(self, namespace: str, key: SandboxKey) -> list[BackendObject]:
+        return await self._list(namespace, lbl.key_selector(key))
+
+    async def dispose_object(self, obj: BackendObject) -> None:
+        await self._delete_and_wait(obj.kind, obj.namespace, obj.name)
+
+    async def close(self) -> None:
+        return None
+
+
+def _api_message(exc: Any) -> str:
+    import json
+
+    with contextlib.suppress(Exception):
+        body = json.loads(exc.body)
+        return str(body.get("message", ""))[:500]
+    return str(getattr(exc, "reason", ""))

@@ -1,0 +1,200 @@
+"""``sandbox-operator``: run the operator, or check a configuration without a cluster.
+
+* ``sandbox-operator run --config FILE [--namespace NS ...|--all-namespaces] [--health-port N]``
+  validates the configuration (refusing to start on any error, naming the entry), then runs the
+  kopf operator with an HTTP health endpoint at ``/healthz``.
+* ``sandbox-operator check-config FILE [--spec sandbox.yaml] [--scope sandboxscope.yaml]`` gives
+  the same verdict on the file without a cluster and, with ``--spec``, says whether that spec
+  would be served, by which backend, or why not. (RuntimeClass existence needs a cluster and is
+  checked by ``run`` only.)
+
+Exit codes: 0 ok / would be served; 1 configuration invalid; 2 usage error or unreadable spec;
+3 the spec would be refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sandbox_operator.config import OperatorConfig, load_config, profiles
+from sandbox_operator.contract import (
+    ConfigurationError,
+    SandboxRefusal,
+    SandboxResourceSpec,
+    SandboxScopeResourceSpec,
+    SandboxSpec,
+)
+from sandbox_operator.policy import select_backend
+
+EXIT_OK = 0
+EXIT_CONFIG = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandbox-operator", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator")
+    run.add_argument("--config", required=True, help="operator configuration file (YAML)")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="namespace to serve (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve all namespaces")
+    run.add_argument("--health-port", type=int, default=8080, help="port of GET /healthz")
+    run.add_argument("--health-host", default="0.0.0.0")
+    run.add_argument("--no-health", action="store_true", help="do not serve /healthz")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="kopf peering priority (default: derived from POD_NAME or the host name, so "
+        "replicas differ and only the highest one acts)",
+    )
+    run.add_argument("--peering", default=None, help="kopf peering object name (default: auto)")
+    run.add_argument(
+        "--standalone", action="store_true", help="no peering (a single replica, e.g. in tests)"
+    )
+
+    check = sub.add_parser("check-config", help="validate a configuration without a cluster")
+    check.add_argument("file")
+    check.add_argument("--spec", help="a Sandbox manifest (or bare spec) to judge")
+    check.add_argument(
+        "--scope", help="the SandboxScope manifest it references (for the scope's floors)"
+    )
+    return p
+
+
+def _default_priority() -> int:
+    ident = os.environ.get("POD_NAME") or os.uname().nodename
+    return 100 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 10000
+
+
+def _load_yaml(path: str) -> Any:
+    with open(path) as fh:
+        return yaml.safe_load(fh)
+
+
+def _spec_from(doc: Any) -> tuple[SandboxSpec, str]:
+    """A SandboxSpec from a Sandbox manifest or a bare spec; also the scopeRef if any."""
+    if not isinstance(doc, dict):
+        raise ValueError("the spec file must be a YAML mapping")
+    body = doc.get("spec", doc) if doc.get("kind") == "Sandbox" or "apiVersion" in doc else doc
+    if "scopeRef" in body or "agentDir" in body:
+        res = SandboxResourceSpec.model_validate(body)
+        return res.sandbox_spec(), res.scope_ref
+    return SandboxSpec.model_validate(body), ""
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        config, warnings = load_config(args.file)
+    except ConfigurationError as exc:
+        print(f"configuration invalid: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"configuration ok: {len(config.backends)} backend(s): {', '.join(config.backend_names)}")
+    print(
+        f"host policy: minIsolation {config.host_policy.min_isolation.value}, "
+        f"selection {config.host_policy.selection.value}"
+    )
+    for w in warnings:
+        print(f"warning: {w}")
+    if not args.spec:
+        return EXIT_OK
+    try:
+        spec, _scope_ref = _spec_from(_load_yaml(args.spec))
+        scope_spec = None
+        if args.scope:
+            sdoc = _load_yaml(args.scope)
+            scope_spec = SandboxScopeResourceSpec.model_validate(sdoc.get("spec", sdoc))
+    except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
+        print(f"spec invalid: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _judge(config, spec, scope_spec)
+
+
+def _judge(
+    config: OperatorConfig, spec: SandboxSpec, scope: SandboxScopeResourceSpec | None
+) -> int:
+    try:
+        admission = select_backend(
+            config.host_policy,
+            profiles(config),
+            spec,
+            scope_floor=scope.min_isolation if scope else None,
+            scope_min_isolation_scope=scope.min_isolation_scope if scope else None,
+        )
+    except SandboxRefusal as refusal:
+        print(f"refused: {refusal.reason.value}: {refusal.message}")
+        return EXIT_REFUSED
+    print(
+        f"served by backend {admission.backend.name} (isolation {admission.backend.isolation}, "
+        f"effective floor {admission.floor.value}, isolation scope "
+        f"{admission.isolation_scope.value})"
+    )
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config, warnings = load_config(args.config)
+    except ConfigurationError as exc:
+        print(f"refusing to start: configuration invalid: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for w in warnings:
+        logging.getLogger("sandbox_operator").warning("config: %s", w)
+    os.environ["SANDBOX_OPERATOR_CONFIG"] = os.path.abspath(args.config)
+    os.environ["SANDBOX_OPERATOR_RESYNC_SECONDS"] = str(config.operator.resync_seconds)
+
+    import kopf
+
+    import sandbox_operator.reconcile.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(
+        debug=args.log_level == "debug",
+        verbose=args.log_level in ("debug", "info"),
+        quiet=args.log_level in ("warning", "error"),
+    )
+    liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
+    kopf.run(
+        clusterwide=bool(args.all_namespaces),
+        namespaces=tuple(args.namespace),
+        standalone=True if args.standalone else None,
+        priority=args.priority if args.priority is not None else _default_priority(),
+        peering_name=args.peering,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args)
+    if args.command == "run":
+        if not args.all_namespaces and not args.namespace:
+            print("run: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr)
+            return EXIT_USAGE
+        return _run(args)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The operator's configuration: the host policy and the backends the platform registers.
+
+The platform owns this file (the Helm chart renders it into a ConfigMap). It is validated as a
+whole before the operator starts: a malformed file, an unknown isolation rung or a fixed backend
+below the floor raise :class:`~sandbox_operator.contract.ConfigurationError` naming the entry, and
+the operator refuses to start. ``sandbox-operator check-config FILE`` runs the same validation
+without a cluster.
+
+Example (see ``examples/config-local.yaml`` and ``docs/operator.md``)::
+
+    hostPolicy:
+      minIsolation: hardened_container
+      selection: perSpec
+    backends:
+      - name: gvisor
+        type: runtimeClass
+        runtimeClassName: gvisor
+        isolation: hardened_container
+        declarations:
+          capabilities: [exec, run_code, files_in, files_out, files_list, files_delete]
+          egressModes: [closed]
+          osFamilies: [posix]
+          isolationScopes: [conversation, call]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from sandbox_operator.contract import (
+    BackendDeclarations,
+    ConfigurationError,
+    HostPolicy,
+)
+from sandbox_operator.policy import BackendProfile, validate_registration
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+#: Default keep-alive: a POSIX shell that sleeps until told to stop, and stops at once on SIGTERM.
+#: The workload itself runs through pods/exec.
+DEFAULT_KEEP_ALIVE: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done",
+)
+
+#: The unprivileged uid/gid sandbox containers run as unless a backend says otherwise
+#: (the conventional "nonroot" id of distroless images; any uid works for the shipped images).
+DEFAULT_SANDBOX_UID = 65532
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class PodSettings(_Model):
+    """How a runtime-class backend shapes the pods it creates (all fields optional)."""
+
+    run_as_user: int | None = Field(
+        default=DEFAULT_SANDBOX_UID,
+        ge=0,
+        description="uid of the sandbox container; null keeps the image's own user.",
+    )
+    run_as_group: int | None = Field(default=DEFAULT_SANDBOX_UID, ge=0)
+    fs_group: int | None = Field(default=DEFAULT_SANDBOX_UID, ge=0)
+    run_as_non_root: bool = Field(
+        default=True,
+        description="Ask the kubelet to refuse a container that would run as root. Only false "
+        "for images that cannot run unprivileged (then runAsUser must be null or 0).",
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="Mount the image read-only; the work dir and /tmp are writable emptyDirs.",
+    )
+    image_pull_policy: Literal["Never", "IfNotPresent", "Always"] = "IfNotPresent"
+    keep_alive_command: tuple[str, ...] = Field(default=DEFAULT_KEEP_ALIVE, min_length=1)
+    termination_grace_period_seconds: int = Field(default=5, ge=0, le=300)
+    tmp_size_limit: str = Field(default="64Mi", description="Size limit of the /tmp emptyDir.")
+    work_dir_size_limit: str | None = Field(
+        default=None, description="Size limit of the work dir emptyDir (none by default)."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+    @model_validator(mode="after")
+    def _non_root_consistent(self) -> PodSettings:
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise ValueError("runAsUser 0 (root) contradicts runAsNonRoot true")
+        return self
+
+
+class RuntimeClassBackendConfig(_Model):
+    """A backend served by pods on a Kubernetes RuntimeClass (runc, gVisor, Kata, ...)."""
+
+    type: Literal["runtimeClass"]
+    name: str = Field(pattern=NAME_PATTERN, description="Backend name used in status and policy.")
+    runtime_class_name: str = Field(pattern=NAME_PATTERN)
+    isolation: str = Field(
+        description="The isolation rung this runtime truly provides (validated against the "
+        "ladder; an unknown rung is refused, never guessed)."
+    )
+    declarations: BackendDeclarations = Field(default_factory=BackendDeclarations)
+    pod: PodSettings = Field(default_factory=PodSettings)
+
+
+def _acas_model() -> type[BaseModel] | None:
+    """The acas backend's config model, when that backend is part of this build."""
+    try:
+        module = importlib.import_module("sandbox_operator.backends.acas.config")
+    except ImportError:
+        return None
+    for attr in ("AcasBackendConfig", "AcasConfig"):
+        model = getattr(module, attr, None)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model
+    return None
+
+
+class OperatorSettings(_Model):
+    """Operator timings; the defaults suit a real cluster."""
+
+    resync_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="How often each live Sandbox is re-checked."
+    )
+    dispose_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="How long one disposal may wait for the objects to be gone before it is "
+        "reported as DisposalFailed (code timeout) and retried.",
+    )
+    disposal_retry_seconds: float = Field(default=10.0, gt=0, le=3600)
+    scope_purge_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Attempts at purging a deleted SandboxScope before the scope is let go with "
+        "PurgeIncomplete (undisposed Sandboxes keep their own finalizers and keep retrying).",
+    )
+
+
+class OperatorConfig(_Model):
+    """The whole configuration file."""
+
+    host_policy: HostPolicy = Field(default_factory=HostPolicy)
+    backends: tuple[Any, ...] = Field(min_length=1)
+    operator: OperatorSettings = Field(default_factory=OperatorSettings)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _parse_backends(cls, value: object) -> object:
+        if not isinstance(value, list | tuple):
+            raise ValueError("backends must be a list")
+        parsed: list[BaseModel] = []
+        for index, entry in enumerate(value):
+            parsed.append(_parse_backend(index, entry))
+        return tuple(parsed)
+
+    def backend(self, name: str) -> Any | None:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        return None
+
+    @property
+    def backend_names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.backends)
+
+
+def _parse_backend(index: int, entry: object) -> BaseModel:
+    entry_name = f"backends[{index}]"
+    if isinstance(entry, BaseModel):
+        return entry
+    if not isinstance(entry, dict):
+        raise ConfigurationError(entry_name, "must be a mapping")
+    btype = entry.get("type")
+    if btype == "runtimeClass":
+        model: type[BaseModel] = RuntimeClassBackendConfig
+    elif btype == "acas":
+        acas = _acas_model()
+        if acas is None:
+            raise ConfigurationError(
+                f"{entry_name}.type", "acas backends are not available in this build"
+            )
+        model = acas
+    else:
+        raise ConfigurationError(
+            f"{entry_name}.type", f"unknown backend type {btype!r}; allowed: runtimeClass, acas"
+        )
+    try:
+        return model.model_validate(entry)
+    except ValidationError as exc:
+        raise _config_error(exc, prefix=entry_name) from None
+
+
+def _loc(loc: Sequence[int | str], prefix: str = "") -> str:
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(file)"
+
+
+def _config_error(exc: ValidationError, prefix: str = "") -> ConfigurationError:
+    first = exc.errors()[0]
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    msg = first["msg"]
+    # Do not echo possibly secret input values; pydantic's msg carries none.
+    return ConfigurationError(_loc(loc, prefix), msg)
+
+
+def profiles(
+    config: OperatorConfig, unavailable: dict[str, str] | None = None
+) -> tuple[BackendProfile, ...]:
+    """The policy's view of the configured backends, with availability applied."""
+    unavailable = unavailable or {}
+    out = []
+    for b in config.backends:
+        out.append(
+            BackendProfile(
+                name=b.name,
+                isolation=b.isolation,
+                declarations=b.declarations,
+                available=b.name not in unavailable,
+                unavailable_reason=unavailable.get(b.name, ""),
+            )
+        )
+    return tuple(out)
+
+
+def parse_config(data: object) -> tuple[OperatorConfig, tuple[str, ...]]:
+    """Validate a parsed YAML document; returns the config and policy warnings.
+
+    Raises :class:`ConfigurationError` naming the offending entry.
+    """
+    if not isinstance(data, dict):
+        raise ConfigurationError("(file)", "the configuration must be a YAML mapping")
+    try:
+        config = OperatorConfig.model_validate(data)
+    except ConfigurationError:
+        raise
+    except ValidationError as exc:
+        # A ConfigurationError raised inside a validator arrives wrapped; unwrap it.
+        for err in exc.errors():
+            ctx_error = (err.get("ctx") or {}).get("error")
+            if isinstance(ctx_error, ConfigurationError):
+                raise ctx_error from None
+        raise _config_error(exc) from None
+    names = [b.name for b in config.backends]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise ConfigurationError(f"backends[{index}].name", f"duplicate backend name {name!r}")
+    warnings = validate_registration(config.host_policy, profiles(config))
+    return config, tuple(warnings)
+
+
+def load_config(path: str | Path) -> tuple[OperatorConfig, tuple[str, ...]]:
+    """Read and validate a configuration file (see :func:`parse_config`)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigurationError("(file)", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigurationError("(file)", f"not valid YAML{where}") from None
+    return parse_config(data)

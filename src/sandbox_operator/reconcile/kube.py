@@ -1,0 +1,202 @@
+"""The few Kubernetes calls the reconcilers make, over kubernetes_asyncio.
+
+Every call the operator makes on its own resources goes through here (pods and NetworkPolicies go
+through the runtime-class driver), so the RBAC rules the Helm chart grants can be read off this
+file: sandboxes and sandboxscopes get/list/watch/patch/delete, their status patch, events create.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_operator.contract import (
+    API_VERSION,
+    GROUP,
+    SANDBOX_PLURAL,
+    SANDBOX_SCOPE_PLURAL,
+    VERSION,
+)
+from sandbox_operator.reconcile.conditions import now_rfc3339
+
+log = logging.getLogger(__name__)
+
+REPORTING_COMPONENT = "sandbox-operator"
+
+
+class Conflict(Exception):
+    """The object changed since it was read (optimistic concurrency); read again and retry."""
+
+
+class Kube:
+    def __init__(self, api: Any) -> None:
+        from kubernetes_asyncio import client
+
+        self.api = api
+        self._custom: Any = client.CustomObjectsApi(api)
+        self._core: Any = client.CoreV1Api(api)
+
+    @staticmethod
+    def _status(exc: Exception) -> int | None:
+        return getattr(exc, "status", None)
+
+    async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def get_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get(SANDBOX_PLURAL, namespace, name)
+
+    async def get_scope(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get(SANDBOX_SCOPE_PLURAL, namespace, name)
+
+    async def list_sandboxes(
+        self, namespace: str, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {}
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        result = await self._custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOX_PLURAL, **kwargs
+        )
+        items: list[dict[str, Any]] = result.get("items", [])
+        return items
+
+    async def _patch(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        status: bool,
+    ) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        call = (
+            self._custom.patch_namespaced_custom_object_status
+            if status
+            else self._custom.patch_namespaced_custom_object
+        )
+        try:
+            result: dict[str, Any] = await call(
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                dict(body),
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from None
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def patch_status(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self._patch(plural, namespace, name, body, status=True)
+
+    async def patch_metadata(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any] | None:
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return await self._patch(plural, namespace, name, {"metadata": meta}, status=False)
+
+    async def delete_sandbox(self, namespace: str, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, SANDBOX_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def post_event(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        action: str = "Reconcile",
+    ) -> None:
+        """Record a Kubernetes Event about ``obj``; failures are logged, never raised."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{meta.get('name', 'object')[:200]}.",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", API_VERSION),
+                "kind": obj.get("kind", ""),
+                "name": meta.get("name", ""),
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "action": action,
+            "source": {"component": REPORTING_COMPONENT},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": REPORTING_COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self._core.create_namespaced_event(namespace, body)
+        except Exception as exc:  # an Event is a courtesy; never fail a reconcile over it
+            detail = getattr(exc, "status", type(exc).__name__)
+            log.warning("could not record event %s on %s: %s", reason, meta.get("name"), detail)
+
+
+def api_error_text(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            return str(json.loads(body).get("message", ""))[:500]
+        except (ValueError, AttributeError):
+            pass
+    return type(exc).__name__
