@@ -1,0 +1,350 @@
+"""Unit tests of the generated CRDs: drift, structure, and the CEL rules for each invariant."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from sandbox_operator import crdgen
+from sandbox_operator.contract import (
+    ISOLATION_LADDER,
+    Capability,
+    Egress,
+    IsolationScope,
+    SandboxResourceSpec,
+    SandboxResourceStatus,
+    SandboxScopeResourceSpec,
+    SandboxScopeResourceStatus,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "crds"
+SANDBOX_FILE = "sandboxes.sandbox-operator.dev.yaml"
+SCOPE_FILE = "sandboxscopes.sandbox-operator.dev.yaml"
+
+
+@functools.cache
+def load(name: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((CRD_DIR / name).read_text()) if d]
+    assert len(docs) == 1
+    return docs[0]
+
+
+def root_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def spec_schema(name: str) -> dict[str, Any]:
+    return root_schema(load(name))["properties"]["spec"]
+
+
+def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for key, child in node.get("properties", {}).items():
+        yield from walk(child, f"{path}.{key}")
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
+
+
+def rules(node: dict[str, Any]) -> list[str]:
+    return [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+
+
+# --- drift and determinism --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE])
+def test_committed_yaml_matches_the_generator(name: str) -> None:
+    generated = crdgen.all_crds()
+    assert set(generated) == {SANDBOX_FILE, SCOPE_FILE}
+    committed = (CRD_DIR / name).read_text(encoding="utf-8")
+    assert committed == crdgen.render(generated[name]), (
+        f"crds/{name} is out of date with the contract models: run `make crds` and commit it"
+    )
+
+
+def test_generation_is_byte_identical_across_hash_seeds(tmp_path: Path) -> None:
+    outputs = []
+    for seed in ("0", "4242"):
+        out = tmp_path / seed
+        code = (
+            "import sys; from pathlib import Path; from sandbox_operator.crdgen import write_all;"
+            f"write_all(Path({str(out)!r}))"
+        )
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+        outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert outputs[0] == outputs[1]
+    assert outputs[0][SANDBOX_FILE] == (CRD_DIR / SANDBOX_FILE).read_bytes()
+
+
+# --- identity ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, kind, plural, short",
+    [
+        (SANDBOX_FILE, "Sandbox", "sandboxes", "sbx"),
+        (SCOPE_FILE, "SandboxScope", "sandboxscopes", "sbxs"),
+    ],
+)
+def test_crd_identity(name: str, kind: str, plural: str, short: str) -> None:
+    crd = load(name)
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == f"{plural}.sandbox-operator.dev"
+    spec = crd["spec"]
+    assert spec["group"] == "sandbox-operator.dev"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == kind
+    assert spec["names"]["plural"] == plural
+    assert spec["names"]["shortNames"] == [short]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    assert root_schema(crd)["required"] == ["spec"]
+
+
+def test_sandbox_printer_columns() -> None:
+    (version,) = load(SANDBOX_FILE)["spec"]["versions"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert default == ["Ready", "Reason", "Backend", "Isolation", "Age"]
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Backend"]["jsonPath"] == ".status.backend"
+    assert columns["Isolation"]["jsonPath"] == ".status.isolation"
+    assert columns["Age"] == {
+        "name": "Age",
+        "type": "date",
+        "jsonPath": ".metadata.creationTimestamp",
+    }
+
+
+# --- structural schema ------------------------------------------------------------------------
+
+FORBIDDEN = {"$ref", "$defs", "title", "additionalProperties", "uniqueItems", "const", "examples"}
+
+
+@pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE])
+def test_schemas_are_structural_and_documented(name: str) -> None:
+    for path, node in walk(root_schema(load(name))):
+        assert not FORBIDDEN & set(node), f"{path}: {FORBIDDEN & set(node)}"
+        assert set(node) <= crdgen.ALLOWED_KEYWORDS, path
+        assert node.get("description"), f"{path} has no description"
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+        else:
+            assert node.get("type") in {"object", "array", "string", "integer", "boolean"}, path
+            assert "anyOf" not in node, path
+        if node.get("type") == "object" and path:
+            assert "properties" in node or path == ".metadata", path
+        for required in node.get("required", []):
+            assert required in node["properties"], f"{path}: required {required} undefined"
+
+
+@pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE])
+def test_every_list_and_string_is_bounded_for_cel_cost(name: str) -> None:
+    for path, node in walk(root_schema(load(name))):
+        if not path.startswith((".spec", ".status")):
+            continue
+        if node.get("type") == "array":
+            assert "maxItems" in node, f"{path} has no maxItems"
+        if (
+            node.get("type") == "string"
+            and "enum" not in node
+            and node.get("format") != "date-time"
+        ):
+            assert "maxLength" in node, f"{path} has no maxLength"
+
+
+@pytest.mark.parametrize(
+    "name, model, part",
+    [
+        (SANDBOX_FILE, SandboxResourceSpec, "spec"),
+        (SANDBOX_FILE, SandboxResourceStatus, "status"),
+        (SCOPE_FILE, SandboxScopeResourceSpec, "spec"),
+        (SCOPE_FILE, SandboxScopeResourceStatus, "status"),
+    ],
+)
+def test_schema_fields_are_the_model_fields(name: str, model: Any, part: str) -> None:
+    schema = root_schema(load(name))["properties"][part]
+    aliases = {f.alias or n for n, f in model.model_fields.items()}
+    assert set(schema["properties"]) == aliases
+    required = {f.alias or n for n, f in model.model_fields.items() if f.is_required()}
+    assert set(schema.get("required", [])) == required
+
+
+def test_enums_match_the_contract() -> None:
+    props = spec_schema(SANDBOX_FILE)["properties"]
+    ladder = [r.value for r in ISOLATION_LADDER]
+    assert props["minIsolation"]["enum"] == ladder
+    assert props["egress"]["enum"] == [e.value for e in Egress]
+    assert props["isolationScope"]["enum"] == [s.value for s in IsolationScope]
+    assert props["requires"]["items"]["enum"] == [c.value for c in Capability]
+    assert props["requires"]["x-kubernetes-list-type"] == "set"
+    assert "process" not in props["minIsolation"]["enum"]
+    status = root_schema(load(SANDBOX_FILE))["properties"]["status"]["properties"]
+    assert status["isolation"]["enum"] == ladder
+    assert status["effectiveFloor"]["enum"] == ladder
+    scope = spec_schema(SCOPE_FILE)["properties"]
+    assert scope["minIsolation"]["enum"] == ladder
+
+
+def test_defaults_match_the_models() -> None:
+    props = spec_schema(SANDBOX_FILE)["properties"]
+    assert props["egress"]["default"] == "closed"
+    assert props["requires"]["default"] == ["exec", "files_in"]
+    assert props["isolationScope"]["default"] == "conversation"
+    assert props["callId"]["default"] == ""
+    assert props["filesIn"]["default"] == {
+        "maxBytesPerFile": 8 * 1024 * 1024,
+        "maxTotalBytes": 32 * 1024 * 1024,
+        "maxFiles": 64,
+    }
+    # A spec carrying exactly the CRD's defaults is what the models build from nothing.
+    defaults = {k: v["default"] for k, v in props.items() if "default" in v}
+    minimal = {"scopeRef": "c", "agentDir": "a", "kind": "python", "image": "py:1"}
+    assert SandboxResourceSpec.model_validate({**minimal, **defaults}) == (
+        SandboxResourceSpec.model_validate(minimal)
+    )
+
+
+def test_status_has_no_defaults_and_conditions_are_a_map() -> None:
+    for name in (SANDBOX_FILE, SCOPE_FILE):
+        status = root_schema(load(name))["properties"]["status"]
+        assert all("default" not in node for _, node in walk(status))
+        conditions = status["properties"]["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map"
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        assert "type" in conditions["items"]["required"]
+
+
+# --- CEL rules: present for each invariant ----------------------------------------------------
+
+
+def test_cel_rules_present_for_each_sandbox_invariant() -> None:
+    spec = spec_schema(SANDBOX_FILE)
+    spec_rules = rules(spec)
+    assert any("egressAllow" in r and "'allowlist'" in r for r in spec_rules)
+    assert any("callId" in r and "'call'" in r for r in spec_rules)
+    for field in ("scopeRef", "agentDir", "callId"):
+        assert rules(spec["properties"][field]) == ["self == oldSelf"], field
+    assert rules(spec["properties"]["lifetime"])
+    assert rules(spec["properties"]["filesIn"]) and rules(spec["properties"]["filesOut"])
+
+
+def test_cel_rule_makes_the_scope_spec_immutable() -> None:
+    assert rules(spec_schema(SCOPE_FILE)) == ["self == oldSelf"]
+
+
+# --- CEL rules: evaluated (cel-python) --------------------------------------------------------
+
+
+def evaluate(rule: str, value: Any, old: Any = None) -> bool:
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    program = env.program(env.compile(rule))
+    activation = {"self": celpy.json_to_cel(value)}
+    if old is not None:
+        activation["oldSelf"] = celpy.json_to_cel(old)
+    return bool(program.evaluate(activation))
+
+
+def spec_rules_pass(spec: dict[str, Any]) -> bool:
+    return all(evaluate(r, spec) for r in rules(spec_schema(SANDBOX_FILE)))
+
+
+BASE: dict[str, Any] = {
+    "scopeRef": "conv-1",
+    "agentDir": "devops",
+    "callId": "",
+    "kind": "python",
+    "image": "py:1",
+    "egress": "closed",
+    "isolationScope": "conversation",
+    "requires": ["exec", "files_in"],
+    "filesOut": {"maxBytesPerFile": 1, "maxTotalBytes": 1, "maxFiles": 1},
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"egress": "allowlist", "egressAllow": ["pypi.org"]},
+        {"egress": "allowlist", "egressAllow": []},
+        {"egressAllow": ["pypi.org"]},
+        {"egress": "unrestricted", "egressAllow": ["pypi.org"]},
+        {"isolationScope": "call", "callId": "c-1"},
+        {"isolationScope": "call", "callId": ""},
+        {"callId": "c-1"},
+        {
+            "requires": ["exec", "files_out"],
+            "declaredOutputs": [{"path": "a", "mediaType": "text/plain"}],
+        },
+        {"declaredOutputs": [{"path": "a", "mediaType": "text/plain"}]},
+        {
+            "requires": ["files_out"],
+            "declaredOutputs": [
+                {"path": "a", "mediaType": "text/plain"},
+                {"path": "b", "mediaType": "text/plain"},
+            ],
+        },
+    ],
+)
+def test_cel_rules_and_models_agree(change: dict[str, Any]) -> None:
+    obj = {**BASE, **change}
+    try:
+        SandboxResourceSpec.model_validate(obj)
+        model_ok = True
+    except ValidationError:
+        model_ok = False
+    assert spec_rules_pass(obj) == model_ok
+
+
+def test_immutability_transition_rules() -> None:
+    spec = spec_schema(SANDBOX_FILE)
+    for field, old, new in [("scopeRef", "a", "b"), ("agentDir", "x", "y"), ("callId", "", "c")]:
+        (rule,) = rules(spec["properties"][field])
+        assert evaluate(rule, old, old)
+        assert not evaluate(rule, new, old)
+    (scope_rule,) = rules(spec_schema(SCOPE_FILE))
+    before = {"scope": "t", "threadId": "1", "minIsolation": "microvm"}
+    assert evaluate(scope_rule, before, before)
+    assert not evaluate(scope_rule, {**before, "minIsolation": "container"}, before)
+    assert not evaluate(scope_rule, {**before, "threadId": "2"}, before)
+
+
+@pytest.mark.parametrize(
+    "path, ok", [("a.png", True), ("out/a.png", True), ("a/../b", False), ("./a", False)]
+)
+def test_output_path_rule(path: str, ok: bool) -> None:
+    items = spec_schema(SANDBOX_FILE)["properties"]["declaredOutputs"]["items"]
+    (rule,) = rules(items["properties"]["path"])
+    assert evaluate(rule, path) == ok
+
+
+def test_nested_object_rules() -> None:
+    props = spec_schema(SANDBOX_FILE)["properties"]
+    (limits_rule,) = rules(props["filesIn"])
+    assert evaluate(limits_rule, {"maxBytesPerFile": 1, "maxTotalBytes": 2, "maxFiles": 1})
+    assert not evaluate(limits_rule, {"maxBytesPerFile": 3, "maxTotalBytes": 2, "maxFiles": 1})
+    (lifetime_rule,) = rules(props["lifetime"])
+    assert evaluate(
+        lifetime_rule, {"startupTimeoutSeconds": 1, "ttlSeconds": 10, "idleTimeoutSeconds": 10}
+    )
+    assert not evaluate(
+        lifetime_rule, {"startupTimeoutSeconds": 1, "ttlSeconds": 10, "idleTimeoutSeconds": 11}
+    )
