@@ -11,18 +11,28 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.33.13}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
 HELM_VERSION="${HELM_VERSION:-v3.17.3}"
+# gVisor publishes no semver tags; its `go` branch (the Go-tool-friendly tree) is pinned here by
+# pseudo-version. Debian's runsc (2022) cannot set up pod networking on kernels whose netns expose
+# net.core.rmem_default, so the cluster uses this build (runsc + containerd-shim-runsc-v1).
+GVISOR_VERSION="${GVISOR_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 CACHE="${SANDBOX_OPERATOR_CACHE:-$HOME/.cache/sandbox-operator}"
 K8S_BIN="$CACHE/bin/kubernetes-$K8S_VERSION"
 ETCD_BIN="$CACHE/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$CACHE/bin/helm-$HELM_VERSION"
+GVISOR_BIN="$CACHE/bin/gvisor-$GVISOR_VERSION"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 export CGO_ENABLED="${CGO_ENABLED:-1}"
+
+# One build per target at a time (two `up`s, or CI and a developer): the second waits, then
+# finds the result cached.
+lock() { mkdir -p "$CACHE/bin"; exec 9>"$CACHE/bin/.$1.lock"; flock 9; }
 
 log() { printf '[build-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 staging_minor="v0.${K8S_VERSION#v1.}"   # v1.33.13 -> v0.33.13
 
 build_kubernetes() {
+  lock kubernetes
   local want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$K8S_BIN/$b" ]] || missing=1; done
@@ -80,6 +90,7 @@ GO
 }
 
 build_etcd() {
+  lock etcd
   if [[ -x "$ETCD_BIN/etcd" ]]; then log "etcd $ETCD_VERSION cached"; return; fi
   local work; work="$(mktemp -d)"
   log "building etcd $ETCD_VERSION"
@@ -107,6 +118,7 @@ GOMOD
 }
 
 build_helm() {
+  lock helm
   if [[ -x "$HELM_BIN/helm" ]]; then log "helm $HELM_VERSION cached"; return; fi
   log "building helm $HELM_VERSION"
   mkdir -p "$HELM_BIN.tmp"
@@ -115,12 +127,39 @@ build_helm() {
   log "helm built into $HELM_BIN"
 }
 
+build_gvisor() {
+  lock gvisor
+  if [[ -x "$GVISOR_BIN/runsc" && -x "$GVISOR_BIN/containerd-shim-runsc-v1" ]]; then
+    log "gvisor $GVISOR_VERSION cached"; return
+  fi
+  local work; work="$(mktemp -d)"
+  log "building gvisor runsc + containerd-shim-runsc-v1 $GVISOR_VERSION (cold: 5-15 min)"
+  cat >"$work/go.mod" <<GOMOD
+module sandbox-operator.dev/gvisor-build
+
+go 1.26
+
+require gvisor.dev/gvisor $GVISOR_VERSION
+GOMOD
+  mkdir -p "$GVISOR_BIN.tmp"
+  (cd "$work" && GOFLAGS="$GOFLAGS -mod=mod" go mod download gvisor.dev/gvisor \
+   && GOFLAGS="$GOFLAGS -mod=mod" CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+     -o "$GVISOR_BIN.tmp/runsc" gvisor.dev/gvisor/runsc \
+   && GOFLAGS="$GOFLAGS -mod=mod" CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+     -o "$GVISOR_BIN.tmp/containerd-shim-runsc-v1" gvisor.dev/gvisor/shim)
+  rm -rf "$GVISOR_BIN"; mv "$GVISOR_BIN.tmp" "$GVISOR_BIN"; rm -rf "$work"
+  log "gvisor built into $GVISOR_BIN"
+}
+
 what="${1:-all}"
 case "$what" in
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd; build_helm; build_kubernetes ;;
-  print-paths) printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\n' "$K8S_BIN" "$ETCD_BIN" "$HELM_BIN" ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|helm|print-paths]" >&2; exit 2 ;;
+  gvisor) build_gvisor ;;
+  all) build_etcd; build_helm; build_gvisor; build_kubernetes ;;
+  print-paths)
+    printf 'K8S_BIN=%s\nETCD_BIN=%s\nHELM_BIN=%s\nGVISOR_BIN=%s\n' \
+      "$K8S_BIN" "$ETCD_BIN" "$HELM_BIN" "$GVISOR_BIN" ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|helm|gvisor|print-paths]" >&2; exit 2 ;;
 esac
