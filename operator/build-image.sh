@@ -15,8 +15,9 @@
 #   3. The project's wheel; key = this script + pyproject.toml + every file under src/.
 # The archive itself is keyed by all three, so a warm build with unchanged sources costs nothing.
 #
-# Environment: CONTAINERD_ADDRESS (default: the local cluster's socket as `hack/cluster.py
-# status` reports it, else /run/containerd/containerd.sock), SANDBOX_OPERATOR_CACHE, PYTHON.
+# Environment: CONTAINERD_ADDRESS (default: the local cluster's socket under
+# $SANDBOX_OPERATOR_STATE/containerd, else /run/containerd/containerd.sock),
+# SANDBOX_OPERATOR_CACHE, PYTHON.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -199,13 +200,12 @@ PY
 }
 
 containerd_address() {
+  # Explicit address, else the local cluster's containerd (hack/cluster.py keeps its socket in
+  # its state directory), else the system one.
   if [[ -n "${CONTAINERD_ADDRESS:-}" ]]; then echo "$CONTAINERD_ADDRESS"; return; fi
-  local from_status=""
-  if [[ -f "$ROOT/hack/cluster.py" ]]; then
-    from_status="$("$PYTHON" "$ROOT/hack/cluster.py" status 2>/dev/null \
-      | sed -n 's/.*containerd[^/]*\(\/[^ ]*\.sock\).*/\1/p' | head -1)" || true
-  fi
-  echo "${from_status:-/run/containerd/containerd.sock}"
+  local local_sock="${SANDBOX_OPERATOR_STATE:-$CACHE/state}/containerd/containerd.sock"
+  if [[ -S "$local_sock" ]]; then echo "$local_sock"; return; fi
+  echo /run/containerd/containerd.sock
 }
 
 import_image() {
