@@ -276,7 +276,7 @@ def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
             reason = str(terminated.get("reason") or "Terminated")
             msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
             return Observation(ObservedPhase.FAILED, served, reason, msg, created)
-        if state.get("running") and cs.get("ready"):
+        if state.get("running") is not None and cs.get("ready"):
             ready_at = _parse_time((ready_cond or {}).get("lastTransitionTime"))
             return Observation(
                 ObservedPhase.READY, served, "Running", "pod is running", created, ready_at

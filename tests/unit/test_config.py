@@ -1,0 +1,130 @@
+"""Operator configuration: validated as a whole, errors name the entry; check-config CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sandbox_operator.cli import main
+from sandbox_operator.config import load_config, parse_config
+from sandbox_operator.contract import ConfigurationError, Isolation, Selection
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def backend(name: str = "gvisor", isolation: str = "hardened_container", **kw):
+    b = {
+        "name": name,
+        "type": "runtimeClass",
+        "runtimeClassName": name,
+        "isolation": isolation,
+        "declarations": {"egressModes": ["closed"], "osFamilies": ["posix"]},
+    }
+    b.update(kw)
+    return b
+
+
+def test_example_config_is_valid():
+    config, warnings = load_config(REPO / "examples/config-local.yaml")
+    assert config.backend_names == ("gvisor", "runc")
+    assert config.host_policy.min_isolation is Isolation.HARDENED_CONTAINER
+    assert config.host_policy.selection is Selection.PER_SPEC
+    assert any("runc" in w for w in warnings)
+    assert config.backends[0].pod.run_as_user == 65532
+
+
+def test_default_floor_is_microvm_and_fixed_backend_below_it_refuses_to_start():
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"backends": [backend()]})
+    assert "backends" in err.value.entry or "pinnedBackend" in err.value.entry
+    assert "gvisor" in str(err.value)
+
+
+def test_unknown_rung_names_the_entry():
+    with pytest.raises(ConfigurationError) as err:
+        parse_config(
+            {"hostPolicy": {"minIsolation": "none"}, "backends": [backend(isolation="process")]}
+        )
+    assert err.value.entry.startswith("backends[0]")
+
+
+def test_malformed_entries_name_the_entry():
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "none"}, "backends": [backend(), {"x": 1}]})
+    assert err.value.entry == "backends[1].type"
+    with pytest.raises(ConfigurationError) as err:
+        parse_config(
+            {"hostPolicy": {"minIsolation": "none"}, "backends": [backend(runtimeClassName="A_B")]}
+        )
+    assert err.value.entry == "backends[0].runtimeClassName"
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "bogus"}, "backends": [backend()]})
+    assert err.value.entry.startswith("hostPolicy.minIsolation")
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "none"}, "backends": [backend(), backend()]})
+    assert err.value.entry == "backends[1].name"
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "none"}, "backends": []})
+    assert err.value.entry == "backends"
+    with pytest.raises(ConfigurationError):
+        parse_config(["not", "a", "mapping"])
+    with pytest.raises(ConfigurationError) as err:
+        parse_config(
+            {
+                "hostPolicy": {"minIsolation": "none"},
+                "backends": [backend(pod={"runAsUser": 0})],
+            }
+        )
+    assert err.value.entry.startswith("backends[0].pod")
+
+
+def test_not_yaml(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("hostPolicy: [unclosed\n")
+    with pytest.raises(ConfigurationError) as err:
+        load_config(p)
+    assert err.value.entry == "(file)"
+
+
+def test_check_config_cli_verdicts(tmp_path, capsys):
+    cfg = REPO / "examples/config-local.yaml"
+    assert main(["check-config", str(cfg)]) == 0
+    assert (
+        main(
+            [
+                "check-config",
+                str(cfg),
+                "--spec",
+                str(REPO / "examples/sandbox.yaml"),
+                "--scope",
+                str(REPO / "examples/sandboxscope.yaml"),
+            ]
+        )
+        == 0
+    )
+    assert "served by backend gvisor" in capsys.readouterr().out
+
+    spec = tmp_path / "s.yaml"
+    doc = yaml.safe_load((REPO / "examples/sandbox.yaml").read_text())
+    doc["spec"]["minIsolation"] = "vm"
+    spec.write_text(yaml.safe_dump(doc))
+    assert main(["check-config", str(cfg), "--spec", str(spec)]) == 3
+    assert "refused: NoBackendCanServe" in capsys.readouterr().out
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"backends": [backend()]}))
+    assert main(["check-config", str(bad)]) == 1
+    assert "configuration invalid" in capsys.readouterr().err
+
+
+def test_run_refuses_to_start_on_bad_config(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"hostPolicy": {"minIsolation": "none"}, "backends": [backend(isolation="process")]}
+        )
+    )
+    assert main(["run", "--config", str(bad), "--namespace", "x"]) == 1
+    assert "refusing to start" in capsys.readouterr().err

@@ -1,0 +1,192 @@
+"""Pure builders and rules of the operator: pod, NetworkPolicy, pod classification, lifecycle,
+conditions. No cluster."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import EnsureRequest, Observation, ObservedPhase, SandboxRef
+from sandbox_operator.backends.runtimeclass import build_network_policy, build_pod, classify_pod
+from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.contract import (
+    ConditionReason,
+    Egress,
+    IsolationScope,
+    Lifetime,
+    SandboxKey,
+    SandboxSpec,
+)
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.lifecycle import judge
+
+KEY = SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/coder")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def request(**spec) -> EnsureRequest:
+    base = {"kind": "shell", "image": "sandbox-operator.dev/busybox:1"}
+    base.update(spec)
+    return EnsureRequest(
+        sandbox=SandboxRef("ns", "sbx-coder-1", "uid-1"),
+        key=KEY,
+        spec=SandboxSpec.model_validate(base),
+        isolation_scope=IsolationScope.CONVERSATION,
+        labels=lbl.object_labels(KEY, "sbx-coder-1", "gvisor"),
+        annotations=lbl.key_annotations(KEY),
+    )
+
+
+def backend(**pod) -> RuntimeClassBackendConfig:
+    return RuntimeClassBackendConfig(
+        type="runtimeClass",
+        name="gvisor",
+        runtime_class_name="gvisor",
+        isolation="hardened_container",
+        pod=PodSettings(**pod),
+    )
+
+
+def test_pod_is_hardened():
+    pod = build_pod(request(), backend())
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["hostNetwork"] is spec["hostPID"] is spec["hostIPC"] is False
+    assert spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert c["workingDir"] == "/workspace"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in vols[mounts["/workspace"]]
+    assert "emptyDir" in vols[mounts["/tmp"]]
+    assert all(set(v) == {"name", "emptyDir"} for v in spec["volumes"])  # no hostPath
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
+    assert c["command"][0] == "/bin/sh"
+
+
+def test_pod_identity_labels_and_owner():
+    pod = build_pod(request(), backend())
+    meta = pod["metadata"]
+    assert meta["name"] == "sbx-coder-1"
+    assert meta["labels"][lbl.SANDBOX_LABEL] == "sbx-coder-1"
+    assert meta["labels"][lbl.KEY_LABEL] == lbl.key_value(KEY)
+    assert meta["annotations"][lbl.AGENT_DIR_ANNOTATION] == "agents/coder"
+    (owner,) = meta["ownerReferences"]
+    assert owner["kind"] == "Sandbox" and owner["uid"] == "uid-1" and owner["controller"]
+
+
+def test_pod_settings_can_keep_the_image_user():
+    pod = build_pod(request(), backend(run_as_user=None, run_as_group=None, fs_group=None))
+    assert "runAsUser" not in pod["spec"]["securityContext"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_network_policy_closed_denies_all_egress_and_ingress():
+    np = build_network_policy(request())
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert np["spec"]["egress"] == [] and np["spec"]["ingress"] == []
+    assert np["spec"]["podSelector"]["matchLabels"] == {lbl.SANDBOX_LABEL: "sbx-coder-1"}
+    open_np = build_network_policy(request(egress=Egress.UNRESTRICTED))
+    assert open_np["spec"]["policyTypes"] == ["Ingress"]
+
+
+def _pod(phase="Pending", state=None, ready=False, conditions=()):
+    cs = {"name": "sandbox", "ready": ready, "state": state or {}}
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"phase": phase, "containerStatuses": [cs], "conditions": list(conditions)},
+    }
+
+
+def test_classify_pod():
+    assert classify_pod(None).phase is ObservedPhase.ABSENT
+    assert classify_pod(_pod()).phase is ObservedPhase.STARTING
+    pulled = classify_pod(_pod(state={"waiting": {"reason": "ErrImageNeverPull"}}))
+    assert pulled.phase is ObservedPhase.STARTUP_FAILED
+    assert pulled.detail_reason == "ErrImageNeverPull"
+    assert (
+        classify_pod(_pod(state={"waiting": {"reason": "ImagePullBackOff"}})).phase
+        is ObservedPhase.STARTUP_FAILED
+    )
+    assert (
+        classify_pod(_pod(state={"waiting": {"reason": "ContainerCreating"}})).phase
+        is ObservedPhase.STARTING
+    )
+    ready = classify_pod(_pod("Running", {"running": {}}, True))
+    assert ready.phase is ObservedPhase.READY
+    dead = classify_pod(_pod("Failed", {"terminated": {"reason": "Error", "exitCode": 1}}))
+    assert dead.phase is ObservedPhase.FAILED
+    assert "exit code 1" in dead.message
+
+
+LIFE = Lifetime(startup_timeout_seconds=30, ttl_seconds=600, idle_timeout_seconds=120)
+
+
+def j(phase, *, was_ready=False, now=T0 + timedelta(seconds=5), **kw):
+    obs = Observation(phase, created_at=T0)
+    args = {
+        "lifetime": LIFE,
+        "was_ready": was_ready,
+        "ready_since": T0 if was_ready else None,
+        "sandbox_created": T0,
+        "admitted_at": T0,
+        "last_activity": None,
+        "now": now,
+    }
+    args.update(kw)
+    return judge(obs, **args)
+
+
+def test_lifecycle_reasons():
+    R = ConditionReason
+    assert j(ObservedPhase.READY).reason is R.READY and j(ObservedPhase.READY).ready
+    assert j(ObservedPhase.STARTING).reason is R.CREATING
+    assert j(ObservedPhase.ABSENT).create
+    late = T0 + timedelta(seconds=31)
+    assert j(ObservedPhase.STARTING, now=late).reason is R.STARTUP_TIMEOUT
+    assert j(ObservedPhase.STARTUP_FAILED).reason is R.STARTUP_FAILED
+    assert j(ObservedPhase.FAILED).reason is R.STARTUP_FAILED
+    assert j(ObservedPhase.FAILED, was_ready=True).reason is R.FAILED
+    assert j(ObservedPhase.ABSENT, was_ready=True).reason is R.FAILED
+    idle = T0 + timedelta(seconds=121)
+    assert j(ObservedPhase.READY, was_ready=True, now=idle).reason is R.EXPIRED
+    busy = j(
+        ObservedPhase.READY, was_ready=True, now=idle, last_activity=idle - timedelta(seconds=10)
+    )
+    assert busy.reason is R.READY
+    old = T0 + timedelta(seconds=601)
+    ttl = j(ObservedPhase.READY, was_ready=True, now=old, last_activity=old)
+    assert ttl.reason is R.EXPIRED and ttl.dispose and ttl.terminal
+
+
+def test_conditions_transition_time_moves_only_on_status_flip():
+    c1 = cnd.set_condition([], "Ready", "False", "Creating", "m", 1, T0)
+    c2 = cnd.set_condition(
+        c1, "Ready", "False", "StartupTimeout", "x", 2, T0 + timedelta(seconds=60)
+    )
+    assert c2[0]["lastTransitionTime"] == c1[0]["lastTransitionTime"]
+    assert c2[0]["reason"] == "StartupTimeout" and c2[0]["observedGeneration"] == 2
+    c3 = cnd.set_condition(c2, "Ready", "True", "Ready", "ok", 2, T0 + timedelta(seconds=90))
+    assert c3[0]["lastTransitionTime"] == "2026-01-01T00:01:30Z"
+    c4 = cnd.set_condition(c3, "Admitted", "True", "Admitted", "a", 2, T0)
+    assert [c["type"] for c in c4] == ["Admitted", "Ready"]
+
+
+def test_status_patch_only_when_changed():
+    conds = cnd.set_condition([], "Ready", "True", "Ready", "ok", 1, T0)
+    old = {"conditions": conds, "observedGeneration": 1, "backend": "gvisor"}
+    assert cnd.status_patch(old, {"conditions": conds, "observedGeneration": 1}) is None
+    assert cnd.status_patch(old, {"backend": "runc"}) == {"backend": "runc"}
+    assert cnd.status_patch(old, {"backend": None}) == {"backend": None}
+    assert cnd.status_patch({}, {"backend": None}) is None
