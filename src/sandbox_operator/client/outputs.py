@@ -1,0 +1,276 @@
+"""Collecting a spec's declared outputs, and landing them at a sink.
+
+``collect_outputs`` works in phases, and the order is the contract: everything the declaration
+alone decides (a sink for what lands, valid landing names, no two names that are one file, the
+``maxFiles`` cap) is settled before the sandbox is touched; then every output is stat-ed and capped
+(per file and total); then read; and only then is anything delivered. Delivery cannot be taken
+back, so a refusal never leaves a partial landing behind -- except a sink's own per-artifact
+refusal during delivery (an occupied destination), which by its nature arrives mid-delivery.
+
+Outputs with ``disposition: consume`` are counted against every cap and returned as bytes to the
+caller, never delivered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from sandbox_operator.client.errors import (
+    ArtifactNameCollision,
+    LandingExists,
+    LandingNotConfined,
+    OutputMissing,
+    OutputNotRegular,
+    OutputSizeUnknown,
+    SandboxFileNotFound,
+    SinkRequired,
+    TransferCapExceeded,
+    TransferIntegrityError,
+)
+from sandbox_operator.client.paths import collision_key, confine, validate_artifact_name
+from sandbox_operator.contract import DeclaredOutput, Disposition
+
+if TYPE_CHECKING:
+    from sandbox_operator.client.sandbox import Sandbox
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One collected output's bytes, with what the declaration says about it."""
+
+    name: str
+    path: str
+    media_type: str
+    data: bytes
+    disposition: Disposition = Disposition.LAND
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class LandedArtifact:
+    """Where a sink put an artifact. ``display`` is the one line a model may be shown;
+    ``handle`` is the host's own reference (e.g. a file path) and is not for the model."""
+
+    name: str
+    media_type: str
+    size: int
+    handle: str
+    display: str
+
+
+@runtime_checkable
+class OutputSink(Protocol):
+    async def deliver(self, artifact: Artifact) -> LandedArtifact: ...
+
+
+@dataclass
+class CollectedOutputs:
+    """The result of a collection: landed artifacts in declaration order, consumed artifacts by
+    name, and the names of optional outputs that were absent."""
+
+    landed: list[LandedArtifact] = field(default_factory=list)
+    consumed: dict[str, Artifact] = field(default_factory=dict)
+    absent: list[str] = field(default_factory=list)
+
+
+async def collect_outputs(
+    sandbox: Sandbox,
+    sink: OutputSink | None = None,
+    *,
+    outputs: tuple[DeclaredOutput, ...] | None = None,
+) -> CollectedOutputs:
+    """Collect ``sandbox.spec.declared_outputs`` (or ``outputs``, which must be a subset of the
+    declaration) in phases; see the module docstring."""
+    spec = sandbox.spec
+    declared = spec.declared_outputs
+    if outputs is None:
+        outputs = declared
+    else:
+        unknown = [o.path for o in outputs if o not in declared]
+        if unknown:
+            raise ValueError(f"outputs not in the spec's declaration: {unknown}")
+    limits = spec.files_out
+
+    # Phase 1: the declaration alone.
+    landing = [o for o in outputs if o.disposition is Disposition.LAND]
+    if landing and sink is None:
+        raise SinkRequired()
+    if len(outputs) > limits.max_files:
+        raise TransferCapExceeded(
+            direction="filesOut", cap="max_files", limit=limits.max_files, actual=len(outputs)
+        )
+    seen: dict[str, str] = {}
+    for out in outputs:
+        confine(out.path, sandbox.work_dir)
+        if out.disposition is Disposition.LAND:
+            name = validate_artifact_name(out.landing_name)
+            key = collision_key(name)
+            if key in seen:
+                raise ArtifactNameCollision(first=seen[key], second=name)
+            seen[key] = name
+
+    # Phase 2: stat and cap every output.
+    present: list[tuple[DeclaredOutput, int]] = []
+    absent: list[str] = []
+    total = 0
+    for out in outputs:
+        try:
+            st = await sandbox.stat(out.path)
+        except SandboxFileNotFound:
+            if out.required:
+                raise OutputMissing(path=out.path, name=out.landing_name) from None
+            absent.append(out.landing_name)
+            continue
+        if st.kind != "file":
+            raise OutputNotRegular(path=out.path, kind=st.kind)
+        if st.size is None:
+            raise OutputSizeUnknown(path=out.path)
+        if st.size > limits.max_bytes_per_file:
+            raise TransferCapExceeded(
+                direction="filesOut",
+                cap="max_bytes_per_file",
+                limit=limits.max_bytes_per_file,
+                actual=st.size,
+                path=out.path,
+            )
+        total += st.size
+        if total > limits.max_total_bytes:
+            raise TransferCapExceeded(
+                direction="filesOut",
+                cap="max_total_bytes",
+                limit=limits.max_total_bytes,
+                actual=total,
+                path=out.path,
+            )
+        present.append((out, st.size))
+
+    # Phase 3: read, exactly the size that was capped.
+    artifacts: list[Artifact] = []
+    for out, size in present:
+        try:
+            data = await sandbox.read_file(out.path, max_bytes=size)
+        except TransferCapExceeded as exc:
+            raise TransferIntegrityError(
+                path=out.path, expected=size, received=exc.actual
+            ) from None
+        if len(data) != size:
+            raise TransferIntegrityError(path=out.path, expected=size, received=len(data))
+        artifacts.append(
+            Artifact(
+                name=out.landing_name,
+                path=out.path,
+                media_type=out.media_type,
+                data=data,
+                disposition=out.disposition,
+            )
+        )
+
+    # Phase 4: deliver.
+    result = CollectedOutputs(absent=absent)
+    for art in artifacts:
+        if art.disposition is Disposition.CONSUME:
+            result.consumed[art.name] = art
+            continue
+        assert sink is not None
+        result.landed.append(await sink.deliver(art))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Filesystem sink
+
+
+def _default_display(artifact: Artifact) -> str:
+    return f"{artifact.name} ({artifact.media_type}, {artifact.size} bytes)"
+
+
+class FileSystemSink:
+    """Lands artifacts under ``root`` on the host.
+
+    Each destination is resolved component by component: a symlink anywhere below ``root`` is
+    refused with :class:`LandingNotConfined` (a link could carry the write out of ``root``), a
+    destination that exists is refused with :class:`LandingExists` unless ``existing="replace"``,
+    and missing parents are created. A fresh file is an exclusive, no-follow create; a replacement
+    is written beside the destination and renamed over it (a rename replaces a link, never follows
+    it).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        existing: Literal["refuse", "replace"] = "refuse",
+        display: Callable[[Artifact], str] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.existing = existing
+        self.display = display or _default_display
+
+    def _destination(self, name: str) -> Path:
+        validate_artifact_name(name)
+        root = self.root.resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        parts = name.split("/")
+        cur = root
+        for part in parts[:-1]:
+            cur = cur / part
+            if cur.is_symlink():
+                raise LandingNotConfined(name=name)
+            if not cur.exists():
+                cur.mkdir()
+            elif not cur.is_dir():
+                raise LandingNotConfined(name=name)
+        dest = cur / parts[-1]
+        if dest.is_symlink():
+            raise LandingNotConfined(name=name)
+        if not dest.resolve().is_relative_to(root):  # belt and braces
+            raise LandingNotConfined(name=name)
+        return dest
+
+    async def deliver(self, artifact: Artifact) -> LandedArtifact:
+        dest = self._destination(artifact.name)
+        if self.existing == "refuse":
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            try:
+                fd = os.open(dest, flags, 0o644)
+            except FileExistsError:
+                raise LandingExists(name=artifact.name) from None
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(artifact.data)
+        else:
+            if dest.is_dir():
+                raise LandingExists(name=artifact.name)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(tmp, flags, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(artifact.data)
+                os.replace(tmp, dest)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        return LandedArtifact(
+            name=artifact.name,
+            media_type=artifact.media_type,
+            size=artifact.size,
+            handle=str(dest),
+            display=self.display(artifact),
+        )
+
+
+def make_file_system_sink(
+    root: str | os.PathLike[str],
+    *,
+    existing: Literal["refuse", "replace"] = "refuse",
+    display: Callable[[Artifact], str] | None = None,
+) -> FileSystemSink:
+    """A :class:`FileSystemSink` under ``root``."""
+    return FileSystemSink(root, existing=existing, display=display)

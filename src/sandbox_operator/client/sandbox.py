@@ -1,0 +1,272 @@
+"""The ``Sandbox`` handle: what a workload gets once a sandbox is Ready.
+
+Every method is gated by the capabilities the spec *required* (not by what the backend could do):
+a workload that did not ask for ``files_list`` cannot list, whichever backend serves it. The one
+exception is :meth:`Sandbox.reclaim`, gated by nothing: cleanup must always be possible.
+
+Paths are confined lexically here (see :mod:`sandbox_operator.client.paths`) and on disk by the
+data plane. Transfer caps come from the spec's ``filesIn``/``filesOut`` and refuse, never truncate.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from sandbox_operator.client.dataplane import (
+    DEFAULT_OUTPUT_BUDGET,
+    DataPlane,
+    DirEntry,
+    ExecResult,
+    FileStat,
+)
+from sandbox_operator.client.errors import (
+    CapabilityNotRequired,
+    ExecSetupError,
+    SandboxFileNotFound,
+    TransferCapExceeded,
+)
+from sandbox_operator.client.paths import confine, normalize_work_dir
+from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox_operator.client.outputs import CollectedOutputs, OutputSink
+
+#: Interpreters ``run_code`` knows, as argv reading the program from stdin.
+LANGUAGES: dict[str, tuple[str, ...]] = {
+    "python": ("python3", "-"),
+    "sh": ("sh", "-s"),
+}
+
+
+class Sandbox:
+    """A live sandbox: exec, code and files under the caps its spec declared.
+
+    ``name``/``namespace`` name the Sandbox resource (empty for a handle built directly on a data
+    plane); ``key`` is the sandbox key when known.
+    """
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        dataplane: DataPlane,
+        *,
+        name: str = "",
+        namespace: str = "",
+        key: SandboxKey | None = None,
+        scope_ref: str = "",
+    ) -> None:
+        self.spec = spec
+        self.dataplane = dataplane
+        self.name = name
+        self.namespace = namespace
+        self.key = key
+        self.scope_ref = scope_ref
+        self.work_dir = normalize_work_dir(spec.work_dir)
+        self.required: frozenset[Capability] = frozenset(spec.requires)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
+
+    # -- gating ---------------------------------------------------------------------------
+
+    def _gate(self, method: str, capability: Capability) -> None:
+        if capability not in self.required:
+            raise CapabilityNotRequired(method=method, capability=capability.value)
+
+    # -- exec -----------------------------------------------------------------------------
+
+    def _cwd(self, cwd: str | None) -> tuple[str, bool]:
+        if cwd is None or cwd in ("", "."):
+            return self.work_dir, True
+        if cwd.startswith("/"):
+            return cwd, False
+        return confine(cwd, self.work_dir).absolute, False
+
+    async def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout: float = 60.0,  # noqa: ASYNC109
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
+    ) -> ExecResult:
+        """Run a command. A list is an argv passed verbatim (no shell); a string is run by
+        ``sh -c``. ``cwd`` defaults to the work dir (created if missing); a relative ``cwd`` is
+        confined under it. Raises ``ExecTimeout`` (with partial output and whether the kill was
+        delivered) and ``OutputBudgetExceeded`` (output is never truncated)."""
+        self._gate("exec", Capability.EXEC)
+        argv = ("sh", "-c", command) if isinstance(command, str) else tuple(command)
+        if not argv:
+            raise ExecSetupError(what="argv", detail="empty command")
+        cwd_abs, create = self._cwd(cwd)
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        return await self.dataplane.exec(
+            argv,
+            stdin=data,
+            cwd=cwd_abs,
+            create_cwd=create,
+            env=env,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+        )
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109
+        language: str = "python",
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
+    ) -> ExecResult:
+        """Run a program text with an interpreter in the image (``python``: ``python3``; ``sh``).
+        The program is sent on stdin, so its size is not limited by argv."""
+        self._gate("run_code", Capability.RUN_CODE)
+        try:
+            argv = LANGUAGES[language]
+        except KeyError:
+            raise ExecSetupError(
+                what="language", detail=f"{language!r} (known: {', '.join(LANGUAGES)})"
+            ) from None
+        cwd_abs, create = self._cwd(None)
+        return await self.dataplane.exec(
+            argv,
+            stdin=code.encode("utf-8"),
+            cwd=cwd_abs,
+            create_cwd=create,
+            env=env,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+        )
+
+    # -- files in -------------------------------------------------------------------------
+
+    def _check_in_file(self, path: str, size: int) -> None:
+        limits = self.spec.files_in
+        if size > limits.max_bytes_per_file:
+            raise TransferCapExceeded(
+                direction="filesIn",
+                cap="max_bytes_per_file",
+                limit=limits.max_bytes_per_file,
+                actual=size,
+                path=path,
+            )
+
+    async def write_file(self, path: str, data: bytes | str, *, replace: bool = True) -> None:
+        """Write ``data`` (bytes, or text as UTF-8) at ``path`` under the work dir, creating
+        parents. Refuses escapes, symlinked parents/destination, and (``replace=False``) an
+        existing file; refuses data above ``filesIn.maxBytesPerFile``."""
+        self._gate("write_file", Capability.FILES_IN)
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        target = confine(path, self.work_dir)
+        self._check_in_file(path, len(raw))
+        await self.dataplane.write_file(target.work_dir, target.relative, raw, replace=replace)
+
+    async def write_files(self, files: Mapping[str, bytes | str], *, replace: bool = True) -> None:
+        """Write several files as one transfer: every path and all three ``filesIn`` caps are
+        checked before the first byte is sent."""
+        self._gate("write_files", Capability.FILES_IN)
+        limits = self.spec.files_in
+        if len(files) > limits.max_files:
+            raise TransferCapExceeded(
+                direction="filesIn", cap="max_files", limit=limits.max_files, actual=len(files)
+            )
+        prepared = []
+        total = 0
+        for path, data in files.items():
+            raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            target = confine(path, self.work_dir)
+            self._check_in_file(path, len(raw))
+            total += len(raw)
+            if total > limits.max_total_bytes:
+                raise TransferCapExceeded(
+                    direction="filesIn",
+                    cap="max_total_bytes",
+                    limit=limits.max_total_bytes,
+                    actual=total,
+                    path=path,
+                )
+            prepared.append((target, raw))
+        for target, raw in prepared:
+            await self.dataplane.write_file(target.work_dir, target.relative, raw, replace=replace)
+
+    # -- files out ------------------------------------------------------------------------
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The exact bytes at ``path``. Refuses a file above ``max_bytes`` (or above
+        ``filesOut.maxBytesPerFile``, whichever is smaller) rather than truncating it; refuses
+        symlinks and anything not a regular file."""
+        self._gate("read_file", Capability.FILES_OUT)
+        target = confine(path, self.work_dir)
+        cap = self.spec.files_out.max_bytes_per_file
+        if max_bytes is not None and max_bytes < cap:
+            limit, direction, cap_name = max_bytes, "read", "max_bytes"
+        else:
+            limit, direction, cap_name = cap, "filesOut", "max_bytes_per_file"
+        try:
+            return await self.dataplane.read_file(target.work_dir, target.relative, max_bytes=limit)
+        except TransferCapExceeded as exc:
+            raise TransferCapExceeded(
+                direction=direction, cap=cap_name, limit=limit, actual=exc.actual, path=path
+            ) from None
+
+    async def read_text(
+        self, path: str, *, max_bytes: int | None = None, encoding: str = "utf-8"
+    ) -> str:
+        return (await self.read_file(path, max_bytes=max_bytes)).decode(encoding)
+
+    async def stat(self, path: str) -> FileStat:
+        """What is at ``path``, without following a symlink. Raises ``SandboxFileNotFound``."""
+        self._gate("stat", Capability.FILES_OUT)
+        target = confine(path, self.work_dir)
+        return await self.dataplane.stat(target.work_dir, target.relative)
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except SandboxFileNotFound:
+            return False
+        return True
+
+    async def list_dir(self, path: str = ".") -> list[DirEntry]:
+        """Entries of a directory under the work dir (``"."`` is the work dir), sorted by name;
+        symlinks are reported as symlinks, never followed."""
+        self._gate("list_dir", Capability.FILES_LIST)
+        target = confine(path, self.work_dir, allow_work_dir=True)
+        return await self.dataplane.list_dir(target.work_dir, target.relative)
+
+    # -- delete ---------------------------------------------------------------------------
+
+    async def remove(self, path: str, *, recursive: bool = False) -> bool:
+        """Remove ``path``; a symlink is removed itself, never followed. A missing path is
+        success (returns False). A directory needs ``recursive`` unless empty."""
+        self._gate("remove", Capability.FILES_DELETE)
+        target = confine(path, self.work_dir)
+        return await self.dataplane.remove(target.work_dir, target.relative, recursive=recursive)
+
+    async def reclaim(self, directory: str) -> None:
+        """Remove a directory the caller created under the work dir, and everything in it.
+        Gated by no capability (cleanup must always be possible); a missing directory is
+        success; links are removed, never followed."""
+        target = confine(directory, self.work_dir)
+        await self.dataplane.remove(target.work_dir, target.relative, recursive=True)
+
+    # -- outputs --------------------------------------------------------------------------
+
+    async def collect_outputs(self, sink: OutputSink | None = None) -> CollectedOutputs:
+        """Collect the spec's declared outputs (see :func:`collect_outputs`)."""
+        from sandbox_operator.client.outputs import collect_outputs
+
+        return await collect_outputs(self, sink)
+
+    async def close(self) -> None:
+        await self.dataplane.close()
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """Quote an argv for display."""
+    return shlex.join(argv)
