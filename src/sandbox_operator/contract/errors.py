@@ -138,13 +138,13 @@ class CapabilityNotSupported(SandboxRefusal):
     ) -> None:
         self.missing = _sorted_by_definition(missing, Capability)
         self.declared = _sorted_by_definition(declared, Capability)
+        noun = "capability" if len(self.missing) == 1 else "capabilities"
         detail = (
-            f"missing required capabilities {_names(self.missing)} "
-            f"(declares {_names(self.declared)})"
+            f"missing required {noun} {_names(self.missing)} (declares {_names(self.declared)})"
         )
         message = (
             f"backend {backend!r} cannot serve kind {kind!r}: it lacks the required "
-            f"capabilities {_names(self.missing)} (it declares {_names(self.declared)})"
+            f"{noun} {_names(self.missing)} (it declares {_names(self.declared)})"
         )
         super().__init__(backend=backend, kind=kind, detail=detail, message=message)
 
