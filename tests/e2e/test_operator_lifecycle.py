@@ -1,0 +1,180 @@
+"""The operator end to end on a real node: pods run under gVisor and runc, become Ready, fail
+with distinct reasons, expire, and go away with their Sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.fixtures.operator import DECLARATIONS, local_config
+
+pytestmark = pytest.mark.e2e
+
+
+def only(name: str, runtime_class: str, isolation: str, **kw):
+    backend = {
+        "name": name,
+        "type": "runtimeClass",
+        "runtimeClassName": runtime_class,
+        "isolation": isolation,
+        "declarations": DECLARATIONS,
+    }
+    backend.update(kw)
+    return local_config(floor="container", selection="fixed", pinned=name, backends=[backend])
+
+
+@pytest.mark.parametrize(
+    ("runtime_class", "isolation"), [("gvisor", "hardened_container"), ("runc", "container")]
+)
+def test_apply_becomes_ready_with_a_hardened_pod(
+    kit, start_operator, kubectl, runtime_class, isolation
+):
+    start_operator(only(runtime_class, runtime_class, isolation))
+    kit.scope()
+    kit.sandbox("box")
+    # `kubectl wait` works on the Ready condition.
+    out = kubectl(
+        "wait", "-n", kit.ns, "--for=condition=Ready", "sandbox/box", "--timeout=120s", check=False
+    )
+    assert out.returncode == 0, out.stderr
+    obj = kit.get("box")
+    st = obj["status"]
+    assert st["backend"] == runtime_class and st["isolation"] == isolation
+    assert st["servedBy"] == {"kind": "Pod", "name": "box", "namespace": kit.ns}
+    assert kit.condition(obj, "Admitted")["status"] == "True"
+    pod = kit.pod("box")
+    spec = pod.spec
+    assert spec.runtime_class_name == runtime_class
+    assert spec.automount_service_account_token is False
+    assert spec.enable_service_links is False
+    assert not spec.host_network and not spec.host_pid and not spec.host_ipc
+    assert spec.security_context.run_as_non_root is True
+    assert spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    (c,) = spec.containers
+    sc = c.security_context
+    assert sc.allow_privilege_escalation is False
+    assert sc.capabilities.drop == ["ALL"]
+    assert sc.seccomp_profile.type == "RuntimeDefault"
+    assert sc.run_as_user == 65532
+    assert c.working_dir == "/workspace"
+    vols = {v.name: v for v in spec.volumes}
+    work = next(m for m in c.volume_mounts if m.mount_path == "/workspace")
+    assert vols[work.name].empty_dir is not None
+    assert all(v.host_path is None for v in spec.volumes)
+    assert not any(v.projected for v in spec.volumes)  # no service-account token volume
+    owner = pod.metadata.owner_references[0]
+    assert owner.kind == "Sandbox" and owner.uid == obj["metadata"]["uid"]
+    # The workload runs through exec, unprivileged, and can write its work dir.
+    out = kubectl(
+        "exec", "-n", kit.ns, "box", "--", "/bin/sh", "-c", "id -u; touch /workspace/f && echo ok"
+    )
+    assert out.stdout.split() == ["65532", "ok"]
+    np = client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy("box", kit.ns)
+    assert np.spec.policy_types == ["Ingress", "Egress"] and not np.spec.egress
+    # printer columns
+    table = kubectl("get", "sbx", "-n", kit.ns).stdout
+    assert "Ready" in table and runtime_class in table
+
+
+def test_deleting_the_sandbox_deletes_its_pod_and_policy(kit, start_operator):
+    start_operator(only("runc", "runc", "container"))
+    kit.scope()
+    kit.sandbox("short")
+    kit.wait_condition("short", reasons=("Ready",), status="True", timeout=120)
+    kit.delete("short")
+    kit.wait_gone("short", timeout=60)
+    assert kit.pod("short") is None
+    with pytest.raises(ApiException) as err:
+        client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy("short", kit.ns)
+    assert err.value.status == 404
+
+
+def test_missing_image_is_startup_failed(kit, start_operator):
+    start_operator(only("runc", "runc", "container", pod={"imagePullPolicy": "Never"}))
+    kit.scope()
+    kit.sandbox("noimage", image="sandbox-operator.dev/does-not-exist:1")
+    obj = kit.wait_condition("noimage", reasons=("StartupFailed",), timeout=120)
+    assert "ErrImageNeverPull" in kit.condition(obj, "Ready")["message"]
+    kit.wait_condition("noimage", "Disposed", reasons=("Disposed",), status="True", timeout=60)
+    assert kit.pod("noimage") is None
+
+
+def test_startup_timeout(kit, start_operator):
+    start_operator(only("runc", "runc", "container"))
+    kit.scope()
+    # Nothing on this node can satisfy the request, so the pod stays Pending.
+    kit.sandbox(
+        "toobig",
+        resources={
+            "requests": {"cpu": "64", "memory": "16Mi"},
+            "limits": {"cpu": "64", "memory": "128Mi"},
+        },
+        lifetime={"startupTimeoutSeconds": 6, "ttlSeconds": 600, "idleTimeoutSeconds": 300},
+    )
+    obj = kit.wait_condition("toobig", reasons=("StartupTimeout",), timeout=60)
+    assert "startupTimeoutSeconds (6)" in kit.condition(obj, "Ready")["message"]
+    kit.wait_condition("toobig", "Disposed", status="True", timeout=60)
+    assert kit.pod("toobig") is None
+
+
+def test_missing_runtime_class(kit, start_operator, kubectl):
+    # Missing when the operator starts: the backend is unavailable and the sandbox is refused.
+    start_operator(only("ghost", "no-such-runtime-class", "container"))
+    kit.scope()
+    kit.sandbox("ghostly")
+    kit.wait_condition("ghostly", "Admitted", reasons=("BackendUnavailable",), status="False")
+    assert kit.pod("ghostly") is None
+
+
+def test_runtime_class_removed_after_start_is_startup_failed(kit, start_operator):
+    node = client.NodeV1Api(kit.core.api_client)
+    rc_name = f"vanishing-{kit.ns[-6:]}"
+    node.create_runtime_class(
+        client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=rc_name), handler="runc")
+    )
+    try:
+        start_operator(only("vanishing", rc_name, "container"))
+        node.delete_runtime_class(rc_name)
+        kit.scope()
+        kit.sandbox("orphaned")
+        obj = kit.wait_condition(
+            "orphaned", reasons=("StartupFailed", "BackendUnavailable"), timeout=60
+        )
+        assert (
+            "RuntimeClass" in kit.condition(obj, "Ready")["message"]
+            or "runtime" in kit.condition(obj, "Ready")["message"].lower()
+        )
+    finally:
+        with contextlib.suppress(ApiException):
+            node.delete_runtime_class(rc_name)
+
+
+def test_pod_that_dies_after_ready_is_failed(kit, start_operator, kubectl):
+    start_operator(only("runc", "runc", "container"))
+    kit.scope()
+    kit.sandbox("mortal")
+    kit.wait_condition("mortal", reasons=("Ready",), status="True", timeout=120)
+    kubectl("exec", "-n", kit.ns, "mortal", "--", "/bin/sh", "-c", "kill 1", check=False)
+    obj = kit.wait_condition("mortal", reasons=("Failed",), timeout=60)
+    assert kit.condition(obj, "Ready")["status"] == "False"
+
+
+def test_ttl_expires_and_disposes(kit, start_operator):
+    start_operator(only("runc", "runc", "container"))
+    kit.scope()
+    kit.sandbox(
+        "brief",
+        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 12, "idleTimeoutSeconds": 12},
+    )
+    kit.wait_condition("brief", reasons=("Ready",), status="True", timeout=60)
+    obj = kit.wait_condition("brief", reasons=("Expired",), timeout=60)
+    assert "Seconds" in kit.condition(obj, "Ready")["message"]
+    kit.wait_condition("brief", "Disposed", status="True", timeout=60)
+    deadline = time.monotonic() + 30
+    while kit.pod("brief") is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert kit.pod("brief") is None

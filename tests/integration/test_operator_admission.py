@@ -1,0 +1,165 @@
+"""The operator against a real API server: refusals before anything runs, per-spec routing,
+scope resolution and KeyUnclean. These need no running pods (the API server and controllers
+suffice), so they also pass on an API-level cluster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fixtures.operator import DECLARATIONS, local_config
+
+pytestmark = pytest.mark.integration
+
+
+def gvisor(**kw):
+    b = {
+        "name": "gvisor",
+        "type": "runtimeClass",
+        "runtimeClassName": "gvisor",
+        "isolation": "hardened_container",
+        "declarations": dict(DECLARATIONS),
+    }
+    b.update(kw)
+    return b
+
+
+def fixed(**backend_kw):
+    return local_config(
+        floor="hardened_container",
+        selection="fixed",
+        pinned="gvisor",
+        backends=[gvisor(**backend_kw)],
+    )
+
+
+def assert_refused(kit, name, reason):
+    obj = kit.wait_condition(name, "Admitted", reasons=(reason,), status="False", timeout=60)
+    ready = kit.condition(obj, "Ready")
+    assert ready is not None and ready["status"] == "False" and ready["reason"] == reason
+    assert ready["message"]
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    # Nothing was ever created for it.
+    assert kit.pods() == []
+    assert kit.core.list_namespaced_pod(kit.ns).items == []
+    return obj
+
+
+def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(kit, start_operator):
+    start_operator(fixed())
+    kit.scope()
+    kit.sandbox("wants-microvm", minIsolation="microvm")
+    obj = assert_refused(kit, "wants-microvm", "IsolationBelowFloor")
+    assert obj["status"]["effectiveFloor"] == "microvm"
+    assert "microvm" in kit.condition(obj, "Ready")["message"]
+    # A scope floor raises the host's, too.
+    kit.scope("strict", thread_id="thread-2", minIsolation="vm")
+    kit.sandbox("in-strict-scope", scope_ref="strict")
+    assert_refused(kit, "in-strict-scope", "IsolationBelowFloor")
+    time.sleep(3)  # a few resync periods later, still nothing
+    assert kit.core.list_namespaced_pod(kit.ns).items == []
+    events = kit.events("wants-microvm")
+    assert any(e.reason == "IsolationBelowFloor" and e.type == "Warning" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend_kw", "reason"),
+    [
+        ({"requires": ["exec", "snapshot"]}, {}, "CapabilityNotSupported"),
+        ({"requiresOsFamily": "windows"}, {}, "OsFamilyNotSupported"),
+        (
+            {"filesIn": {"maxBytesPerFile": 64 * 1024 * 1024, "maxTotalBytes": 64 * 1024 * 1024}},
+            {},
+            "TransferLimitsNotPermitted",
+        ),
+        ({"egress": "allowlist", "egressAllow": ["example.com"]}, {}, "EgressNotEnforced"),
+        (
+            {"isolationScope": "call", "callId": "call-1"},
+            {"declarations": {**DECLARATIONS, "isolationScopes": ["conversation"]}},
+            "IsolationScopeNotEnforced",
+        ),
+        ({}, {"runtimeClassName": "no-such-runtime-class"}, "BackendUnavailable"),
+    ],
+)
+def test_each_check_refuses_with_its_reason(kit, start_operator, spec, backend_kw, reason):
+    start_operator(fixed(**backend_kw))
+    kit.scope()
+    kit.sandbox("refused", **spec)
+    assert_refused(kit, "refused", reason)
+
+
+def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_operator):
+    no_code = {**DECLARATIONS, "capabilities": ["exec", "files_in"]}
+    config = local_config(
+        floor="container",
+        backends=[
+            gvisor(declarations=no_code),
+            {
+                "name": "runc",
+                "type": "runtimeClass",
+                "runtimeClassName": "runc",
+                "isolation": "container",
+                "declarations": DECLARATIONS,
+            },
+        ],
+    )
+    start_operator(config)
+    kit.scope()
+    kit.sandbox("needs-code", requires=["exec", "run_code"])
+    kit.sandbox("plain")
+    a = kit.wait_condition("needs-code", "Admitted", status="True")
+    b = kit.wait_condition("plain", "Admitted", status="True")
+    assert a["status"]["backend"] == "runc" and a["status"]["isolation"] == "container"
+    assert b["status"]["backend"] == "gvisor"
+    assert kit.pod("needs-code").spec.runtime_class_name == "runc"
+    assert kit.pod("plain").spec.runtime_class_name == "gvisor"
+    # None passes: every backend is named with its reason.
+    kit.sandbox("nothing", requires=["snapshot"])
+    obj = kit.wait_condition("nothing", "Admitted", reasons=("NoBackendCanServe",))
+    msg = kit.condition(obj, "Admitted")["message"]
+    assert "gvisor" in msg and "runc" in msg
+
+
+def test_missing_scope_waits_and_proceeds_when_it_appears(kit, start_operator):
+    start_operator(fixed())
+    kit.sandbox("early", scope_ref="later")
+    kit.wait_condition("early", "Admitted", reasons=("ScopeNotFound",), status="False")
+    assert kit.pods() == []
+    kit.scope("later")
+    obj = kit.wait_condition("early", "Admitted", status="True", timeout=30)
+    labels = obj["metadata"]["labels"]
+    assert labels["sandbox-operator.dev/sandbox"] == "early"
+    assert obj["metadata"]["annotations"]["sandbox-operator.dev/scope"] == "tenant-a"
+    pod = kit.pod("early")
+    assert pod is not None and pod.metadata.owner_references[0].name == "early"
+
+
+def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, start_operator):
+    config = fixed()
+    config["operator"]["disposeTimeoutSeconds"] = 4
+    start_operator(config)
+    kit.scope()
+    kit.sandbox("first", agent_dir="agents/same")
+    kit.wait_condition("first", "Admitted", status="True")
+    deadline = time.monotonic() + 30
+    while kit.pod("first") is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    # A finalizer nobody removes: the pod cannot go away, so disposal cannot land.
+    stuck = "sandbox-operator.dev/test-stuck"
+    kit.core.patch_namespaced_pod("first", kit.ns, {"metadata": {"finalizers": [stuck]}})
+    try:
+        kit.delete("first")
+        obj = kit.wait_condition("first", "Disposed", reasons=("DisposalFailed",), timeout=90)
+        msg = kit.condition(obj, "Disposed")["message"]
+        assert "timeout" in msg
+        assert obj["metadata"]["finalizers"]  # kept: the Sandbox is not let go
+        # Same key, another name: refused until the earlier disposal lands.
+        kit.sandbox("second", agent_dir="agents/same")
+        kit.wait_condition("second", "Admitted", reasons=("KeyUnclean",), status="False")
+        assert kit.pod("second") is None
+    finally:
+        kit.core.patch_namespaced_pod("first", kit.ns, {"metadata": {"finalizers": None}})
+    kit.wait_gone("first", timeout=90)
+    kit.wait_condition("second", "Admitted", status="True", timeout=60)
+    assert kit.pod("second") is not None
