@@ -1,0 +1,296 @@
+"""The Sandbox/SandboxScope reconcilers over fake collaborators (no cluster): the flow of
+conditions, the status written only on change, KeyUnclean, terminal reasons and purges."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import (
+    Availability,
+    BackendObject,
+    DisposalError,
+    Observation,
+    ObservedPhase,
+    ServedBy,
+)
+from sandbox_operator.config import parse_config
+from sandbox_operator.contract import DisposalCode, DisposalFailure
+from sandbox_operator.reconcile.kube import Conflict
+from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.sandbox import (
+    DisposalPending,
+    finalize_sandbox,
+    reconcile_sandbox,
+)
+from sandbox_operator.reconcile.scope import purge_scope, reconcile_scope
+
+NS = "ns"
+_rv = itertools.count(1)
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.status_writes = 0
+        self.events: list[tuple[str, str, str]] = []
+
+    def add(self, plural: str, name: str, spec: dict[str, Any]) -> None:
+        self.objs[(plural, name)] = {
+            "apiVersion": "sandbox-operator.dev/v1alpha1",
+            "kind": "Sandbox" if plural == "sandboxes" else "SandboxScope",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": f"uid-{name}-{next(_rv)}",
+                "generation": 1,
+                "resourceVersion": str(next(_rv)),
+                "creationTimestamp": "2099-01-01T00:00:00Z",
+                "labels": {},
+                "annotations": {},
+            },
+            "spec": spec,
+        }
+
+    async def get_sandbox(self, ns, name):
+        return copy.deepcopy(self.objs.get(("sandboxes", name)))
+
+    async def get_scope(self, ns, name):
+        return copy.deepcopy(self.objs.get(("sandboxscopes", name)))
+
+    async def list_sandboxes(self, ns, label_selector=None):
+        out = []
+        want = dict(p.split("=", 1) for p in label_selector.split(",")) if label_selector else {}
+        for (plural, _), obj in self.objs.items():
+            labels = obj["metadata"]["labels"]
+            if plural == "sandboxes" and all(labels.get(k) == v for k, v in want.items()):
+                out.append(copy.deepcopy(obj))
+        return out
+
+    async def patch_status(self, plural, ns, name, status, rv):
+        obj = self.objs[(plural, name)]
+        if rv and rv != obj["metadata"]["resourceVersion"]:
+            raise Conflict(name)
+        st = obj.setdefault("status", {})
+        for k, v in status.items():
+            if v is None:
+                st.pop(k, None)
+            else:
+                st[k] = copy.deepcopy(v)
+        obj["metadata"]["resourceVersion"] = str(next(_rv))
+        self.status_writes += 1
+        return copy.deepcopy(obj)
+
+    async def patch_metadata(self, plural, ns, name, labels=None, annotations=None):
+        obj = self.objs[(plural, name)]
+        obj["metadata"]["labels"].update(labels or {})
+        obj["metadata"]["annotations"].update(annotations or {})
+        obj["metadata"]["resourceVersion"] = str(next(_rv))
+        return copy.deepcopy(obj)
+
+    async def delete_sandbox(self, ns, name):
+        self.objs.pop(("sandboxes", name), None)
+
+    async def post_event(self, obj, *, type_, reason, message, action="Reconcile"):
+        self.events.append((obj["metadata"]["name"], type_, reason))
+
+
+class FakeDriver:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pods: dict[str, dict[str, Any]] = {}  # name -> {phase, owner, labels}
+        self.available = True
+        self.fail_dispose = False
+        self.creates = 0
+
+    async def check_available(self):
+        return Availability(self.available, "" if self.available else "RuntimeClass missing")
+
+    async def ensure(self, request):
+        name = request.sandbox.name
+        if name not in self.pods:
+            self.creates += 1
+            self.pods[name] = {
+                "phase": ObservedPhase.STARTING,
+                "owner": request.sandbox.uid,
+                "labels": dict(request.labels),
+            }
+        return ServedBy("Pod", name, NS, "")
+
+    async def observe(self, sandbox):
+        pod = self.pods.get(sandbox.name)
+        if pod is None:
+            return Observation(ObservedPhase.ABSENT)
+        return Observation(pod["phase"], ServedBy("Pod", sandbox.name, NS), message="m")
+
+    async def dispose(self, sandbox):
+        if self.fail_dispose and sandbox.name in self.pods:
+            raise DisposalError(
+                DisposalFailure(code=DisposalCode.TIMEOUT, detail="stuck", backend=self.name)
+            )
+        self.pods.pop(sandbox.name, None)
+
+    async def _list(self, want):
+        return [
+            BackendObject("Pod", n, NS, n, p["owner"], labels=p["labels"])
+            for n, p in self.pods.items()
+            if all(p["labels"].get(k) == v for k, v in want.items())
+        ]
+
+    async def list_by_scope(self, ns, scope, thread_id):
+        return await self._list({lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread_id)})
+
+    async def list_by_key(self, ns, key):
+        return await self._list({lbl.KEY_LABEL: lbl.key_value(key)})
+
+    async def dispose_object(self, obj):
+        await self.dispose(type("R", (), {"name": obj.name})())
+
+    async def close(self):
+        pass
+
+
+def runtime(floor="hardened_container") -> tuple[Runtime, FakeKube, FakeDriver]:
+    config, _ = parse_config(
+        {
+            "hostPolicy": {"minIsolation": floor, "selection": "fixed", "pinnedBackend": "gvisor"},
+            "backends": [
+                {
+                    "name": "gvisor",
+                    "type": "runtimeClass",
+                    "runtimeClassName": "gvisor",
+                    "isolation": "hardened_container",
+                    "declarations": {"egressModes": ["closed"]},
+                }
+            ],
+        }
+    )
+    kube, driver = FakeKube(), FakeDriver("gvisor")
+    rt = Runtime(config=config, kube=kube, drivers={"gvisor": driver})  # type: ignore[arg-type]
+    return rt, kube, driver
+
+
+def cond(kube: FakeKube, name: str, ctype: str, plural: str = "sandboxes") -> dict[str, Any]:
+    for c in kube.objs[(plural, name)].get("status", {}).get("conditions", []):
+        if c["type"] == ctype:
+            return c
+    raise AssertionError(f"no {ctype} on {name}")
+
+
+SPEC = {"scopeRef": "conv", "agentDir": "agents/a", "kind": "shell", "image": "busybox"}
+
+
+@pytest.fixture
+def world():
+    rt, kube, driver = runtime()
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    return rt, kube, driver
+
+
+async def test_admit_create_ready_and_write_only_on_change(world):
+    rt, kube, driver = world
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Admitted")["status"] == "True"
+    assert cond(kube, "a", "Ready")["reason"] == "Creating"
+    assert driver.creates == 1
+    st = kube.objs[("sandboxes", "a")]["status"]
+    assert st["backend"] == "gvisor" and st["effectiveFloor"] == "hardened_container"
+    assert st["observedGeneration"] == 1
+    labels = kube.objs[("sandboxes", "a")]["metadata"]["labels"]
+    assert labels[lbl.SANDBOX_LABEL] == "a"
+    writes = kube.status_writes
+    await reconcile_sandbox(rt, NS, "a")
+    assert kube.status_writes == writes  # nothing changed: nothing written
+    assert driver.creates == 1
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    ready = cond(kube, "a", "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "Ready"
+    assert ("a", "Normal", "Ready") in kube.events
+    # died after ready -> Failed (terminal, disposed)
+    driver.pods["a"]["phase"] = ObservedPhase.FAILED
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["reason"] == "Failed"
+    assert cond(kube, "a", "Disposed")["status"] == "True"
+    assert "a" not in driver.pods
+    await reconcile_sandbox(rt, NS, "a")
+    assert "a" not in driver.pods  # terminal: never recreated
+
+
+async def test_refusal_creates_nothing(world):
+    rt, kube, driver = world
+    kube.add("sandboxes", "b", {**SPEC, "minIsolation": "microvm"})
+    await reconcile_sandbox(rt, NS, "b")
+    assert cond(kube, "b", "Admitted")["reason"] == "IsolationBelowFloor"
+    assert cond(kube, "b", "Ready")["reason"] == "IsolationBelowFloor"
+    assert driver.pods == {}
+    assert kube.events.count(("b", "Warning", "IsolationBelowFloor")) == 1
+
+
+async def test_unavailable_backend_is_refused(world):
+    rt, kube, driver = world
+    driver.available = False
+    await rt.refresh_availability(force=True)
+    kube.add("sandboxes", "c", SPEC)
+    await reconcile_sandbox(rt, NS, "c")
+    assert cond(kube, "c", "Admitted")["reason"] == "BackendUnavailable"
+    assert driver.pods == {}
+
+
+async def test_scope_not_found_then_found(world):
+    rt, kube, driver = world
+    kube.add("sandboxes", "d", {**SPEC, "scopeRef": "later"})
+    await reconcile_sandbox(rt, NS, "d")
+    assert cond(kube, "d", "Admitted")["reason"] == "ScopeNotFound"
+    kube.add("sandboxscopes", "later", {"scope": "s", "threadId": "t2"})
+    await reconcile_sandbox(rt, NS, "d")
+    assert cond(kube, "d", "Admitted")["status"] == "True"
+    assert "d" in driver.pods
+
+
+async def test_failed_disposal_keeps_finalizer_and_makes_key_unclean(world):
+    rt, kube, driver = world
+    kube.add("sandboxes", "e1", SPEC)
+    await reconcile_sandbox(rt, NS, "e1")
+    driver.fail_dispose = True
+    kube.objs[("sandboxes", "e1")]["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    with pytest.raises(DisposalPending):
+        await finalize_sandbox(rt, NS, "e1")
+    disposed = cond(kube, "e1", "Disposed")
+    assert disposed["reason"] == "DisposalFailed" and "timeout" in disposed["message"]
+    kube.add("sandboxes", "e2", SPEC)  # same key, another name
+    await reconcile_sandbox(rt, NS, "e2")
+    assert cond(kube, "e2", "Admitted")["reason"] == "KeyUnclean"
+    assert "e2" not in driver.pods
+    driver.fail_dispose = False
+    await finalize_sandbox(rt, NS, "e1")
+    assert cond(kube, "e1", "Disposed")["status"] == "True"
+    await kube.delete_sandbox(NS, "e1")
+    await reconcile_sandbox(rt, NS, "e2")
+    assert cond(kube, "e2", "Admitted")["status"] == "True"
+    assert "e2" in driver.pods
+
+
+async def test_scope_counts_and_purge_lists_by_labels(world):
+    rt, kube, driver = world
+    for i in range(5):
+        kube.add("sandboxes", f"p{i}", {**SPEC, "agentDir": f"agents/{i}"})
+        await reconcile_sandbox(rt, NS, f"p{i}")
+    await reconcile_scope(rt, NS, "conv")
+    assert kube.objs[("sandboxscopes", "conv")]["status"]["sandboxCount"] == 5
+    # a leftover pod whose Sandbox object is gone is found by its labels
+    leftover = dict(driver.pods["p0"], owner="gone")
+    driver.pods["orphan"] = leftover
+    rt.config = rt.config.model_copy(
+        update={"operator": rt.config.operator.model_copy(update={"dispose_timeout_seconds": 0.1})}
+    )
+    purge = await purge_scope(rt, NS, "conv", attempt=0)
+    assert purge.disposed == 6 and purge.complete
+    assert driver.pods == {}
+    assert cond(kube, "conv", "Disposed", "sandboxscopes")["reason"] == "Purged"
+    assert ("conv", "Normal", "Purged") in kube.events
