@@ -14,19 +14,21 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .config import SecretCredentialSource, WorkloadIdentityCredentialSource
+from .errors import AcasAuthError
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
 
-class CredentialUnavailable(Exception):
-    """The configured credential cannot be built (missing Secret key, library absent, ...).
+class CredentialUnavailable(AcasAuthError):
+    """The configured credential cannot be built (missing Secret key, unreadable Secret, ...).
 
-    `missing` names what is missing (a key name or a component), never a value.
+    `missing` names what is missing (a key name or a component), never a value. An
+    `AcasAuthError`, so it maps to DisposalCode `refused`.
     """
 
     def __init__(self, missing: str) -> None:
-        super().__init__(f"ACA credential unavailable: missing {missing}")
+        super().__init__("credential", what=f"missing {missing}")
         self.missing = missing
 
 

@@ -1,0 +1,290 @@
+"""AcasDriver (the operator's view of an acas backend) against the loopback stand-in."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.acas.auth import StaticTokenProvider
+from sandbox_operator.backends.acas.driver import (
+    KIND_LABEL,
+    NAMESPACE_LABEL,
+    OWNER_UID_LABEL,
+    REMOTE_KIND,
+    AcasDriver,
+    build_driver,
+    classify,
+    egress_policy,
+)
+from sandbox_operator.backends.acas.models import RemoteSandbox
+from sandbox_operator.backends.base import (
+    BackendDriver,
+    DisposalError,
+    EnsureRequest,
+    ObservedPhase,
+    SandboxRef,
+    StartupError,
+)
+from sandbox_operator.contract import (
+    ConditionReason,
+    DisposalCode,
+    IsolationScope,
+    SandboxKey,
+    SandboxSpec,
+)
+from tests.acas_standin import DEFAULT_TOKEN, StandinServer
+from tests.unit.test_acas_client import make_config
+
+CREATE = "AzureSandboxes_Create"
+LIST = "AzureSandboxes_List"
+DELETE = "AzureSandboxes_Delete"
+
+
+def spec(**kw: Any) -> SandboxSpec:
+    base: dict[str, Any] = {"kind": "python", "image": "python:3.12", "work_dir": "/workspace"}
+    base.update(kw)
+    return SandboxSpec(**base)
+
+
+def request(
+    name: str = "sbx-1",
+    uid: str = "uid-1",
+    key: SandboxKey | None = None,
+    **spec_kw: Any,
+) -> EnsureRequest:
+    key = key or SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/a")
+    return EnsureRequest(
+        sandbox=SandboxRef("ns1", name, uid),
+        key=key,
+        spec=spec(**spec_kw),
+        isolation_scope=IsolationScope.CONVERSATION,
+        labels=lbl.object_labels(key, name, "acas-test"),
+        annotations=lbl.key_annotations(key),
+    )
+
+
+@pytest.fixture
+async def standin() -> AsyncIterator[StandinServer]:
+    async with StandinServer() as server:
+        yield server
+
+
+def new_driver(standin: StandinServer, **overrides: Any) -> AcasDriver:
+    async def no_sleep(_: float) -> None:
+        return None
+
+    config = make_config(standin.base_url, **overrides)
+    driver = build_driver(config, api=None, tokens=StaticTokenProvider(DEFAULT_TOKEN))
+    driver.client._sleep = no_sleep
+    return driver
+
+
+@pytest.fixture
+async def driver(standin: StandinServer) -> AsyncIterator[AcasDriver]:
+    d = new_driver(standin)
+    yield d
+    await d.close()
+
+
+async def test_is_a_backend_driver(driver: AcasDriver) -> None:
+    assert isinstance(driver, BackendDriver)
+    assert (await driver.check_available()).available
+
+
+async def test_ensure_creates_a_labelled_confined_sandbox(
+    driver: AcasDriver, standin: StandinServer
+) -> None:
+    req = request(egress="allowlist", egress_allow=("pypi.org", "files.pythonhosted.org"))
+    served = await driver.ensure(req)
+    assert served.kind == REMOTE_KIND
+    remote = standin.state.sandboxes[served.name]
+    for k, v in lbl.key_labels(req.key).items():
+        assert remote.labels[k] == v
+    assert remote.labels[lbl.SANDBOX_LABEL] == "sbx-1"
+    assert remote.labels[NAMESPACE_LABEL] == "ns1"
+    assert remote.labels[OWNER_UID_LABEL] == "uid-1"
+    assert remote.labels[KIND_LABEL] == "python"
+    assert remote.labels[lbl.BACKEND_LABEL] == "acas-test"
+    http = remote.egress_policy["http"]  # type: ignore[index]
+    assert http["defaultAction"] == "Deny"
+    assert [r["pattern"] for r in http["hostRules"]] == ["pypi.org", "files.pythonhosted.org"]
+    delete = remote.lifecycle["autoDeletePolicy"]  # type: ignore[index]
+    assert delete["enabled"] and delete["trigger"] == "AfterCreation"
+    assert delete["deleteIntervalInSeconds"] == 3600 + 600
+    assert remote.body["resources"] == {"cpu": "1", "memory": "512Mi"}
+    assert remote.body["sourcesRef"] == {"diskImage": {"name": "python:3.12", "isPublic": True}}
+    obs = await driver.observe(req.sandbox)
+    assert obs.phase is ObservedPhase.READY
+    assert obs.served_by is not None and obs.served_by.name == served.name
+
+
+async def test_ensure_is_idempotent(driver: AcasDriver, standin: StandinServer) -> None:
+    first = await driver.ensure(request())
+    second = await driver.ensure(request())
+    assert first == second
+    assert standin.state.calls[CREATE] == 1
+
+
+async def test_earlier_sandbox_of_same_name_is_key_unclean(driver: AcasDriver) -> None:
+    await driver.ensure(request(uid="old"))
+    with pytest.raises(StartupError) as info:
+        await driver.ensure(request(uid="new"))
+    assert info.value.reason == ConditionReason.KEY_UNCLEAN
+    assert (await driver.observe(SandboxRef("ns1", "sbx-1", "new"))).phase is ObservedPhase.ABSENT
+
+
+async def test_refused_create_is_startup_failed(driver: AcasDriver, standin: StandinServer) -> None:
+    standin.state.add_fault(operation=CREATE, status=400, code="InvalidImage")
+    with pytest.raises(StartupError) as info:
+        await driver.ensure(request())
+    assert info.value.reason == ConditionReason.STARTUP_FAILED
+    assert "InvalidImage" in info.value.message
+
+
+async def test_unlisted_sandbox_is_removed_and_refused(
+    driver: AcasDriver, standin: StandinServer
+) -> None:
+    standin.state.add_fault(operation=LIST, status=200, body=[], times=2)
+    with pytest.raises(StartupError) as info:
+        await driver.ensure(request())
+    assert "missing from its label listing" in info.value.message
+    assert standin.state.sandboxes == {}
+
+
+@pytest.mark.parametrize(
+    ("startup", "phase"),
+    [
+        ("Running", ObservedPhase.READY),
+        ("Failed", ObservedPhase.FAILED),
+        ("Creating", ObservedPhase.STARTING),
+    ],
+)
+async def test_observe_maps_remote_state(
+    driver: AcasDriver, standin: StandinServer, startup: str, phase: ObservedPhase
+) -> None:
+    standin.state.startup_state = startup
+    await driver.ensure(request())
+    assert (await driver.observe(SandboxRef("ns1", "sbx-1", "uid-1"))).phase is phase
+
+
+def test_classify() -> None:
+    def remote(state: str, reason: str | None = None) -> RemoteSandbox:
+        details = {"stoppedReason": reason} if reason else None
+        return RemoteSandbox.model_validate({"id": "x", "state": state, "stateDetails": details})
+
+    assert classify(None).phase is ObservedPhase.ABSENT
+    assert classify(remote("Stopped", "Idle")).phase is ObservedPhase.READY
+    assert classify(remote("Idle")).phase is ObservedPhase.READY
+    assert classify(remote("Stopped", "UserStopped")).phase is ObservedPhase.FAILED
+    assert classify(remote("StopFailed")).phase is ObservedPhase.FAILED
+    assert classify(remote("Deleting")).phase is ObservedPhase.DISPOSING
+    assert classify(remote("Brand-new")).phase is ObservedPhase.STARTING
+
+
+def test_egress_policies() -> None:
+    closed = egress_policy(spec())
+    assert closed["http"] == {"defaultAction": "Deny", "hostRules": []}
+    assert closed["transportRules"]["defaultAction"] == "Deny"
+    assert egress_policy(spec(egress="unrestricted")) == {"http": {"defaultAction": "Allow"}}
+
+
+async def test_dispose_waits_until_gone(driver: AcasDriver, standin: StandinServer) -> None:
+    served = await driver.ensure(request())
+    await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+    assert served.name not in standin.state.sandboxes
+    await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))  # idempotent
+
+
+async def test_scope_purge_from_a_fresh_driver(driver: AcasDriver, standin: StandinServer) -> None:
+    key_a = SandboxKey(scope="tenant", thread_id="t1", agent_dir="a")
+    key_b = SandboxKey(scope="tenant", thread_id="t1", agent_dir="b")
+    key_other = SandboxKey(scope="tenant", thread_id="t2", agent_dir="a")
+    await driver.ensure(request("sbx-a", "u-a", key_a))
+    await driver.ensure(request("sbx-b", "u-b", key_b))
+    other = await driver.ensure(request("sbx-c", "u-c", key_other))
+    fresh = new_driver(standin)  # knows nothing but the config
+    try:
+        objects = await fresh.list_by_scope("ns1", "tenant", "t1")
+        assert sorted(o.sandbox_name for o in objects) == ["sbx-a", "sbx-b"]
+        assert {o.owner_uid for o in objects} == {"u-a", "u-b"}
+        assert await fresh.list_by_scope("ns2", "tenant", "t1") == []
+        for obj in objects:
+            await fresh.dispose_object(obj)
+        assert list(standin.state.sandboxes) == [other.name]
+        assert [o.name for o in await fresh.list_by_key("ns1", key_other)] == [other.name]
+        sent = [
+            r["query"].get("labels", "") for r in standin.state.requests if r["operation"] == LIST
+        ]
+        assert any(lbl.CONVERSATION_LABEL in s for s in sent)  # filtered by the service
+    finally:
+        await fresh.close()
+
+
+async def test_dispose_that_leaves_the_sandbox_listed_times_out(standin: StandinServer) -> None:
+    driver = new_driver(standin, timeouts={"delete": 0.2, "pollInterval": 0.05})
+    try:
+        await driver.ensure(request())
+        standin.state.delete_leaves_listed = True
+        with pytest.raises(DisposalError) as info:
+            await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+        assert info.value.code is DisposalCode.TIMEOUT
+    finally:
+        await driver.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ({"status": 401, "code": "ExpiredAuthenticationToken"}, DisposalCode.REFUSED),
+        ({"status": 403, "code": "AuthorizationFailed"}, DisposalCode.REFUSED),
+        ({"status": 500, "code": "InternalServerError"}, DisposalCode.UNKNOWN),
+    ],
+)
+async def test_dispose_failures_map_to_codes(
+    driver: AcasDriver, standin: StandinServer, fault: dict[str, Any], code: DisposalCode
+) -> None:
+    await driver.ensure(request())
+    standin.state.add_fault(operation=DELETE, times=-1, **fault)
+    with pytest.raises(DisposalError) as info:
+        await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+    assert info.value.code is code
+    assert fault["code"] in info.value.failure.detail
+    assert str(standin.port) not in str(info.value)
+
+
+async def test_unreachable_backend() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    async def no_sleep(_: float) -> None:
+        return None
+
+    driver = build_driver(
+        make_config(f"http://127.0.0.1:{port}"), api=None, tokens=StaticTokenProvider("t")
+    )
+    driver.client._sleep = no_sleep
+    try:
+        availability = await driver.check_available()
+        assert not availability.available and str(port) not in availability.reason
+        with pytest.raises(DisposalError) as info:
+            await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+        assert info.value.code is DisposalCode.UNREACHABLE
+    finally:
+        await driver.close()
+
+
+async def test_bad_credential_makes_backend_unavailable(standin: StandinServer) -> None:
+    driver = build_driver(
+        make_config(standin.base_url), api=None, tokens=StaticTokenProvider("wrong-token")
+    )
+    try:
+        availability = await driver.check_available()
+        assert not availability.available
+        assert "401" in availability.reason and "wrong-token" not in availability.reason
+    finally:
+        await driver.close()
