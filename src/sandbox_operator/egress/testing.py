@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -158,6 +159,31 @@ async def read_reply_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, 
     return status, headers
 
 
+_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
+
+async def open_from(
+    host: str, port: int, source: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """open_connection from a chosen local address (a stand-in for a sandbox's pod IP).
+
+    Binds with IP_BIND_ADDRESS_NO_PORT so the kernel picks the port at connect time, as for an
+    unbound socket; a plain bind to port 0 gets slow once many TIME_WAIT sockets exist.
+    """
+    if source is None:
+        return await asyncio.open_connection(host, port)
+    sock = socket.socket(socket.AF_INET6 if ":" in source else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
 async def proxy_request(
     proxy_port: int,
     request: bytes,
@@ -172,9 +198,7 @@ async def proxy_request(
     closed; for a 200 to CONNECT the streams are left open for the tunnel.
     """
     async with asyncio.timeout(limit_seconds):
-        reader, writer = await asyncio.open_connection(
-            proxy_host, proxy_port, local_addr=(source, 0) if source else None
-        )
+        reader, writer = await open_from(proxy_host, proxy_port, source)
         writer.write(request)
         await writer.drain()
         status, headers = await read_reply_head(reader)
