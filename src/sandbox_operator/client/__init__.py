@@ -1,6 +1,7 @@
 """The Python client for sandbox-operator: acquire sandboxes as custom resources and work inside
 them (exec, code, files) under the caps their spec declared. See docs/client.md."""
 
+from sandbox_operator.client.client import SandboxClient, register_dataplane
 from sandbox_operator.client.dataplane import (
     DataPlane,
     DirEntry,
@@ -45,6 +46,7 @@ from sandbox_operator.client.errors import (
     SandboxRefused,
     SandboxScopeNotFound,
     SandboxSpecConflict,
+    SandboxSpecRejected,
     SandboxStartupFailed,
     SandboxStartupTimeout,
     SandboxTransferLimitsNotPermitted,
@@ -65,6 +67,7 @@ from sandbox_operator.client.outputs import (
 )
 from sandbox_operator.client.paths import ConfinedPath, confine, validate_artifact_name
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.sync import SyncSandbox, SyncSandboxClient
 
 __all__ = [
     "PATH_RULES",
@@ -99,6 +102,7 @@ __all__ = [
     "SandboxAcquireError",
     "SandboxBackendUnavailable",
     "SandboxCapabilityNotSupported",
+    "SandboxClient",
     "SandboxClientError",
     "SandboxEgressNotEnforced",
     "SandboxFailed",
@@ -113,10 +117,13 @@ __all__ = [
     "SandboxRefused",
     "SandboxScopeNotFound",
     "SandboxSpecConflict",
+    "SandboxSpecRejected",
     "SandboxStartupFailed",
     "SandboxStartupTimeout",
     "SandboxTransferLimitsNotPermitted",
     "SinkRequired",
+    "SyncSandbox",
+    "SyncSandboxClient",
     "TransferCapExceeded",
     "TransferIntegrityError",
     "acquire_error_for",
@@ -126,5 +133,6 @@ __all__ = [
     "make_file_system_sink",
     "pod_dataplane",
     "refusal_error_for",
+    "register_dataplane",
     "validate_artifact_name",
 ]

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+import aiohttp
+from kubernetes_asyncio.client import CoreV1Api
 
 from sandbox_operator.client.errors import (
     DataPlaneError,
@@ -659,30 +663,6 @@ class PodExecTransport:
         self._ws = ws_api_client
         self.target = target
 
-    def _url_and_headers(self, argv: Sequence[str], stdin: bool) -> tuple[str, dict[str, str]]:
-        from urllib.parse import quote, urlencode
-
-        from kubernetes_asyncio.stream.ws_client import get_websocket_url
-
-        cfg = self._ws.configuration
-        path = (
-            f"/api/v1/namespaces/{quote(self.target.namespace, safe='')}"
-            f"/pods/{quote(self.target.pod, safe='')}/exec"
-        )
-        query: list[tuple[str, str]] = [("command", a) for a in argv]
-        query += [("stdout", "true"), ("stderr", "true"), ("stdin", "true" if stdin else "false")]
-        query.append(("tty", "false"))
-        if self.target.container:
-            query.append(("container", self.target.container))
-        url = get_websocket_url(cfg.host + path + "?" + urlencode(query))
-        headers: dict[str, str] = {"sec-websocket-protocol": "v4.channel.k8s.io"}
-        # Authentication headers exactly as the REST client would send them.
-        self._ws.update_params_for_auth(headers, [], ["BearerToken"])
-        if self._ws.default_headers:
-            for k, v in self._ws.default_headers.items():
-                headers.setdefault(k, v)
-        return url, headers
-
     async def run(
         self,
         argv: Sequence[str],
@@ -691,18 +671,29 @@ class PodExecTransport:
         timeout: float,  # noqa: ASYNC109
         max_output: int,
     ) -> RawResult:
-        import aiohttp
-
-        url, headers = self._url_and_headers(argv, stdin is not None)
+        api = CoreV1Api(self._ws)
         out = bytearray()
         err = bytearray()
         status: bytes = b""
         overflowed = False
-        pool = self._ws.rest_client.pool_manager
 
         async def session() -> None:
             nonlocal status, overflowed
-            async with pool.ws_connect(url, headers=headers, max_msg_size=0) as ws:
+            kwargs: dict[str, Any] = {}
+            if self.target.container:
+                kwargs["container"] = self.target.container
+            connect: Any = await api.connect_get_namespaced_pod_exec(
+                self.target.pod,
+                self.target.namespace,
+                command=list(argv),  # type: ignore[arg-type]
+                stdin=stdin is not None,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+                **kwargs,
+            )
+            async with connect as ws:
                 if stdin:
                     for i in range(0, len(stdin), _CHUNK):
                         await ws.send_bytes(bytes([_STDIN]) + stdin[i : i + _CHUNK])
@@ -745,8 +736,6 @@ class PodExecTransport:
 
 
 def _exit_code(status: bytes) -> int | None:
-    import json
-
     if not status:
         return None
     try:

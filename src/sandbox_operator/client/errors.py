@@ -139,6 +139,12 @@ class SandboxSpecConflict(SandboxAcquireError):
     reason_value = "SpecConflict"
 
 
+class SandboxSpecRejected(SandboxAcquireError):
+    """The API server rejected the Sandbox (schema validation, an immutable field changed)."""
+
+    reason_value = "SpecRejected"
+
+
 # --------------------------------------------------------------------------------------------
 # Refusals generated from the contract's enum
 
