@@ -21,6 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sandbox-operator"
 RUNGS = ["none", "runtime", "os_process", "container", "hardened_container", "microvm", "vm"]
 KUBE_VERSION = "1.33.0"
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "ClusterKopfPeering",
+    "RuntimeClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def helm_binary() -> str:
@@ -109,7 +118,7 @@ def test_default_render_has_the_operator_objects(default_objs: list[dict[str, An
     assert "RuntimeClass" not in kinds
     assert "ValidatingAdmissionPolicy" not in kinds
     for obj in default_objs:
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == "sandbox-operator-system", obj["metadata"]
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "so"
 
@@ -342,3 +351,27 @@ def test_rendered_config_is_accepted_by_the_operator(values: dict[str, str]) -> 
     assert str(config.host_policy.min_isolation) == values.get(
         "config.hostPolicy.minIsolation", "microvm"
     )
+
+
+def test_replicas_need_peering_and_peering_matches_the_watch_scope() -> None:
+    objs = template({"replicaCount": "3"})
+    (peering,) = by_kind(objs, "ClusterKopfPeering")
+    args = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--peering={peering['metadata']['name']}" in args
+    env = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    # Each replica derives its own peering priority from its pod name.
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
+    namespaced = template({"watchNamespaces": "{a,b}"})
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(namespaced, "KopfPeering")) == [
+        "a",
+        "b",
+    ]
+    assert not by_kind(namespaced, "ClusterKopfPeering")
+    err = template_error({"replicaCount": "2", "peering.enabled": "false"})
+    assert "needs peering.enabled=true" in err
+    single = template({"peering.enabled": "false"})
+    assert (
+        "--standalone"
+        in one(single, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert "kopf.dev" in (CHART / "crds" / "kopf-peering.yaml").read_text()

@@ -6,8 +6,11 @@ compares them with the Kubernetes calls the operator's code makes.
 {{/* Rules on namespaced objects: the watched namespaces, or all of them. */}}
 {{- define "sandbox-operator.namespacedRules" -}}
 - apiGroups: [sandbox-operator.dev]
-  resources: [sandboxes, sandboxscopes]
+  resources: [sandboxes]
   verbs: [get, list, watch, patch, delete]
+- apiGroups: [sandbox-operator.dev]
+  resources: [sandboxscopes]
+  verbs: [get, list, watch, patch]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxes/status, sandboxscopes/status]
   verbs: [patch]
@@ -20,14 +23,24 @@ compares them with the Kubernetes calls the operator's code makes.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
 {{- end }}
 
 {{/* Rules on cluster-scoped objects. */}}
 {{- define "sandbox-operator.clusterRules" -}}
 - apiGroups: [node.k8s.io]
   resources: [runtimeclasses]
-  verbs: [get, list]
+  verbs: [get]
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
 {{- end }}

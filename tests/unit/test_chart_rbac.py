@@ -1,0 +1,323 @@
+"""The chart grants the operator exactly the API verbs its code uses: no more, no fewer.
+
+The verbs are read off the operator's source (not a list kept by hand):
+
+* every reference to a method of a kubernetes_asyncio API object (``self._core =
+  client.CoreV1Api(api)`` ... ``self._core.create_namespaced_pod``) gives (group, resource, verb);
+  for ``CustomObjectsApi`` the plural argument is resolved through the module constants and, when
+  it is a parameter, through every caller of the enclosing function;
+* every kopf handler decorator gives list + watch on its resource, and the state-keeping handlers
+  (create/update/delete/resume/timer/daemon) also patch it and its status (finalizers, progress);
+* kopf itself posts Events, watches CRDs to notice served resources, and uses its peering object.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_chart_render import ROOT, by_kind, template
+
+SRC = ROOT / "src" / "sandbox_operator"
+# The operator process: everything but the client library, its conformance suites and the egress
+# proxy (which are not run by the operator and hold no operator credentials).
+EXCLUDED = ("client", "conformance", "egress")
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+API_GROUPS = {
+    "CoreV1Api": "",
+    "NetworkingV1Api": "networking.k8s.io",
+    "NodeV1Api": "node.k8s.io",
+    "AppsV1Api": "apps",
+    "BatchV1Api": "batch",
+    "CoordinationV1Api": "coordination.k8s.io",
+    "EventsV1Api": "events.k8s.io",
+    "RbacAuthorizationV1Api": "rbac.authorization.k8s.io",
+    "ApiextensionsV1Api": "apiextensions.k8s.io",
+    "PolicyV1Api": "policy",
+    "CustomObjectsApi": "*custom*",
+}
+VERBS = {
+    "create": "create",
+    "read": "get",
+    "get": "get",
+    "list": "list",
+    "patch": "patch",
+    "replace": "update",
+    "delete": "delete",
+    "delete_collection": "deletecollection",
+}
+# kubernetes_asyncio method stems whose plural is not "<stem without _>s".
+PLURALS = {"network_policy": "networkpolicies", "runtime_class": "runtimeclasses"}
+METHOD = re.compile(
+    r"^(delete_collection|create|read|get|list|patch|replace|delete)_(namespaced_)?([a-z_]+?)"
+    r"(_status)?(_for_all_namespaces)?$"
+)
+KOPF_STATEFUL = {"create", "update", "delete", "resume", "timer", "daemon", "field"}
+
+
+def modules() -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] in EXCLUDED:
+            continue
+        yield path, ast.parse(path.read_text(), str(path))
+
+
+def contract_constants() -> dict[str, str]:
+    import sandbox_operator.contract as contract
+
+    return {k: v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)}
+
+
+@dataclass
+class Scan:
+    grants: set[Grant] = field(default_factory=set)
+    unresolved: list[str] = field(default_factory=list)
+    kopf_resources: set[tuple[str, str]] = field(default_factory=set)
+
+
+class Resolver:
+    """Resolves a plural expression through constants and the callers of its function."""
+
+    def __init__(self, trees: list[tuple[Path, ast.Module]]) -> None:
+        self.constants = contract_constants()
+        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        self.calls: dict[str, list[ast.Call]] = {}
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for _, tree in trees:
+            for node in ast.walk(tree):
+                for child in ast.iter_child_nodes(node):
+                    self.parents[child] = node
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    self.functions.setdefault(node.name, []).append(node)
+                    for const in _module_constants(tree):
+                        self.constants.setdefault(*const)
+                if isinstance(node, ast.Call):
+                    name = _callee_name(node.func)
+                    if name:
+                        self.calls.setdefault(name, []).append(node)
+
+    def enclosing_function(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        while node in self.parents:
+            node = self.parents[node]
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                return node
+        return None
+
+    def resolve(self, expr: ast.expr, at: ast.AST, depth: int = 0) -> set[str] | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return {expr.value}
+        if isinstance(expr, ast.Name | ast.Attribute):
+            name = expr.id if isinstance(expr, ast.Name) else expr.attr
+            if name in self.constants:
+                return {self.constants[name]}
+            func = self.enclosing_function(at)
+            if isinstance(expr, ast.Name) and func is not None and depth < 8:
+                return self._resolve_parameter(func, name, depth)
+        return None
+
+    def _resolve_parameter(
+        self, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, depth: int
+    ) -> set[str] | None:
+        params = [a.arg for a in func.args.posonlyargs + func.args.args]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        if name not in params + [a.arg for a in func.args.kwonlyargs]:
+            return None
+        index = params.index(name) if name in params else None
+        found: set[str] = set()
+        callers = self.calls.get(func.name, [])
+        if not callers:
+            return None
+        for call in callers:
+            arg: ast.expr | None = None
+            if index is not None and index < len(call.args):
+                arg = call.args[index]
+            for kw in call.keywords:
+                if kw.arg == name:
+                    arg = kw.value
+            if arg is None:
+                return None
+            got = self.resolve(arg, call, depth + 1)
+            if got is None:
+                return None
+            found |= got
+        return found
+
+
+def _module_constants(tree: ast.Module) -> Iterable[tuple[str, str]]:
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.isupper():
+                    yield target.id, node.value.value
+
+
+def _callee_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
+
+
+def _api_attributes(tree: ast.Module) -> dict[str, str]:
+    """Attribute or variable names bound to an API object: {"_core": "CoreV1Api", ...}."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Call):
+            api = _callee_name(node.value.func)
+            if api not in API_GROUPS:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                name = (
+                    _callee_name(target) if isinstance(target, ast.Attribute | ast.Name) else None
+                )
+                if name:
+                    out[name] = api
+    return out
+
+
+def _plural(stem: str) -> str:
+    return PLURALS.get(stem, stem.replace("_", "") + "s")
+
+
+def scan() -> Scan:
+    trees = list(modules())
+    resolver = Resolver(trees)
+    result = Scan()
+    for path, tree in trees:
+        apis = _api_attributes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute | ast.Name):
+                owner = _callee_name(node.value)
+                if owner in apis:
+                    _api_reference(result, resolver, apis[owner], node, path)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for deco in node.decorator_list:
+                    _kopf_decorator(result, resolver, deco)
+    return result
+
+
+def _api_reference(
+    result: Scan, resolver: Resolver, api: str, node: ast.Attribute, path: Path
+) -> None:
+    match = METHOD.match(node.attr)
+    if not match:
+        return
+    verb_word, _namespaced, stem, status, _all = match.groups()
+    verb = VERBS[verb_word]
+    group = API_GROUPS[api]
+    if group != "*custom*":
+        resource = _plural(stem) + ("/status" if status else "")
+        result.grants.add((group, resource, verb))
+        return
+    # CustomObjectsApi: the (group, version, [namespace,] plural) arguments of the calls made
+    # with this method inside the enclosing function.
+    func = resolver.enclosing_function(node)
+    plurals: set[str] | None = None
+    groups: set[str] | None = None
+    for call in ast.walk(func) if func is not None else []:
+        if isinstance(call, ast.Call) and len(call.args) >= 4:
+            got_g = resolver.resolve(call.args[0], call)
+            plural_arg = call.args[3] if "namespaced" in node.attr else call.args[2]
+            got_p = resolver.resolve(plural_arg, call)
+            if got_g is not None and got_p is not None:
+                groups = (groups or set()) | got_g
+                plurals = (plurals or set()) | got_p
+    if groups is None or plurals is None:
+        result.unresolved.append(f"{path.name}: {node.attr}")
+        return
+    for g in groups:
+        for p in plurals:
+            result.grants.add((g, p + ("/status" if status else ""), verb))
+
+
+def _kopf_decorator(result: Scan, resolver: Resolver, deco: ast.expr) -> None:
+    if not isinstance(deco, ast.Call):
+        return
+    chain = ast.unparse(deco.func)
+    if not chain.startswith("kopf."):
+        return
+    kind = chain.rsplit(".", 1)[-1]
+    args = [resolver.resolve(a, deco) for a in deco.args]
+    if not args or any(a is None for a in args):
+        return  # startup/cleanup/probe handlers name no resource
+    values = [next(iter(a)) for a in args if a]
+    group, plural = ("", values[0]) if len(values) == 1 else (values[0], values[-1])
+    result.kopf_resources.add((group, plural))
+    result.grants |= {(group, plural, "list"), (group, plural, "watch")}
+    if kind in KOPF_STATEFUL:
+        result.grants |= {(group, plural, "patch"), (group, f"{plural}/status", "patch")}
+
+
+def expected_grants(*, cluster_wide: bool = True) -> set[Grant]:
+    found = scan()
+    assert not found.unresolved, (
+        f"cannot tell which resources these calls touch: {found.unresolved}"
+    )
+    grants = set(found.grants)
+    # kopf itself: posts Events for handler outcomes, watches CRDs to notice served resources,
+    # and (peering) reads, watches and patches its peering object.
+    grants.add(("", "events", "create"))
+    grants |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+    peering = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
+    grants |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
+    # A status patch needs the status subresource only when the CRD has one; ours do, and kopf
+    # writes through it. Resources without a CRD status subresource get no /status grant.
+    return grants
+
+
+def chart_grants(objs: list[dict[str, Any]]) -> set[Grant]:
+    roles = by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
+    operator_roles = [r for r in roles if not r["metadata"]["name"].endswith("-agent")]
+    out: set[Grant] = set()
+    for role in operator_roles:
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        assert "*" not in (g, r, v), f"wildcard in {role['metadata']['name']}"
+                        out.add((g, r, v))
+    return out
+
+
+def test_the_scanner_finds_the_operator_calls() -> None:
+    found = scan()
+    # Sanity: the scan sees what the operator obviously does.
+    assert ("", "pods", "create") in found.grants
+    assert ("sandbox-operator.dev", "sandboxes", "list") in found.grants
+    assert ("sandbox-operator.dev", "sandboxes", "watch") in found.grants
+    assert ("sandbox-operator.dev", "sandboxscopes", "watch") in found.grants
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
+def test_chart_rbac_equals_the_verbs_the_operator_uses(cluster_wide: bool) -> None:
+    values = {} if cluster_wide else {"watchNamespaces": "{team-a}"}
+    granted = chart_grants(template(values))
+    wanted = expected_grants(cluster_wide=cluster_wide)
+    missing = sorted(wanted - granted)
+    extra = sorted(granted - wanted)
+    assert not missing, f"the operator calls these but the chart does not grant them: {missing}"
+    assert not extra, f"the chart grants these but the operator never uses them: {extra}"
+
+
+def test_no_secret_access_and_no_escalation() -> None:
+    granted = chart_grants(template())
+    assert not {g for g in granted if g[1] in ("secrets", "serviceaccounts/token")}
+    assert not {g for g in granted if g[2] in ("escalate", "bind", "impersonate")}
+    assert not {g for g in granted if g[1] in ("pods/exec", "pods/attach", "nodes/proxy")}
