@@ -280,7 +280,11 @@ async def test_unknown_sandbox_and_removal(proxy: EgressProxy, upstream: LocalSe
         proxy.port, f"http://allowed.test:{upstream.port}/", source="127.0.0.4"
     )
     assert reply.status == 403 and reply.headers["x-egress-reason"] == "UnknownSandbox"
+    assert proxy.decisions.summary("ns/a") == {"ALLOW": 0, "DENY": 0, "UNREACHABLE": 0}
+    reply = await get_through(proxy.port, f"http://allowed.test:{upstream.port}/", source=SB_A)
+    assert proxy.decisions.summary("ns/a")["ALLOW"] == 1
     assert proxy.remove_sandbox("ns/a")
+    assert proxy.decisions.summary("ns/a")["ALLOW"] == 0  # counters go with the sandbox
     reply = await get_through(proxy.port, f"http://allowed.test:{upstream.port}/", source=SB_A)
     assert reply.status == 403 and reply.headers["x-egress-reason"] == "UnknownSandbox"
     proxy.upsert_sandbox(sandbox("ns/a", SB_A, ("allowed.test",)))

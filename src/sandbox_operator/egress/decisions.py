@@ -119,6 +119,12 @@ class RingBufferSink:
             items = list(self._buf)
         return [d for d in items if d.seq > after_seq and (sandbox is None or d.sandbox == sandbox)]
 
+    def forget(self, sandbox: str) -> None:
+        """Drop a sandbox's counters (its buffered records age out with the ring)."""
+        with self._lock:
+            for verdict in Verdict:
+                self.counts.pop((sandbox, verdict), None)
+
     def summary(self, sandbox: str) -> dict[str, int]:
         """{"ALLOW": n, "DENY": n, "UNREACHABLE": n} for the sandbox, counted since start."""
         with self._lock:

@@ -180,8 +180,15 @@ class EgressProxy:
         )  # the same per-sandbox checks as a config file gets
         self.table.upsert(sandbox)
 
-    def remove_sandbox(self, sandbox_id: str) -> bool:
-        """Forget a sandbox; new connections from its IP are refused (UnknownSandbox)."""
+    def remove_sandbox(self, sandbox_id: str, *, forget_counts: bool = True) -> bool:
+        """Forget a sandbox; new connections from its IP are refused (UnknownSandbox).
+
+        Its per-verdict counters go too (read ``decisions.summary`` first if it is still
+        wanted), so a long-running proxy does not grow with every sandbox it ever served.
+        Connections already open run on until they end or time out.
+        """
+        if forget_counts:
+            self.decisions.forget(sandbox_id)
         return self.table.remove(sandbox_id)
 
     def replace_sandboxes(self, sandboxes: Iterable[SandboxEgress]) -> None:
