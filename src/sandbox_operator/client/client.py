@@ -33,6 +33,7 @@ from sandbox_operator.client.dataplane import DataPlane, pod_dataplane
 from sandbox_operator.client.errors import (
     DataPlaneError,
     SandboxAcquireError,
+    SandboxForbidden,
     SandboxGone,
     SandboxNotReadyInTime,
     SandboxScopeNotFound,
@@ -219,6 +220,10 @@ class SandboxClient:
                 GROUP, VERSION, self.namespace, SANDBOX_SCOPE_PLURAL, scope_ref
             )
         except ApiException as exc:
+            if exc.status == 403:
+                raise SandboxForbidden(
+                    namespace=self.namespace, action="get sandboxscopes"
+                ) from None
             if exc.status == 404:
                 raise SandboxScopeNotFound(
                     sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
@@ -482,6 +487,8 @@ class SandboxClient:
             )
         except ApiException as exc:
             message = scrub(_api_message(exc))
+            if exc.status == 403:
+                raise SandboxForbidden(namespace=self.namespace, action=f"apply {plural}") from None
             if exc.status == 409:
                 raise SandboxSpecConflict(
                     sandbox=name, namespace=self.namespace, message=message
@@ -499,6 +506,10 @@ class SandboxClient:
                 GROUP, VERSION, self.namespace, plural, name
             )
         except ApiException as exc:
+            if exc.status == 403:
+                raise SandboxForbidden(
+                    namespace=self.namespace, action=f"delete {plural}"
+                ) from None
             if exc.status != 404:
                 raise
 

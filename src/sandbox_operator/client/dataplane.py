@@ -43,6 +43,7 @@ from sandbox_operator.client.errors import (
     OutputBudgetExceeded,
     PathRefused,
     SandboxFileNotFound,
+    SandboxForbidden,
     TransferCapExceeded,
     TransferIntegrityError,
 )
@@ -678,7 +679,6 @@ class PodExecTransport:
         overflowed = False
 
         async def session() -> None:
-            nonlocal status, overflowed
             kwargs: dict[str, Any] = {}
             if self.target.container:
                 kwargs["container"] = self.target.container
@@ -694,36 +694,47 @@ class PodExecTransport:
                 **kwargs,
             )
             async with connect as ws:
-                if stdin:
-                    for i in range(0, len(stdin), _CHUNK):
-                        await ws.send_bytes(bytes([_STDIN]) + stdin[i : i + _CHUNK])
-                async for msg in ws:
-                    if msg.type == aiohttp.WSMsgType.BINARY:
-                        data: bytes = msg.data
-                    elif msg.type == aiohttp.WSMsgType.TEXT:
-                        data = msg.data.encode("utf-8")
-                    elif msg.type == aiohttp.WSMsgType.ERROR:
-                        raise DataPlaneError("exec stream error")
-                    else:
-                        break
-                    if not data:
-                        continue
-                    channel, payload = data[0], data[1:]
-                    if channel == _STDOUT:
-                        out.extend(payload)
-                    elif channel == _STDERR:
-                        err.extend(payload)
-                    elif channel == _ERROR:
-                        status += payload
-                    if len(out) + len(err) > max_output:
-                        overflowed = True
-                        return
+                sender = asyncio.ensure_future(_send_stdin(ws, stdin)) if stdin else None
+                try:
+                    await _receive(ws)
+                finally:
+                    if sender is not None:
+                        sender.cancel()
+                        await asyncio.gather(sender, return_exceptions=True)
+
+        async def _receive(ws: Any) -> None:
+            nonlocal status, overflowed
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    data: bytes = msg.data
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    data = msg.data.encode("utf-8")
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    raise DataPlaneError("exec stream error")
+                else:
+                    break
+                if not data:
+                    continue
+                channel, payload = data[0], data[1:]
+                if channel == _STDOUT:
+                    out.extend(payload)
+                elif channel == _STDERR:
+                    err.extend(payload)
+                elif channel == _ERROR:
+                    status += payload
+                if len(out) + len(err) > max_output:
+                    overflowed = True
+                    return
 
         try:
             await asyncio.wait_for(session(), timeout=timeout)
         except TimeoutError:
             return RawResult(None, bytes(out), bytes(err), timed_out=True)
         except aiohttp.WSServerHandshakeError as exc:
+            if exc.status == 403:
+                raise SandboxForbidden(
+                    namespace=self.target.namespace, action="create pods/exec"
+                ) from None
             raise DataPlaneError(f"exec refused by the API server (HTTP {exc.status})") from None
         except aiohttp.ClientError as exc:
             raise DataPlaneError(f"exec transport failed: {type(exc).__name__}") from None
@@ -733,6 +744,13 @@ class PodExecTransport:
 
     async def close(self) -> None:
         return None
+
+
+async def _send_stdin(ws: Any, data: bytes) -> None:
+    """Send stdin concurrently with reading, so a command writing output before it has read all
+    of its input cannot deadlock the stream."""
+    for i in range(0, len(data), _CHUNK):
+        await ws.send_bytes(bytes([_STDIN]) + data[i : i + _CHUNK])
 
 
 def _exit_code(status: bytes) -> int | None:

@@ -139,6 +139,16 @@ class SandboxSpecConflict(SandboxAcquireError):
     reason_value = "SpecConflict"
 
 
+class SandboxForbidden(SandboxClientError, PermissionError):
+    """The client's identity may not do this in the namespace (RBAC said 403). ``action`` names
+    what was attempted, e.g. ``get sandboxscopes``."""
+
+    def __init__(self, *, namespace: str, action: str) -> None:
+        self.namespace = namespace
+        self.action = action
+        super().__init__(f"not allowed to {action} in namespace {namespace!r}")
+
+
 class SandboxSpecRejected(SandboxAcquireError):
     """The API server rejected the Sandbox (schema validation, an immutable field changed)."""
 

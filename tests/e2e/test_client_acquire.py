@@ -1,0 +1,289 @@
+"""The client against the real operator on the local cluster: acquire/dispose, races, refusals,
+scope deletion, call scope, namespace confinement, and the conformance suites on operator-made
+sandboxes under runc and gVisor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes_asyncio import client as ak8s
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import naming
+from sandbox_operator.client import (
+    SandboxClient,
+    SandboxForbidden,
+    SandboxGone,
+    SandboxNoBackendCanServe,
+    SandboxRefused,
+    SyncSandboxClient,
+    refusal_error_for,
+)
+from sandbox_operator.conformance import check_call_scope, check_sandbox
+from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
+from tests.fixtures.operator import BUSYBOX, PYTHON, Kit, local_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+ALL = frozenset(
+    {
+        Capability.EXEC,
+        Capability.RUN_CODE,
+        Capability.FILES_IN,
+        Capability.FILES_OUT,
+        Capability.FILES_LIST,
+        Capability.FILES_DELETE,
+    }
+)
+SMALL = {
+    "requests": {"cpu": "10m", "memory": "16Mi"},
+    "limits": {"cpu": "500m", "memory": "256Mi"},
+}
+
+
+def spec(image: str = BUSYBOX, **fields: Any) -> SandboxSpec:
+    data: dict[str, Any] = {
+        "kind": "shell",
+        "image": image,
+        "requires": ALL,
+        "resources": SMALL,
+        **fields,
+    }
+    return SandboxSpec.model_validate(data)
+
+
+@pytest.fixture
+def operator(start_operator: Callable[..., Any]) -> Callable[..., Any]:
+    return start_operator
+
+
+@pytest.fixture
+async def aclient(kubeconfig: str, namespace: str) -> AsyncIterator[SandboxClient]:
+    c = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig, default_timeout=180)
+    yield c
+    await c.close()
+
+
+def pods_of(kit: Kit, sandbox_name: str) -> list[k8s.V1Pod]:
+    return kit.pods(lbl.sandbox_selector(sandbox_name))
+
+
+async def test_acquire_exec_dispose(aclient: SandboxClient, kit: Kit, operator: Any) -> None:
+    operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="t-1")
+    sb = await aclient.acquire(scope_ref, "agents/shell", spec())
+    key = SandboxKey(scope="tenant-a", thread_id="t-1", agent_dir="agents/shell")
+    assert sb.name == naming.sandbox_name(key)
+    res = await sb.exec(["echo", "a b$(echo x)c"])
+    assert res.stdout == b"a b$(echo x)c\n"
+    # A second acquire of the same key returns the same sandbox.
+    again = await aclient.acquire(scope_ref, "agents/shell", spec())
+    assert again.name == sb.name
+    assert len(pods_of(kit, sb.name)) == 1
+    await aclient.dispose(sb, wait=True)
+    assert kit.get(sb.name) is None
+
+
+async def test_two_concurrent_acquires_yield_one_pod(
+    aclient: SandboxClient, kubeconfig: str, namespace: str, kit: Kit, operator: Any
+) -> None:
+    operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="race")
+    other = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
+    try:
+        assert other.field_manager != aclient.field_manager
+        a, b = await asyncio.gather(
+            aclient.acquire(scope_ref, "agents/racer", spec()),
+            other.acquire(scope_ref, "agents/racer", spec()),
+        )
+        assert a.name == b.name
+        assert len([s for s in kit.list() if s["spec"]["agentDir"] == "agents/racer"]) == 1
+        assert len(pods_of(kit, a.name)) == 1
+        await a.write_file("from-a", b"a")
+        assert (await b.read_file("from-a")) == b"a"
+    finally:
+        await other.close()
+
+
+async def test_refused_spec_raises_matching_exception_promptly(
+    aclient: SandboxClient, operator: Any
+) -> None:
+    operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="refused")
+    start = time.monotonic()
+    with pytest.raises(SandboxRefused) as info:
+        await aclient.acquire(scope_ref, "agents/vm", spec(min_isolation="vm"), timeout=120)
+    elapsed = time.monotonic() - start
+    assert elapsed < 30, elapsed
+    assert isinstance(info.value, SandboxNoBackendCanServe)
+    assert type(info.value) is refusal_error_for(info.value.reason)
+
+
+async def test_refused_under_fixed_selection(aclient: SandboxClient, operator: Any) -> None:
+    operator(local_config(selection="fixed", pinned="runc"))
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="fixed")
+    start = time.monotonic()
+    with pytest.raises(SandboxRefused) as info:
+        await aclient.acquire(
+            scope_ref, "agents/snap", spec(requires=ALL | {Capability.SNAPSHOT}), timeout=120
+        )
+    assert time.monotonic() - start < 30
+    assert info.value.reason == "CapabilityNotSupported"
+    assert type(info.value).__name__ == "SandboxCapabilityNotSupported"
+
+
+async def test_scope_deleted_while_waiting_raises_promptly(
+    aclient: SandboxClient, operator: Any
+) -> None:
+    operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="deleted")
+    # Unschedulable: the sandbox stays on its way until the scope goes.
+    stuck = spec(resources={"requests": {"cpu": "64", "memory": "16Mi"}})
+    task = asyncio.ensure_future(aclient.acquire(scope_ref, "agents/stuck", stuck, timeout=120))
+    await asyncio.sleep(3)
+    assert not task.done()
+    start = time.monotonic()
+    await aclient.delete_scope(scope_ref)
+    with pytest.raises(SandboxGone):
+        await task
+    assert time.monotonic() - start < 15
+
+
+async def test_sandbox_for_call_isolated_and_deleted(
+    aclient: SandboxClient, kit: Kit, operator: Any
+) -> None:
+    operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="calls")
+    names: list[str] = []
+    async with (
+        aclient.sandbox_for_call(scope_ref, "agents/call", spec()) as first,
+        aclient.sandbox_for_call(scope_ref, "agents/call", spec()) as second,
+    ):
+        names += [first.name, second.name]
+        report = await check_call_scope(first, second)
+        assert report.ok, report.failures
+    for name in names:
+        obj = kit.get(name)
+        assert obj is None or obj["metadata"].get("deletionTimestamp")
+    with pytest.raises(RuntimeError):
+        async with aclient.sandbox_for_call(scope_ref, "agents/call", spec()) as third:
+            names.append(third.name)
+            raise RuntimeError("the call failed")
+    obj = kit.get(names[-1])
+    assert obj is None or obj["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.parametrize("backend", ["runc", "gvisor"])
+async def test_conformance_on_operator_sandboxes(
+    aclient: SandboxClient, operator: Any, backend: str
+) -> None:
+    operator(local_config(selection="fixed", pinned=backend))
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id=f"conf-{backend}")
+    sb = await aclient.acquire(scope_ref, "agents/conformance", spec(PYTHON))
+    reports = await check_sandbox(sb)
+    failures = {r.suite: r.failures for r in reports if r.failures}
+    assert not failures, failures
+    assert (await sb.run_code("print(6 * 7)")).stdout == b"42\n"
+
+
+def test_sync_client(kubeconfig: str, namespace: str, operator: Any) -> None:
+    operator()
+    with SyncSandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig) as c:
+        scope_ref = c.create_scope(scope="tenant-a", thread_id="sync")
+        sb = c.acquire(scope_ref, "agents/sync", spec(), timeout=180)
+        assert sb.exec("echo $((2 + 3))").stdout == b"5\n"
+        sb.write_file("x.bin", b"\x00\xff")
+        assert sb.read_file("x.bin") == b"\x00\xff"
+        with c.sandbox_for_call(scope_ref, "agents/sync", spec(), timeout=180) as call:
+            assert call.name != sb.name
+        c.dispose(sb, wait=True)
+
+
+# -- namespace confinement with the shipped Role -------------------------------------------
+
+
+def _apply_rbac(api: k8s.ApiClient, namespace: str) -> None:
+    from kubernetes import utils
+
+    docs = list(yaml.safe_load_all((REPO / "docs/examples/rbac.yaml").read_text()))
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        utils.create_from_dict(api, doc, namespace=namespace)
+
+
+def _token(core: k8s.CoreV1Api, namespace: str, sa: str) -> str:
+    req = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[]))
+    return str(core.create_namespaced_service_account_token(sa, namespace, req).status.token)
+
+
+async def _token_client(kubeconfig: str, namespace: str, token: str) -> SandboxClient:
+    admin = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
+    cfg = admin.api.configuration
+    await admin.close()
+    tcfg = ak8s.Configuration()
+    tcfg.host = cfg.host
+    tcfg.ssl_ca_cert = cfg.ssl_ca_cert
+    tcfg.api_key = {"BearerToken": f"Bearer {token}"}
+    return SandboxClient(ak8s.ApiClient(configuration=tcfg), namespace)
+
+
+@pytest.fixture
+def other_namespace(core_v1: k8s.CoreV1Api, namespace: str) -> Iterator[str]:
+    name = f"{namespace}-other"[:63]
+    core_v1.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    core_v1.delete_namespace(name)
+
+
+async def test_agent_role_confined_to_its_namespace(
+    kubeconfig: str,
+    namespace: str,
+    other_namespace: str,
+    api_client: k8s.ApiClient,
+    core_v1: k8s.CoreV1Api,
+    kit: Kit,
+    operator: Any,
+) -> None:
+    operator()
+    _apply_rbac(api_client, namespace)
+    host = await _token_client(kubeconfig, namespace, _token(core_v1, namespace, "host"))
+    agent = await _token_client(kubeconfig, namespace, _token(core_v1, namespace, "agent"))
+    try:
+        # The host creates the scope; the agent may not.
+        scope_ref = await host.create_scope(scope="tenant-a", thread_id="rbac")
+        with pytest.raises(SandboxForbidden):
+            await agent.create_scope(scope="tenant-a", thread_id="forged")
+        # The agent's Role is enough to acquire and work in its own namespace.
+        sb = await agent.acquire(scope_ref, "agents/rbac", spec(), timeout=180)
+        assert (await sb.exec(["id", "-u"])).ok
+        # Another namespace is out of reach: its scopes, its sandboxes, its pods.
+        kit.custom.create_namespaced_custom_object(
+            "sandbox-operator.dev",
+            "v1alpha1",
+            other_namespace,
+            "sandboxscopes",
+            {
+                "apiVersion": "sandbox-operator.dev/v1alpha1",
+                "kind": "SandboxScope",
+                "metadata": {"name": "theirs"},
+                "spec": {"scope": "tenant-b", "threadId": "t"},
+            },
+        )
+        agent.namespace = other_namespace
+        with pytest.raises(SandboxForbidden):
+            await agent.acquire("theirs", "agents/rbac", spec(), timeout=30)
+        with pytest.raises(SandboxForbidden):
+            await agent.dispose(sb.name)
+    finally:
+        await host.close()
+        await agent.close()

@@ -1,0 +1,151 @@
+"""The pod data plane (pods/exec through the API server) on plain pods, no operator: every
+conformance suite on runc and gVisor, with the busybox and the python images."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from sandbox_operator.client import Sandbox, SandboxClient, pod_dataplane
+from sandbox_operator.conformance import check_call_scope, check_sandbox
+from sandbox_operator.contract import Capability, SandboxSpec
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BUSYBOX = "sandbox-operator.dev/busybox:1"
+PYTHON = "sandbox-operator.dev/python:1"
+
+
+def pod_manifest(name: str, runtime_class: str, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeClassName": runtime_class,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "fsGroup": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "sandbox",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "workingDir": "/workspace",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": True,
+                    },
+                    "volumeMounts": [
+                        {"name": "work", "mountPath": "/workspace"},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                }
+            ],
+            "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        },
+    }
+
+
+@pytest.fixture
+def make_pod(core_v1: k8s.CoreV1Api, namespace: str) -> Iterator[Callable[[str, str, str], str]]:
+    def make(name: str, runtime_class: str, image: str) -> str:
+        core_v1.create_namespaced_pod(namespace, pod_manifest(name, runtime_class, image))
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            pod = core_v1.read_namespaced_pod(name, namespace)
+            if pod.status.phase == "Running" and all(
+                cs.ready for cs in pod.status.container_statuses or []
+            ):
+                return name
+            if pod.status.phase in ("Failed", "Succeeded"):
+                raise AssertionError(f"pod {name} ended: {pod.status}")
+            time.sleep(0.5)
+        raise AssertionError(f"pod {name} not running in time")
+
+    yield make
+
+
+def spec(image: str) -> SandboxSpec:
+    return SandboxSpec(
+        kind="conformance",
+        image=image,
+        work_dir="/workspace",
+        requires=frozenset(
+            {
+                Capability.EXEC,
+                Capability.RUN_CODE,
+                Capability.FILES_IN,
+                Capability.FILES_OUT,
+                Capability.FILES_LIST,
+                Capability.FILES_DELETE,
+            }
+        ),
+    )
+
+
+@pytest.fixture
+async def aclient(kubeconfig: str, namespace: str) -> AsyncIterator[SandboxClient]:
+    c = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
+    yield c
+    await c.close()
+
+
+def handle(c: SandboxClient, pod: str, image: str) -> Sandbox:
+    return Sandbox(spec(image), pod_dataplane(c.ws_api, c.namespace, pod), name=pod)
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+@pytest.mark.parametrize("image", [BUSYBOX, PYTHON], ids=["busybox", "python"])
+async def test_conformance_on_plain_pods(
+    aclient: SandboxClient,
+    make_pod: Callable[[str, str, str], str],
+    runtime_class: str,
+    image: str,
+) -> None:
+    tag = "bb" if image == BUSYBOX else "py"
+    pod = make_pod(f"conf-{runtime_class}-{tag}", runtime_class, image)
+    sb = handle(aclient, pod, image)
+    reports = await check_sandbox(sb)
+    failures = {r.suite: r.failures for r in reports if r.failures}
+    assert not failures, failures
+    assert all(not r.skipped for r in reports)
+    if image == PYTHON:
+        res = await sb.run_code("import sys; print(sys.version_info.major)")
+        assert res.stdout == b"3\n"
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+async def test_call_scope_between_two_pods(
+    aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
+) -> None:
+    a = handle(aclient, make_pod(f"call-a-{runtime_class}", runtime_class, BUSYBOX), BUSYBOX)
+    b = handle(aclient, make_pod(f"call-b-{runtime_class}", runtime_class, BUSYBOX), BUSYBOX)
+    report = await check_call_scope(a, b)
+    assert report.ok, report.failures
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+async def test_large_binary_round_trip(
+    aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
+) -> None:
+    import os
+
+    sb = handle(aclient, make_pod(f"big-{runtime_class}", runtime_class, BUSYBOX), BUSYBOX)
+    data = os.urandom(8 * 1024 * 1024)
+    await sb.write_file("big.bin", data)
+    assert (await sb.stat("big.bin")).size == len(data)
+    assert await sb.read_file("big.bin") == data
