@@ -1,0 +1,345 @@
+"""The Helm chart on a real cluster: the API server accepts what it renders, and the install
+lifecycle works the way a user runs it.
+
+* server-side dry run of `helm template` output (every object, including the agent Role and the
+  ValidatingAdmissionPolicy whose CEL the API server type-checks);
+* `helm install` -> operator pod Ready -> examples/ applied -> Sandbox Ready on gVisor ->
+  `helm upgrade` with the floor raised to microvm takes effect (the operator restarts with it and
+  refuses a new Sandbox, saying why) -> `helm uninstall` leaves no operator object behind (the
+  CRDs stay, by design).
+
+The install watches only the test's namespace, so it never acts on other tests' sandboxes. The
+operator image is built and imported into the local cluster's containerd by
+operator/build-image.sh; against another cluster set OPERATOR_IMAGE to an image it can pull.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.test_chart_render import CHART, ROOT, helm_binary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+EXAMPLES = ROOT / "examples"
+GROUP = "sandbox-operator.dev"
+
+
+def helm(kubeconfig: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [helm_binary(), "--kubeconfig", kubeconfig, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"helm {' '.join(args[:2])} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def local_values(tmp_path: Path, **extra: Any) -> Path:
+    """Chart values with the local cluster's operator configuration (examples/config-local.yaml:
+    floor lowered to hardened_container, gVisor and runc backends)."""
+    config = yaml.safe_load((EXAMPLES / "config-local.yaml").read_text())
+    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump({"config": config, **extra}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator_image(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(repository, tag) of an operator image the cluster's node can run."""
+    given = os.environ.get("OPERATOR_IMAGE")
+    if given:
+        repo, _, tag = given.rpartition(":")
+        return repo, tag
+    cluster_is_local = request.getfixturevalue("cluster_is_local")
+    if not cluster_is_local:
+        pytest.fail("set OPERATOR_IMAGE to an operator image this cluster can pull", pytrace=False)
+    result = subprocess.run(
+        ["bash", str(ROOT / "operator" / "build-image.sh"), "import"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"operator/build-image.sh import failed:\n{result.stderr[-3000:]}")
+    ref = result.stdout.strip().splitlines()[-1].split()[0]
+    repo, _, tag = ref.rpartition(":")
+    return repo, tag
+
+
+def test_rendered_chart_passes_server_side_dry_run(
+    kubeconfig: str, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    # The peering CRDs live in the chart's crds/ (Helm installs them before the templates);
+    # apply them for real so the peering object's kind is known to the dry run.
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    for values in (
+        ["--set", "config.hostPolicy.minIsolation=microvm"],
+        [
+            "-f",
+            str(local_values(tmp_path)),
+            "--set",
+            f"watchNamespaces={{{namespace}}}",
+            "--set",
+            "agentRole.create=true",
+            "--set",
+            f"agentRole.namespaces={{{namespace}}}",
+            "--set",
+            "agentRole.subjects[0].kind=ServiceAccount",
+            "--set",
+            "agentRole.subjects[0].name=agent",
+            "--set",
+            f"agentRole.subjects[0].namespace={namespace}",
+            "--set",
+            "runtimeClasses.create=true",
+            "--set",
+            "replicaCount=2",
+        ],
+    ):
+        rendered = helm(
+            kubeconfig,
+            "template",
+            "dry",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            "1.33.0",
+            *values,
+        ).stdout
+        result = kubectl(
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--force-conflicts",
+            "--field-manager=chart-dry-run",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=rendered,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        kinds = {
+            line.split("/")[0].split(".")[0] for line in result.stdout.split()[::3] if "/" in line
+        }
+        assert "deployment" in kinds or "deployment" in result.stdout, result.stdout
+
+
+def _objects_of_release(kubectl: Kubectl, release: str, namespace: str) -> list[str]:
+    selector = f"app.kubernetes.io/instance={release}"
+    found: list[str] = []
+    namespaced = "deployments,replicasets,pods,configmaps,serviceaccounts,roles,rolebindings"
+    result = kubectl("get", namespaced, "-n", namespace, "-l", selector, "-o", "name", check=False)
+    found += result.stdout.split()
+    cluster = "clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies"
+    result = kubectl("get", cluster, "-l", selector, "-o", "name", check=False)
+    found += result.stdout.split()
+    result = kubectl("get", "kopfpeerings", "-n", namespace, "-o", "name", check=False)
+    found += result.stdout.split()
+    return found
+
+
+def _condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for cond in obj.get("status", {}).get("conditions", []):
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return {}
+
+
+def _get(kubectl: Kubectl, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    out = kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout
+    return dict(json.loads(out))
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}", pytrace=False)
+
+
+@pytest.fixture
+def release(kubeconfig: str, namespace: str, kubectl: Kubectl) -> Iterator[str]:
+    name = f"e2e-chart-{uuid.uuid4().hex[:6]}"
+    yield name
+    # Whatever happened, leave nothing behind: sandboxes first (while the operator may still
+    # run their finalizers), then the release.
+    kubectl(
+        "delete",
+        "sandboxes,sandboxscopes",
+        "--all",
+        "-n",
+        namespace,
+        "--wait=true",
+        "--timeout=60s",
+        check=False,
+    )
+    helm(kubeconfig, "uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def test_install_sandbox_ready_upgrade_floor_uninstall(
+    kubeconfig: str,
+    kubectl: Kubectl,
+    namespace: str,
+    release: str,
+    operator_image: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    repo, tag = operator_image
+    values = local_values(tmp_path, watchNamespaces=[namespace])
+    common = [
+        "--namespace",
+        namespace,
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]
+
+    # 1. install: the operator pod becomes Ready (its readiness probe is the health endpoint).
+    helm(kubeconfig, "install", release, str(CHART), "-f", str(values), "--take-ownership", *common)
+    deployment = f"deployment/{release}-sandbox-operator"
+    kubectl("rollout", "status", deployment, "-n", namespace, "--timeout=120s")
+    pods = json.loads(
+        kubectl(
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    assert pods and all(_condition(p, "Ready").get("status") == "True" for p in pods)
+    first_pod = {p["metadata"]["name"] for p in pods}
+
+    # 2. the example SandboxScope and Sandbox become Ready, on the gVisor backend.
+    kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        str(EXAMPLES / "sandboxscope.yaml"),
+        "-f",
+        str(EXAMPLES / "sandbox.yaml"),
+    )
+    sandbox = yaml.safe_load((EXAMPLES / "sandbox.yaml").read_text())
+    name = sandbox["metadata"]["name"]
+    waited = kubectl(
+        "wait",
+        "--for=condition=Ready",
+        f"sandbox/{name}",
+        "-n",
+        namespace,
+        "--timeout=180s",
+        check=False,
+    )
+    obj = _get(kubectl, namespace, "sandbox", name)
+    assert waited.returncode == 0, f"Sandbox not Ready: {obj.get('status')}"
+    sandbox_pods = json.loads(
+        kubectl(
+            "get", "pods", "-n", namespace, "-l", f"{GROUP}/sandbox={name}", "-o", "json"
+        ).stdout
+    )["items"]
+    assert [p["spec"].get("runtimeClassName") for p in sandbox_pods] == ["gvisor"]
+
+    # 3. upgrade with the floor raised to microvm: the operator pods roll onto the new config,
+    #    and a new Sandbox is refused with a condition that says why.
+    helm(
+        kubeconfig,
+        "upgrade",
+        release,
+        str(CHART),
+        "--reuse-values",
+        "--set",
+        "config.hostPolicy.minIsolation=microvm",
+        *common,
+    )
+    kubectl("rollout", "status", deployment, "-n", namespace, "--timeout=120s")
+    cm = _get(kubectl, namespace, "configmap", f"{release}-sandbox-operator-config")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["hostPolicy"]["minIsolation"] == "microvm"
+    pods_now = json.loads(
+        kubectl(
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    assert first_pod.isdisjoint(p["metadata"]["name"] for p in pods_now), "pods did not roll"
+
+    refused = dict(sandbox)
+    refused["metadata"] = {"name": f"{name}-after-upgrade"}
+    refused["spec"] = {**sandbox["spec"], "agentDir": "agents/after-upgrade"}
+    kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(refused))
+
+    def refused_with_reason() -> bool:
+        cond = _condition(_get(kubectl, namespace, "sandbox", refused["metadata"]["name"]), "Ready")
+        return cond.get("status") == "False" and cond.get("reason") in (
+            "IsolationBelowFloor",
+            "NoBackendCanServe",
+        )
+
+    _wait(refused_with_reason, 120, "the post-upgrade Sandbox to be refused below the floor")
+    cond = _condition(_get(kubectl, namespace, "sandbox", refused["metadata"]["name"]), "Ready")
+    assert "microvm" in cond.get("message", ""), cond
+    refused_pods = kubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"{GROUP}/sandbox={refused['metadata']['name']}",
+        "-o",
+        "name",
+    ).stdout
+    assert refused_pods.strip() == "", "a refused Sandbox must create no pod"
+
+    # 4. delete the sandboxes while the operator runs, then uninstall: nothing of the operator
+    #    is left; the CRDs stay (helm.sh/resource-policy: keep).
+    kubectl(
+        "delete",
+        "sandboxes,sandboxscopes",
+        "--all",
+        "-n",
+        namespace,
+        "--wait=true",
+        "--timeout=120s",
+    )
+    helm(kubeconfig, "uninstall", release, "-n", namespace, "--wait", "--timeout", "2m")
+    _wait(
+        lambda: not _objects_of_release(kubectl, release, namespace),
+        120,
+        "the release's objects to be gone",
+    )
+    for crd in (f"sandboxes.{GROUP}", f"sandboxscopes.{GROUP}"):
+        kept = json.loads(kubectl("get", "crd", crd, "-o", "json").stdout)
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
