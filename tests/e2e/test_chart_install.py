@@ -136,10 +136,8 @@ def test_rendered_chart_passes_server_side_dry_run(
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        kinds = {
-            line.split("/")[0].split(".")[0] for line in result.stdout.split()[::3] if "/" in line
-        }
-        assert "deployment" in kinds or "deployment" in result.stdout, result.stdout
+        assert "(server dry run)" in result.stdout, result.stdout
+        assert "deployment.apps/dry-sandbox-operator" in result.stdout, result.stdout
 
 
 def _objects_of_release(kubectl: Kubectl, release: str, namespace: str) -> list[str]:
