@@ -367,7 +367,9 @@ async def execute_shell_command(request: web.Request) -> web.Response:
 # -- files ----------------------------------------------------------------------------------------
 
 
-def _file_info(sandbox: Sandbox, host: os.PathLike[str] | str) -> dict[str, Any]:
+def _file_info(
+    state: StandinState, sandbox: Sandbox, host: os.PathLike[str] | str
+) -> dict[str, Any]:
     from pathlib import Path
 
     p = Path(host)
@@ -375,7 +377,7 @@ def _file_info(sandbox: Sandbox, host: os.PathLike[str] | str) -> dict[str, Any]
     is_link = statmod.S_ISLNK(st.st_mode)
     return {
         "name": p.name or "/",
-        "path": StandinState.sandbox_path(sandbox, p),
+        "path": state.sandbox_path(sandbox, p),
         "size": st.st_size,
         "mode": statmod.S_IMODE(st.st_mode),
         "isDir": statmod.S_ISDIR(st.st_mode),
@@ -462,9 +464,9 @@ async def list_files(request: web.Request) -> web.Response:
         return problem(404, "DirectoryNotFound", "no such directory")
     if not target.is_dir():
         return problem(409, "NotADirectory", "path is not a directory")
-    entries = [_file_info(sandbox, p) for p in sorted(target.iterdir())]
+    entries = [_file_info(_state(request), sandbox, p) for p in sorted(target.iterdir())]
     return web.json_response(
-        {"path": StandinState.sandbox_path(sandbox, target), "entries": entries}
+        {"path": _state(request).sandbox_path(sandbox, target), "entries": entries}
     )
 
 
@@ -474,7 +476,7 @@ async def stat_file(request: web.Request) -> web.Response:
     target = _path_arg(request, sandbox)
     if not target.exists() and not target.is_symlink():
         return problem(404, "FileNotFound", "no such file or directory")
-    return web.json_response(_file_info(sandbox, target))
+    return web.json_response(_file_info(_state(request), sandbox, target))
 
 
 async def mkdir(request: web.Request) -> web.Response:

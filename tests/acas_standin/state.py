@@ -139,6 +139,9 @@ class StandinState:
         self.max_file_bytes = 64 * 1024 * 1024
         self.max_sandboxes: int | None = None
         self.exec_timeout = 60.0
+        # host_paths: sandbox paths ARE host paths (files and executions agree on absolute
+        # paths, as conformance suites need). No confinement at all: loopback tests only.
+        self.host_paths = False
         self._seq = itertools.count()
         self._base = Path(tempfile.mkdtemp(prefix="acas-standin-"))
 
@@ -225,13 +228,14 @@ class StandinState:
 
     # -- files -------------------------------------------------------------------------------
 
-    @staticmethod
-    def host_path(sandbox: Sandbox, path: str) -> Path:
+    def host_path(self, sandbox: Sandbox, path: str) -> Path:
         """Map a sandbox path (absolute, or relative to /) into the sandbox's directory.
 
         `..` cannot climb above the sandbox root; a symlink that resolves outside it is refused.
         """
         clean = os.path.normpath("/" + path.lstrip("/"))
+        if self.host_paths:
+            return Path(clean)
         candidate = sandbox.root / clean.lstrip("/")
         resolved_parent = candidate.parent.resolve()
         root = sandbox.root.resolve()
@@ -239,8 +243,9 @@ class StandinState:
             raise PermissionError("path escapes the sandbox")
         return candidate
 
-    @staticmethod
-    def sandbox_path(sandbox: Sandbox, host: Path) -> str:
+    def sandbox_path(self, sandbox: Sandbox, host: Path) -> str:
+        if self.host_paths:
+            return str(host)
         rel = host.relative_to(sandbox.root)
         return "/" + str(rel) if str(rel) != "." else "/"
 

@@ -1,0 +1,368 @@
+"""The client's `DataPlane` for sandboxes served by an `acas` backend (`servedBy.kind`
+`AcasSandbox`), over the service's HTTP API.
+
+Files use the service's raw file operations (binary-safe): write, read, stat, list, delete,
+mkdir. Before acting, each primitive walks the path from the work dir down with `stat` and
+refuses a symlinked work dir, a symlinked or non-directory parent and a symlinked destination,
+with the same `PathRefused` rules as the pod data plane. (A check-then-act gap remains: the
+service offers no `O_NOFOLLOW`; the sandbox is the workload's own, so this protects against
+mistakes, not against a racing adversary inside it.)
+
+`exec` uses `executeCommand` (sent once, never retried) with a small POSIX `sh` wrapper, since
+the operation has neither a timeout nor stdin: the wrapper changes directory (creating it if
+asked), reads stdin from a file uploaded just before (and removes it), runs the argv verbatim in
+a process group of its own and kills that group when the timeout passes. stdout/stderr arrive as
+JSON strings, so non-UTF-8 output is not byte-exact.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sandbox_operator.client.dataplane import (
+    DEFAULT_OUTPUT_BUDGET,
+    DataPlane,
+    DirEntry,
+    ExecResult,
+    FileKind,
+    FileStat,
+)
+from sandbox_operator.client.errors import (
+    DataPlaneError,
+    ExecSetupError,
+    ExecTimeout,
+    OutputBudgetExceeded,
+    PathRefused,
+    SandboxFileNotFound,
+    TransferCapExceeded,
+    TransferIntegrityError,
+)
+
+from .api import AcasClient
+from .errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
+from .models import FileInfo
+
+#: How much longer than the command's timeout the client waits for the HTTP answer.
+RESPONSE_MARGIN = 30.0
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_EXEC_WRAPPER = r"""t=$1; mk=$2; cwd=$3; in=$4; mark=$5; shift 5
+if [ "$mk" = 1 ] && [ ! -d "$cwd" ]; then mkdir -p "$cwd" 2>/dev/null; fi
+cd "$cwd" 2>/dev/null || { printf 'SBX:err:cwd\n' >&2; exit 125; }
+if [ -n "$in" ]; then
+  exec 3<"$in" || { printf 'SBX:err:stdin\n' >&2; exit 125; }
+  rm -f "$in"
+else
+  exec 3</dev/null
+fi
+if command -v setsid >/dev/null 2>&1; then setsid "$@" <&3 3<&- & else "$@" <&3 3<&- & fi
+c=$!
+exec 3<&-
+( sleep "$t"; : > "$mark"; kill -9 -"$c" 2>/dev/null || kill -9 "$c" 2>/dev/null ) \
+  >/dev/null 2>&1 </dev/null &
+w=$!
+wait "$c"; rc=$?
+kill "$w" 2>/dev/null
+if [ -e "$mark" ]; then rm -f "$mark"; printf 'SBX:timeout\n' >&2; fi
+exit "$rc"
+"""
+
+_TIMEOUT_MARK = b"SBX:timeout\n"
+
+
+def _kind(info: FileInfo) -> FileKind:
+    if info.is_symlink:
+        return "symlink"
+    if info.is_dir:
+        return "dir"
+    return "file"
+
+
+class AcasDataPlane:
+    """`DataPlane` for one remote sandbox. `client` is shared per backend; `close()` only
+    closes it when `owns_client` is true."""
+
+    def __init__(
+        self,
+        client: AcasClient,
+        sandbox_id: str,
+        *,
+        owns_client: bool = False,
+        tmp_dir: str = "/tmp",
+    ) -> None:
+        self.client = client
+        self.sandbox_id = sandbox_id
+        self._owns = owns_client
+        self._tmp = tmp_dir
+
+    def __repr__(self) -> str:
+        return f"AcasDataPlane(sandbox={self.sandbox_id!r})"
+
+    # -- exec -----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        cwd: str,
+        create_cwd: bool = False,
+        env: Mapping[str, str] | None = None,
+        timeout: float,  # noqa: ASYNC109
+        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
+    ) -> ExecResult:
+        argv = tuple(argv)
+        if not argv:
+            raise ExecSetupError(what="argv", detail="empty argv")
+        if any("\x00" in a for a in argv):
+            raise ExecSetupError(what="argv", detail="NUL in an argument")
+        for k, v in (env or {}).items():
+            if not _ENV_NAME.match(k) or "\x00" in v:
+                raise ExecSetupError(what="env", detail=f"invalid variable {k!r}")
+        token = secrets.token_hex(8)
+        stdin_path = ""
+        if stdin:
+            stdin_path = posixpath.join(self._tmp, f".sbx-stdin-{token}")
+            try:
+                await self.client.write_file(self.sandbox_id, stdin_path, stdin, create_dirs=True)
+            except AcasError as exc:
+                raise DataPlaneError(f"uploading stdin failed: {exc.detail}") from None
+        mark = posixpath.join(self._tmp, f".sbx-timeout-{token}")
+        wrapper = [
+            "sh",
+            "-c",
+            _EXEC_WRAPPER,
+            "sbx",
+            f"{max(timeout, 0.001):g}",
+            "1" if create_cwd else "0",
+            cwd,
+            stdin_path,
+            mark,
+            *argv,
+        ]
+        started = time.monotonic()
+        try:
+            result = await self.client.execute_command(
+                self.sandbox_id,
+                wrapper,
+                environment=dict(env or {}),
+                read_timeout=timeout + RESPONSE_MARGIN,
+            )
+        except AcasTimeout:
+            raise ExecTimeout(
+                argv=argv,
+                timeout=timeout,
+                stdout=b"",
+                stderr=b"",
+                kill_delivered=False,
+                kill_reach="nothing",
+            ) from None
+        except AcasError as exc:
+            raise DataPlaneError(f"execute command failed: {exc.detail}") from None
+        stdout = result.stdout.encode("utf-8", errors="surrogateescape")
+        stderr = result.stderr.encode("utf-8", errors="surrogateescape")
+        if stderr.endswith(_TIMEOUT_MARK) or (
+            result.exit_code == 137 and time.monotonic() - started >= timeout
+        ):
+            raise ExecTimeout(
+                argv=argv,
+                timeout=timeout,
+                stdout=stdout,
+                stderr=stderr.removesuffix(_TIMEOUT_MARK),
+                kill_delivered=True,
+                kill_reach="group",
+            )
+        if result.exit_code == 125 and stderr.startswith(b"SBX:err:"):
+            what = stderr[8:].split(b"\n", 1)[0].decode(errors="replace")
+            raise ExecSetupError(what=what, detail=f"cwd={cwd!r}" if what == "cwd" else "")
+        if len(stdout) + len(stderr) > max_output_bytes:
+            raise OutputBudgetExceeded(
+                budget=max_output_bytes, received=len(stdout) + len(stderr), kill_delivered=False
+            )
+        return ExecResult(result.exit_code, stdout, stderr)
+
+    # -- path walk --------------------------------------------------------------------------
+
+    async def _stat(self, path: str) -> FileInfo | None:
+        try:
+            return await self.client.stat_file(self.sandbox_id, path)
+        except AcasNotFound:
+            return None
+
+    async def _walk(self, work_dir: str, relative: str, *, create: bool) -> str:
+        """Check (and with `create`, make) the work dir and every parent of `relative`;
+        return the destination's absolute path."""
+        info = await self._stat(work_dir)
+        if info is None:
+            if not create:
+                raise SandboxFileNotFound(relative or work_dir)
+            await self.client.mkdir(self.sandbox_id, work_dir, create_parents=True)
+        elif info.is_symlink:
+            raise PathRefused(path=relative, rule="symlinked_work_dir")
+        elif not info.is_dir:
+            raise PathRefused(path=relative, rule="not_a_directory")
+        parts = [p for p in relative.split("/") if p]
+        current = work_dir
+        for part in parts[:-1]:
+            current = posixpath.join(current, part)
+            info = await self._stat(current)
+            if info is None:
+                if not create:
+                    raise SandboxFileNotFound(relative)
+                await self.client.mkdir(self.sandbox_id, current, create_parents=False)
+            elif info.is_symlink:
+                raise PathRefused(path=relative, rule="symlinked_parent")
+            elif not info.is_dir:
+                raise PathRefused(path=relative, rule="parent_not_directory")
+        return posixpath.join(work_dir, *parts) if parts else work_dir
+
+    async def _files(self, call: Callable[[], Any], relative: str) -> Any:
+        try:
+            return await call()
+        except AcasNotFound:
+            raise SandboxFileNotFound(relative) from None
+        except AcasConflict as exc:
+            raise DataPlaneError(f"file operation refused: {exc.detail}") from None
+        except AcasError as exc:
+            raise DataPlaneError(f"file operation failed: {exc.detail}") from None
+
+    # -- file primitives ---------------------------------------------------------------------
+
+    async def write_file(
+        self, work_dir: str, relative: str, data: bytes, *, replace: bool = True
+    ) -> None:
+        async def go() -> None:
+            dest = await self._walk(work_dir, relative, create=True)
+            info = await self._stat(dest)
+            if info is not None:
+                if info.is_symlink:
+                    raise PathRefused(path=relative, rule="symlink_destination")
+                if info.is_dir:
+                    raise PathRefused(path=relative, rule="destination_is_directory")
+                if not replace:
+                    raise PathRefused(path=relative, rule="exists")
+            written = await self.client.write_file(self.sandbox_id, dest, data, create_dirs=False)
+            if written != len(data):
+                raise TransferIntegrityError(path=relative, expected=len(data), received=written)
+
+        await self._files(go, relative)
+
+    async def read_file(self, work_dir: str, relative: str, *, max_bytes: int) -> bytes:
+        async def go() -> bytes:
+            dest = await self._walk(work_dir, relative, create=False)
+            info = await self._stat(dest)
+            if info is None:
+                raise SandboxFileNotFound(relative)
+            if info.is_symlink:
+                raise PathRefused(path=relative, rule="symlink_destination")
+            if info.is_dir:
+                raise PathRefused(path=relative, rule="destination_is_directory")
+            if info.size > max_bytes:
+                raise TransferCapExceeded(
+                    direction="read",
+                    cap="max_bytes",
+                    limit=max_bytes,
+                    actual=info.size,
+                    path=relative,
+                )
+            data = await self.client.read_file(self.sandbox_id, dest, max_bytes=max_bytes)
+            if len(data) != info.size:
+                raise TransferIntegrityError(path=relative, expected=info.size, received=len(data))
+            return data
+
+        result: bytes = await self._files(go, relative)
+        return result
+
+    async def stat(self, work_dir: str, relative: str) -> FileStat:
+        async def go() -> FileStat:
+            dest = await self._walk(work_dir, relative, create=False)
+            info = await self._stat(dest)
+            if info is None:
+                raise SandboxFileNotFound(relative)
+            kind = _kind(info)
+            return FileStat(relative, kind, info.size if kind == "file" else 0)
+
+        result: FileStat = await self._files(go, relative)
+        return result
+
+    async def list_dir(self, work_dir: str, relative: str) -> list[DirEntry]:
+        async def go() -> list[DirEntry]:
+            dest = await self._walk(work_dir, relative, create=False)
+            if relative:
+                info = await self._stat(dest)
+                if info is None:
+                    raise SandboxFileNotFound(relative)
+                if info.is_symlink:
+                    raise PathRefused(path=relative, rule="symlink_destination")
+                if not info.is_dir:
+                    raise PathRefused(path=relative, rule="not_a_directory")
+            entries = await self.client.list_files(self.sandbox_id, dest)
+            out = [
+                DirEntry(e.name, _kind(e), e.size if _kind(e) == "file" else 0)
+                for e in entries
+                if e.name not in (".", "..")
+            ]
+            return sorted(out, key=lambda e: e.name)
+
+        result: list[DirEntry] = await self._files(go, relative or ".")
+        return result
+
+    async def remove(self, work_dir: str, relative: str, *, recursive: bool) -> bool:
+        async def go() -> bool:
+            try:
+                dest = await self._walk(work_dir, relative, create=False)
+            except SandboxFileNotFound:
+                return False
+            info = await self._stat(dest)
+            if info is None:
+                return False
+            if (
+                info.is_dir
+                and not info.is_symlink
+                and not recursive
+                and await self.client.list_files(self.sandbox_id, dest)
+            ):
+                raise PathRefused(path=relative, rule="destination_is_directory")
+            try:
+                await self.client.delete_file(
+                    self.sandbox_id, dest, recursive=info.is_dir and not info.is_symlink
+                )
+            except AcasNotFound:
+                return False
+            return True
+
+        result: bool = await self._files(go, relative)
+        return result
+
+    async def close(self) -> None:
+        if self._owns:
+            await self.client.aclose()
+
+
+def acas_dataplane_factory(
+    clients: Mapping[str, AcasClient],
+) -> Callable[[Any, Mapping[str, Any]], DataPlane]:
+    """A `register_dataplane("AcasSandbox", ...)` factory: picks the `AcasClient` of the
+    backend named in the Sandbox's `status.backend` and the remote id from `servedBy.name`.
+
+    Usage: `register_dataplane(REMOTE_KIND, acas_dataplane_factory({"acas-west": client}))`.
+    """
+
+    def factory(_client: Any, obj: Mapping[str, Any]) -> DataPlane:
+        status = obj.get("status") or {}
+        backend = status.get("backend") or ""
+        served = status.get("servedBy") or {}
+        client = clients.get(backend)
+        if client is None:
+            raise DataPlaneError(f"no acas client configured for backend {backend!r}")
+        if not served.get("name"):
+            raise DataPlaneError("the sandbox has no remote id yet")
+        return AcasDataPlane(client, str(served["name"]))
+
+    return factory
