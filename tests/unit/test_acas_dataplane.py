@@ -193,3 +193,13 @@ async def test_conformance(sandbox: Sandbox, suite: str) -> None:
     report = await getattr(suites, suite)(sandbox)
     assert set(report.failed) <= TEXT_ONLY_STDOUT[suite], report
     assert report.passed and not report.skipped
+
+
+async def test_register_acas_dataplane(standin: StandinServer) -> None:
+    from sandbox_operator.backends.acas.dataplane import register_acas_dataplane
+    from sandbox_operator.client import client as client_module
+
+    client = AcasClient(make_config(standin.base_url), StaticTokenProvider(DEFAULT_TOKEN))
+    register_acas_dataplane({"acas-test": client})
+    assert "AcasSandbox" in client_module._DATAPLANES
+    await client.aclose()

@@ -288,3 +288,63 @@ async def test_bad_credential_makes_backend_unavailable(standin: StandinServer) 
         assert "401" in availability.reason and "wrong-token" not in availability.reason
     finally:
         await driver.close()
+
+
+async def test_credential_secret_is_read_on_first_use(
+    standin: StandinServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio import client as k8s
+
+    reads: list[tuple[str, str]] = []
+
+    class FakeCore:
+        def __init__(self, api: Any) -> None:
+            self.api = api
+
+        async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+            reads.append((name, namespace))
+            token = base64.b64encode(DEFAULT_TOKEN.encode()).decode()
+            return SimpleNamespace(data={"token": token})
+
+    monkeypatch.setattr(k8s, "CoreV1Api", FakeCore)
+    monkeypatch.setenv("POD_NAMESPACE", "operator-ns")
+    driver = build_driver(make_config(standin.base_url), api=object())
+    try:
+        assert (await driver.check_available()).available
+        assert reads == [("acas", "operator-ns")]
+        await driver.ensure(request())
+        assert len(reads) == 1  # cached
+    finally:
+        await driver.close()
+
+
+async def test_missing_secret_key_is_refused(
+    standin: StandinServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio import client as k8s
+
+    class FakeCore:
+        def __init__(self, api: Any) -> None:
+            pass
+
+        async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+            return SimpleNamespace(data={})
+
+    monkeypatch.setattr(k8s, "CoreV1Api", FakeCore)
+    config = make_config(
+        standin.base_url, credential={"source": "secret", "secretName": "acas", "namespace": "x"}
+    )
+    driver = build_driver(config, api=object())
+    try:
+        availability = await driver.check_available()
+        assert not availability.available and "tenantId" in availability.reason
+        with pytest.raises(DisposalError) as info:
+            await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+        assert info.value.code is DisposalCode.REFUSED
+    finally:
+        await driver.close()

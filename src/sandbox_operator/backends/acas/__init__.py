@@ -1,5 +1,25 @@
-"""Azure Container Apps sandboxes backend (`type: acas`): config, HTTP client, driver."""
+"""Azure Container Apps sandboxes backend (`type: acas`).
 
+* `AcasBackendConfig` - the operator configuration entry (imported by `sandbox_operator.config`).
+* `AcasClient` - async HTTP client of the data-plane API (one per backend).
+* `driver.build_driver` / `AcasDriver` - the operator's `BackendDriver`.
+* `dataplane.AcasDataPlane` / `register_acas_dataplane` - the client's `DataPlane`.
+
+Submodules that need the Kubernetes or client packages are not imported here.
+"""
+
+from .api import AcasClient
+from .auth import StaticTokenProvider, TokenProvider, token_provider_for
 from .config import AcasBackendConfig
+from .errors import AcasError, disposal_code, disposal_failure
 
-__all__ = ["AcasBackendConfig"]
+__all__ = [
+    "AcasBackendConfig",
+    "AcasClient",
+    "AcasError",
+    "StaticTokenProvider",
+    "TokenProvider",
+    "disposal_code",
+    "disposal_failure",
+    "token_provider_for",
+]

@@ -366,3 +366,13 @@ def acas_dataplane_factory(
         return AcasDataPlane(client, str(served["name"]))
 
     return factory
+
+
+def register_acas_dataplane(clients: Mapping[str, AcasClient]) -> None:
+    """Teach every `SandboxClient` in this process to reach `AcasSandbox`-served sandboxes,
+    with one `AcasClient` per acas backend name (as in the operator configuration)."""
+    from sandbox_operator.client.client import register_dataplane
+
+    from .driver import REMOTE_KIND
+
+    register_dataplane(REMOTE_KIND, acas_dataplane_factory(clients))
