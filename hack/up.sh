@@ -181,6 +181,16 @@ helm_args=(upgrade --install "$RELEASE" charts/sandbox-operator
   --namespace "$OPERATOR_NAMESPACE" --create-namespace --take-ownership
   --values "$VALUES" --set "image.repository=$IMAGE_REPO" --set "image.tag=$IMAGE_TAG"
   --wait --timeout 5m)
+if [[ "$MODE" == local ]]; then
+  # The local cluster runs no kube-proxy, so pods cannot reach the `kubernetes` Service IP: point
+  # the operator at the API server's own endpoint (its certificate names that address).
+  api_endpoint="$("$KUBECTL" get endpoints kubernetes -n default \
+    -o jsonpath='{.subsets[0].addresses[0].ip} {.subsets[0].ports[0].port}')"
+  read -r api_host api_port <<<"$api_endpoint"
+  [[ -n "$api_host" && -n "$api_port" ]] || fail_now "cannot read the API server's endpoint"
+  note "the operator reaches the API server at $api_host:$api_port (no kube-proxy here)"
+  helm_args+=(--set "apiServer.host=$api_host" --set-string "apiServer.port=$api_port")
+fi
 # A rebuilt image under the same tag rolls the operator pods.
 [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")
 step "install the chart (release $RELEASE in $OPERATOR_NAMESPACE, floor $floor)" chart \

@@ -49,6 +49,17 @@ def helm(kubeconfig: str, *args: str, check: bool = True) -> subprocess.Complete
     return result
 
 
+def api_server_values(kubectl: Kubectl, cluster_is_local: bool) -> dict[str, Any]:
+    """On the local cluster (no kube-proxy) the operator dials the API server's endpoint."""
+    if not cluster_is_local:
+        return {}
+    ep = json.loads(kubectl("get", "endpoints", "kubernetes", "-n", "default", "-o", "json").stdout)
+    subset = ep["subsets"][0]
+    return {
+        "apiServer": {"host": subset["addresses"][0]["ip"], "port": str(subset["ports"][0]["port"])}
+    }
+
+
 def local_values(tmp_path: Path, **extra: Any) -> Path:
     """Chart values with the local cluster's operator configuration (examples/config-local.yaml:
     floor lowered to hardened_container, gVisor and runc backends)."""
@@ -200,10 +211,13 @@ def test_install_sandbox_ready_upgrade_floor_uninstall(
     namespace: str,
     release: str,
     operator_image: tuple[str, str],
+    cluster_is_local: bool,
     tmp_path: Path,
 ) -> None:
     repo, tag = operator_image
-    values = local_values(tmp_path, watchNamespaces=[namespace])
+    values = local_values(
+        tmp_path, watchNamespaces=[namespace], **api_server_values(kubectl, cluster_is_local)
+    )
     common = [
         "--namespace",
         namespace,

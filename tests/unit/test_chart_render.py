@@ -375,3 +375,14 @@ def test_replicas_need_peering_and_peering_matches_the_watch_scope() -> None:
         in one(single, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     )
     assert "kopf.dev" in (CHART / "crds" / "kopf-peering.yaml").read_text()
+
+
+def test_api_server_address_can_be_overridden() -> None:
+    def env(objs: list[dict[str, Any]]) -> dict[str, Any]:
+        container = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert "KUBERNETES_SERVICE_HOST" not in env(template())
+    got = env(template({"apiServer.host": "192.0.2.10", "apiServer.port": "6443"}))
+    assert got["KUBERNETES_SERVICE_HOST"] == "192.0.2.10"
+    assert got["KUBERNETES_SERVICE_PORT"] == "6443"
