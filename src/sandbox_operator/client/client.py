@@ -19,6 +19,7 @@ import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -288,6 +289,10 @@ class SandboxClient:
                 sandbox=name, namespace=self.namespace, timeout=deadline, last_reason=last["reason"]
             ) from None
         dataplane = self._dataplane(obj)
+
+        async def touch() -> None:
+            await self.touch(name)
+
         return Sandbox(
             spec,
             dataplane,
@@ -295,6 +300,22 @@ class SandboxClient:
             namespace=self.namespace,
             key=key,
             scope_ref=scope_ref,
+            on_activity=touch,
+        )
+
+    async def touch(self, name: str) -> None:
+        """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from
+        it). The handle does this by itself, at most every 30 seconds, while it is used."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            SANDBOX_PLURAL,
+            name,
+            {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}},
+            field_manager=f"{self.field_manager}-activity",
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
         )
 
     def _dataplane(self, obj: Mapping[str, Any]) -> DataPlane:

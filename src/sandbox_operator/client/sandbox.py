@@ -10,8 +10,11 @@ data plane. Transfer caps come from the spec's ``filesIn``/``filesOut`` and refu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shlex
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sandbox_operator.client.dataplane import (
@@ -56,6 +59,8 @@ class Sandbox:
         namespace: str = "",
         key: SandboxKey | None = None,
         scope_ref: str = "",
+        on_activity: Callable[[], Awaitable[None]] | None = None,
+        activity_interval: float = 30.0,
     ) -> None:
         self.spec = spec
         self.dataplane = dataplane
@@ -65,6 +70,10 @@ class Sandbox:
         self.scope_ref = scope_ref
         self.work_dir = normalize_work_dir(spec.work_dir)
         self.required: frozenset[Capability] = frozenset(spec.requires)
+        self._on_activity = on_activity
+        self._activity_interval = activity_interval
+        self._last_activity = float("-inf")
+        self._activity_task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
@@ -74,6 +83,25 @@ class Sandbox:
     def _gate(self, method: str, capability: Capability) -> None:
         if capability not in self.required:
             raise CapabilityNotRequired(method=method, capability=capability.value)
+        self._activity()
+
+    def _activity(self) -> None:
+        """Report use (throttled, in the background): the operator's idle timeout counts from
+        the last report."""
+        if self._on_activity is None:
+            return
+        now = time.monotonic()
+        if now - self._last_activity < self._activity_interval:
+            return
+        if self._activity_task is not None and not self._activity_task.done():
+            return
+        self._last_activity = now
+        self._activity_task = asyncio.ensure_future(self._report_activity())
+
+    async def _report_activity(self) -> None:
+        assert self._on_activity is not None
+        with contextlib.suppress(Exception):
+            await self._on_activity()
 
     # -- exec -----------------------------------------------------------------------------
 
@@ -253,6 +281,7 @@ class Sandbox:
         Gated by no capability (cleanup must always be possible); a missing directory is
         success; links are removed, never followed."""
         target = confine(directory, self.work_dir)
+        self._activity()
         await self.dataplane.remove(target.work_dir, target.relative, recursive=True)
 
     # -- outputs --------------------------------------------------------------------------
@@ -264,6 +293,9 @@ class Sandbox:
         return await collect_outputs(self, sink)
 
     async def close(self) -> None:
+        if self._activity_task is not None and not self._activity_task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._activity_task), 5.0)
         await self.dataplane.close()
 
 

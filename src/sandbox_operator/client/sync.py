@@ -236,6 +236,9 @@ class SyncSandboxClient:
         target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
         self._loop.run(self.aio.dispose(target, wait=wait))
 
+    def touch(self, name: str) -> None:
+        self._loop.run(self.aio.touch(name))
+
     def dispose_scope(self, scope_ref: str) -> int:
         return self._loop.run(self.aio.dispose_scope(scope_ref))
 
