@@ -348,3 +348,13 @@ async def test_missing_secret_key_is_refused(
         assert info.value.code is DisposalCode.REFUSED
     finally:
         await driver.close()
+
+
+async def test_availability_probe_reads_one_page(
+    driver: AcasDriver, standin: StandinServer
+) -> None:
+    for i in range(3):
+        await driver.ensure(request(name=f"sbx-{i}", uid=f"u-{i}"))
+    before = standin.state.calls[LIST]
+    assert (await driver.check_available()).available
+    assert standin.state.calls[LIST] - before == 1

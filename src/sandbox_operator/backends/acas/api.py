@@ -311,14 +311,19 @@ class AcasClient:
             return None
 
     async def list_sandboxes(
-        self, labels: Mapping[str, str] | None = None, *, page_size: int = LIST_PAGE_SIZE
+        self,
+        labels: Mapping[str, str] | None = None,
+        *,
+        page_size: int = LIST_PAGE_SIZE,
+        max_pages: int = LIST_MAX_PAGES,
     ) -> list[RemoteSandbox]:
         """Every sandbox carrying all `labels` (exact match), filtered by the service.
 
-        Walks `page`/`pageSize` until a short page; tolerates the `{value: [...]}` shape too.
+        Walks `page`/`pageSize` until a short page (at most `max_pages`); tolerates the
+        `{value: [...]}` shape too.
         """
         seen: dict[str, RemoteSandbox] = {}
-        for page in range(1, LIST_MAX_PAGES + 1):
+        for page in range(1, max_pages + 1):
             req = self.ops.list_sandboxes(labels, page=page, page_size=page_size)
             data = await self._json(req)
             items = data.get("value") if isinstance(data, dict) else data

@@ -173,6 +173,7 @@ class _SecretTokens:
         self._source = source
         self._scope = scope
         self._inner: TokenProvider | None = None
+        self._retired: list[TokenProvider] = []
 
     def __repr__(self) -> str:
         return f"_SecretTokens(secret={self._source.secret_name!r})"
@@ -206,14 +207,17 @@ class _SecretTokens:
         return await provider.get_token()
 
     def invalidate(self) -> None:
+        # A rotated Secret is picked up on the next call; the old provider is closed at the end.
         if self._inner is not None:
             self._inner.invalidate()
-        # A rotated Secret is picked up on the next call.
+            self._retired.append(self._inner)
         self._inner = None
 
     async def aclose(self) -> None:
-        if self._inner is not None:
-            await self._inner.aclose()
+        for provider in [*self._retired, *([self._inner] if self._inner else [])]:
+            await provider.aclose()
+        self._retired.clear()
+        self._inner = None
 
 
 def operator_namespace() -> str:
@@ -259,7 +263,7 @@ class AcasDriver:
 
     async def check_available(self) -> Availability:
         try:
-            await self._client.list_sandboxes(self._selector(), page_size=1)
+            await self._client.list_sandboxes(self._selector(), page_size=1, max_pages=1)
         except CredentialUnavailable as exc:
             return Availability(False, f"credential unavailable: {exc.missing}")
         except AcasError as exc:
