@@ -350,10 +350,8 @@ def _crd(
                                     "type": "string",
                                     "description": f"REST resource of this object ({kind}).",
                                 },
-                                "metadata": {
-                                    "type": "object",
-                                    "description": "Standard object metadata.",
-                                },
+                                # The API server forbids anything but type on metadata.
+                                "metadata": {"type": "object"},
                                 "spec": spec,
                                 "status": status,
                             },
