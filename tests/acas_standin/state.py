@@ -241,6 +241,10 @@ class StandinState:
         root = sandbox.root.resolve()
         if resolved_parent != root and root not in resolved_parent.parents:
             raise PermissionError("path escapes the sandbox")
+        if candidate.is_symlink():
+            target = candidate.resolve()
+            if target != root and root not in target.parents:
+                raise PermissionError("symlink leads out of the sandbox")
         return candidate
 
     def sandbox_path(self, sandbox: Sandbox, host: Path) -> str:
