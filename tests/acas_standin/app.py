@@ -296,6 +296,7 @@ async def _run(
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(sandbox.root),
         "SANDBOX_ROOT": str(sandbox.root),
+        "TMPDIR": str(_tmpdir(sandbox)),
         "LANG": "C.UTF-8",
     }
     env.update({str(k): str(v) for k, v in (body.get("environment") or {}).items()})
@@ -327,6 +328,13 @@ async def _run(
     if code < 0:
         code = 128 - code
     return _exec_result(code, out.decode(errors="replace"), err.decode(errors="replace"), started)
+
+
+def _tmpdir(sandbox: Sandbox) -> Any:
+    """Each sandbox's own temporary directory (a real sandbox has its own /tmp)."""
+    tmp = sandbox.root.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return tmp
 
 
 def _exec_result(code: int, out: str, err: str, started: float) -> web.Response:

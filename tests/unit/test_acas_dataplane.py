@@ -185,6 +185,7 @@ TEXT_ONLY_STDOUT = {
     "check_files_in": {"bytes_round_trip"},
     "check_files_out": {"binary_exact"},
     "check_files_delete": set(),
+    "check_reclaim": set(),
 }
 
 
@@ -203,3 +204,25 @@ async def test_register_acas_dataplane(standin: StandinServer) -> None:
     register_acas_dataplane({"acas-test": client})
     assert "AcasSandbox" in client_module._DATAPLANES
     await client.aclose()
+
+
+async def test_call_scope_conformance(standin: StandinServer, base: str) -> None:
+    """Two remote sandboxes (per-call scope) do not share files or temporary directories."""
+    handles = []
+    client = AcasClient(make_config(standin.base_url), StaticTokenProvider(DEFAULT_TOKEN))
+    try:
+        for n in (1, 2):
+            standin.state.seed_sandbox(f"call-{n}")
+            spec = SandboxSpec.model_validate(
+                {
+                    "kind": "acas",
+                    "image": "ubuntu",
+                    "work_dir": os.path.join(base, f"call-{n}", "work"),
+                    "requires": ACAS_CAPABILITIES,
+                }
+            )
+            handles.append(Sandbox(spec, AcasDataPlane(client, f"call-{n}"), name=f"call-{n}"))
+        report = await suites.check_call_scope(handles[0], handles[1])
+        assert report.ok, report
+    finally:
+        await client.aclose()
