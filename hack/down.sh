@@ -5,7 +5,8 @@
 #      finalizers dispose of the sandbox pods)
 #   2. helm uninstall the operator (CRDs are kept by design: see docs/install.md)
 #   3. stop the local cluster (hack/cluster.py down), unless $KUBECONFIG points at another
-#      cluster, which is left running. WIPE=1 also deletes the local cluster's state.
+#      cluster, which is left running. WIPE=1 also deletes the local cluster's state;
+#      KEEP_CLUSTER=1 leaves the local cluster running (only the release and examples go).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -52,7 +53,9 @@ else
   say "the cluster is not reachable: nothing to uninstall"
 fi
 
-if [[ "$MODE" == local ]]; then
+if [[ "$MODE" == local && "${KEEP_CLUSTER:-0}" == 1 ]]; then
+  say "KEEP_CLUSTER=1: the local cluster is left running"
+elif [[ "$MODE" == local ]]; then
   if [[ "${WIPE:-0}" == 1 ]]; then
     say "stopping the local cluster and wiping its state (hack/cluster.py down --wipe)"
     "$PY" hack/cluster.py down --wipe
