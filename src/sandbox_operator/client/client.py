@@ -519,6 +519,11 @@ class SandboxClient:
                     sandbox=name, namespace=self.namespace, message=message
                 ) from None
             raise
+        if not isinstance(obj, Mapping):
+            # Some responses (e.g. a no-op apply) come back without a decoded body.
+            obj = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, name
+            )
         return obj
 
     async def _delete(self, plural: str, name: str) -> None:
