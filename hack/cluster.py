@@ -1,0 +1,1164 @@
+#!/usr/bin/env python3
+"""A real local Kubernetes cluster that the project brings up by itself.
+
+    hack/cluster.py up [--level api|node]   start (idempotent: a running cluster is left alone)
+    hack/cluster.py down [--wipe]           stop every process it started, by pid; --wipe: state
+    hack/cluster.py status                  what runs, where the kubeconfig and logs are
+    hack/cluster.py images                  build the images (and import them if containerd runs)
+    hack/cluster.py kubeconfig              print the kubeconfig path
+
+Levels: `api` = etcd, kube-apiserver, kube-controller-manager; `node` (the default) adds
+kube-scheduler, containerd (runc and gVisor handlers, CNI bridge) and a kubelet, imports the
+images and creates the RuntimeClasses `runc` and `gvisor`.
+
+Only the standard library is used, so any python3 runs it. Binaries come from
+hack/build-binaries.sh (built from the Go module proxy and cached by version), system packages
+from Debian (installed when missing). Everything the cluster writes lives under one state
+directory ($SANDBOX_OPERATOR_STATE, default ~/.cache/sandbox-operator/state): certificates,
+kubeconfigs, etcd data, containerd and kubelet roots, pid files and logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+HACK = REPO / "hack"
+CACHE = Path(os.environ.get("SANDBOX_OPERATOR_CACHE", Path.home() / ".cache/sandbox-operator"))
+STATE = Path(os.environ.get("SANDBOX_OPERATOR_STATE", CACHE / "state"))
+LOGS = STATE / "logs"
+PIDS = STATE / "pids"
+PKI = STATE / "pki"
+KUBECONFIG = STATE / "kubeconfig"
+
+NODE_NAME = "sandbox-operator-node"
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+APISERVER_PORT = 6443
+KCM_PORT = 10257
+SCHEDULER_PORT = 10259
+KUBELET_PORT = 10250
+KUBELET_HEALTHZ_PORT = 10248
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+POD_SUBNET = "10.244.0.0/24"
+BRIDGE = "sbxop0"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+IMAGES = {
+    "pause": "sandbox-operator.dev/pause:1",
+    "busybox": "sandbox-operator.dev/busybox:1",
+    "python": "sandbox-operator.dev/python:1",
+}
+RUNTIME_CLASSES = {"runc": "runc", "gvisor": "runsc"}
+
+# Debian packages the node needs, each with a file that shows it is installed.
+PACKAGES = {
+    "openssl": "/usr/bin/openssl",
+    "containerd": "/usr/bin/containerd",
+    "runc": "/usr/sbin/runc",
+    "containernetworking-plugins": "/usr/lib/cni/bridge",
+    "umoci": "/usr/bin/umoci",
+    "iptables": "/usr/sbin/iptables",
+    "conntrack": "/usr/sbin/conntrack",
+    "socat": "/usr/bin/socat",
+    "iproute2": "/usr/sbin/ip",
+    "kmod": "/usr/sbin/modprobe",
+    "gcc": "/usr/bin/gcc",
+    "libc6-dev": "/usr/lib/x86_64-linux-gnu/libc.a",
+}
+API_PACKAGES = ("openssl",)
+
+T0 = time.monotonic()
+
+
+class StepFailed(Exception):
+    """A step of `up` failed; `log` is where its output went."""
+
+    def __init__(self, step: str, detail: str, log: Path | None = None) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step = step
+        self.detail = detail
+        self.log = log
+
+
+def say(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')} +{time.monotonic() - T0:5.0f}s] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def step(name: str, log: Path | None = None) -> Iterator[None]:
+    say(f"{name} ...")
+    started = time.monotonic()
+    try:
+        yield
+    except StepFailed:
+        raise
+    except Exception as exc:  # any failure inside a step is reported as that step's
+        raise StepFailed(name, f"{type(exc).__name__}: {exc}", log) from exc
+    say(f"{name}: done in {time.monotonic() - started:.1f}s")
+
+
+def run(argv: list[str], *, log: Path | None = None, check: bool = True, **kw: Any) -> str:
+    """Run a command; its output goes to `log` (appended) or is returned."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            fh.write(f"\n$ {' '.join(argv)}\n")
+            fh.flush()
+            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, **kw)
+        out = ""
+    else:
+        proc = subprocess.run(argv, capture_output=True, text=True, **kw)
+        out = proc.stdout
+    if check and proc.returncode != 0:
+        detail = f"`{' '.join(argv[:3])} ...` exited {proc.returncode}"
+        if log is None:
+            detail += f": {(proc.stderr or proc.stdout).strip()[-2000:]}"
+        raise StepFailed(argv[0], detail, log)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Binaries and packages
+
+
+@dataclass(frozen=True)
+class Bins:
+    k8s: Path
+    etcd: Path
+    helm: Path
+    gvisor: Path
+
+    def kube(self, name: str) -> str:
+        return str(self.k8s / name)
+
+
+def binary_paths() -> Bins:
+    out = run(["bash", str(HACK / "build-binaries.sh"), "print-paths"])
+    paths = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Bins(
+        k8s=Path(paths["K8S_BIN"]),
+        etcd=Path(paths["ETCD_BIN"]),
+        helm=Path(paths["HELM_BIN"]),
+        gvisor=Path(paths["GVISOR_BIN"]),
+    )
+
+
+def build_target(target: str, want: list[Path]) -> None:
+    if all(p.is_file() and os.access(p, os.X_OK) for p in want):
+        return
+    log = LOGS / f"build-{target}.log"
+    name = f"build {target} from the Go module proxy (log {log})"
+    with step(name, log):
+        if shutil.which("go") is None:
+            raise StepFailed(name, "`go` is not on PATH", log)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            proc = subprocess.Popen(
+                ["bash", str(HACK / "build-binaries.sh"), target],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+            started = time.monotonic()
+            while proc.poll() is None:
+                time.sleep(5)
+                if int(time.monotonic() - started) % 60 < 5:
+                    say(f"  still building {target}: {(time.monotonic() - started) / 60:.0f} min")
+        if proc.returncode != 0:
+            raise StepFailed(name, f"build-binaries.sh {target} exited {proc.returncode}", log)
+        missing = [str(p) for p in want if not p.is_file()]
+        if missing:
+            raise StepFailed(name, f"build finished but these are missing: {missing}", log)
+
+
+def ensure_binaries(level: str) -> Bins:
+    bins = binary_paths()
+    build_target("etcd", [bins.etcd / "etcd"])
+    kube = ["kube-apiserver", "kube-controller-manager", "kubectl"]
+    if level == "node":
+        kube += ["kube-scheduler", "kubelet"]
+    build_target("kubernetes", [bins.k8s / b for b in kube])
+    if level == "node":
+        build_target("gvisor", [bins.gvisor / "runsc"])
+        build_target("helm", [bins.helm / "helm"])  # not used by the cluster; by the chart's tests
+    return bins
+
+
+def ensure_packages(level: str) -> None:
+    wanted = PACKAGES if level == "node" else {k: PACKAGES[k] for k in API_PACKAGES}
+    missing = [pkg for pkg, marker in wanted.items() if not Path(marker).exists()]
+    if not missing:
+        return
+    log = LOGS / "apt.log"
+    with step(f"install Debian packages {' '.join(missing)}", log):
+        if os.geteuid() != 0:
+            raise StepFailed(
+                "apt-get", "not root: install these packages first: " + " ".join(missing)
+            )
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-q"], log=log, env=env)
+        run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+            log=log,
+            env=env,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Certificates and kubeconfigs
+
+
+def node_ip() -> str:
+    """The IPv4 address of the interface that holds the default route (else the first global)."""
+    out = run(["ip", "-4", "-o", "route", "show", "default"], check=False)
+    dev = ""
+    for tok_line in out.splitlines():
+        toks = tok_line.split()
+        if "dev" in toks:
+            dev = toks[toks.index("dev") + 1]
+            break
+    addrs = run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"] + (["dev", dev] if dev else [])
+    )
+    for line in addrs.splitlines():
+        toks = line.split()
+        if "inet" in toks:
+            return toks[toks.index("inet") + 1].split("/")[0]
+    raise StepFailed("node ip", "no global IPv4 address on this machine")
+
+
+@dataclass(frozen=True)
+class Cert:
+    name: str
+    cn: str
+    org: str = ""
+    server: bool = False
+    client: bool = False
+    sans: tuple[str, ...] = ()
+
+
+def leaf_certs(ip: str) -> list[Cert]:
+    api_sans = (
+        "DNS:kubernetes",
+        "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local",
+        "DNS:localhost",
+        "IP:127.0.0.1",
+        f"IP:{ip}",
+        f"IP:{SERVICE_IP}",
+    )
+    return [
+        Cert("apiserver", "kube-apiserver", server=True, sans=api_sans),
+        Cert(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            "system:masters",
+            client=True,
+        ),
+        Cert("admin", "sandbox-operator-admin", "system:masters", client=True),
+        Cert("controller-manager", "system:kube-controller-manager", client=True),
+        Cert("scheduler", "system:kube-scheduler", client=True),
+        Cert("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes", client=True),
+        Cert(
+            "kubelet-serving",
+            NODE_NAME,
+            server=True,
+            sans=(f"DNS:{NODE_NAME}", "DNS:localhost", "IP:127.0.0.1", f"IP:{ip}"),
+        ),
+    ]
+
+
+def ensure_pki(ip: str) -> None:
+    marker = PKI / "node-ip"
+    if marker.exists() and marker.read_text() == ip and (PKI / "admin.crt").exists():
+        return
+    log = LOGS / "pki.log"
+    with step(f"generate certificates (throwaway CA, node ip {ip})", log):
+        PKI.mkdir(parents=True, exist_ok=True)
+        os.chmod(PKI, 0o700)
+        ca_key, ca_crt = PKI / "ca.key", PKI / "ca.crt"
+        if not ca_crt.exists():
+            run(
+                [
+                    "openssl",
+                    "ecparam",
+                    "-name",
+                    "prime256v1",
+                    "-genkey",
+                    "-noout",
+                    "-out",
+                    str(ca_key),
+                ],
+                log=log,
+            )
+            run(
+                ["openssl", "req", "-x509", "-new", "-key", str(ca_key), "-sha256", "-days", "3650",
+                 "-subj", "/CN=sandbox-operator-ca", "-out", str(ca_crt),
+                 "-addext", "basicConstraints=critical,CA:TRUE",
+                 "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"],
+                log=log,
+            )  # fmt: skip
+        if not (PKI / "sa.key").exists():
+            run(["openssl", "genrsa", "-out", str(PKI / "sa.key"), "2048"], log=log)
+            run(
+                [
+                    "openssl",
+                    "rsa",
+                    "-in",
+                    str(PKI / "sa.key"),
+                    "-pubout",
+                    "-out",
+                    str(PKI / "sa.pub"),
+                ],
+                log=log,
+            )
+        for cert in leaf_certs(ip):
+            key, csr, crt = (PKI / f"{cert.name}.{ext}" for ext in ("key", "csr", "crt"))
+            ext = PKI / f"{cert.name}.ext"
+            usages = [
+                u for u, on in (("serverAuth", cert.server), ("clientAuth", cert.client)) if on
+            ]
+            lines = [
+                "basicConstraints=critical,CA:FALSE",
+                "keyUsage=critical,digitalSignature,keyEncipherment",
+                f"extendedKeyUsage={','.join(usages)}",
+            ]
+            if cert.sans:
+                lines.append(f"subjectAltName={','.join(cert.sans)}")
+            ext.write_text("\n".join(lines) + "\n")
+            subj = f"/CN={cert.cn}" + (f"/O={cert.org}" if cert.org else "")
+            run(
+                [
+                    "openssl",
+                    "ecparam",
+                    "-name",
+                    "prime256v1",
+                    "-genkey",
+                    "-noout",
+                    "-out",
+                    str(key),
+                ],
+                log=log,
+            )
+            run(
+                ["openssl", "req", "-new", "-key", str(key), "-subj", subj, "-out", str(csr)],
+                log=log,
+            )
+            run(
+                ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca_crt),
+                 "-CAkey", str(ca_key), "-CAcreateserial", "-days", "3650", "-sha256",
+                 "-extfile", str(ext), "-out", str(crt)],
+                log=log,
+            )  # fmt: skip
+            csr.unlink()
+            ext.unlink()
+        for f in PKI.glob("*.key"):
+            os.chmod(f, 0o600)
+        marker.write_text(ip)
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def write_kubeconfig(path: Path, user: str, cert: str, server: str) -> None:
+    text = f"""apiVersion: v1
+kind: Config
+clusters:
+- name: sandbox-operator
+  cluster:
+    server: {server}
+    certificate-authority-data: {b64(PKI / "ca.crt")}
+users:
+- name: {user}
+  user:
+    client-certificate-data: {b64(PKI / f"{cert}.crt")}
+    client-key-data: {b64(PKI / f"{cert}.key")}
+contexts:
+- name: sandbox-operator
+  context:
+    cluster: sandbox-operator
+    user: {user}
+    namespace: default
+current-context: sandbox-operator
+"""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
+def ensure_kubeconfigs() -> None:
+    server = f"https://127.0.0.1:{APISERVER_PORT}"
+    KUBECONFIG.parent.mkdir(parents=True, exist_ok=True)
+    write_kubeconfig(KUBECONFIG, "admin", "admin", server)
+    kc = STATE / "kubeconfigs"
+    kc.mkdir(parents=True, exist_ok=True)
+    write_kubeconfig(kc / "controller-manager", "controller-manager", "controller-manager", server)
+    write_kubeconfig(kc / "scheduler", "scheduler", "scheduler", server)
+    write_kubeconfig(kc / "kubelet", "kubelet", "kubelet-client", server)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: started detached, recorded by pid, stopped by pid
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    health: Callable[[], bool]
+    env: dict[str, str] | None = None
+    timeout: float = 90.0
+    # Files the process reads its configuration from: a change restarts it, like a new flag.
+    inputs: tuple[Path, ...] = ()
+
+    @property
+    def pidfile(self) -> Path:
+        return PIDS / f"{self.name}.json"
+
+    @property
+    def log(self) -> Path:
+        return LOGS / f"{self.name}.log"
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256(json.dumps([self.argv, sorted((self.env or {}).items())]).encode())
+        for path in self.inputs:
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:16]
+
+
+def read_pidfile(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def pid_alive(record: dict[str, Any]) -> bool:
+    """The recorded process still runs: same pid, same executable, not a zombie."""
+    pid = int(record.get("pid", 0))
+    if pid <= 0:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return cmdline[0].decode(errors="replace") == record.get("exe")
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, log: Path | None = None,
+             proc_record: dict[str, Any] | None = None) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # a probe that raises is simply "not yet"
+            pass
+        if proc_record is not None and not pid_alive(proc_record):
+            raise StepFailed(what, "the process exited", log)
+        time.sleep(0.5)
+    raise StepFailed(what, f"not healthy after {timeout:.0f}s", log)
+
+
+def start(proc: Proc) -> None:
+    """Start `proc` unless the recorded one runs with the same command line (then: no-op)."""
+    record = read_pidfile(proc.pidfile)
+    if record and pid_alive(record):
+        if record.get("fingerprint") == proc.fingerprint:
+            wait_for(proc.name, proc.health, proc.timeout, proc.log, record)
+            return
+        say(f"{proc.name}: configuration changed, restarting pid {record['pid']}")
+        stop_record(proc.name, record)
+    with step(f"start {proc.name} (log {proc.log})", proc.log):
+        LOGS.mkdir(parents=True, exist_ok=True)
+        PIDS.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(proc.env or {})
+        with proc.log.open("a") as fh:
+            fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(proc.argv)}\n")
+            fh.flush()
+            child = subprocess.Popen(
+                proc.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        record = {
+            "pid": child.pid,
+            "exe": proc.argv[0],
+            "fingerprint": proc.fingerprint,
+            "started": time.time(),
+        }
+        proc.pidfile.write_text(json.dumps(record))
+        wait_for(f"{proc.name} health", proc.health, proc.timeout, proc.log, record)
+
+
+def stop_record(name: str, record: dict[str, Any], grace: float = 20.0) -> None:
+    pid = int(record["pid"])
+    if not pid_alive(record):
+        return
+    say(f"stopping {name} (pid {pid})")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_alive(record):
+        time.sleep(0.2)
+    if pid_alive(record):
+        say(f"{name} (pid {pid}) ignored SIGTERM for {grace:.0f}s: SIGKILL")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Health probes
+
+
+def _tls_context(client: bool = True, verify: bool = True) -> ssl.SSLContext:
+    ctx = (
+        ssl.create_default_context(cafile=str(PKI / "ca.crt"))
+        if verify
+        else ssl._create_unverified_context()
+    )
+    if client:
+        ctx.load_cert_chain(str(PKI / "admin.crt"), str(PKI / "admin.key"))
+    return ctx
+
+
+def http_ok(url: str, ctx: ssl.SSLContext | None = None, expect: bytes = b"ok") -> bool:
+    with urllib.request.urlopen(url, context=ctx, timeout=3) as resp:
+        body: bytes = resp.read()
+        return resp.status == 200 and expect in body
+
+
+def api(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request to the API server as the admin user."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{APISERVER_PORT}{path}",
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, context=_tls_context(), timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        try:
+            return err.code, json.loads(err.read() or b"null")
+        except ValueError:
+            return err.code, None
+
+
+def etcd_healthy() -> bool:
+    return http_ok(f"http://127.0.0.1:{ETCD_CLIENT_PORT}/health", expect=b'"true"')
+
+
+def apiserver_ready() -> bool:
+    return http_ok(f"https://127.0.0.1:{APISERVER_PORT}/readyz", _tls_context())
+
+
+def kcm_healthy() -> bool:
+    return http_ok(
+        f"https://127.0.0.1:{KCM_PORT}/healthz", _tls_context(client=False, verify=False)
+    )
+
+
+def scheduler_healthy() -> bool:
+    return http_ok(
+        f"https://127.0.0.1:{SCHEDULER_PORT}/healthz", _tls_context(client=False, verify=False)
+    )
+
+
+def kubelet_healthy() -> bool:
+    return http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz")
+
+
+CONTAINERD_DIR = STATE / "containerd"
+CONTAINERD_SOCK = CONTAINERD_DIR / "containerd.sock"
+
+
+def ctr(*args: str, log: Path | None = None, check: bool = True) -> str:
+    return run(
+        ["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", *args], log=log, check=check
+    )
+
+
+def containerd_healthy() -> bool:
+    if not CONTAINERD_SOCK.exists():
+        return False
+    out = subprocess.run(
+        ["ctr", "--address", str(CONTAINERD_SOCK), "version"], capture_output=True, timeout=5
+    )
+    return out.returncode == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Components
+
+
+def etcd_proc(bins: Bins) -> Proc:
+    data = STATE / "etcd"
+    return Proc(
+        "etcd",
+        [
+            str(bins.etcd / "etcd"),
+            "--name=sandbox-operator",
+            f"--data-dir={data}",
+            f"--listen-client-urls=http://127.0.0.1:{ETCD_CLIENT_PORT}",
+            f"--advertise-client-urls=http://127.0.0.1:{ETCD_CLIENT_PORT}",
+            f"--listen-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}",
+            f"--initial-cluster=sandbox-operator=http://127.0.0.1:{ETCD_PEER_PORT}",
+            "--listen-metrics-urls=",
+            # A disposable test cluster: trade durability for speed on slow shared disks.
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ],
+        etcd_healthy,
+    )
+
+
+def apiserver_proc(bins: Bins, ip: str) -> Proc:
+    return Proc(
+        "kube-apiserver",
+        [
+            bins.kube("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
+            "--bind-address=0.0.0.0",
+            f"--secure-port={APISERVER_PORT}",
+            f"--advertise-address={ip}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,"
+            "DefaultTolerationSeconds,NodeRestriction,RuntimeClass,Priority,ResourceQuota,"
+            "PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
+            "ValidatingAdmissionPolicy",
+            f"--client-ca-file={PKI / 'ca.crt'}",
+            f"--tls-cert-file={PKI / 'apiserver.crt'}",
+            f"--tls-private-key-file={PKI / 'apiserver.key'}",
+            f"--kubelet-client-certificate={PKI / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={PKI / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={PKI / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={PKI / 'sa.pub'}",
+            f"--service-account-signing-key-file={PKI / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--event-ttl=1h",
+            "--v=1",
+        ],
+        apiserver_ready,
+        timeout=120,
+    )
+
+
+def kcm_proc(bins: Bins) -> Proc:
+    kc = STATE / "kubeconfigs" / "controller-manager"
+    return Proc(
+        "kube-controller-manager",
+        [
+            bins.kube("kube-controller-manager"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={KCM_PORT}",
+            "--leader-elect=false",
+            # "*" = every default controller: garbage collector, namespace, service-account,
+            # service-account-token, root-ca-cert-publisher, node lifecycle, ...
+            "--controllers=*",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={PKI / 'sa.key'}",
+            f"--root-ca-file={PKI / 'ca.crt'}",
+            f"--cluster-signing-cert-file={PKI / 'ca.crt'}",
+            f"--cluster-signing-key-file={PKI / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--profiling=false",
+            "--v=1",
+        ],
+        kcm_healthy,
+    )
+
+
+def scheduler_proc(bins: Bins) -> Proc:
+    kc = STATE / "kubeconfigs" / "scheduler"
+    return Proc(
+        "kube-scheduler",
+        [
+            bins.kube("kube-scheduler"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={SCHEDULER_PORT}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+        scheduler_healthy,
+    )
+
+
+def write_containerd_config(bins: Bins) -> Path:
+    root = CONTAINERD_DIR
+    cni_conf = STATE / "cni" / "net.d"
+    cni_conf.mkdir(parents=True, exist_ok=True)
+    conflist = {
+        "cniVersion": "0.4.0",
+        "name": "sandbox-operator",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                # No masquerade: pods reach this node (API server, proxies on it), nothing beyond.
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(STATE / "cni" / "networks"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+    (cni_conf / "10-sandbox-operator.conflist").write_text(json.dumps(conflist, indent=2))
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    config = f"""version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "{CONTAINERD_SOCK}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+
+[{cri}]
+  sandbox_image = "{IMAGES["pause"]}"
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  tolerate_missing_hugetlb_controller = true
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+  discard_unpacked_layers = false
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{root / "runc"}"
+
+# gVisor: runsc speaks runc's command line, so containerd 1.6 drives it through the runc v2
+# shim. runsc joins a pod's containers into one sandbox from the CRI annotations.
+[{cri}.containerd.runtimes.runsc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runsc.options]
+  BinaryName = "{bins.gvisor / "runsc"}"
+  SystemdCgroup = false
+  Root = "{root / "runsc"}"
+
+[{cri}.cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "{cni_conf}"
+  max_conf_num = 1
+"""
+    path = root / "config.toml"
+    path.write_text(config)
+    return path
+
+
+def containerd_proc(config: Path) -> Proc:
+    return Proc(
+        "containerd",
+        ["/usr/bin/containerd", f"--config={config}", "--log-level=warn"],
+        containerd_healthy,
+        inputs=(config, *sorted((STATE / "cni" / "net.d").glob("*"))),
+    )
+
+
+def write_kubelet_config() -> Path:
+    cfg = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(PKI / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCK}",
+        "tlsCertFile": str(PKI / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(PKI / "kubelet-serving.key"),
+        "port": KUBELET_PORT,
+        "healthzPort": KUBELET_HEALTHZ_PORT,
+        "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "clusterDomain": "cluster.local",
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        # The images exist only locally (no registry to pull them back): never GC them, and
+        # do not evict for disk pressure on a shared development disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "maxPods": 110,
+        "serializeImagePulls": False,
+        "resolvConf": "/etc/resolv.conf",
+    }
+    path = STATE / "kubelet-config.json"
+    path.write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def kubelet_proc(bins: Bins, ip: str, config: Path) -> Proc:
+    return Proc(
+        "kubelet",
+        [
+            bins.kube("kubelet"),
+            f"--config={config}",
+            f"--kubeconfig={STATE / 'kubeconfigs' / 'kubelet'}",
+            f"--root-dir={STATE / 'kubelet'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={ip}",
+            f"--pod-infra-container-image={IMAGES['pause']}",
+            "--v=1",
+        ],
+        kubelet_healthy,
+        timeout=120,
+        inputs=(config,),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Node preparation, images, objects
+
+
+def prepare_host() -> None:
+    for module in ("overlay", "br_netfilter"):
+        subprocess.run(["modprobe", module], capture_output=True)
+    for key, value in (
+        ("net/ipv4/ip_forward", "1"),
+        ("net/bridge/bridge-nf-call-iptables", "1"),
+        ("net/bridge/bridge-nf-call-ip6tables", "1"),
+    ):
+        with contextlib.suppress(OSError):
+            Path("/proc/sys", key).write_text(value)
+    # No kube-proxy runs: a pod dialling a Service IP must fail here, not leave the machine.
+    subprocess.run(["ip", "route", "replace", "blackhole", SERVICE_CIDR], capture_output=True)
+
+
+def import_images() -> None:
+    log = LOGS / "images.log"
+    with step("build images from Debian packages (cached)", log):
+        out = run(
+            ["bash", str(HACK / "images.sh"), "build"],
+            env=dict(os.environ, CONTAINERD_ADDRESS=str(CONTAINERD_SOCK)),
+        )
+    tarballs = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    present = set(ctr("images", "ls", "-q").split())
+    record = STATE / "images.imported"
+    done = json.loads(record.read_text()) if record.exists() else {}
+    todo = {ref: tar for ref, tar in tarballs.items() if ref not in present or done.get(ref) != tar}
+    if not todo:
+        return
+    with step(f"import images into containerd: {' '.join(todo)}", log):
+        for ref, tar in todo.items():
+            ctr("images", "import", tar, log=log)
+            if ref not in ctr("images", "ls", "-q").split():
+                raise StepFailed("import images", f"{ref} missing after import", log)
+            done[ref] = tar
+        record.write_text(json.dumps(done, indent=2))
+
+
+def wait_node_ready() -> None:
+    def ready() -> bool:
+        code, node = api("GET", f"/api/v1/nodes/{NODE_NAME}")
+        if code != 200:
+            return False
+        conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        return conds.get("Ready") == "True"
+
+    with step(f"wait for node {NODE_NAME} Ready", LOGS / "kubelet.log"):
+        wait_for("node Ready", ready, 180, LOGS / "kubelet.log")
+
+
+def ensure_runtime_classes() -> None:
+    for name, handler in RUNTIME_CLASSES.items():
+        code, obj = api("GET", f"/apis/node.k8s.io/v1/runtimeclasses/{name}")
+        if code == 200 and obj.get("handler") == handler:
+            continue
+        if code == 200:
+            api("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{name}")
+        body = {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": name, "labels": {"sandbox-operator.dev/cluster": "local"}},
+            "handler": handler,
+        }
+        code, obj = api("POST", "/apis/node.k8s.io/v1/runtimeclasses", body)
+        if code not in (200, 201, 409):
+            raise StepFailed("runtime classes", f"creating {name}: HTTP {code} {obj}")
+        say(f"RuntimeClass {name} -> handler {handler}")
+
+
+def wait_default_service_account() -> None:
+    def exists() -> bool:
+        return api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+    wait_for("default service account", exists, 60, LOGS / "kube-controller-manager.log")
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+@contextlib.contextmanager
+def state_lock() -> Iterator[None]:
+    STATE.mkdir(parents=True, exist_ok=True)
+    with (STATE / ".lock").open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another hack/cluster.py holds the state lock: waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def cmd_up(level: str) -> None:
+    if os.geteuid() != 0 and level == "node":
+        raise StepFailed("preflight", "the node level needs root (containerd, kubelet, CNI)")
+    with state_lock():
+        say(f"bringing up the local cluster, level {level}; state in {STATE}")
+        ensure_packages(level)
+        bins = ensure_binaries(level)
+        ip = node_ip()
+        ensure_pki(ip)
+        ensure_kubeconfigs()
+        start(etcd_proc(bins))
+        start(apiserver_proc(bins, ip))
+        start(kcm_proc(bins))
+        wait_default_service_account()
+        if level == "node":
+            prepare_host()
+            start(scheduler_proc(bins))
+            start(containerd_proc(write_containerd_config(bins)))
+            import_images()
+            start(kubelet_proc(bins, ip, write_kubelet_config()))
+            wait_node_ready()
+            ensure_runtime_classes()
+        (STATE / "level").write_text(level)
+    say(f"cluster is up (level {level}) in {time.monotonic() - T0:.0f}s")
+    print(f"\nexport KUBECONFIG={KUBECONFIG}")
+    print(f"kubectl: {bins.kube('kubectl')}")
+    print(f"logs:    {LOGS}/")
+
+
+ORDER = [
+    "kubelet",
+    "kube-scheduler",
+    "containerd",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+]
+
+
+def stop_containers() -> None:
+    """Kill every task containerd runs, so that no shim or sandbox outlives `down`."""
+    if not containerd_healthy():
+        return
+    ids = ctr("tasks", "ls", "-q", check=False).split()
+    if ids:
+        say(f"killing {len(ids)} container task(s)")
+    for cid in ids:
+        ctr("tasks", "kill", "-a", "-s", "SIGKILL", cid, check=False)
+    deadline = time.monotonic() + 15
+    for cid in ids:
+        while time.monotonic() < deadline:
+            if (
+                ctr("tasks", "delete", "-f", cid, check=False)
+                or cid not in ctr("tasks", "ls", "-q", check=False).split()
+            ):
+                break
+            time.sleep(0.3)
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()) + "/"
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mnt = line.split()[4].replace("\\040", " ")
+        if mnt.startswith(prefix):
+            found.append(mnt)
+    return sorted(found, key=len, reverse=True)
+
+
+def cmd_down(wipe: bool) -> None:
+    with state_lock():
+        kubelet = read_pidfile(PIDS / "kubelet.json")
+        if kubelet:
+            stop_record("kubelet", kubelet)
+        stop_containers()
+        for name in ORDER:
+            record = read_pidfile(PIDS / f"{name}.json")
+            if record:
+                stop_record(name, record)
+                (PIDS / f"{name}.json").unlink(missing_ok=True)
+        if wipe:
+            for mnt in mounts_under(STATE):
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
+            left = mounts_under(STATE)
+            if left:
+                raise StepFailed("wipe", f"still mounted, not deleting state: {left[:5]}")
+            subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+            subprocess.run(
+                ["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True
+            )
+            shutil.rmtree(STATE, ignore_errors=True)
+            say(f"state wiped: {STATE}")
+    say("cluster is down")
+
+
+def cmd_status() -> int:
+    rc = 0
+    probes = {
+        "etcd": etcd_healthy,
+        "kube-apiserver": apiserver_ready,
+        "kube-controller-manager": kcm_healthy,
+        "kube-scheduler": scheduler_healthy,
+        "containerd": containerd_healthy,
+        "kubelet": kubelet_healthy,
+    }
+    level = (STATE / "level").read_text() if (STATE / "level").exists() else "none"
+    print(f"state:      {STATE} (last level brought up: {level})")
+    print(f"kubeconfig: {KUBECONFIG}")
+    for name in reversed(ORDER):
+        record = read_pidfile(PIDS / f"{name}.json")
+        alive = bool(record and pid_alive(record))
+        try:
+            healthy = alive and probes[name]()
+        except Exception:
+            healthy = False
+        state = "healthy" if healthy else ("running, not healthy" if alive else "stopped")
+        pid = f"pid {record['pid']}" if alive and record else ""
+        print(f"  {name:25s} {state:22s} {pid}")
+        if record and not healthy:
+            rc = 1
+    if level == "none":
+        rc = 3
+    if alive_api():
+        code, node = api("GET", f"/api/v1/nodes/{NODE_NAME}")
+        if code == 200:
+            conds = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            print(f"  node {NODE_NAME}: Ready={conds.get('Ready')}")
+        code, rcs = api("GET", "/apis/node.k8s.io/v1/runtimeclasses")
+        if code == 200:
+            names = [f"{i['metadata']['name']}({i['handler']})" for i in rcs["items"]]
+            print(f"  runtimeclasses: {' '.join(names) or '-'}")
+    return rc
+
+
+def alive_api() -> bool:
+    try:
+        return (PKI / "admin.crt").exists() and apiserver_ready()
+    except Exception:
+        return False
+
+
+def cmd_images() -> None:
+    if containerd_healthy():
+        import_images()
+    else:
+        out = run(["bash", str(HACK / "images.sh"), "build"])
+        print(out, end="")
+        say("containerd is not running: `hack/cluster.py up` imports these when it starts it")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start the cluster (idempotent)")
+    up.add_argument("--level", choices=("api", "node"), default="node")
+    down = sub.add_parser("down", help="stop every process the cluster started")
+    down.add_argument("--wipe", action="store_true", help="also delete the state directory")
+    sub.add_parser("status", help="show what runs")
+    sub.add_parser("images", help="build the images; import them if containerd runs")
+    sub.add_parser("kubeconfig", help="print the kubeconfig path")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            cmd_up(args.level)
+        elif args.cmd == "down":
+            cmd_down(args.wipe)
+        elif args.cmd == "status":
+            return cmd_status()
+        elif args.cmd == "images":
+            cmd_images()
+        elif args.cmd == "kubeconfig":
+            print(KUBECONFIG)
+    except StepFailed as exc:
+        say(f"FAILED at step: {exc.step}: {exc.detail}")
+        if exc.log is not None:
+            say(f"log: {exc.log}")
+            with contextlib.suppress(OSError):
+                tail = exc.log.read_text(errors="replace").splitlines()[-25:]
+                print("\n".join(f"    | {line}" for line in tail), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
