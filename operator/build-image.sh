@@ -217,8 +217,9 @@ import_image() {
   log "importing $ref into containerd ($addr, namespace k8s.io)"
   ctr --address "$addr" -n k8s.io images import "$out" >/dev/null \
     || die "ctr could not import $out"
-  ctr --address "$addr" -n k8s.io images ls -q | grep -qx "$ref" \
-    || die "$ref is not in containerd after importing $out"
+  local present
+  present="$(ctr --address "$addr" -n k8s.io images ls -q)"  # not piped into grep -q: SIGPIPE
+  grep -qx "$ref" <<<"$present" || die "$ref is not in containerd after importing $out"
   echo "$ref $out"
 }
 
