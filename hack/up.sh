@@ -184,8 +184,8 @@ helm_args=(upgrade --install "$RELEASE" charts/sandbox-operator
 if [[ "$MODE" == local ]]; then
   # The local cluster runs no kube-proxy, so pods cannot reach the `kubernetes` Service IP: point
   # the operator at the API server's own endpoint (its certificate names that address).
-  api_endpoint="$("$KUBECTL" get endpoints kubernetes -n default \
-    -o jsonpath='{.subsets[0].addresses[0].ip} {.subsets[0].ports[0].port}')"
+  api_endpoint="$("$KUBECTL" get endpointslices -n default -l kubernetes.io/service-name=kubernetes \
+    -o jsonpath='{.items[0].endpoints[0].addresses[0]} {.items[0].ports[0].port}')"
   read -r api_host api_port <<<"$api_endpoint"
   [[ -n "$api_host" && -n "$api_port" ]] || fail_now "cannot read the API server's endpoint"
   note "the operator reaches the API server at $api_host:$api_port (no kube-proxy here)"
@@ -193,8 +193,25 @@ if [[ "$MODE" == local ]]; then
 fi
 # A rebuilt image under the same tag rolls the operator pods.
 [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")
-step "install the chart (release $RELEASE in $OPERATOR_NAMESPACE, floor $floor)" chart \
-  "$HELM" "${helm_args[@]}"
+install_chart() {
+  # A release whose last operation failed or never finished cannot be upgraded: remove it first
+  # (the CRDs and any Sandboxes are kept).
+  local status
+  status="$("$HELM" status "$RELEASE" -n "$OPERATOR_NAMESPACE" -o json 2>/dev/null \
+    | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["info"]["status"])' 2>/dev/null || true)"
+  if [[ "$status" == failed || "$status" == pending-* ]]; then
+    echo "release $RELEASE is '$status': uninstalling it before installing again"
+    "$HELM" uninstall "$RELEASE" -n "$OPERATOR_NAMESPACE" --wait
+  fi
+  if "$HELM" "${helm_args[@]}"; then return 0; fi
+  echo "--- operator pods and their recent events:"
+  "$KUBECTL" -n "$OPERATOR_NAMESPACE" get pods -o wide || true
+  "$KUBECTL" -n "$OPERATOR_NAMESPACE" get events --sort-by=.lastTimestamp | tail -n 8 || true
+  echo "--- operator logs (last 20 lines):"
+  "$KUBECTL" -n "$OPERATOR_NAMESPACE" logs "deployment/$(fullname)" --tail=20 || true
+  return 1
+}
+step "install the chart (release $RELEASE in $OPERATOR_NAMESPACE, floor $floor)" chart install_chart
 
 # ---------------------------------------------------------------------------------------------
 for f in examples/sandboxscope.yaml examples/sandbox.yaml; do

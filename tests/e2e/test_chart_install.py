@@ -53,11 +53,21 @@ def api_server_values(kubectl: Kubectl, cluster_is_local: bool) -> dict[str, Any
     """On the local cluster (no kube-proxy) the operator dials the API server's endpoint."""
     if not cluster_is_local:
         return {}
-    ep = json.loads(kubectl("get", "endpoints", "kubernetes", "-n", "default", "-o", "json").stdout)
-    subset = ep["subsets"][0]
-    return {
-        "apiServer": {"host": subset["addresses"][0]["ip"], "port": str(subset["ports"][0]["port"])}
-    }
+    slices = json.loads(
+        kubectl(
+            "get",
+            "endpointslices",
+            "-n",
+            "default",
+            "-l",
+            "kubernetes.io/service-name=kubernetes",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    ep = slices[0]
+    host = ep["endpoints"][0]["addresses"][0]
+    return {"apiServer": {"host": host, "port": str(ep["ports"][0]["port"])}}
 
 
 def local_values(tmp_path: Path, **extra: Any) -> Path:
