@@ -17,7 +17,8 @@
 # Environment: KUBECONFIG (use that cluster instead of the local one), RELEASE (default
 # sandbox-operator), OPERATOR_NAMESPACE (default sandbox-operator-system), DEMO_NAMESPACE
 # (default default), OPERATOR_IMAGE (repository:tag of an image your cluster can pull: skips the
-# local build and import), READY_TIMEOUT (default 180s).
+# local build and import), READY_TIMEOUT (default 180s), WATCH_NAMESPACES (comma-separated: serve
+# only these namespaces instead of all, e.g. to leave the test suite's namespaces alone).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -191,6 +192,10 @@ if [[ "$MODE" == local ]]; then
   note "the operator reaches the API server at $api_host:$api_port (no kube-proxy here)"
   helm_args+=(--set "apiServer.host=$api_host" --set-string "apiServer.port=$api_port")
 fi
+if [[ -n "${WATCH_NAMESPACES:-}" ]]; then
+  note "the operator serves only: $WATCH_NAMESPACES (WATCH_NAMESPACES)"
+  helm_args+=(--set "watchNamespaces={$WATCH_NAMESPACES}")
+fi
 # A rebuilt image under the same tag rolls the operator pods.
 [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")
 install_chart() {
@@ -207,8 +212,9 @@ install_chart() {
   echo "--- operator pods and their recent events:"
   "$KUBECTL" -n "$OPERATOR_NAMESPACE" get pods -o wide || true
   "$KUBECTL" -n "$OPERATOR_NAMESPACE" get events --sort-by=.lastTimestamp | tail -n 8 || true
-  echo "--- operator logs (last 20 lines):"
-  "$KUBECTL" -n "$OPERATOR_NAMESPACE" logs "deployment/$(fullname)" --tail=20 || true
+  echo "--- operator logs (last 20 lines, health probes left out):"
+  "$KUBECTL" -n "$OPERATOR_NAMESPACE" logs "deployment/$(fullname)" --tail=400 \
+    | grep -v -e aiohttp.access -e "Activity 'backends'" | tail -n 20 || true
   return 1
 }
 step "install the chart (release $RELEASE in $OPERATOR_NAMESPACE, floor $floor)" chart install_chart
@@ -227,11 +233,15 @@ wait_ready() {
       --timeout="$READY_TIMEOUT"; then
     return 0
   fi
+  # Most telling last, where the failure summary shows the log's tail.
+  echo "--- operator logs (last 30 lines, health probes left out):"
+  "$KUBECTL" -n "$OPERATOR_NAMESPACE" logs "deployment/$(fullname)" --tail=400 \
+    | grep -v -e aiohttp.access -e "Activity 'backends'" | tail -n 30 || true
+  echo "--- the sandbox's pod:"
+  "$KUBECTL" -n "$DEMO_NAMESPACE" get pods -l "sandbox-operator.dev/sandbox=$SANDBOX" -o wide || true
   echo "--- the Sandbox's conditions:"
   "$KUBECTL" -n "$DEMO_NAMESPACE" get sandbox "$SANDBOX" \
     -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' || true
-  echo "--- operator logs (last 40 lines):"
-  "$KUBECTL" -n "$OPERATOR_NAMESPACE" logs "deployment/$(fullname)" --tail=40 || true
   return 1
 }
 step "wait for sandbox/$SANDBOX to be Ready (timeout $READY_TIMEOUT)" ready wait_ready

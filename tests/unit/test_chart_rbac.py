@@ -8,7 +8,8 @@ The verbs are read off the operator's source (not a list kept by hand):
   it is a parameter, through every caller of the enclosing function;
 * every kopf handler decorator gives list + watch on its resource, and the state-keeping handlers
   (create/update/delete/resume/timer/daemon) also patch it and its status (finalizers, progress);
-* kopf itself posts Events, watches CRDs to notice served resources, and uses its peering object.
+* kopf itself posts Events, watches CRDs to notice served resources, uses its peering object and,
+  serving named namespaces, lists and watches namespaces.
 """
 
 from __future__ import annotations
@@ -274,6 +275,9 @@ def expected_grants(*, cluster_wide: bool = True) -> set[Grant]:
     # and (peering) reads, watches and patches its peering object.
     grants.add(("", "events", "create"))
     grants |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+    # Serving named namespaces, kopf lists and watches namespaces to notice them come and go.
+    if not cluster_wide:
+        grants |= {("", "namespaces", v) for v in ("list", "watch")}
     peering = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
     grants |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
     # A status patch needs the status subresource only when the CRD has one; ours do, and kopf

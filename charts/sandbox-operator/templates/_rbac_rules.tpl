@@ -38,6 +38,12 @@ compares them with the Kubernetes calls the operator's code makes.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- if .Values.watchNamespaces }}
+# kopf watches the namespaces it serves, to notice them being created or deleted.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
