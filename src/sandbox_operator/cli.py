@@ -148,17 +148,13 @@ def _judge(
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
         config, warnings = load_config(args.config)
     except ConfigurationError as exc:
         print(f"refusing to start: configuration invalid: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     for w in warnings:
-        logging.getLogger("sandbox_operator").warning("config: %s", w)
+        print(f"config warning: {w}", file=sys.stderr)
     os.environ["SANDBOX_OPERATOR_CONFIG"] = os.path.abspath(args.config)
     os.environ["SANDBOX_OPERATOR_RESYNC_SECONDS"] = str(config.operator.resync_seconds)
 
@@ -166,11 +162,13 @@ def _run(args: argparse.Namespace) -> int:
 
     import sandbox_operator.reconcile.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(
-        debug=args.log_level == "debug",
-        verbose=args.log_level in ("debug", "info"),
-        quiet=args.log_level in ("warning", "error"),
-    )
+    kopf.configure(debug=args.log_level == "debug", quiet=args.log_level in ("warning", "error"))
+    logging.getLogger().setLevel(getattr(logging, args.log_level.upper()))
+    if args.log_level != "debug":
+        # The API client logs whole response bodies at DEBUG; never at lower verbosity.
+        logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
+        # kopf reports every successful handler and timer run at INFO: noise at this level.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
     kopf.run(
         clusterwide=bool(args.all_namespaces),

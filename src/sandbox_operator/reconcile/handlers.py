@@ -41,6 +41,8 @@ RESYNC_ENV = "SANDBOX_OPERATOR_RESYNC_SECONDS"
 # kopf fixes timer intervals when handlers are registered, so the resync period is read from the
 # environment here (the CLI sets it from the config's operator.resyncSeconds before importing).
 _RESYNC = float(os.environ.get(RESYNC_ENV, "10"))
+# Unexpected errors (API hiccups) are retried soon; expected waits are handled by the timer.
+_BACKOFF = 5.0
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -89,9 +91,9 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
 # ---- Sandbox -------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL)
-@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL)
-@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL)
+@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
+@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
+@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
 async def sandbox_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     await reconcile_sandbox(_runtime(memo), namespace or "", name)
 
@@ -114,7 +116,7 @@ async def sandbox_resync(name: str, namespace: str | None, memo: Any, **_: Any) 
     await reconcile_sandbox(_runtime(memo), namespace or "", name)
 
 
-@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL)
+@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
 async def sandbox_deleted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     try:
         await finalize_sandbox(_runtime(memo), namespace or "", name)
@@ -136,9 +138,9 @@ async def pod_event(body: Any, memo: kopf.Memo, **_: Any) -> None:
 # ---- SandboxScope --------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
-@kopf.on.create(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
-@kopf.on.update(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
+@kopf.on.resume(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
+@kopf.on.create(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
+@kopf.on.update(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
 async def scope_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     rt = _runtime(memo)
     await reconcile_scope(rt, namespace or "", name)
@@ -153,7 +155,7 @@ async def scope_resync(name: str, namespace: str | None, memo: Any, **_: Any) ->
     await reconcile_scope(_runtime(memo), namespace or "", name)
 
 
-@kopf.on.delete(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
+@kopf.on.delete(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
 async def scope_deleted(name: str, namespace: str | None, retry: int, memo: Any, **_: Any) -> None:
     try:
         await purge_scope(_runtime(memo), namespace or "", name, attempt=retry)
