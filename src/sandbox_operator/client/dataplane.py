@@ -651,6 +651,7 @@ class PodTarget:
 
 _STDIN, _STDOUT, _STDERR, _ERROR = 0, 1, 2, 3
 _CHUNK = 256 * 1024
+_ATTEMPTS = 3
 
 
 class PodExecTransport:
@@ -726,18 +727,31 @@ class PodExecTransport:
                     overflowed = True
                     return
 
-        try:
-            await asyncio.wait_for(session(), timeout=timeout)
-        except TimeoutError:
-            return RawResult(None, bytes(out), bytes(err), timed_out=True)
-        except aiohttp.WSServerHandshakeError as exc:
-            if exc.status == 403:
-                raise SandboxForbidden(
-                    namespace=self.target.namespace, action="create pods/exec"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await asyncio.wait_for(session(), timeout=max(deadline - loop.time(), 0.001))
+                break
+            except TimeoutError:
+                return RawResult(None, bytes(out), bytes(err), timed_out=True)
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status == 403:
+                    raise SandboxForbidden(
+                        namespace=self.target.namespace, action="create pods/exec"
+                    ) from None
+                # The upgrade failed, so the command never started: a transient server-side
+                # failure (API server to kubelet) is safe to retry.
+                if exc.status >= 500 and attempt < _ATTEMPTS and deadline - loop.time() > 1:
+                    await asyncio.sleep(0.5 * attempt)
+                    continue
+                raise DataPlaneError(
+                    f"exec refused by the API server (HTTP {exc.status})"
                 ) from None
-            raise DataPlaneError(f"exec refused by the API server (HTTP {exc.status})") from None
-        except aiohttp.ClientError as exc:
-            raise DataPlaneError(f"exec transport failed: {type(exc).__name__}") from None
+            except aiohttp.ClientError as exc:
+                raise DataPlaneError(f"exec transport failed: {type(exc).__name__}") from None
         if overflowed:
             return RawResult(None, bytes(out), bytes(err), overflowed=True)
         return RawResult(_exit_code(status), bytes(out), bytes(err))
