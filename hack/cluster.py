@@ -732,6 +732,80 @@ def scheduler_proc(bins: Bins) -> Proc:
     )
 
 
+# containerd 1.6 runs gVisor through its runc v2 shim (gVisor's own shim speaks a newer
+# protocol). runsc speaks runc's command line, with two differences this wrapper bridges:
+# - runc gives a container its stdio at `create`; runsc takes a pod's app container's stdio from
+#   the `start` process, whose output the shim captures into a pipe of its own (the container's
+#   output would land there, and the shim, waiting for that pipe's EOF, hangs StartContainer).
+#   So at `create` a holder process keeps the container's stdio open and `start` runs with it.
+# - runsc reports the sandbox's pid for an app container, so the shim would only see the
+#   container exit when the whole pod ends. A watcher process (`runsc wait`, exiting with the
+#   container's status) stands in as the container's pid.
+RUNSC_WRAPPER = """#!/bin/sh
+# Written by hack/cluster.py: runsc as the binary of containerd's runc v2 shim.
+dir=@DIR@
+eval "id=\\${$#}"
+root="" bundle="" pidfile="" cmd="" prev=""
+for a in "$@"; do
+  case "$prev" in
+    --root) root="$a" ;;
+    --bundle|-b) bundle="$a" ;;
+    --pid-file) pidfile="$a" ;;
+  esac
+  case "$a" in
+    --root=*) root="${a#--root=}" ;;
+    --bundle=*) bundle="${a#--bundle=}" ;;
+    --pid-file=*) pidfile="${a#--pid-file=}" ;;
+    create|start|delete) [ -z "$cmd" ] && cmd="$a" ;;
+  esac
+  prev="$a"
+done
+kill_holder() {
+  pid="$(cat "$dir/$id.holder" 2>/dev/null)"
+  if [ -n "$pid" ] && grep -qx sleep "/proc/$pid/comm" 2>/dev/null; then kill "$pid"; fi
+  rm -f "$dir/$id.holder"
+}
+case "$cmd" in
+  create)
+    sleep 2147483647 <&0 &
+    echo $! >"$dir/$id.holder"
+    @RUNSC@ "$@" || { rc=$?; kill_holder; exit $rc; }
+    if [ -n "$pidfile" ] && grep -Eq '"io.kubernetes.cri.container-type": *"container"' \\
+        "$bundle/config.json" 2>/dev/null; then
+      : >"$dir/$id.watcher"
+      (
+        while [ ! -e "$dir/$id.started" ]; do
+          [ -e "$dir/$id.watcher" ] || exit 255
+          sleep 0.1
+        done
+        rm -f "$dir/$id.started" "$dir/$id.watcher"
+        st="$(@RUNSC@ --root "$root" wait "$id" 2>/dev/null \\
+          | sed -n 's/.*"exitStatus": *\\([0-9]*\\).*/\\1/p')"
+        exit "${st:-255}"
+      ) </dev/null >/dev/null 2>&1 &
+      printf %s $! >"$pidfile"
+    fi
+    exit 0 ;;
+  start)
+    pid="$(cat "$dir/$id.holder" 2>/dev/null)"
+    if [ -n "$pid" ] && [ -e "/proc/$pid/fd/1" ]; then
+      @RUNSC@ "$@" </proc/$pid/fd/0 >/proc/$pid/fd/1 2>/proc/$pid/fd/2
+    else
+      @RUNSC@ "$@"
+    fi
+    rc=$?
+    kill_holder
+    [ -e "$dir/$id.watcher" ] && : >"$dir/$id.started"
+    exit $rc ;;
+  delete)
+    kill_holder
+    rm -f "$dir/$id.watcher" "$dir/$id.started"
+    exec @RUNSC@ "$@" ;;
+esac
+exec @RUNSC@ "$@"
+"""
+
+
 def write_containerd_config(bins: Bins) -> Path:
     root = CONTAINERD_DIR
     cni_conf = STATE / "cni" / "net.d"
@@ -758,6 +832,19 @@ def write_containerd_config(bins: Bins) -> Path:
         ],
     }
     (cni_conf / "10-sandbox-operator.conflist").write_text(json.dumps(conflist, indent=2))
+    # runsc's global flags go before the runc-style subcommand the shim passes: a wrapper.
+    # `touch $STATE/runsc-debug` (then `up`) writes gVisor's debug logs to logs/runsc/.
+    runsc_flags = ["--platform=systrap"]
+    if (STATE / "runsc-debug").exists():
+        (LOGS / "runsc").mkdir(parents=True, exist_ok=True)
+        runsc_flags += ["--debug", f"--debug-log={LOGS / 'runsc'}/%ID%.%COMMAND%.log"]
+    runsc = root / "runsc-wrapper"
+    runsc.parent.mkdir(parents=True, exist_ok=True)
+    exe = f"{bins.gvisor / 'runsc'} {' '.join(runsc_flags)}"
+    holders = root / "runsc-stdio"
+    holders.mkdir(parents=True, exist_ok=True)
+    runsc.write_text(RUNSC_WRAPPER.replace("@RUNSC@", exe).replace("@DIR@", str(holders)))
+    runsc.chmod(0o755)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     config = f"""version = 2
 root = "{root / "root"}"
@@ -780,6 +867,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   enable_selinux = false
   disable_apparmor = true
   tolerate_missing_hugetlb_controller = true
+  # The kubelet asks for negative OOM scores (pause: -998); lowering a score needs
+  # CAP_SYS_RESOURCE, which root lacks on these machines: clamp to containerd's own score.
+  restrict_oom_score_adj = true
 
 [{cri}.containerd]
   snapshotter = "overlayfs"
@@ -797,7 +887,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runsc]
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.runsc.options]
-  BinaryName = "{bins.gvisor / "runsc"}"
+  BinaryName = "{runsc}"
   SystemdCgroup = false
   Root = "{root / "runsc"}"
 
@@ -816,7 +906,11 @@ def containerd_proc(config: Path) -> Proc:
         "containerd",
         ["/usr/bin/containerd", f"--config={config}", "--log-level=warn"],
         containerd_healthy,
-        inputs=(config, *sorted((STATE / "cni" / "net.d").glob("*"))),
+        inputs=(
+            config,
+            CONTAINERD_DIR / "runsc-wrapper",
+            *sorted((STATE / "cni" / "net.d").glob("*")),
+        ),
     )
 
 
