@@ -136,7 +136,8 @@ def test_missing_scope_waits_and_proceeds_when_it_appears(kit, start_operator):
 
 
 def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, start_operator):
-    config = fixed()
+    runc = gvisor(name="runc", runtimeClassName="runc", isolation="container")
+    config = local_config(floor="container", selection="fixed", pinned="runc", backends=[runc])
     config["operator"]["disposeTimeoutSeconds"] = 4
     start_operator(config)
     kit.scope()
