@@ -377,6 +377,21 @@ def ensure_pki(ip: str) -> None:
         marker.write_text(ip)
 
 
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write atomically, and only when the content differs: running processes (containerd
+    watches the CNI directory, shims run the runsc wrapper) never see a half-written file."""
+    try:
+        if path.read_text() == text and (path.stat().st_mode & 0o777) == mode:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    tmp.replace(path)
+
+
 def b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
@@ -402,10 +417,7 @@ contexts:
     namespace: default
 current-context: sandbox-operator
 """
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    write_file(path, text, 0o600)
 
 
 def ensure_kubeconfigs() -> None:
@@ -432,6 +444,9 @@ class Proc:
     timeout: float = 90.0
     # Files the process reads its configuration from: a change restarts it, like a new flag.
     inputs: tuple[Path, ...] = ()
+    # Starts to try when the process exits while coming up (the kubelet exits when containerd's
+    # CRI is still initialising, which `ctr version` cannot see).
+    attempts: int = 1
 
     @property
     def pidfile(self) -> Path:
@@ -501,26 +516,39 @@ def start(proc: Proc) -> None:
         PIDS.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(proc.env or {})
-        with proc.log.open("a") as fh:
-            fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(proc.argv)}\n")
-            fh.flush()
-            child = subprocess.Popen(
-                proc.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        record = {
-            "pid": child.pid,
-            "exe": proc.argv[0],
-            "fingerprint": proc.fingerprint,
-            "started": time.time(),
-        }
-        proc.pidfile.write_text(json.dumps(record))
-        wait_for(f"{proc.name} health", proc.health, proc.timeout, proc.log, record)
+        for attempt in range(1, proc.attempts + 1):
+            record = spawn(proc, env)
+            try:
+                wait_for(f"{proc.name} health", proc.health, proc.timeout, proc.log, record)
+                return
+            except StepFailed as exc:
+                if pid_alive(record) or attempt == proc.attempts:
+                    raise
+                say(f"{proc.name} exited at start ({exc.detail}); retrying ({attempt})")
+                time.sleep(2)
+
+
+def spawn(proc: Proc, env: dict[str, str]) -> dict[str, Any]:
+    with proc.log.open("a") as fh:
+        fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(proc.argv)}\n")
+        fh.flush()
+        child = subprocess.Popen(
+            proc.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    record = {
+        "pid": child.pid,
+        "exe": proc.argv[0],
+        "fingerprint": proc.fingerprint,
+        "started": time.time(),
+    }
+    proc.pidfile.write_text(json.dumps(record))
+    return record
 
 
 def stop_record(name: str, record: dict[str, Any], grace: float = 20.0) -> None:
@@ -831,7 +859,7 @@ def write_containerd_config(bins: Bins) -> Path:
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
-    (cni_conf / "10-sandbox-operator.conflist").write_text(json.dumps(conflist, indent=2))
+    write_file(cni_conf / "10-sandbox-operator.conflist", json.dumps(conflist, indent=2) + "\n")
     # runsc's global flags go before the runc-style subcommand the shim passes: a wrapper.
     # `touch $STATE/runsc-debug` (then `up`) writes gVisor's debug logs to logs/runsc/.
     runsc_flags = ["--platform=systrap"]
@@ -843,8 +871,7 @@ def write_containerd_config(bins: Bins) -> Path:
     exe = f"{bins.gvisor / 'runsc'} {' '.join(runsc_flags)}"
     holders = root / "runsc-stdio"
     holders.mkdir(parents=True, exist_ok=True)
-    runsc.write_text(RUNSC_WRAPPER.replace("@RUNSC@", exe).replace("@DIR@", str(holders)))
-    runsc.chmod(0o755)
+    write_file(runsc, RUNSC_WRAPPER.replace("@RUNSC@", exe).replace("@DIR@", str(holders)), 0o755)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     config = f"""version = 2
 root = "{root / "root"}"
@@ -897,7 +924,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   max_conf_num = 1
 """
     path = root / "config.toml"
-    path.write_text(config)
+    write_file(path, config)
     return path
 
 
@@ -949,9 +976,10 @@ def write_kubelet_config() -> Path:
         "maxPods": 110,
         "serializeImagePulls": False,
         "resolvConf": "/etc/resolv.conf",
+        "podLogsDir": str(STATE / "pod-logs"),
     }
     path = STATE / "kubelet-config.json"
-    path.write_text(json.dumps(cfg, indent=2))
+    write_file(path, json.dumps(cfg, indent=2) + "\n")
     return path
 
 
@@ -971,6 +999,7 @@ def kubelet_proc(bins: Bins, ip: str, config: Path) -> Proc:
         kubelet_healthy,
         timeout=120,
         inputs=(config,),
+        attempts=10,
     )
 
 
