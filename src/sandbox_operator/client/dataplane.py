@@ -14,7 +14,8 @@ server's ``pods/exec`` (websocket, binary-safe); :class:`LocalExecTransport` run
 as local processes (no isolation at all: tests and development only).
 
 Exec protocol. A command runs under a tiny wrapper: the outer ``sh`` starts an inner ``sh`` through
-``setsid`` (so the command leads a process group of its own), the inner one announces its pid on
+``setsid`` (or ``python3``'s ``os.setsid`` where the image has no ``setsid``), so the command
+leads a process group of its own, the inner one announces its pid on
 the first line of stderr, changes directory, exports the environment and ``exec``\\s the argv
 verbatim -- no shell ever parses it. Stdin is fed through ``head -c N`` so the command sees EOF
 without relying on the transport being able to half-close. On timeout (or output over budget) the
@@ -167,6 +168,9 @@ class ExecTransport(Protocol):
 
 _EXEC_OUTER = r"""s=$1; shift
 if command -v setsid >/dev/null 2>&1; then setsid sh -c "$s" sbx group "$@"
+elif command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+    sh -c "$s" sbx group "$@"
 else sh -c "$s" sbx process "$@"; fi
 exit $?
 """
