@@ -164,3 +164,22 @@ def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, s
     kit.wait_gone("first", timeout=90)
     kit.wait_condition("second", "Admitted", status="True", timeout=60)
     assert kit.pod("second") is not None
+
+
+def test_two_replicas_acting_at_once_never_double_create(kit, start_operator):
+    """Even without peering (both replicas act), deterministic names and create-or-adopt give
+    exactly one pod per Sandbox and one consistent status."""
+    runc = gvisor(name="runc", runtimeClassName="runc", isolation="container")
+    config = local_config(floor="container", selection="fixed", pinned="runc", backends=[runc])
+    start_operator(config)
+    start_operator(config)
+    kit.scope()
+    for i in range(10):
+        kit.sandbox(f"r{i}")
+    for i in range(10):
+        kit.wait_condition(f"r{i}", "Admitted", status="True", timeout=90)
+    time.sleep(4)
+    pods = kit.core.list_namespaced_pod(kit.ns).items
+    assert sorted(p.metadata.name for p in pods) == [f"r{i}" for i in range(10)]
+    for p in pods:
+        assert len(p.metadata.owner_references) == 1
