@@ -75,6 +75,8 @@ FATAL_WAITING_REASONS = frozenset(
     }
 )
 
+PULL_REASONS = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull"})
+
 
 # --------------------------------------------------------------------------------------------
 # Pure builders
@@ -269,8 +271,11 @@ def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
         if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
             reason = str(waiting["reason"])
             msg = f"container cannot start: {reason}"
-            if waiting.get("message"):
-                msg += f": {waiting['message']}"
+            if reason in PULL_REASONS:
+                # The kubelet's pull message names registry endpoints and resolvers: keep it out.
+                msg += f" (image {cs.get('image') or 'unknown'} is not available to the node)"
+            elif waiting.get("message"):
+                msg += f": {str(waiting['message'])[:300]}"
             return Observation(ObservedPhase.STARTUP_FAILED, served, reason, msg, created)
         if terminated:
             reason = str(terminated.get("reason") or "Terminated")
