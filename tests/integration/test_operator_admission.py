@@ -183,3 +183,15 @@ def test_two_replicas_acting_at_once_never_double_create(kit, start_operator):
     assert sorted(p.metadata.name for p in pods) == [f"r{i}" for i in range(10)]
     for p in pods:
         assert len(p.metadata.owner_references) == 1
+
+
+def test_health_endpoint_reports_backend_availability(kit, start_operator):
+    import json
+    import urllib.request
+
+    config = fixed(runtimeClassName="no-such-runtime-class")
+    op = start_operator(config)
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.port}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+        body = json.loads(resp.read())
+    assert "does not exist" in body["backends"]["gvisor"]
