@@ -105,6 +105,22 @@ class PodSettings(_Model):
         return self
 
 
+class EgressProxySettings(_Model):
+    """Where allowlisted sandboxes send their traffic (the egress proxy enforces the allowlist).
+
+    A sandbox with ``egress: allowlist`` gets ``HTTPS_PROXY``/``HTTP_PROXY`` set to ``url`` and a
+    NetworkPolicy that allows egress only to pods matching the selectors on ``port``.
+    """
+
+    url: str = Field(min_length=1, description="Proxy URL given to the sandbox, e.g. http://p:3128")
+    port: int = Field(ge=1, le=65535)
+    pod_selector: dict[str, str] = Field(default_factory=dict)
+    namespace_selector: dict[str, str] | None = Field(
+        default=None, description="null: the sandbox's own namespace; {}: any namespace."
+    )
+    no_proxy: str = Field(default="", description="NO_PROXY value, if any.")
+
+
 class RuntimeClassBackendConfig(_Model):
     """A backend served by pods on a Kubernetes RuntimeClass (runc, gVisor, Kata, ...)."""
 
@@ -117,6 +133,10 @@ class RuntimeClassBackendConfig(_Model):
     )
     declarations: BackendDeclarations = Field(default_factory=BackendDeclarations)
     pod: PodSettings = Field(default_factory=PodSettings)
+    egress_proxy: EgressProxySettings | None = Field(
+        default=None,
+        description="Required for serving egress allowlist (declare allowlist only with it).",
+    )
 
 
 def _acas_model() -> type[BaseModel] | None:

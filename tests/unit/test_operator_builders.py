@@ -190,3 +190,26 @@ def test_status_patch_only_when_changed():
     assert cnd.status_patch(old, {"backend": "runc"}) == {"backend": "runc"}
     assert cnd.status_patch(old, {"backend": None}) == {"backend": None}
     assert cnd.status_patch({}, {"backend": None}) is None
+
+
+def test_allowlist_goes_through_the_backends_egress_proxy_only():
+    from sandbox_operator.config import EgressProxySettings
+
+    proxied = backend().model_copy(
+        update={
+            "egress_proxy": EgressProxySettings(
+                url="http://egress-proxy:3128", port=3128, pod_selector={"app": "egress-proxy"}
+            )
+        }
+    )
+    req = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
+    env = {e["name"]: e["value"] for e in build_pod(req, proxied)["spec"]["containers"][0]["env"]}
+    assert env["HTTPS_PROXY"] == "http://egress-proxy:3128"
+    np = build_network_policy(req, proxied)
+    (rule,) = np["spec"]["egress"]
+    assert rule["to"] == [{"podSelector": {"matchLabels": {"app": "egress-proxy"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 3128}]
+    # without a proxy: no egress at all
+    assert build_network_policy(req, backend())["spec"]["egress"] == []
+    closed_env = build_pod(request(), proxied)["spec"]["containers"][0]["env"]
+    assert "HTTPS_PROXY" not in {e["name"] for e in closed_env}

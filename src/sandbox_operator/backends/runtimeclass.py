@@ -155,16 +155,23 @@ def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dic
     if work_dir != "/tmp":
         mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
         volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": pod.tmp_size_limit}})
+    env = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "SANDBOX_WORK_DIR", "value": work_dir},
+    ]
+    proxy = backend.egress_proxy
+    if spec.egress is Egress.ALLOWLIST and proxy is not None:
+        for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+            env.append({"name": var, "value": proxy.url})
+        if proxy.no_proxy:
+            env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": list(pod.keep_alive_command),
         "workingDir": work_dir,
-        "env": [
-            {"name": "HOME", "value": "/tmp"},
-            {"name": "SANDBOX_WORK_DIR", "value": work_dir},
-        ],
+        "env": env,
         "resources": _resources(spec),
         "securityContext": container_security_context(pod),
         "volumeMounts": mounts,
@@ -197,12 +204,14 @@ def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dic
     }
 
 
-def build_network_policy(request: EnsureRequest) -> dict[str, Any]:
+def build_network_policy(
+    request: EnsureRequest, backend: RuntimeClassBackendConfig | None = None
+) -> dict[str, Any]:
     """The NetworkPolicy of a sandbox pod: no ingress ever; egress by the spec's mode.
 
-    ``closed`` denies all egress. ``unrestricted`` leaves egress open (only served when the host
-    policy allows it and the backend declares it). ``allowlist`` also denies direct egress here:
-    the allowlist is enforced by an egress proxy the backend declares, not by this policy.
+    ``closed`` denies all egress (DNS included). ``unrestricted`` leaves egress open (only served
+    when the host policy allows it and the backend declares it). ``allowlist`` allows egress only
+    to the backend's egress proxy (which enforces the allowlist); without a proxy, none at all.
     """
     name = naming.network_policy_name(request.sandbox.name)
     selector = {lbl.SANDBOX_LABEL: lbl.sandbox_label_value(request.sandbox.name)}
@@ -216,6 +225,12 @@ def build_network_policy(request: EnsureRequest) -> dict[str, Any]:
     if request.spec.egress is Egress.UNRESTRICTED:
         spec["policyTypes"] = ["Ingress"]
         del spec["egress"]
+    proxy = backend.egress_proxy if backend is not None else None
+    if request.spec.egress is Egress.ALLOWLIST and proxy is not None:
+        peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
+        if proxy.namespace_selector is not None:
+            peer["namespaceSelector"] = {"matchLabels": dict(proxy.namespace_selector)}
+        spec["egress"] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": proxy.port}]}]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -387,7 +402,7 @@ class RuntimeClassDriver:
         manifest = build_pod(request, self._config)
         name = manifest["metadata"]["name"]
         # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
-        np = build_network_policy(request)
+        np = build_network_policy(request, self._config)
         try:
             await self._net.create_namespaced_network_policy(ns, np)
         except ApiException as exc:
