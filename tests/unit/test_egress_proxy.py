@@ -33,6 +33,7 @@ from sandbox_operator.egress.testing import (
     LocalServer,
     connect_through,
     get_through,
+    open_from,
     proxy_request,
     read_reply_head,
     self_signed_cert,
@@ -408,6 +409,23 @@ async def test_per_sandbox_connection_cap(echo: LocalServer) -> None:
         assert other.status == 200
         for r in (*held, other):
             r.close()
+
+
+async def test_per_client_cap_counts_connections_still_sending_heads(
+    upstream: LocalServer,
+) -> None:
+    cfg = config((upstream.port,), limits={"maxConnectionsPerClient": 2})
+    async with EgressProxy(cfg, resolver=RESOLVER) as p:
+        slow = [await open_from("127.0.0.1", p.port, SB_A) for _ in range(2)]
+        for _, writer in slow:
+            writer.write(b"CONNECT allowed.test:443 HTTP/1.1\r\n")  # head never finished
+        await asyncio.sleep(0.05)
+        extra = await get_through(p.port, f"http://allowed.test:{upstream.port}/", source=SB_A)
+        assert extra.status == 503 and extra.headers["x-egress-reason"] == "TooManyConnections"
+        other = await get_through(p.port, f"http://b-only.test:{upstream.port}/", source=SB_B)
+        assert other.status == 200
+        for _, writer in slow:
+            writer.close()
 
 
 async def test_decision_records_shape(

@@ -96,6 +96,10 @@ class Limits(_Model):
     max_connections_per_sandbox: Annotated[
         int, Field(ge=1, le=1_000_000, alias="maxConnectionsPerSandbox")
     ] = 512
+    # Per source address, counted from accept (so also while a head is still arriving).
+    max_connections_per_client: Annotated[
+        int, Field(ge=1, le=1_000_000, alias="maxConnectionsPerClient")
+    ] = 1024
 
 
 class SandboxEgress(_Model):

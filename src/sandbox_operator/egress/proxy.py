@@ -3,7 +3,7 @@
 Order of checks for one connection (each failure answers and closes; each outcome is one
 decision record):
 
-1. connection caps (global) -> 503 TooManyConnections
+1. connection caps (global, per client address) -> 503 TooManyConnections
 2. request head read within ``header_timeout_seconds`` and ``max_header_bytes``
    -> 408 HeaderTimeout / 431 HeaderTooLarge / 400 BadRequest
 3. sandbox identified (source IP and/or Proxy-Authorization) -> 403 UnknownSandbox /
@@ -128,6 +128,7 @@ class EgressProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._active = 0
         self._active_by_sandbox: dict[str, int] = {}
+        self._active_by_client: dict[str, int] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -259,6 +260,8 @@ class EgressProxy:
         self._tasks.add(task)
         self._active += 1
         conn = _Conn(client=_peer_ip(writer))
+        client_key = str(conn.client)
+        self._active_by_client[client_key] = self._active_by_client.get(client_key, 0) + 1
         try:
             await self._handle(reader, writer, conn)
         except asyncio.CancelledError:
@@ -271,6 +274,11 @@ class EgressProxy:
             log.exception("egress connection failed")
         finally:
             self._active -= 1
+            left = self._active_by_client.get(client_key, 1) - 1
+            if left:
+                self._active_by_client[client_key] = left
+            else:
+                self._active_by_client.pop(client_key, None)
             self._tasks.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
@@ -286,6 +294,15 @@ class EgressProxy:
         conn.sandbox = ip_entry.id if ip_entry is not None else None
         if self._active > limits.max_connections:
             await self._refuse(writer, conn, DecisionReason.TOO_MANY_CONNECTIONS, "proxy is full")
+            return
+        # Counted from accept, so connections still sending their head (slowloris) count too.
+        if self._active_by_client.get(str(conn.client), 0) > limits.max_connections_per_client:
+            await self._refuse(
+                writer,
+                conn,
+                DecisionReason.TOO_MANY_CONNECTIONS,
+                "too many open connections from this address",
+            )
             return
 
         # 2. the request head, bounded in size and in total time (slowloris)
