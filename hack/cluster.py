@@ -487,8 +487,13 @@ def pid_alive(record: dict[str, Any]) -> bool:
     return cmdline[0].decode(errors="replace") == record.get("exe")
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float, log: Path | None = None,
-             proc_record: dict[str, Any] | None = None) -> None:  # fmt: skip
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float,
+    log: Path | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -496,7 +501,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, log: Path | N
                 return
         except Exception:  # a probe that raises is simply "not yet"
             pass
-        if proc_record is not None and not pid_alive(proc_record):
+        if alive is not None and not alive():
             raise StepFailed(what, "the process exited", log)
         time.sleep(0.5)
     raise StepFailed(what, f"not healthy after {timeout:.0f}s", log)
@@ -507,7 +512,7 @@ def start(proc: Proc) -> None:
     record = read_pidfile(proc.pidfile)
     if record and pid_alive(record):
         if record.get("fingerprint") == proc.fingerprint:
-            wait_for(proc.name, proc.health, proc.timeout, proc.log, record)
+            wait_for(proc.name, proc.health, proc.timeout, proc.log, lambda: pid_alive(record))
             return
         say(f"{proc.name}: configuration changed, restarting pid {record['pid']}")
         stop_record(proc.name, record)
@@ -517,18 +522,24 @@ def start(proc: Proc) -> None:
         env = dict(os.environ)
         env.update(proc.env or {})
         for attempt in range(1, proc.attempts + 1):
-            record = spawn(proc, env)
+            child = spawn(proc, env)
             try:
-                wait_for(f"{proc.name} health", proc.health, proc.timeout, proc.log, record)
+                wait_for(
+                    f"{proc.name} health",
+                    proc.health,
+                    proc.timeout,
+                    proc.log,
+                    lambda child=child: child.poll() is None,
+                )
                 return
             except StepFailed as exc:
-                if pid_alive(record) or attempt == proc.attempts:
+                if child.poll() is None or attempt == proc.attempts:
                     raise
                 say(f"{proc.name} exited at start ({exc.detail}); retrying ({attempt})")
                 time.sleep(2)
 
 
-def spawn(proc: Proc, env: dict[str, str]) -> dict[str, Any]:
+def spawn(proc: Proc, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with proc.log.open("a") as fh:
         fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(proc.argv)}\n")
         fh.flush()
@@ -548,7 +559,7 @@ def spawn(proc: Proc, env: dict[str, str]) -> dict[str, Any]:
         "started": time.time(),
     }
     proc.pidfile.write_text(json.dumps(record))
-    return record
+    return child
 
 
 def stop_record(name: str, record: dict[str, Any], grace: float = 20.0) -> None:
@@ -636,10 +647,14 @@ CONTAINERD_DIR = STATE / "containerd"
 CONTAINERD_SOCK = CONTAINERD_DIR / "containerd.sock"
 
 
-def ctr(*args: str, log: Path | None = None, check: bool = True) -> str:
-    return run(
-        ["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", *args], log=log, check=check
-    )
+def ctr(*args: str, log: Path | None = None, check: bool = True, timeout: float = 120) -> str:
+    argv = ["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", *args]
+    try:
+        return run(argv, log=log, check=check, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if check:
+            raise StepFailed("ctr", f"`ctr {' '.join(args[:2])}` timed out", log) from None
+        return ""
 
 
 def containerd_healthy() -> bool:
@@ -1152,23 +1167,24 @@ ORDER = [
 
 
 def stop_containers() -> None:
-    """Kill every task containerd runs, so that no shim or sandbox outlives `down`."""
+    """Kill every task containerd runs, so that no container or sandbox outlives `down`."""
     if not containerd_healthy():
         return
-    ids = ctr("tasks", "ls", "-q", check=False).split()
+    ids = ctr("tasks", "ls", "-q", check=False, timeout=15).split()
     if ids:
         say(f"killing {len(ids)} container task(s)")
     for cid in ids:
-        ctr("tasks", "kill", "-a", "-s", "SIGKILL", cid, check=False)
-    deadline = time.monotonic() + 15
+        ctr("tasks", "kill", "-a", "-s", "SIGKILL", cid, check=False, timeout=5)
     for cid in ids:
-        while time.monotonic() < deadline:
-            if (
-                ctr("tasks", "delete", "-f", cid, check=False)
-                or cid not in ctr("tasks", "ls", "-q", check=False).split()
-            ):
-                break
-            time.sleep(0.3)
+        ctr("tasks", "delete", "-f", cid, check=False, timeout=5)
+    # A task whose shim does not answer: end its recorded process (container init, gVisor
+    # sandbox or exit watcher) by pid; the shim then finds it gone.
+    tasks = CONTAINERD_DIR / "state" / "io.containerd.runtime.v2.task" / "k8s.io"
+    for cid in ctr("tasks", "ls", "-q", check=False, timeout=15).split():
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((tasks / cid / "init.pid").read_text().strip())
+            if pid > 1:
+                os.kill(pid, signal.SIGKILL)
 
 
 def mounts_under(path: Path) -> list[str]:
