@@ -169,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)
         # kopf reports every successful handler and timer run at INFO: noise at this level.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every health probe
     liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
     kopf.run(
         clusterwide=bool(args.all_namespaces),
