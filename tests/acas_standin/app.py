@@ -602,6 +602,7 @@ async def control_config(request: web.Request) -> web.Response:
         "deleteLeavesListed": "delete_leaves_listed",
         "maxFileBytes": "max_file_bytes",
         "maxSandboxes": "max_sandboxes",
+        "hostPaths": "host_paths",
     }
     for wire, attr in knobs.items():
         if wire in data:

@@ -473,6 +473,7 @@ async def test_logs_carry_no_token_or_endpoint(
         text = record.getMessage()
         assert SECRET_TOKEN not in text
         assert f"127.0.0.1:{standin.port}" not in text, text
+        assert "/subscriptions/" not in text, text
     assert repr(StaticTokenProvider(SECRET_TOKEN)).count(SECRET_TOKEN) == 0
     assert SECRET_TOKEN not in repr(client)
 

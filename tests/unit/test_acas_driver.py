@@ -236,6 +236,32 @@ async def test_dispose_that_leaves_the_sandbox_listed_times_out(standin: Standin
         await driver.close()
 
 
+async def test_dispose_wait_is_bounded_by_the_operators_dispose_timeout(
+    standin: StandinServer,
+) -> None:
+    from sandbox_operator.config import OperatorSettings
+
+    config = make_config(standin.base_url, timeouts={"delete": 300, "pollInterval": 0.05})
+    driver = build_driver(
+        config,
+        api=None,
+        settings=OperatorSettings(dispose_timeout_seconds=0.3),
+        tokens=StaticTokenProvider(DEFAULT_TOKEN),
+    )
+    assert driver.dispose_within == 0.3
+    plain = build_driver(config, api=None, tokens=StaticTokenProvider("x"))
+    assert plain.dispose_within == 300
+    await plain.close()
+    try:
+        await driver.ensure(request())
+        standin.state.delete_leaves_listed = True
+        with pytest.raises(DisposalError) as info:
+            await driver.dispose(SandboxRef("ns1", "sbx-1", "uid-1"))
+        assert info.value.code is DisposalCode.TIMEOUT
+    finally:
+        await driver.close()
+
+
 @pytest.mark.parametrize(
     ("fault", "code"),
     [

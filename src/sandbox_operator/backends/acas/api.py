@@ -54,19 +54,27 @@ LIST_MAX_PAGES = 1000
 
 
 class _RedactHosts(logging.Filter):
-    """Rewrites httpx/httpcore log records so they never show a registered host."""
+    """Rewrites httpx/httpcore log records so they never show a registered endpoint (scheme,
+    host and port) nor the subscription / resource group / sandbox group path prefix."""
 
     def __init__(self) -> None:
         super().__init__("acas-redact")
         self.hosts: set[str] = set()
+        self.replacements: dict[str, str] = {}
+
+    def add(self, needle: str, replacement: str) -> None:
+        if needle:
+            self.replacements[needle] = replacement
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.hosts:
+        if not self.replacements:
             return True
         text = record.getMessage()
-        if any(h in text for h in self.hosts):
-            for host in self.hosts:
-                text = text.replace(host, "[endpoint]")
+        # Longest first: the whole endpoint URL before its bare host.
+        needles = sorted(self.replacements, key=len, reverse=True)
+        if any(n in text for n in needles):
+            for needle in needles:
+                text = text.replace(needle, self.replacements[needle])
             record.msg = text
             record.args = None
         return True
@@ -83,8 +91,11 @@ _REDACTED_LOGGERS = (
 )
 
 
-def _install_redaction(host: str) -> None:
+def _install_redaction(endpoint: str, host: str, prefix: str) -> None:
     _REDACT.hosts.add(host)
+    _REDACT.add(endpoint, "[endpoint]")
+    _REDACT.add(host, "[endpoint]")
+    _REDACT.add(prefix, "/[sandbox-group]")
     for name in _REDACTED_LOGGERS:
         logger = logging.getLogger(name)
         if _REDACT not in logger.filters:
@@ -141,7 +152,7 @@ class AcasClient:
         self._sleep = sleep
         host = urlsplit(config.endpoint).hostname or ""
         self._secrets: tuple[str, ...] = tuple(s for s in (config.endpoint, host) if s)
-        _install_redaction(host)
+        _install_redaction(config.endpoint, host, self.ops.prefix)
         self._http = httpx.AsyncClient(
             base_url=config.endpoint,
             timeout=httpx.Timeout(

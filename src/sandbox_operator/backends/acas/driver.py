@@ -234,9 +234,24 @@ def operator_namespace() -> str:
 class AcasDriver:
     """`BackendDriver` for one ACA sandbox group."""
 
-    def __init__(self, config: AcasBackendConfig, client: AcasClient) -> None:
+    def __init__(
+        self,
+        config: AcasBackendConfig,
+        client: AcasClient,
+        *,
+        dispose_timeout: float | None = None,
+    ) -> None:
         self._config = config
         self._client = client
+        # One disposal waits for the service to say "gone" at most this long (the operator's
+        # disposeTimeoutSeconds when it is shorter than timeouts.delete), then reports timeout.
+        self._dispose_within = config.timeouts.delete
+        if dispose_timeout is not None:
+            self._dispose_within = min(self._dispose_within, dispose_timeout)
+
+    @property
+    def dispose_within(self) -> float:
+        return self._dispose_within
 
     @property
     def name(self) -> str:
@@ -318,7 +333,7 @@ class AcasDriver:
 
     async def _dispose_remote(self, remote_id: str) -> None:
         try:
-            await self._client.delete_and_wait(remote_id)
+            await self._client.delete_and_wait(remote_id, within=self._dispose_within)
         except AcasError as exc:
             raise DisposalError(disposal_failure(exc, self.name)) from None
 
@@ -381,4 +396,9 @@ def build_driver(
             tokens = _SecretTokens(api, config.credential, config.token_scope)
         else:
             tokens = token_provider_for(config.credential, config.token_scope)
-    return AcasDriver(config, AcasClient(config, tokens, transport=transport))
+    dispose_timeout = getattr(settings, "dispose_timeout_seconds", None)
+    return AcasDriver(
+        config,
+        AcasClient(config, tokens, transport=transport),
+        dispose_timeout=float(dispose_timeout) if dispose_timeout is not None else None,
+    )
