@@ -562,7 +562,7 @@ def spawn(proc: Proc, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return child
 
 
-def stop_record(name: str, record: dict[str, Any], grace: float = 20.0) -> None:
+def stop_record(name: str, record: dict[str, Any], grace: float = 10.0) -> None:
     pid = int(record["pid"])
     if not pid_alive(record):
         return
@@ -1117,8 +1117,9 @@ def wait_default_service_account() -> None:
 
 @contextlib.contextmanager
 def state_lock() -> Iterator[None]:
-    STATE.mkdir(parents=True, exist_ok=True)
-    with (STATE / ".lock").open("a") as fh:
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    # Beside the state directory, not in it: `--clean` and `down --wipe` delete that directory.
+    with (STATE.parent / f".{STATE.name}.lock").open("a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1127,10 +1128,14 @@ def state_lock() -> Iterator[None]:
         yield
 
 
-def cmd_up(level: str) -> None:
+def cmd_up(level: str, clean: bool = False) -> None:
     if os.geteuid() != 0 and level == "node":
         raise StepFailed("preflight", "the node level needs root (containerd, kubelet, CNI)")
     with state_lock():
+        if clean and (PIDS.exists() or (STATE / "etcd").exists()) and not anything_running():
+            say("--clean: state of a stopped cluster found; starting from an empty state")
+            wipe_state()
+            STATE.mkdir(parents=True, exist_ok=True)
         say(f"bringing up the local cluster, level {level}; state in {STATE}")
         ensure_packages(level)
         bins = ensure_binaries(level)
@@ -1197,6 +1202,29 @@ def mounts_under(path: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def wipe_state(network: bool = True) -> None:
+    """Delete the state directory: unmount what the kubelet and containerd left mounted under
+    it first, and refuse to delete anything while a mount remains."""
+    if not STATE.exists():
+        return
+    for mnt in mounts_under(STATE):
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+    left = mounts_under(STATE)
+    if left:
+        raise StepFailed("wipe", f"still mounted, not deleting state: {left[:5]}")
+    if network:
+        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        subprocess.run(["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True)
+    shutil.rmtree(STATE, ignore_errors=True)
+    say(f"state wiped: {STATE}")
+
+
+def anything_running() -> bool:
+    return any(
+        (record := read_pidfile(PIDS / f"{name}.json")) and pid_alive(record) for name in ORDER
+    )
+
+
 def cmd_down(wipe: bool) -> None:
     with state_lock():
         kubelet = read_pidfile(PIDS / "kubelet.json")
@@ -1209,17 +1237,7 @@ def cmd_down(wipe: bool) -> None:
                 stop_record(name, record)
                 (PIDS / f"{name}.json").unlink(missing_ok=True)
         if wipe:
-            for mnt in mounts_under(STATE):
-                subprocess.run(["umount", "-l", mnt], capture_output=True)
-            left = mounts_under(STATE)
-            if left:
-                raise StepFailed("wipe", f"still mounted, not deleting state: {left[:5]}")
-            subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
-            subprocess.run(
-                ["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True
-            )
-            shutil.rmtree(STATE, ignore_errors=True)
-            say(f"state wiped: {STATE}")
+            wipe_state()
     say("cluster is down")
 
 
@@ -1285,6 +1303,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start the cluster (idempotent)")
     up.add_argument("--level", choices=("api", "node"), default="node")
+    up.add_argument(
+        "--clean",
+        action="store_true",
+        help="if nothing of the cluster runs, wipe its old state first (CI: no stale pods)",
+    )
     down = sub.add_parser("down", help="stop every process the cluster started")
     down.add_argument("--wipe", action="store_true", help="also delete the state directory")
     sub.add_parser("status", help="show what runs")
@@ -1293,7 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
-            cmd_up(args.level)
+            cmd_up(args.level, args.clean)
         elif args.cmd == "down":
             cmd_down(args.wipe)
         elif args.cmd == "status":
