@@ -439,6 +439,33 @@ def test_delete_fault_yields_disposal_failed_with_its_code_then_lands(
     assert acas.remote("victim") == []
 
 
+def test_scope_purge_with_a_failing_delete_records_each_undisposed_code(acas: Acas) -> None:
+    kit = acas.kit
+    acas.start()
+    kit.scope("conv", scope="tenant-f", thread_id="thread-f")
+    kit.sandbox("f-one")
+    acas.wait_ready("f-one")
+    acas.standin.fault("delete", status=500, times=-1)
+    kit.delete("conv", plural="sandboxscopes")
+    obj = kit.wait_condition(
+        "conv",
+        "Disposed",
+        reasons=("PurgeIncomplete",),
+        status="False",
+        timeout=60,
+        plural="sandboxscopes",
+    )
+    undisposed = obj["status"]["lastPurge"]["undisposed"]
+    assert undisposed, obj["status"]
+    assert {u["backend"] for u in undisposed} == {"acas"}
+    assert {u["code"] for u in undisposed} == {"unknown"}
+    assert all("AzureSandboxes_Delete status=500" in u["detail"] for u in undisposed)
+    assert len(acas.remote("f-one")) == 1
+    acas.standin.reset()
+    kit.wait_gone("conv", plural="sandboxscopes", timeout=90)
+    wait_for(lambda: acas.standin.sandboxes() == [], 60, "remote sandboxes purged")
+
+
 def test_delete_that_leaves_the_sandbox_listed_times_out(acas: Acas) -> None:
     kit = acas.kit
     acas.start()
