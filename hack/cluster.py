@@ -50,13 +50,16 @@ PKI = STATE / "pki"
 KUBECONFIG = STATE / "kubeconfig"
 
 NODE_NAME = "sandbox-operator-node"
-ETCD_CLIENT_PORT = 2379
-ETCD_PEER_PORT = 2380
-APISERVER_PORT = 6443
-KCM_PORT = 10257
-SCHEDULER_PORT = 10259
-KUBELET_PORT = 10250
-KUBELET_HEALTHZ_PORT = 10248
+# SANDBOX_OPERATOR_PORT_OFFSET shifts every port: a second, api-level cluster beside the first
+# (with its own SANDBOX_OPERATOR_STATE), e.g. to try `up --clean` without touching the first.
+_PORT_OFFSET = int(os.environ.get("SANDBOX_OPERATOR_PORT_OFFSET", "0"))
+ETCD_CLIENT_PORT = 2379 + _PORT_OFFSET
+ETCD_PEER_PORT = 2380 + _PORT_OFFSET
+APISERVER_PORT = 6443 + _PORT_OFFSET
+KCM_PORT = 10257 + _PORT_OFFSET
+SCHEDULER_PORT = 10259 + _PORT_OFFSET
+KUBELET_PORT = 10250 + _PORT_OFFSET
+KUBELET_HEALTHZ_PORT = 10248 + _PORT_OFFSET
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 POD_SUBNET = "10.244.0.0/24"
@@ -1212,7 +1215,7 @@ def wipe_state(network: bool = True) -> None:
     left = mounts_under(STATE)
     if left:
         raise StepFailed("wipe", f"still mounted, not deleting state: {left[:5]}")
-    if network:
+    if network and (STATE / "cni").exists():  # only a node-level state made the bridge
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
         subprocess.run(["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True)
     shutil.rmtree(STATE, ignore_errors=True)
