@@ -181,6 +181,7 @@ class Acas:
         self.standin = standin
         self.kit = kit
         self._start = start_operator
+        self.operators: list[OperatorProcess] = []
 
     def set_token(self, token: str) -> None:
         body = client.V1Secret(
@@ -201,7 +202,25 @@ class Acas:
         return local_config(floor="microvm", selection="fixed", pinned="acas", backends=[acas])
 
     def start(self, config: dict[str, Any] | None = None) -> OperatorProcess:
-        return self._start(config if config is not None else self.config())
+        proc = self._start(config if config is not None else self.config())
+        self.operators.append(proc)
+        return proc
+
+    def assert_logs_clean(self, *tokens: str) -> None:
+        """No operator log line shows a token, the endpoint or the sandbox group's path."""
+        secrets = (
+            *tokens,
+            TOKEN,
+            f"127.0.0.1:{self.standin.port}",
+            "sub-test",
+            "rg-test",
+            "group-test",
+        )
+        for proc in self.operators:
+            text = proc.log_path.read_text(errors="replace")
+            assert "acas" in text or "Activity" in text  # the log is the operator's
+            for secret in secrets:
+                assert secret not in text, f"{secret!r} in {proc.log_path}"
 
     def wait_ready(self, name: str, timeout: float = 60) -> dict[str, Any]:
         return self.kit.wait_condition(
@@ -299,6 +318,7 @@ def test_sandbox_on_acas_becomes_ready_with_labels_at_the_service(acas: Acas) ->
     kit.delete("agent-one")
     kit.wait_gone("agent-one", timeout=30)
     assert acas.remote("agent-one") == []
+    acas.assert_logs_clean()
 
 
 # -- (b) per-spec selection: microvm floor -> acas, container floor -> runc --
@@ -437,6 +457,7 @@ def test_delete_fault_yields_disposal_failed_with_its_code_then_lands(
     acas.standin.reset()
     kit.wait_gone("victim", timeout=60)
     assert acas.remote("victim") == []
+    acas.assert_logs_clean()
 
 
 def test_scope_purge_with_a_failing_delete_records_each_undisposed_code(acas: Acas) -> None:
@@ -500,6 +521,7 @@ def test_expired_token_refuses_disposal_until_the_secret_is_rotated(acas: Acas) 
     acas.set_token("rotated-token")
     kit.wait_gone("creds", timeout=60)
     assert acas.remote("creds") == []
+    acas.assert_logs_clean("rotated-token")
 
 
 def test_expired_token_at_start_makes_the_backend_unavailable(acas: Acas) -> None:
