@@ -606,7 +606,12 @@ async def test_exec_is_sent_once_whatever_the_answer(
             "kind": "shell",
             "image": "sandbox-operator.dev/busybox:1",
             "workDir": str(work),
-            "requires": [Capability.EXEC, Capability.FILES_OUT],
+            "requires": [
+                Capability.EXEC,
+                Capability.RUN_CODE,
+                Capability.FILES_IN,
+                Capability.FILES_OUT,
+            ],
         }
     )
     sandbox = await sandbox_client.acquire(scope_ref, "agents/e", spec, timeout=60)
@@ -616,6 +621,13 @@ async def test_exec_is_sent_once_whatever_the_answer(
     base_calls = standin.calls("exec")
     base_runs = standin.state()["executions"]
     assert (base_calls, base_runs) == (1, 1)
+    # The same handle serves code and files over the service's API.
+    code = await sandbox.run_code("print(6 * 7)")
+    assert (code.exit_code, code.stdout) == (0, b"42\n")
+    await sandbox.write_file("notes/in.txt", b"payload")
+    assert await sandbox.read_file("notes/in.txt") == b"payload"
+    base_calls = standin.calls("exec")
+    base_runs = standin.state()["executions"]
 
     # Statuses a retry would cure for an idempotent call: for an execution, one attempt only.
     faults: list[dict[str, Any]] = [
