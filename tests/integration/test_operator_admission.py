@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.fixtures.operator import DECLARATIONS, local_config
+from tests.fixtures.operator import DECLARATIONS, REPO, local_config
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +195,39 @@ def test_health_endpoint_reports_backend_availability(kit, start_operator):
         assert resp.status == 200
         body = json.loads(resp.read())
     assert "does not exist" in body["backends"]["gvisor"]
+
+
+def test_kopf_peering_lets_only_the_highest_priority_replica_act(kit, start_operator, kubectl):
+    """With a peering object, the lower-priority replica stands by, and takes over when the
+    higher one stops."""
+    crd = kubectl("get", "crd", "kopfpeerings.kopf.dev", check=False)
+    if crd.returncode != 0:
+        kubectl("apply", "-f", str(REPO / "examples/kopf-peering.yaml"), check=False)
+        kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
+    kubectl(
+        "apply",
+        "-n",
+        kit.ns,
+        "-f",
+        "-",
+        input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: sandbox-operator\n",
+    )
+    runc = gvisor(name="runc", runtimeClassName="runc", isolation="container")
+    config = local_config(floor="container", selection="fixed", pinned="runc", backends=[runc])
+    low = start_operator(config, args=("--peering", "sandbox-operator", "--priority", "100"))
+    high = start_operator(config, args=("--peering", "sandbox-operator", "--priority", "200"))
+    deadline = time.monotonic() + 30
+    while "Pausing operations" not in low.log() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "Pausing operations" in low.log(), low.log()
+    kit.scope()
+    kit.sandbox("while-high")
+    kit.wait_condition("while-high", "Admitted", status="True", timeout=60)
+    high.stop()  # a clean stop withdraws it from the peering at once
+    kit.sandbox("after-high")
+    kit.wait_condition("after-high", "Admitted", status="True", timeout=90)
+    assert "Resuming operations" in low.log()
+    assert sorted(p.metadata.name for p in kit.core.list_namespaced_pod(kit.ns).items) == [
+        "after-high",
+        "while-high",
+    ]
