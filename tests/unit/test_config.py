@@ -128,3 +128,13 @@ def test_run_refuses_to_start_on_bad_config(tmp_path, capsys):
     )
     assert main(["run", "--config", str(bad), "--namespace", "x"]) == 1
     assert "refusing to start" in capsys.readouterr().err
+
+
+def test_check_config_accepts_a_bare_spec(tmp_path, capsys):
+    spec = tmp_path / "bare.yaml"
+    spec.write_text(yaml.safe_dump({"kind": "python", "image": "sandbox-operator.dev/python:1"}))
+    cfg = REPO / "examples/config-local.yaml"
+    assert main(["check-config", str(cfg), "--spec", str(spec)]) == 0
+    assert "served by backend gvisor" in capsys.readouterr().out
+    spec.write_text("kind: [")
+    assert main(["check-config", str(cfg), "--spec", str(spec)]) == 2
