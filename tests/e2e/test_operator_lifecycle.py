@@ -168,9 +168,9 @@ def test_ttl_expires_and_disposes(kit, start_operator):
     kit.scope()
     kit.sandbox(
         "brief",
-        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 12, "idleTimeoutSeconds": 12},
+        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 20, "idleTimeoutSeconds": 20},
     )
-    kit.wait_condition("brief", reasons=("Ready",), status="True", timeout=60)
+    kit.wait_condition("brief", reasons=("Ready", "Expired"), timeout=60)
     obj = kit.wait_condition("brief", reasons=("Expired",), timeout=60)
     assert "Seconds" in kit.condition(obj, "Ready")["message"]
     kit.wait_condition("brief", "Disposed", status="True", timeout=60)
