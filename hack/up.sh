@@ -224,8 +224,14 @@ for f in examples/sandboxscope.yaml examples/sandbox.yaml; do
   [[ -f "$f" ]] || fail_now "$f is missing"
 done
 SANDBOX="$("$PY" -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' examples/sandbox.yaml)"
+apply_examples() {
+  # A Sandbox left by an earlier run may have ended (failed, expired): start from a fresh one.
+  "$KUBECTL" -n "$DEMO_NAMESPACE" delete --ignore-not-found --wait --timeout=90s \
+    -f examples/sandbox.yaml
+  "$KUBECTL" -n "$DEMO_NAMESPACE" apply -f examples/sandboxscope.yaml -f examples/sandbox.yaml
+}
 step "apply examples/sandboxscope.yaml and examples/sandbox.yaml (namespace $DEMO_NAMESPACE)" \
-  examples "$KUBECTL" -n "$DEMO_NAMESPACE" apply -f examples/sandboxscope.yaml -f examples/sandbox.yaml
+  examples apply_examples
 
 # ---------------------------------------------------------------------------------------------
 wait_ready() {
