@@ -41,3 +41,19 @@ def test_example_runs(
     assert "report.json (application/json" in proc.stdout
     rows = (out / "report.json").read_text()
     assert '"square": 25' in rows
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_benchmark_runs(kubeconfig: str, crds: None) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import client_roundtrip
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    results = client_roundtrip.main(
+        ["--iterations", "1", "--backends", "runc", "--kubeconfig", kubeconfig]
+    )
+    assert set(results) == {"runc"}
+    assert results["runc"]["acquire_ready_s"] > 0
+    assert results["runc"]["read_8MiB_MiBps"] > 0
