@@ -380,9 +380,19 @@ class SandboxClient:
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             event = await self._next_event(SANDBOX_PLURAL, name, rv)
             if event is None:  # relist
-                obj = await self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
-                )
+                try:
+                    obj = await self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
+                    )
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    raise SandboxGone(
+                        sandbox=name,
+                        namespace=self.namespace,
+                        reason="Deleted",
+                        message="the Sandbox was deleted while waiting",
+                    ) from None
                 continue
             kind, new = event
             if kind == "DELETED":
