@@ -388,6 +388,7 @@ def test_fresh_operator_purges_a_deleted_scope_by_listing_the_service(acas: Acas
 # -- (d) faults -> the documented condition or DisposalCode --
 
 
+@pytest.mark.slow
 def test_429_with_retry_after_on_listing_is_waited_for_and_the_sandbox_gets_ready(
     acas: Acas,
 ) -> None:
@@ -421,6 +422,7 @@ def test_429_on_create_is_not_resent_and_the_sandbox_still_converges(acas: Acas)
     assert len(acas.standin.sandboxes()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "code", "detail"),
     [
@@ -460,6 +462,7 @@ def test_delete_fault_yields_disposal_failed_with_its_code_then_lands(
     acas.assert_logs_clean()
 
 
+@pytest.mark.slow
 def test_scope_purge_with_a_failing_delete_records_each_undisposed_code(acas: Acas) -> None:
     kit = acas.kit
     acas.start()
@@ -487,6 +490,7 @@ def test_scope_purge_with_a_failing_delete_records_each_undisposed_code(acas: Ac
     wait_for(lambda: acas.standin.sandboxes() == [], 60, "remote sandboxes purged")
 
 
+@pytest.mark.slow
 def test_delete_that_leaves_the_sandbox_listed_times_out(acas: Acas) -> None:
     kit = acas.kit
     acas.start()
@@ -567,6 +571,7 @@ def test_remote_failure_before_ready_is_startup_failed(acas: Acas) -> None:
     wait_for(lambda: acas.remote("broken") == [], 30, "failed remote sandbox disposed")
 
 
+@pytest.mark.slow
 def test_remote_that_never_starts_is_startup_timeout(acas: Acas) -> None:
     kit = acas.kit
     acas.start()
@@ -593,6 +598,7 @@ async def sandbox_client(
     await remote.aclose()
 
 
+@pytest.mark.slow
 async def test_exec_is_sent_once_whatever_the_answer(
     acas: Acas, sandbox_client: SandboxClient, tmp_path: Path
 ) -> None:
@@ -660,6 +666,7 @@ async def test_exec_is_sent_once_whatever_the_answer(
     assert standin.calls("SandboxFilesOperations_GetSandboxFileStat") == stats + 3
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="operator bug: reconcile/sandbox.py lets a driver error from ensure() escape before "
