@@ -36,7 +36,7 @@ staging_minor="v0.${K8S_VERSION#v1.}"   # v1.33.13 -> v0.33.13
 
 build_kubernetes() {
   lock kubernetes
-  local want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+  local want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$K8S_BIN/$b" ]] || missing=1; done
   if (( missing == 0 )); then log "kubernetes $K8S_VERSION cached in $K8S_BIN"; return; fi
@@ -69,6 +69,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -87,7 +88,8 @@ GO
   (cd "$work" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "-s -w $ld" \
      -o "$K8S_BIN.tmp/" \
      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl)
+     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
+     k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
   rm -rf "$K8S_BIN"; mv "$K8S_BIN.tmp" "$K8S_BIN"; rm -rf "$work"
   log "kubernetes $K8S_VERSION built into $K8S_BIN"
 }

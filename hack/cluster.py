@@ -60,9 +60,12 @@ KCM_PORT = 10257 + _PORT_OFFSET
 SCHEDULER_PORT = 10259 + _PORT_OFFSET
 KUBELET_PORT = 10250 + _PORT_OFFSET
 KUBELET_HEALTHZ_PORT = 10248 + _PORT_OFFSET
+KUBE_PROXY_METRICS_PORT = 10249 + _PORT_OFFSET
+KUBE_PROXY_HEALTHZ_PORT = 10256 + _PORT_OFFSET
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 POD_SUBNET = "10.244.0.0/24"
+CLUSTER_CIDR = "10.244.0.0/16"
 BRIDGE = "sbxop0"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -198,7 +201,7 @@ def ensure_binaries(level: str) -> Bins:
     build_target("etcd", [bins.etcd / "etcd"])
     kube = ["kube-apiserver", "kube-controller-manager", "kubectl"]
     if level == "node":
-        kube += ["kube-scheduler", "kubelet"]
+        kube += ["kube-scheduler", "kubelet", "kube-proxy"]
     build_target("kubernetes", [bins.k8s / b for b in kube])
     if level == "node":
         build_target("gvisor", [bins.gvisor / "runsc"])
@@ -281,6 +284,7 @@ def leaf_certs(ip: str) -> list[Cert]:
         Cert("admin", "sandbox-operator-admin", "system:masters", client=True),
         Cert("controller-manager", "system:kube-controller-manager", client=True),
         Cert("scheduler", "system:kube-scheduler", client=True),
+        Cert("kube-proxy", "system:kube-proxy", client=True),
         Cert("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes", client=True),
         Cert(
             "kubelet-serving",
@@ -293,7 +297,9 @@ def leaf_certs(ip: str) -> list[Cert]:
 
 def ensure_pki(ip: str) -> None:
     marker = PKI / "node-ip"
-    if marker.exists() and marker.read_text() == ip and (PKI / "admin.crt").exists():
+    same_ip = marker.exists() and marker.read_text() == ip
+    certs = [c for c in leaf_certs(ip) if not same_ip or not (PKI / f"{c.name}.crt").exists()]
+    if same_ip and not certs:
         return
     log = LOGS / "pki.log"
     with step(f"generate certificates (throwaway CA, node ip {ip})", log):
@@ -335,7 +341,7 @@ def ensure_pki(ip: str) -> None:
                 ],
                 log=log,
             )
-        for cert in leaf_certs(ip):
+        for cert in certs:
             key, csr, crt = (PKI / f"{cert.name}.{ext}" for ext in ("key", "csr", "crt"))
             ext = PKI / f"{cert.name}.ext"
             usages = [
@@ -432,6 +438,7 @@ def ensure_kubeconfigs() -> None:
     write_kubeconfig(kc / "controller-manager", "controller-manager", "controller-manager", server)
     write_kubeconfig(kc / "scheduler", "scheduler", "scheduler", server)
     write_kubeconfig(kc / "kubelet", "kubelet", "kubelet-client", server)
+    write_kubeconfig(kc / "kube-proxy", "kube-proxy", "kube-proxy", server)
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,6 +647,10 @@ def scheduler_healthy() -> bool:
     return http_ok(
         f"https://127.0.0.1:{SCHEDULER_PORT}/healthz", _tls_context(client=False, verify=False)
     )
+
+
+def kube_proxy_healthy() -> bool:
+    return http_ok(f"http://127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}/healthz", expect=b"")
 
 
 def kubelet_healthy() -> bool:
@@ -1035,6 +1046,42 @@ def kubelet_proc(bins: Bins, ip: str, config: Path) -> Proc:
     )
 
 
+def write_kube_proxy_config() -> Path:
+    cfg = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(STATE / "kubeconfigs" / "kube-proxy")},
+        "mode": "iptables",
+        "clusterCIDR": CLUSTER_CIDR,
+        "hostnameOverride": NODE_NAME,
+        "bindAddress": "127.0.0.1",
+        "healthzBindAddress": f"127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}",
+        "metricsBindAddress": f"127.0.0.1:{KUBE_PROXY_METRICS_PORT}",
+        # No NodePorts on 127.0.0.1 (that would need route_localnet on the host's interfaces).
+        "iptables": {"localhostNodePorts": False},
+        # Leave the host's conntrack sysctls as they are.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    }
+    path = STATE / "kube-proxy-config.json"
+    write_file(path, json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def kube_proxy_proc(bins: Bins, config: Path) -> Proc:
+    return Proc(
+        "kube-proxy",
+        [bins.kube("kube-proxy"), f"--config={config}", "--v=1"],
+        kube_proxy_healthy,
+        inputs=(config,),
+        attempts=3,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Node preparation, images, objects
 
@@ -1049,8 +1096,40 @@ def prepare_host() -> None:
     ):
         with contextlib.suppress(OSError):
             Path("/proc/sys", key).write_text(value)
-    # No kube-proxy runs: a pod dialling a Service IP must fail here, not leave the machine.
-    subprocess.run(["ip", "route", "replace", "blackhole", SERVICE_CIDR], capture_output=True)
+    service_guard(install=True)
+
+
+GUARD_CHAIN = "SBXOP-SERVICE-GUARD"
+
+
+def service_guard(install: bool) -> None:
+    """A Service IP that kube-proxy did not translate (no such Service, or kube-proxy not up yet)
+    must fail on this machine instead of following the default route out of it. The filter
+    table sees destinations after kube-proxy's DNAT, so only untranslated ones match."""
+    ipt = ["iptables", "-w", "5"]
+    reject = ["-j", "REJECT", "--reject-with", "icmp-net-unreachable"]
+    checks = [
+        [*ipt, "-C", GUARD_CHAIN, "-d", SERVICE_CIDR, *reject],
+        [*ipt, "-C", "OUTPUT", "-j", GUARD_CHAIN],
+        [*ipt, "-C", "FORWARD", "-j", GUARD_CHAIN],
+    ]
+    if install and all(subprocess.run(c, capture_output=True).returncode == 0 for c in checks):
+        return
+    subprocess.run(["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True)
+    for chain in ("OUTPUT", "FORWARD"):
+        while (
+            subprocess.run([*ipt, "-D", chain, "-j", GUARD_CHAIN], capture_output=True).returncode
+            == 0
+        ):
+            pass
+    subprocess.run([*ipt, "-F", GUARD_CHAIN], capture_output=True)
+    if not install:
+        subprocess.run([*ipt, "-X", GUARD_CHAIN], capture_output=True)
+        return
+    subprocess.run([*ipt, "-N", GUARD_CHAIN], capture_output=True)
+    run([*ipt, "-A", GUARD_CHAIN, "-d", SERVICE_CIDR, *reject])
+    for chain in ("OUTPUT", "FORWARD"):
+        run([*ipt, "-I", chain, "1", "-j", GUARD_CHAIN])
 
 
 def import_images() -> None:
@@ -1156,6 +1235,7 @@ def cmd_up(level: str, clean: bool = False) -> None:
             import_images()
             start(kubelet_proc(bins, ip, write_kubelet_config()))
             wait_node_ready()
+            start(kube_proxy_proc(bins, write_kube_proxy_config()))
             ensure_runtime_classes()
         (STATE / "level").write_text(level)
     say(f"cluster is up (level {level}) in {time.monotonic() - T0:.0f}s")
@@ -1165,6 +1245,7 @@ def cmd_up(level: str, clean: bool = False) -> None:
 
 
 ORDER = [
+    "kube-proxy",
     "kubelet",
     "kube-scheduler",
     "containerd",
@@ -1217,7 +1298,10 @@ def wipe_state(network: bool = True) -> None:
         raise StepFailed("wipe", f"still mounted, not deleting state: {left[:5]}")
     if network and (STATE / "cni").exists():  # only a node-level state made the bridge
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
-        subprocess.run(["ip", "route", "delete", "blackhole", SERVICE_CIDR], capture_output=True)
+        service_guard(install=False)
+        proxy = sorted((CACHE / "bin").glob("kubernetes-v*/kube-proxy"))
+        if proxy:  # remove kube-proxy's iptables chains
+            subprocess.run([str(proxy[-1]), "--cleanup"], capture_output=True)
     shutil.rmtree(STATE, ignore_errors=True)
     say(f"state wiped: {STATE}")
 
@@ -1253,6 +1337,7 @@ def cmd_status() -> int:
         "kube-scheduler": scheduler_healthy,
         "containerd": containerd_healthy,
         "kubelet": kubelet_healthy,
+        "kube-proxy": kube_proxy_healthy,
     }
     level = (STATE / "level").read_text() if (STATE / "level").exists() else "none"
     print(f"state:      {STATE} (last level brought up: {level})")
