@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """A real local Kubernetes cluster that the project brings up by itself.
 
-    hack/cluster.py up [--level api|node]   start (idempotent: a running cluster is left alone)
+    hack/cluster.py up [--level api|node] [--clean]
+                                            start (idempotent: a running cluster is left alone;
+                                            --clean: wipe the state of a stopped cluster first)
     hack/cluster.py down [--wipe]           stop every process it started, by pid; --wipe: state
     hack/cluster.py status                  what runs, where the kubeconfig and logs are
     hack/cluster.py images                  build the images (and import them if containerd runs)
     hack/cluster.py kubeconfig              print the kubeconfig path
 
 Levels: `api` = etcd, kube-apiserver, kube-controller-manager; `node` (the default) adds
-kube-scheduler, containerd (runc and gVisor handlers, CNI bridge) and a kubelet, imports the
-images and creates the RuntimeClasses `runc` and `gvisor`.
+kube-scheduler, containerd (runc and gVisor handlers, CNI bridge), a kubelet and kube-proxy,
+imports the images and creates the RuntimeClasses `runc` and `gvisor`.
 
 Only the standard library is used, so any python3 runs it. Binaries come from
 hack/build-binaries.sh (built from the Go module proxy and cached by version), system packages
