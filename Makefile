@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-integration test-e2e lint typecheck crds \
+.PHONY: venv test test-unit test-integration test-e2e lint typecheck crds chart-crds image \
         cluster-up cluster-down cluster-status images up down clean
 
 $(STAMP): pyproject.toml
@@ -25,6 +25,20 @@ typecheck: $(STAMP)
 
 crds: $(STAMP)
 	$(PY) hack/gen_crds.py
+	$(PY) hack/chart_crds.py
+
+chart-crds: $(STAMP)
+	$(PY) hack/chart_crds.py
+
+image: $(STAMP)
+	bash operator/build-image.sh import
+
+# The README's first command: local cluster (or $$KUBECONFIG), images, chart, a sample sandbox.
+up: $(STAMP)
+	bash hack/up.sh
+
+down:
+	bash hack/down.sh
 
 # The whole suite: static checks, unit tests, then integration and e2e tests against a real
 # cluster (the fixtures bring the local one up unless KUBECONFIG points at one).
