@@ -57,9 +57,10 @@ build() {
 # The controller alone: no routing (the bridge CNI routes), no service proxy, no CNI config.
 # kube-router lets every pod reach the Service range and the node-port range *on the node's own
 # addresses* even under a deny-all egress policy (seen: a closed pod reached 192.0.2.2:30080 with
-# the default 30000-32767). This cluster runs no kube-proxy, so NodePorts serve nothing here and
-# the exemption is narrowed to the smallest range kube-router accepts (two ports, 30000-30001);
-# the Service range is routed to a blackhole by hack/cluster.py.
+# the default 30000-32767). The exemption is narrowed to the smallest range kube-router accepts
+# (two ports, 30000-30001), which nothing in this project allocates. Service IPs are translated by
+# kube-proxy before the filter table sees them, so a policy judges the real pod/node destination;
+# hack/cluster.py rejects untranslated ones.
 print_command() {
   local node="${1:?node name}" kubeconfig="${2:?kubeconfig}"
   printf '%s\n' "$BIN/kube-router" \
@@ -86,12 +87,12 @@ cleanup() {
         eval "$fam -D ${rule#-A }"
       done < <("$fam" -S "$builtin" 2>/dev/null | grep -E -- '-j KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)( |$)' || true)
     done
-    chains="$("$fam" -S 2>/dev/null | awk '/^-N (KUBE-ROUTER-|KUBE-POD-FW-|KUBE-NWPLCY-)/ {print $2}')"
+    chains="$("$fam" -S 2>/dev/null | awk '/^-N (KUBE-ROUTER-|KUBE-POD-FW-|KUBE-NWPLCY-)/ {print $2}' || true)"
     for c in $chains; do "$fam" -F "$c"; done
     for c in $chains; do "$fam" -X "$c"; done
   done
   if command -v ipset >/dev/null; then
-    ipset list -n 2>/dev/null | grep -E '^(inet6:)?KUBE-(SRC|DST)-' | while IFS= read -r c; do
+    for c in $(ipset list -n 2>/dev/null | grep -E '^(inet6:)?KUBE-(SRC|DST)-' || true); do
       ipset destroy "$c"
     done
   fi

@@ -208,7 +208,23 @@ def ensure_binaries(level: str) -> Bins:
     if level == "node":
         build_target("gvisor", [bins.gvisor / "runsc"])
         build_target("helm", [bins.helm / "helm"])  # not used by the cluster; by the chart's tests
+        build_netpol()
     return bins
+
+
+# NetworkPolicy enforcement: kube-router's policy controller (hack/build-netpol.sh, docs/egress.md).
+NETPOL = HACK / "build-netpol.sh"
+
+
+def build_netpol() -> None:
+    binary = Path(run(["bash", str(NETPOL), "print-path"]).strip())
+    if binary.is_file() and os.access(binary, os.X_OK) and shutil.which("ipset"):
+        return
+    log = LOGS / "build-kube-router.log"
+    with step(f"build kube-router (NetworkPolicy controller) from the Go module proxy (log {log})"):
+        if shutil.which("go") is None:
+            raise StepFailed("build kube-router", "`go` is not on PATH", log)
+        run(["bash", str(NETPOL), "build"], log=log)
 
 
 def ensure_packages(level: str) -> None:
@@ -1238,6 +1254,7 @@ def cmd_up(level: str, clean: bool = False) -> None:
             start(kubelet_proc(bins, ip, write_kubelet_config()))
             wait_node_ready()
             start(kube_proxy_proc(bins, write_kube_proxy_config()))
+            start_kube_router()
             ensure_runtime_classes()
         (STATE / "level").write_text(level)
     say(f"cluster is up (level {level}) in {time.monotonic() - T0:.0f}s")
@@ -1246,7 +1263,34 @@ def cmd_up(level: str, clean: bool = False) -> None:
     print(f"logs:    {LOGS}/")
 
 
+def kube_router_healthy() -> bool:
+    """The policy controller has synced once: its FORWARD chain exists."""
+    cmd = ["iptables", "-w", "5", "-S", "KUBE-ROUTER-FORWARD"]
+    return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+
+
+def kube_router_proc() -> Proc:
+    argv = run(["bash", str(NETPOL), "print-command", NODE_NAME, str(KUBECONFIG)]).split()
+    return Proc("kube-router", argv, kube_router_healthy, timeout=120)
+
+
+def start_kube_router() -> None:
+    """Start kube-router's policy controller (after the node is Ready). A recorded one with the
+    same command line is left alone; otherwise it is stopped and its rules removed first (it
+    does not remove rules it wrote with other flags)."""
+    proc = kube_router_proc()
+    record = read_pidfile(proc.pidfile)
+    if record and pid_alive(record) and record.get("fingerprint") == proc.fingerprint:
+        start(proc)
+        return
+    if record:
+        stop_record("kube-router", record)
+    run(["bash", str(NETPOL), "cleanup"], log=proc.log)
+    start(proc)
+
+
 ORDER = [
+    "kube-router",
     "kube-proxy",
     "kubelet",
     "kube-scheduler",
@@ -1301,6 +1345,7 @@ def wipe_state(network: bool = True) -> None:
     if network and (STATE / "cni").exists():  # only a node-level state made the bridge
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
         service_guard(install=False)
+        subprocess.run(["bash", str(NETPOL), "cleanup"], capture_output=True)
         proxy = sorted((CACHE / "bin").glob("kubernetes-v*/kube-proxy"))
         if proxy:  # remove kube-proxy's iptables chains
             subprocess.run([str(proxy[-1]), "--cleanup"], capture_output=True)
@@ -1316,6 +1361,11 @@ def anything_running() -> bool:
 
 def cmd_down(wipe: bool) -> None:
     with state_lock():
+        router = read_pidfile(PIDS / "kube-router.json")
+        if router:
+            stop_record("kube-router", router)
+            (PIDS / "kube-router.json").unlink(missing_ok=True)
+            subprocess.run(["bash", str(NETPOL), "cleanup"], capture_output=True)
         kubelet = read_pidfile(PIDS / "kubelet.json")
         if kubelet:
             stop_record("kubelet", kubelet)
@@ -1340,6 +1390,7 @@ def cmd_status() -> int:
         "containerd": containerd_healthy,
         "kubelet": kubelet_healthy,
         "kube-proxy": kube_proxy_healthy,
+        "kube-router": kube_router_healthy,
     }
     level = (STATE / "level").read_text() if (STATE / "level").exists() else "none"
     print(f"state:      {STATE} (last level brought up: {level})")
