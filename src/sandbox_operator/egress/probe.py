@@ -1,0 +1,308 @@
+"""The egress probe: what a sandbox can really reach, measured from inside it.
+
+A small Python program (:data:`PROBE_SCRIPT`, standard library only, needs ``python3`` in the
+image) runs inside the sandbox and tries each :class:`ProbeTarget` once, with a hard per-target
+deadline, in one of three ways:
+
+- ``direct``: a TCP connection to ``host:port`` and one ``GET`` (what traffic that ignores the
+  proxy variables does);
+- ``connect``: ``CONNECT host:port`` through the proxy, then one ``GET`` through the tunnel;
+- ``http``: one absolute-form ``GET http://host:port/path`` through the proxy.
+
+Each attempt ends in exactly one :class:`Outcome` with the time it took, so a caller can assert
+both *that* a host is unreachable and that the attempt failed fast instead of hanging.
+
+:func:`run_probe` takes any async ``execute(argv) -> stdout`` (a ``Sandbox`` handle's exec, a
+pod exec), so the same probe runs against every backend; :func:`judge` turns results into the
+verdicts the egress modes promise (closed reaches nothing; allowed answers; denied is refused).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+
+class Via(StrEnum):
+    DIRECT = "direct"
+    CONNECT = "connect"
+    HTTP = "http"
+
+
+class Outcome(StrEnum):
+    ANSWERED = "answered"  # the origin server answered (any HTTP status)
+    PROXY_REFUSED = "proxy_refused"  # the proxy answered with a refusal (403, 502, ...)
+    REFUSED = "refused"  # TCP connection refused (RST / ICMP port unreachable)
+    UNREACHABLE = "unreachable"  # ICMP host/net unreachable or administratively prohibited
+    TIMEOUT = "timeout"  # nothing within the deadline (packets dropped)
+    RESOLVE_FAILED = "resolve_failed"  # the name did not resolve (or not within the deadline)
+    NO_PROXY = "no_proxy"  # a proxied probe, but no proxy was given or set in the environment
+    ERROR = "error"  # anything else (detail says what)
+
+
+#: Outcomes that mean "the packet did not get through to anything".
+BLOCKED = frozenset({Outcome.REFUSED, Outcome.UNREACHABLE, Outcome.TIMEOUT, Outcome.RESOLVE_FAILED})
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    name: str
+    host: str
+    port: int = 80
+    path: str = "/"
+    via: Via = Via.DIRECT
+    proxy: str = ""  # "host:port"; empty: from HTTPS_PROXY (connect) / HTTP_PROXY (http)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    outcome: Outcome
+    seconds: float
+    status: int | None = None
+    reason: str = ""  # the proxy's X-Egress-Reason, when it refused
+    body: str = ""  # the first bytes of the answer's body
+    detail: str = ""  # the exception, for anything not answered
+
+    def describe(self) -> str:
+        extra = f" {self.status}" if self.status is not None else ""
+        extra += f" {self.reason}" if self.reason else ""
+        extra += f" ({self.detail})" if self.detail else ""
+        return f"{self.name}: {self.outcome.value}{extra} in {self.seconds:.2f}s"
+
+
+PROBE_SCRIPT = r"""
+import errno, json, os, socket, sys, threading, time
+
+args = json.loads(sys.argv[1])
+deadline_s = float(args["timeout"])
+
+def resolve(host, port, budget):
+    box = {}
+    def work():
+        try:
+            box["v"] = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+        except Exception as exc:
+            box["e"] = exc
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(budget)
+    if "v" in box:
+        return box["v"][0][4]
+    raise LookupError(str(box.get("e", "no answer within %.1fs" % budget)))
+
+def head(sock, end):
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < 65536:
+        sock.settimeout(max(0.05, end - time.monotonic()))
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+def parse(data):
+    text = data.decode("latin-1")
+    top, _, body = text.partition("\r\n\r\n")
+    lines = top.split("\r\n")
+    status = int(lines[0].split()[1]) if lines and len(lines[0].split()) > 1 else None
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers, body
+
+def rest(sock, end, have):
+    while len(have) < 4096 and time.monotonic() < end:
+        sock.settimeout(max(0.05, end - time.monotonic()))
+        try:
+            chunk = sock.recv(4096)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        have += chunk
+    return have
+
+def proxy_addr(t):
+    p = t.get("proxy") or ""
+    if not p:
+        var = "HTTPS_PROXY" if t["via"] == "connect" else "HTTP_PROXY"
+        p = os.environ.get(var) or os.environ.get(var.lower()) or ""
+    p = p.split("://", 1)[-1].rstrip("/")
+    if not p:
+        return None
+    h, _, port = p.rpartition(":")
+    return h, int(port)
+
+def one(t):
+    start = time.monotonic()
+    end = start + deadline_s
+    r = {"name": t["name"]}
+    try:
+        if t["via"] == "direct":
+            addr = resolve(t["host"], t["port"], end - time.monotonic())
+        else:
+            pa = proxy_addr(t)
+            if pa is None:
+                r["outcome"] = "no_proxy"
+                return r
+            addr = resolve(pa[0], pa[1], end - time.monotonic())
+        sock = socket.create_connection(addr, timeout=max(0.05, end - time.monotonic()))
+        with sock:
+            hostport = "%s:%d" % (t["host"], t["port"])
+            get = "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: egress-probe\r\n\r\n"
+            if t["via"] == "connect":
+                connect = "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (hostport, hostport)
+                sock.sendall(connect.encode())
+                data = head(sock, end)
+                status, headers, body = parse(data)
+                if status != 200:
+                    text = rest(sock, end, body.encode("latin-1"))[:200].decode("latin-1")
+                    reason = headers.get("x-egress-reason", "")
+                    r.update(outcome="proxy_refused", status=status, reason=reason, body=text)
+                    return r
+                sock.sendall((get % (t["path"], hostport)).encode())
+            elif t["via"] == "http":
+                url = "http://%s%s" % (hostport, t["path"])
+                sock.sendall((get % (url, hostport)).encode())
+            else:
+                sock.sendall((get % (t["path"], hostport)).encode())
+            data = head(sock, end)
+            if not data:
+                r.update(outcome="error", detail="connection closed without an answer")
+                return r
+            status, headers, body = parse(data)
+            body = rest(sock, end, body.encode("latin-1")).decode("latin-1")
+            if t["via"] != "direct" and "x-egress-reason" in headers:
+                reason = headers["x-egress-reason"]
+                r.update(outcome="proxy_refused", status=status, reason=reason, body=body[:200])
+            else:
+                r.update(outcome="answered", status=status, body=body[:200])
+    except LookupError as exc:
+        r.update(outcome="resolve_failed", detail=str(exc)[:200])
+    except socket.timeout:
+        r.update(outcome="timeout", detail="no answer within %.1fs" % deadline_s)
+    except ConnectionRefusedError as exc:
+        r.update(outcome="refused", detail=str(exc)[:200])
+    except OSError as exc:
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EACCES, errno.EPERM):
+            r.update(outcome="unreachable", detail=str(exc)[:200])
+        elif isinstance(exc, TimeoutError):
+            r.update(outcome="timeout", detail="no answer within %.1fs" % deadline_s)
+        else:
+            r.update(outcome="error", detail="%s: %s" % (type(exc).__name__, str(exc)[:200]))
+    except Exception as exc:
+        r.update(outcome="error", detail="%s: %s" % (type(exc).__name__, str(exc)[:200]))
+    finally:
+        r["seconds"] = round(time.monotonic() - start, 3)
+    return r
+
+for t in args["targets"]:
+    print(json.dumps(one(t)), flush=True)
+"""
+
+
+Execute = Callable[[Sequence[str]], Awaitable[str]]
+
+
+def probe_argv(targets: Sequence[ProbeTarget], *, timeout: float = 3.0) -> list[str]:
+    """The command that runs the probe inside a sandbox (``python3`` must be on its PATH)."""
+    payload = {"timeout": timeout, "targets": [asdict(t) for t in targets]}
+    return ["python3", "-c", PROBE_SCRIPT, json.dumps(payload)]
+
+
+class ProbeOutputError(RuntimeError):
+    """The probe did not report on every target (no python3, killed, ...)."""
+
+    def __init__(self, missing: list[str], output: str) -> None:
+        super().__init__(f"egress probe reported nothing for {missing}: {output[-300:]!r}")
+        self.missing = missing
+        self.output = output
+
+
+def parse_results(output: str, targets: Sequence[ProbeTarget]) -> list[ProbeResult]:
+    found: dict[str, ProbeResult] = {}
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            raw = json.loads(line)
+            result = ProbeResult(
+                name=str(raw["name"]),
+                outcome=Outcome(raw.get("outcome", "error")),
+                seconds=float(raw.get("seconds", 0.0)),
+                status=raw.get("status"),
+                reason=str(raw.get("reason", "")),
+                body=str(raw.get("body", "")),
+                detail=str(raw.get("detail", "")),
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+        found[result.name] = result
+    missing = [t.name for t in targets if t.name not in found]
+    if missing:
+        raise ProbeOutputError(missing, output)
+    return [found[t.name] for t in targets]
+
+
+async def run_probe(
+    execute: Execute,
+    targets: Sequence[ProbeTarget],
+    *,
+    timeout: float = 3.0,  # noqa: ASYNC109
+) -> list[ProbeResult]:
+    """Run every target once inside the sandbox behind ``execute``; results in target order."""
+    if not targets:
+        return []
+    output = await execute(probe_argv(targets, timeout=timeout))
+    return parse_results(output, targets)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One expectation about one result, and whether it held."""
+
+    name: str
+    expected: str
+    ok: bool
+    result: ProbeResult
+
+    def describe(self) -> str:
+        mark = "ok" if self.ok else "FAILED"
+        return f"[{mark}] expected {self.expected}; got {self.result.describe()}"
+
+
+def expect_blocked(result: ProbeResult, *, within: float) -> Verdict:
+    """Nothing got through, and the attempt ended within ``within`` seconds."""
+    ok = result.outcome in BLOCKED and result.seconds <= within
+    return Verdict(result.name, f"blocked within {within:.1f}s", ok, result)
+
+
+def expect_answered(result: ProbeResult, *, body_contains: str = "") -> Verdict:
+    ok = result.outcome is Outcome.ANSWERED and body_contains in result.body
+    want = "answered" + (f" with {body_contains!r}" if body_contains else "")
+    return Verdict(result.name, want, ok, result)
+
+
+def expect_proxy_refused(
+    result: ProbeResult, *, status: int = 403, reason: str | None = None
+) -> Verdict:
+    ok = result.outcome is Outcome.PROXY_REFUSED and result.status == status
+    if reason is not None:
+        ok = ok and result.reason == reason
+    want = f"refused by the proxy with {status}" + (f" {reason}" if reason else "")
+    return Verdict(result.name, want, ok, result)
+
+
+def judge(verdicts: Sequence[Verdict]) -> str:
+    """A multi-line report; raise nothing (callers decide)."""
+    return "\n".join(v.describe() for v in verdicts)
+
+
+def shell_quote(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
