@@ -154,7 +154,8 @@ def one(t):
         sock = socket.create_connection(addr, timeout=max(0.05, end - time.monotonic()))
         with sock:
             hostport = "%s:%d" % (t["host"], t["port"])
-            get = "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: egress-probe\r\n\r\n"
+            get = "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n"
+            get += "User-Agent: egress-probe\r\n\r\n"
             if t["via"] == "connect":
                 connect = "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (hostport, hostport)
                 sock.sendall(connect.encode())
@@ -264,7 +265,7 @@ async def run_probe(
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Expectation:
     """One expectation about one result, and whether it held."""
 
     name: str
@@ -277,31 +278,31 @@ class Verdict:
         return f"[{mark}] expected {self.expected}; got {self.result.describe()}"
 
 
-def expect_blocked(result: ProbeResult, *, within: float) -> Verdict:
+def expect_blocked(result: ProbeResult, *, within: float) -> Expectation:
     """Nothing got through, and the attempt ended within ``within`` seconds."""
     ok = result.outcome in BLOCKED and result.seconds <= within
-    return Verdict(result.name, f"blocked within {within:.1f}s", ok, result)
+    return Expectation(result.name, f"blocked within {within:.1f}s", ok, result)
 
 
-def expect_answered(result: ProbeResult, *, body_contains: str = "") -> Verdict:
+def expect_answered(result: ProbeResult, *, body_contains: str = "") -> Expectation:
     ok = result.outcome is Outcome.ANSWERED and body_contains in result.body
     want = "answered" + (f" with {body_contains!r}" if body_contains else "")
-    return Verdict(result.name, want, ok, result)
+    return Expectation(result.name, want, ok, result)
 
 
 def expect_proxy_refused(
     result: ProbeResult, *, status: int = 403, reason: str | None = None
-) -> Verdict:
+) -> Expectation:
     ok = result.outcome is Outcome.PROXY_REFUSED and result.status == status
     if reason is not None:
         ok = ok and result.reason == reason
     want = f"refused by the proxy with {status}" + (f" {reason}" if reason else "")
-    return Verdict(result.name, want, ok, result)
+    return Expectation(result.name, want, ok, result)
 
 
-def judge(verdicts: Sequence[Verdict]) -> str:
+def judge(expectations: Sequence[Expectation]) -> str:
     """A multi-line report; raise nothing (callers decide)."""
-    return "\n".join(v.describe() for v in verdicts)
+    return "\n".join(v.describe() for v in expectations)
 
 
 def shell_quote(argv: Sequence[str]) -> str:
