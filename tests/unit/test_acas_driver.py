@@ -384,3 +384,27 @@ async def test_availability_probe_reads_one_page(
     before = standin.state.calls[LIST]
     assert (await driver.check_available()).available
     assert standin.state.calls[LIST] - before == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "permanent"),
+    [
+        ({"status": 500, "code": "InternalServerError"}, False),
+        ({"status": 503, "code": "ServiceUnavailable"}, False),
+        ({"status": 429, "code": "TooManyRequests"}, False),
+        ({"status": 404, "code": "SandboxGroupNotFound"}, True),
+    ],
+)
+async def test_create_errors_are_transient_or_permanent(
+    driver: AcasDriver, standin: StandinServer, fault: dict[str, Any], permanent: bool
+) -> None:
+    from sandbox_operator.backends.base import TransientError
+
+    standin.state.add_fault(operation=CREATE, times=-1, **fault)
+    expected = StartupError if permanent else TransientError
+    with pytest.raises(expected) as info:
+        await driver.ensure(request())
+    message = str(info.value)
+    assert "AzureSandboxes_Create" in message
+    assert str(standin.port) not in message and DEFAULT_TOKEN not in message
+

@@ -294,3 +294,106 @@ async def test_scope_counts_and_purge_lists_by_labels(world):
     assert driver.pods == {}
     assert cond(kube, "conv", "Disposed", "sandboxscopes")["reason"] == "Purged"
     assert ("conv", "Normal", "Purged") in kube.events
+
+
+class FlakyDriver(FakeDriver):
+    """ensure() fails with the given exception while ``failing`` is set; records what the
+    Sandbox's status said at the moment ensure was called."""
+
+    def __init__(self, name: str, kube: FakeKube, exc: Exception) -> None:
+        super().__init__(name)
+        self.kube = kube
+        self.exc = exc
+        self.failing = True
+        self.seen_at_ensure: list[dict[str, Any]] = []
+
+    async def ensure(self, request):
+        obj = self.kube.objs[("sandboxes", request.sandbox.name)]
+        self.seen_at_ensure.append(copy.deepcopy(obj.get("status") or {}))
+        if self.failing:
+            raise self.exc
+        return await super().ensure(request)
+
+
+def flaky_world(exc: Exception) -> tuple[Runtime, FakeKube, FlakyDriver]:
+    rt, kube, _ = runtime()
+    driver = FlakyDriver("gvisor", kube, exc)
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    return rt, kube, driver
+
+
+async def test_transient_ensure_error_leaves_creating_and_retries():
+    from sandbox_operator.backends.base import TransientError
+    from sandbox_operator.reconcile.sandbox import EnsurePending
+
+    err = TransientError("AzureSandboxes_Create failed (HTTP 503)", retry_after=7.0)
+    rt, kube, driver = flaky_world(err)
+    kube.add("sandboxes", "a", {**SPEC, "lifetime": {"startupTimeoutSeconds": 30}})
+    with pytest.raises(EnsurePending) as caught:
+        await reconcile_sandbox(rt, NS, "a")
+    assert caught.value.delay == 7.0
+    # admission (and with it the startup clock) was recorded before ensure was called
+    at_ensure = driver.seen_at_ensure[0]
+    assert [c["reason"] for c in at_ensure["conditions"] if c["type"] == "Admitted"] == ["Admitted"]
+    assert at_ensure["backend"] == "gvisor"
+    assert cond(kube, "a", "Admitted")["status"] == "True"
+    ready = cond(kube, "a", "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "Creating"
+    assert "HTTP 503" in ready["message"]
+    # the next pass retries and succeeds
+    driver.failing = False
+    await reconcile_sandbox(rt, NS, "a")
+    assert driver.creates == 1
+    assert "failed" not in cond(kube, "a", "Ready")["message"]
+
+
+async def test_unknown_ensure_error_is_reported_by_type_only():
+    from sandbox_operator.reconcile.sandbox import EnsurePending
+
+    rt, kube, _ = flaky_world(RuntimeError("https://secret.example/api?token=abc"))
+    kube.add("sandboxes", "a", SPEC)
+    with pytest.raises(EnsurePending):
+        await reconcile_sandbox(rt, NS, "a")
+    msg = cond(kube, "a", "Ready")["message"]
+    assert "RuntimeError" in msg and "secret" not in msg and "token" not in msg
+
+
+async def test_ensure_failing_until_the_deadline_ends_in_startup_timeout():
+    from sandbox_operator.backends.base import TransientError
+    from sandbox_operator.reconcile.sandbox import EnsurePending
+
+    rt, kube, driver = flaky_world(TransientError("AzureSandboxes_Create failed (HTTP 500)"))
+    kube.add("sandboxes", "a", {**SPEC, "lifetime": {"startupTimeoutSeconds": 5}})
+    with pytest.raises(EnsurePending):
+        await reconcile_sandbox(rt, NS, "a")
+    # move the recorded admission into the past: the deadline has passed
+    for c in kube.objs[("sandboxes", "a")]["status"]["conditions"]:
+        c["lastTransitionTime"] = "2000-01-01T00:00:00Z"
+    calls = len(driver.seen_at_ensure)
+    await reconcile_sandbox(rt, NS, "a")
+    ready = cond(kube, "a", "Ready")
+    assert ready["reason"] == "StartupTimeout"
+    assert len(driver.seen_at_ensure) == calls  # not created again once past the deadline
+    await reconcile_sandbox(rt, NS, "a")  # terminal: no more attempts
+    assert len(driver.seen_at_ensure) == calls
+
+
+async def test_permanent_ensure_error_is_startup_failed():
+    from sandbox_operator.backends.base import StartupError
+
+    rt, kube, _ = flaky_world(StartupError("StartupFailed", "the service refused the sandbox"))
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    ready = cond(kube, "a", "Ready")
+    assert ready["reason"] == "StartupFailed" and "refused" in ready["message"]
+    assert cond(kube, "a", "Admitted")["status"] == "True"
+
+
+def test_ensure_retry_delay_backs_off_and_honours_retry_after():
+    from sandbox_operator.reconcile.handlers import ensure_retry_delay
+
+    assert [ensure_retry_delay(r) for r in range(6)] == [5, 10, 20, 40, 60, 60]
+    assert ensure_retry_delay(0, 30.0) == 30.0
+    assert ensure_retry_delay(0, 600.0) == 60.0
+

@@ -39,6 +39,16 @@ class ObservedPhase(StrEnum):
 
 
 @dataclass(frozen=True)
+class ServedBy:
+    """The object that serves a sandbox, as reported in the Sandbox's status."""
+
+    kind: str  # e.g. "Pod" or a remote session kind
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
 class SandboxRef:
     """Which sandbox a call is about: enough for any replica to find its objects."""
 
@@ -57,16 +67,6 @@ class EnsureRequest:
     isolation_scope: IsolationScope
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class ServedBy:
-    """The object that serves a sandbox, as reported in the Sandbox's status."""
-
-    kind: str  # e.g. "Pod" or a remote session kind
-    name: str
-    namespace: str = ""
-    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,20 @@ class StartupError(Exception):
         self.message = message
 
 
+class TransientError(Exception):
+    """Creating the sandbox's objects failed in a way a later attempt may not (a 5xx, a 429, the
+    service unreachable). The operator keeps the Sandbox ``Creating`` with ``message`` and retries
+    with backoff until the startup deadline. ``message`` says what failed (operation, status,
+    service code) and never carries an endpoint or a credential; ``retry_after`` is the service's
+    hint in seconds, if it gave one.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
 class DisposalError(Exception):
     """Disposal did not land; ``failure`` says how (code, detail, backend)."""
 
@@ -138,7 +152,9 @@ class BackendDriver(Protocol):
     async def ensure(self, request: EnsureRequest) -> ServedBy:
         """Create the objects that serve the sandbox, or find the ones already there.
 
-        Raises :class:`StartupError` when the backend refuses them outright.
+        Raises :class:`StartupError` when the backend refuses them outright (permanent),
+        :class:`TransientError` when a later attempt may succeed. Any other exception is treated
+        as transient too, reported by its type name only.
         """
         ...
 

@@ -27,6 +27,7 @@ from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS
 from sandbox_operator.reconcile.runtime import Runtime, make_api_client
 from sandbox_operator.reconcile.sandbox import (
     DisposalPending,
+    EnsurePending,
     finalize_sandbox,
     reconcile_sandbox,
 )
@@ -43,6 +44,26 @@ RESYNC_ENV = "SANDBOX_OPERATOR_RESYNC_SECONDS"
 _RESYNC = float(os.environ.get(RESYNC_ENV, "10"))
 # Unexpected errors (API hiccups) are retried soon; expected waits are handled by the timer.
 _BACKOFF = 5.0
+# A create that failed transiently is retried after _BACKOFF * 2**retry, at most this long
+# (or after the backend's Retry-After, when it is longer and still below this bound).
+_MAX_ENSURE_BACKOFF = 60.0
+
+
+def ensure_retry_delay(retry: int, hint: float | None = None) -> float:
+    """Exponential backoff for a transiently failed create: 5, 10, 20, 40, 60, 60, ... s."""
+    delay = min(_MAX_ENSURE_BACKOFF, _BACKOFF * float(2 ** min(max(retry, 0), 10)))
+    if hint is not None:
+        delay = min(_MAX_ENSURE_BACKOFF, max(delay, hint))
+    return delay
+
+
+async def _reconcile_quietly(rt: Runtime, namespace: str, name: str) -> None:
+    """For timers and watch events: a transient create failure is already in the status, and the
+    Sandbox's own handler (or the next resync) retries it."""
+    try:
+        await reconcile_sandbox(rt, namespace, name)
+    except EnsurePending as exc:
+        log.info("sandbox %s/%s: create pending after a transient error: %s", namespace, name, exc)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -94,8 +115,15 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
 @kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
 @kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
 @kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
-async def sandbox_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    await reconcile_sandbox(_runtime(memo), namespace or "", name)
+async def sandbox_changed(
+    name: str, namespace: str | None, retry: int, memo: Any, **_: Any
+) -> None:
+    try:
+        await reconcile_sandbox(_runtime(memo), namespace or "", name)
+    except EnsurePending as exc:
+        raise kopf.TemporaryError(
+            f"create failed, retrying: {exc}", delay=ensure_retry_delay(retry, exc.delay)
+        ) from None
 
 
 def _settled(status: Any, **_: Any) -> bool:
@@ -113,7 +141,7 @@ def _settled(status: Any, **_: Any) -> bool:
     when=lambda status, **kw: not _settled(status),
 )
 async def sandbox_resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    await reconcile_sandbox(_runtime(memo), namespace or "", name)
+    await _reconcile_quietly(_runtime(memo), namespace or "", name)
 
 
 @kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
@@ -130,7 +158,7 @@ async def pod_event(body: Any, memo: kopf.Memo, **_: Any) -> None:
     meta = body.get("metadata") or {}
     for owner in meta.get("ownerReferences") or []:
         if owner.get("kind") == SANDBOX_KIND and owner.get("apiVersion", "").startswith(GROUP):
-            await reconcile_sandbox(
+            await _reconcile_quietly(
                 _runtime(memo), str(meta.get("namespace", "")), str(owner.get("name", ""))
             )
 
@@ -147,7 +175,7 @@ async def scope_changed(name: str, namespace: str | None, memo: Any, **_: Any) -
     # Sandboxes that waited for this scope (ScopeNotFound) go ahead now.
     for sbx in await scope_members(rt, namespace or "", name):
         if not cnd.is_true(sbx.get("status"), "Admitted"):
-            await reconcile_sandbox(rt, namespace or "", sbx["metadata"]["name"])
+            await _reconcile_quietly(rt, namespace or "", sbx["metadata"]["name"])
 
 
 @kopf.timer(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, interval=max(_RESYNC, 15.0), idle=5.0)

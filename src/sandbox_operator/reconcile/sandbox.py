@@ -27,6 +27,7 @@ from sandbox_operator.backends.base import (
     ObservedPhase,
     SandboxRef,
     StartupError,
+    TransientError,
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
@@ -55,6 +56,15 @@ R = ConditionReason
 
 #: Reasons reported as Normal events; every other reason is a Warning.
 NORMAL_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISPOSED, R.PURGED})
+
+
+class EnsurePending(Exception):
+    """Creating the backend objects failed transiently; the status says so (``Creating``) and the
+    handler retries after ``delay`` (the startup deadline still applies on every pass)."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
 
 
 class DisposalPending(Exception):
@@ -375,6 +385,17 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
     verdict = verdict_for(obs)
     if verdict.create:
         assert key is not None
+        if not cnd.is_true(draft.old, ADMITTED):
+            # Record the admission (and so the startup clock) before anything is created: an
+            # ensure that fails or never returns must still leave Admitted and a deadline.
+            draft.cond(READY, False, R.CREATING, "creating the sandbox")
+            written = await write_status(rt, SANDBOX_PLURAL, draft)
+            if written:
+                fresh = await rt.kube.get_sandbox(namespace, name)
+                if fresh is None or _meta(fresh).get("uid") != uid:
+                    return
+                obj, draft = fresh, Draft(fresh)
+                draft.cond(ADMITTED, True, R.ADMITTED, admit_msg)
         request = EnsureRequest(
             sandbox=ref,
             key=key,
@@ -392,6 +413,14 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
                 await write_status(rt, SANDBOX_PLURAL, draft)
                 return
             verdict = Verdict(False, R.STARTUP_FAILED, exc.message, terminal=True, dispose=True)
+        except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
+            what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
+            retry_after = exc.retry_after if isinstance(exc, TransientError) else None
+            log.warning("sandbox %s/%s: creating failed, will retry: %s", namespace, name, what)
+            draft.cond(READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}")
+            draft.set(servedBy=None)
+            await write_status(rt, SANDBOX_PLURAL, draft)
+            raise EnsurePending(what, retry_after) from None
         else:
             obs = await driver.observe(ref)
             verdict = verdict_for(obs)

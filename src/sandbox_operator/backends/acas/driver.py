@@ -30,14 +30,26 @@ from sandbox_operator.backends.base import (
     SandboxRef,
     ServedBy,
     StartupError,
+    TransientError,
 )
 from sandbox_operator.contract import ConditionReason, Egress, SandboxKey, SandboxSpec
 
 from .api import AcasClient
 from .auth import CredentialUnavailable, TokenProvider, token_provider_for
 from .config import AcasBackendConfig, SecretCredentialSource
-from .errors import AcasBadRequest, AcasError, AcasNotListed, disposal_failure
+from .errors import (
+    AcasBadRequest,
+    AcasError,
+    AcasNotFound,
+    AcasNotListed,
+    AcasPayloadTooLarge,
+    AcasThrottled,
+    disposal_failure,
+)
 from .models import RemoteSandbox, SandboxState
+
+#: Create failures no retry can cure: the request's content (400, 413) or the group/path (404).
+_PERMANENT = (AcasBadRequest, AcasNotFound, AcasPayloadTooLarge)
 
 REMOTE_KIND = "AcasSandbox"
 NAMESPACE_LABEL = f"{lbl.GROUP}/namespace"
@@ -289,6 +301,20 @@ class AcasDriver:
         return await self._client.list_sandboxes(self._sandbox_selector(sandbox))
 
     async def ensure(self, request: EnsureRequest) -> ServedBy:
+        """Find or create the remote sandbox. A 400/404/413 is permanent (`StartupError`); any
+        other service error (5xx, 429, unreachable, timeout, 401/403) is a `TransientError` the
+        operator retries until the startup deadline."""
+        try:
+            return await self._ensure(request)
+        except _PERMANENT as exc:
+            raise StartupError(
+                ConditionReason.STARTUP_FAILED, f"the service refused the sandbox: {exc.detail}"
+            ) from None
+        except AcasError as exc:
+            retry_after = exc.retry_after if isinstance(exc, AcasThrottled) else None
+            raise TransientError(str(exc), retry_after=retry_after) from None
+
+    async def _ensure(self, request: EnsureRequest) -> ServedBy:
         sandbox = request.sandbox
         for remote in await self._find(sandbox):
             owner = remote.labels.get(OWNER_UID_LABEL, "")
@@ -300,12 +326,7 @@ class AcasDriver:
                 )
             return ServedBy(REMOTE_KIND, remote.id, "", remote.id)
         content = create_content(request, self._config)
-        try:
-            created = await self._client.create_sandbox(content)
-        except AcasBadRequest as exc:
-            raise StartupError(
-                ConditionReason.STARTUP_FAILED, f"the service refused the sandbox: {exc.detail}"
-            ) from None
+        created = await self._client.create_sandbox(content)
         # It must be findable by its labels, or no replica could ever dispose it.
         listed = {r.id for r in await self._find(sandbox)}
         if created.id not in listed:
