@@ -1,0 +1,225 @@
+"""`egress: allowlist` end to end, under runc and gVisor: the egress proxy runs as a pod in the
+sandbox's namespace, the real operator gives the sandbox `HTTPS_PROXY`/`HTTP_PROXY` and a
+NetworkPolicy to the proxy only, and from inside the sandbox:
+
+- `allowed.test` answers over CONNECT and over plain HTTP, `*.wild.test` matches `api.wild.test`;
+- `denied.test` is refused with 403 `HostNotAllowed`;
+- `inside.test`, allowed by name but resolving to a private address, is refused with 403
+  `AddressRefused`;
+- the outside server, tried directly (ignoring the proxy variables), is blocked;
+- the proxy records each decision (JSON lines) with the sandbox's id.
+
+The proxy pod runs this checkout's code (hostPath, read-only) on the python image; its
+configuration file (written by this test, as a controller would) maps the sandbox's pod IP to
+its allowlist. The "outside" hosts are one HTTP server this test starts on this machine; the
+proxy pod resolves the test names through hostAliases. Nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from sandbox_operator.egress.probe import (
+    ProbeTarget,
+    Via,
+    expect_answered,
+    expect_blocked,
+    expect_proxy_refused,
+    judge,
+)
+from tests.e2e import test_egress_closed as closed
+from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
+from tests.fixtures.operator import DECLARATIONS, PYTHON, REPO, local_config
+
+pytestmark = pytest.mark.e2e
+
+outside = closed.outside  # the fixture: an HTTP server on this machine
+
+PROXY_PORT = 3128
+PROXY_LABELS = {"app.kubernetes.io/name": "egress-proxy"}
+SITE_PACKAGES = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def proxy_pod(
+    core: client.CoreV1Api, ns: str, runtime_class: str, outside: Outside, config_dir: Path
+) -> client.V1Pod:
+    site = SITE_PACKAGES / "site-packages"
+    mounts = {
+        "src": (REPO / "src", "/opt/src"),
+        "site": (site, "/opt/site"),
+        "cfg": (config_dir, "/cfg"),
+    }
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="egress-proxy", labels=PROXY_LABELS),
+        spec=client.V1PodSpec(
+            runtime_class_name=runtime_class,
+            restart_policy="Never",
+            termination_grace_period_seconds=0,
+            automount_service_account_token=False,
+            host_aliases=[
+                client.V1HostAlias(
+                    ip=outside.address, hostnames=["allowed.test", "api.wild.test", "denied.test"]
+                ),
+                # allowed by name, but a private address (the pod bridge's gateway)
+                client.V1HostAlias(ip=BRIDGE_GATEWAY, hostnames=["inside.test"]),
+            ],
+            volumes=[
+                client.V1Volume(name=k, host_path=client.V1HostPathVolumeSource(path=str(src)))
+                for k, (src, _) in mounts.items()
+            ],
+            containers=[
+                client.V1Container(
+                    name="proxy",
+                    image=PYTHON,
+                    image_pull_policy="Never",
+                    command=["python3", "-m", "sandbox_operator.egress", "--config",
+                             "/cfg/proxy.yaml", "--reload-seconds", "0.5"],
+                    env=[client.V1EnvVar(name="PYTHONPATH", value="/opt/src:/opt/site")],
+                    ports=[client.V1ContainerPort(container_port=PROXY_PORT)],
+                    volume_mounts=[
+                        client.V1VolumeMount(name=k, mount_path=dst, read_only=True)
+                        for k, (_, dst) in mounts.items()
+                    ],
+                )
+            ],
+        ),
+    )  # fmt: skip
+    core.create_namespaced_pod(ns, pod)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        current: client.V1Pod = core.read_namespaced_pod("egress-proxy", ns)
+        if current.status.phase == "Running" and current.status.pod_ip:
+            return current
+        assert current.status.phase not in ("Failed", "Succeeded"), current.status
+        time.sleep(0.5)
+    raise AssertionError("egress proxy pod not running")
+
+
+def write_proxy_config(config_dir: Path, outside: Outside, sandboxes: list[dict]) -> None:
+    cfg = {
+        "listenHost": "0.0.0.0",
+        "listenPort": PROXY_PORT,
+        "allowedPorts": [80, 443, outside.port],
+        # The test's outside server lives on the node's address: admit exactly that one.
+        "admittedNetworks": [f"{outside.address}/32"],
+        "limits": {"connectTimeoutSeconds": 3},
+        "sandboxes": sandboxes,
+    }
+    tmp = config_dir / ".proxy.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(cfg))
+    tmp.replace(config_dir / "proxy.yaml")
+
+
+def config_with_proxy(runtime_class: str, proxy_ip: str) -> dict:
+    isolation = "hardened_container" if runtime_class == "gvisor" else "container"
+    declarations = dict(DECLARATIONS, egressModes=["closed", "allowlist"])
+    return local_config(
+        floor="container",
+        selection="fixed",
+        pinned=runtime_class,
+        backends=[
+            {
+                "name": runtime_class,
+                "type": "runtimeClass",
+                "runtimeClassName": runtime_class,
+                "isolation": isolation,
+                "declarations": declarations,
+                "egressProxy": {
+                    "url": f"http://{proxy_ip}:{PROXY_PORT}",
+                    "port": PROXY_PORT,
+                    "podSelector": PROXY_LABELS,
+                    "namespaceSelector": None,
+                },
+            }
+        ],
+    )
+
+
+def decisions(core: client.CoreV1Api, ns: str) -> list[dict]:
+    text = core.read_namespaced_pod_log("egress-proxy", ns, container="proxy")
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+def test_allowlist_through_the_proxy_pod(
+    kit,
+    start_operator,
+    core_v1: client.CoreV1Api,
+    outside: Outside,
+    runtime_class: str,
+    tmp_path: Path,
+) -> None:
+    ns = kit.ns
+    config_dir = tmp_path / "proxy-config"
+    config_dir.mkdir()
+    config_dir.chmod(0o755)
+    write_proxy_config(config_dir, outside, [])
+    proxy = proxy_pod(core_v1, ns, runtime_class, outside, config_dir)
+
+    start_operator(config_with_proxy(runtime_class, proxy.status.pod_ip))
+    kit.scope()
+    allow = ["allowed.test", "*.wild.test", "inside.test"]
+    kit.sandbox("allow", image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
+    obj = kit.wait_condition("allow", reasons=("Ready",), status="True", timeout=150)
+    pod = kit.pod(obj["status"]["servedBy"]["name"])
+    env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+    assert env.get("HTTPS_PROXY") == f"http://{proxy.status.pod_ip}:{PROXY_PORT}", env
+    # What a controller does for the proxy: this sandbox's pod IP -> its allowlist.
+    sandbox_id = f"{ns}/allow"
+    write_proxy_config(
+        config_dir, outside, [{"id": sandbox_id, "allow": allow, "sourceIPs": [pod.status.pod_ip]}]
+    )
+    time.sleep(2)  # the proxy re-reads its file every 0.5 s
+
+    port = outside.port
+    targets = [
+        ProbeTarget("allowed-connect", "allowed.test", port, via=Via.CONNECT),
+        ProbeTarget("allowed-http", "allowed.test", port, via=Via.HTTP),
+        ProbeTarget("wildcard-connect", "api.wild.test", port, via=Via.CONNECT),
+        ProbeTarget("denied-connect", "denied.test", port, via=Via.CONNECT),
+        ProbeTarget("denied-http", "denied.test", port, via=Via.HTTP),
+        ProbeTarget("private-address", "inside.test", port, via=Via.CONNECT),
+        ProbeTarget("direct-outside", outside.address, port),
+        ProbeTarget("direct-gateway", BRIDGE_GATEWAY, port),
+    ]
+    results, _ = probe_in_pod(core_v1, ns, pod.metadata.name, targets)
+    r = {x.name: x for x in results}
+    within = DEADLINE + SLACK
+    checks = [
+        expect_answered(r["allowed-connect"], body_contains=outside.token),
+        expect_answered(r["allowed-http"], body_contains=outside.token),
+        expect_answered(r["wildcard-connect"], body_contains=outside.token),
+        expect_proxy_refused(r["denied-connect"], status=403, reason="HostNotAllowed"),
+        expect_proxy_refused(r["denied-http"], status=403, reason="HostNotAllowed"),
+        expect_proxy_refused(r["private-address"], status=403, reason="AddressRefused"),
+        expect_blocked(r["direct-outside"], within=within),
+        expect_blocked(r["direct-gateway"], within=within),
+    ]
+    print("\n" + judge(checks))
+    assert all(c.ok for c in checks), (
+        judge(checks) + "\n" + core_v1.read_namespaced_pod_log("egress-proxy", ns)[-3000:]
+    )
+
+    # Every proxied attempt left one decision record naming the sandbox (nothing secret in it).
+    seen = [(d.get("verdict"), d.get("reason"), d.get("host")) for d in decisions(core_v1, ns)
+            if d.get("sandbox") == sandbox_id]  # fmt: skip
+    for want in (
+        ("ALLOW", "Allowed", "allowed.test"),
+        ("ALLOW", "Allowed", "api.wild.test"),
+        ("DENY", "HostNotAllowed", "denied.test"),
+        ("DENY", "AddressRefused", "inside.test"),
+    ):
+        assert want in seen, (want, seen)
