@@ -687,3 +687,28 @@ def test_server_error_on_every_create_ends_in_startup_timeout(acas: Acas) -> Non
     kit.wait_condition("never", "Ready", reasons=("StartupTimeout",), timeout=40)
     assert acas.standin.calls("create") >= 2  # retried, not given up after one error
     assert acas.standin.sandboxes() == []
+
+
+def test_remote_sandbox_missing_from_its_listing_is_unlisted_at_disposal(acas: Acas) -> None:
+    """The status recorded the remote id; once the label listing drops it, disposal still
+    goes after that id, and when it cannot delete it the code is `unlisted` (never "disposed")."""
+    kit = acas.kit
+    acas.start()
+    kit.scope()
+    kit.sandbox("lost")
+    obj = acas.wait_ready("lost")
+    remote_id = obj["status"]["servedBy"]["name"]
+    assert [s["id"] for s in acas.remote("lost")] == [remote_id]
+    acas.standin.fault("list", status=200, body=[], times=-1)
+    acas.standin.fault("delete", status=500, times=-1)
+    kit.delete("lost")
+    cond = disposed_condition(kit, "lost")
+    assert "disposal failed (unlisted) on backend acas" in cond["message"], cond
+    assert remote_id in cond["message"] and "AzureSandboxes_Delete status=500" in cond["message"]
+    assert "127.0.0.1" not in cond["message"] and TOKEN not in cond["message"]
+    assert kit.get("lost") is not None  # the finalizer holds
+    # The delete works again while the listing still misses it: removed by its recorded id.
+    acas.standin.reset()
+    acas.standin.fault("list", status=200, body=[], times=-1)
+    kit.wait_gone("lost", timeout=60)
+    assert all(s["id"] != remote_id for s in acas.standin.sandboxes())

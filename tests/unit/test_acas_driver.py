@@ -408,3 +408,35 @@ async def test_create_errors_are_transient_or_permanent(
     assert "AzureSandboxes_Create" in message
     assert str(standin.port) not in message and DEFAULT_TOKEN not in message
 
+
+def recorded(sandbox_id: str) -> SandboxRef:
+    """The ref the operator passes to dispose: the Sandbox plus the status's servedBy."""
+    from sandbox_operator.backends.base import ServedBy
+
+    return SandboxRef("ns1", "sbx-1", "uid-1", ServedBy(REMOTE_KIND, sandbox_id, "", sandbox_id))
+
+
+async def test_dispose_removes_a_recorded_sandbox_missing_from_its_listing(
+    driver: AcasDriver, standin: StandinServer
+) -> None:
+    served = await driver.ensure(request())
+    standin.state.add_fault(operation=LIST, status=200, body=[], times=-1)
+    await driver.dispose(recorded(served.name))  # deleted by its recorded id
+    assert served.name not in standin.state.sandboxes
+    await driver.dispose(recorded(served.name))  # gone (404) is success
+
+
+@pytest.mark.parametrize("failing", ["AzureSandboxes_Get", DELETE])
+async def test_dispose_of_an_unlisted_sandbox_that_does_not_land_is_unlisted(
+    driver: AcasDriver, standin: StandinServer, failing: str
+) -> None:
+    served = await driver.ensure(request())
+    standin.state.add_fault(operation=LIST, status=200, body=[], times=-1)
+    standin.state.add_fault(operation=failing, status=500, code="InternalServerError", times=-1)
+    with pytest.raises(DisposalError) as info:
+        await driver.dispose(recorded(served.name))
+    assert info.value.code is DisposalCode.UNLISTED
+    detail = info.value.failure.detail
+    assert served.name in detail and "InternalServerError" in detail
+    assert str(standin.port) not in str(info.value)
+    assert served.name in standin.state.sandboxes

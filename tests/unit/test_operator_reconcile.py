@@ -397,3 +397,31 @@ def test_ensure_retry_delay_backs_off_and_honours_retry_after():
     assert ensure_retry_delay(0, 30.0) == 30.0
     assert ensure_retry_delay(0, 600.0) == 60.0
 
+
+class RecordingDriver(FakeDriver):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.disposed: list[Any] = []
+
+    async def dispose(self, sandbox):
+        self.disposed.append(sandbox)
+        await super().dispose(sandbox)
+
+
+async def test_dispose_gets_what_the_status_recorded_as_serving():
+    rt, kube, _ = runtime()
+    driver = RecordingDriver("gvisor")
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    assert kube.objs[("sandboxes", "a")]["status"]["servedBy"]["name"] == "a"
+    # the serving object drops out of sight: Failed, disposed with the recorded servedBy
+    del driver.pods["a"]
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["reason"] == "Failed"
+    assert driver.disposed[-1].served_by == ServedBy("Pod", "a", NS)
+    await finalize_sandbox(rt, NS, "a")
+    assert driver.disposed[-1].name == "a"

@@ -55,6 +55,9 @@ class SandboxRef:
     namespace: str
     name: str  # the Sandbox resource's name
     uid: str = ""  # the Sandbox resource's uid (owner of what the driver creates), if known
+    # What the Sandbox's status recorded as serving it (``status.servedBy``), if anything. Lets
+    # dispose tell "gone" from "no longer found where it should be listed" (``unlisted``).
+    served_by: ServedBy | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,8 @@ class BackendDriver(Protocol):
         """Remove everything that serves the sandbox and wait until it is gone.
 
         Nothing left is success. Raises :class:`DisposalError` when disposal does not land.
+        ``sandbox.served_by`` (what the status recorded) is removed too even when a label listing
+        no longer shows it; when that cannot be done the code is ``unlisted``.
         """
         ...
 

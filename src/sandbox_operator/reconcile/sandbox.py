@@ -26,6 +26,7 @@ from sandbox_operator.backends.base import (
     Observation,
     ObservedPhase,
     SandboxRef,
+    ServedBy,
     StartupError,
     TransientError,
 )
@@ -164,6 +165,25 @@ def _served_by(obs: Observation) -> dict[str, Any] | None:
     return out
 
 
+def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
+    """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
+    raw = (status or {}).get("servedBy")
+    if not isinstance(raw, Mapping) or not raw.get("kind") or not raw.get("name"):
+        return None
+    return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
+
+
+def disposal_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
+    """The reference dispose gets: the Sandbox plus what serves it (observed, else recorded)."""
+    meta = _meta(obj)
+    return SandboxRef(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        served_by or recorded_served_by(obj.get("status")),
+    )
+
+
 async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) -> str | None:
     """Why the key is not clean (an earlier sandbox of this key is not disposed yet), or None.
 
@@ -244,7 +264,7 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
     # Terminal: nothing is created again; only a disposal that has not landed is retried.
     if draft.reason(READY) in TERMINAL_REASONS and not cnd.is_true(old, READY):
         if not cnd.is_true(old, DISPOSED):
-            await _dispose_into(rt, _drivers_for(rt, old), ref, draft)
+            await _dispose_into(rt, _drivers_for(rt, old), disposal_ref(obj), draft)
             await write_status(rt, SANDBOX_PLURAL, draft)
         return
 
@@ -430,7 +450,10 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
     draft.cond(READY, verdict.ready, verdict.reason, verdict.message)
     draft.set(servedBy=_served_by(obs))
     if verdict.dispose:
-        await _dispose_into(rt, [driver], ref, draft)
+        target = disposal_ref(obj, obs.served_by)
+        if await _dispose_into(rt, [driver], target, draft) is not None and target.served_by:
+            # Keep what is still to be disposed on record: the retry needs it, listed or not.
+            draft.set(servedBy=_served_by(Observation(obs.phase, target.served_by)))
     await write_status(rt, SANDBOX_PLURAL, draft)
 
 
@@ -440,8 +463,6 @@ async def finalize_sandbox(rt: Runtime, namespace: str, name: str) -> None:
         obj = await rt.kube.get_sandbox(namespace, name)
         if obj is None:
             return
-        meta = _meta(obj)
-        ref = SandboxRef(namespace, name, str(meta.get("uid", "")))
         draft = Draft(obj)
         terminal = draft.reason(READY) in TERMINAL_REASONS and not cnd.is_true(draft.old, READY)
         if not terminal:
@@ -452,7 +473,7 @@ async def finalize_sandbox(rt: Runtime, namespace: str, name: str) -> None:
             await write_status(rt, SANDBOX_PLURAL, draft)
         obj = await rt.kube.get_sandbox(namespace, name) or obj
         draft = Draft(obj)
-        failure = await _dispose_into(rt, _drivers_for(rt, draft.old), ref, draft)
+        failure = await _dispose_into(rt, _drivers_for(rt, draft.old), disposal_ref(obj), draft)
         if failure is not None and not terminal:
             draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
         with contextlib.suppress(Conflict):

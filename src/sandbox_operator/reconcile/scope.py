@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.base import DisposalError, SandboxRef
+from sandbox_operator.backends.base import DisposalError
 from sandbox_operator.contract import (
     SANDBOX_SCOPE_PLURAL,
     ConditionReason,
@@ -35,6 +35,7 @@ from sandbox_operator.reconcile.sandbox import (
     DisposalPending,
     Draft,
     _drivers_for,
+    disposal_ref,
     write_status,
 )
 
@@ -101,8 +102,7 @@ async def purge_scope(rt: Runtime, namespace: str, name: str, attempt: int) -> S
     sem = asyncio.Semaphore(PURGE_CONCURRENCY)
 
     async def dispose_member(sbx: Mapping[str, Any]) -> DisposalFailure | None:
-        meta = _meta(sbx)
-        ref = SandboxRef(namespace, meta["name"], str(meta.get("uid", "")))
+        ref = disposal_ref(sbx)
         async with sem:
             failure: DisposalFailure | None = None
             for driver in _drivers_for(rt, sbx.get("status") or {}):

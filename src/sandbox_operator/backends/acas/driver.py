@@ -32,7 +32,13 @@ from sandbox_operator.backends.base import (
     StartupError,
     TransientError,
 )
-from sandbox_operator.contract import ConditionReason, Egress, SandboxKey, SandboxSpec
+from sandbox_operator.contract import (
+    ConditionReason,
+    DisposalFailure,
+    Egress,
+    SandboxKey,
+    SandboxSpec,
+)
 
 from .api import AcasClient
 from .auth import CredentialUnavailable, TokenProvider, token_provider_for
@@ -369,8 +375,35 @@ class AcasDriver:
                 await self._dispose_remote(remote.id)
             except DisposalError as exc:
                 first = first or exc
+        recorded = sandbox.served_by
+        listed = {r.id for r in found}
+        if recorded is not None and recorded.kind == REMOTE_KIND and recorded.name not in listed:
+            try:
+                await self._dispose_unlisted(recorded.name)
+            except DisposalError as exc:
+                first = first or exc
         if first is not None:
             raise first
+
+    async def _dispose_unlisted(self, remote_id: str) -> None:
+        """The status recorded `remote_id` but its label listing does not hold it. Gone (404)
+        is success; otherwise delete it by id, and if that does not land the code is `unlisted`
+        (with what failed in the detail), since nothing that lists by label would find it."""
+        try:
+            if await self._client.find_sandbox(remote_id) is None:
+                return
+            await self._client.delete_and_wait(remote_id, within=self._dispose_within)
+        except AcasError as exc:
+            missing = AcasNotListed(
+                "AzureSandboxes_List", what="recorded sandbox missing from its label listing"
+            )
+            raise DisposalError(
+                DisposalFailure(
+                    code=missing.disposal_code,
+                    detail=f"{missing.detail} id={remote_id}; {exc.detail}",
+                    backend=self.name,
+                )
+            ) from None
 
     async def _list(self, labels: Mapping[str, str]) -> list[BackendObject]:
         return [backend_object(r) for r in await self._client.list_sandboxes(labels)]
