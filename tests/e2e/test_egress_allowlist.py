@@ -27,6 +27,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from sandbox_operator.egress.kube import COMPONENT
 from sandbox_operator.egress.probe import (
     ProbeTarget,
     Via,
@@ -63,7 +64,7 @@ def proxy_pod(
             runtime_class_name=runtime_class,
             restart_policy="Never",
             termination_grace_period_seconds=0,
-            automount_service_account_token=False,
+            service_account_name="egress-proxy",
             host_aliases=[
                 client.V1HostAlias(
                     ip=outside.address, hostnames=["allowed.test", "api.wild.test", "denied.test"]
@@ -81,7 +82,8 @@ def proxy_pod(
                     image=PYTHON,
                     image_pull_policy="Never",
                     command=["python3", "-m", "sandbox_operator.egress", "--config",
-                             "/cfg/proxy.yaml", "--reload-seconds", "0.5"],
+                             "/cfg/proxy.yaml", "--reload-seconds", "0.5",
+                             "--kube-namespace", ns],
                     env=[client.V1EnvVar(name="PYTHONPATH", value="/opt/src:/opt/site")],
                     ports=[client.V1ContainerPort(container_port=PROXY_PORT)],
                     volume_mounts=[
@@ -101,6 +103,40 @@ def proxy_pod(
         assert current.status.phase not in ("Failed", "Succeeded"), current.status
         time.sleep(0.5)
     raise AssertionError("egress proxy pod not running")
+
+
+def proxy_rbac(api: client.ApiClient, ns: str) -> None:
+    """What the proxy needs to keep its table and post Events, in its namespace only."""
+    client.CoreV1Api(api).create_namespaced_service_account(
+        ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="egress-proxy"))
+    )
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role(
+        ns,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="egress-proxy"),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=["sandbox-operator.dev"], resources=["sandboxes"],
+                    verbs=["get", "list"],
+                ),
+                client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["get", "list"]),
+                client.V1PolicyRule(api_groups=[""], resources=["events"], verbs=["create"]),
+            ],
+        ),
+    )  # fmt: skip
+    rbac.create_namespaced_role_binding(
+        ns,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="egress-proxy"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="egress-proxy"
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="ServiceAccount", name="egress-proxy", namespace=ns)
+            ],
+        ),
+    )
 
 
 def write_proxy_config(config_dir: Path, outside: Outside, sandboxes: list[dict]) -> None:
@@ -167,6 +203,7 @@ def test_allowlist_through_the_proxy_pod(
     config_dir.mkdir()
     config_dir.chmod(0o755)
     write_proxy_config(config_dir, outside, [])
+    proxy_rbac(core_v1.api_client, ns)
     proxy = proxy_pod(core_v1, ns, runtime_class, outside, config_dir)
 
     start_operator(config_with_proxy(runtime_class, proxy.status.pod_ip))
@@ -177,12 +214,15 @@ def test_allowlist_through_the_proxy_pod(
     pod = kit.pod(obj["status"]["servedBy"]["name"])
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}
     assert env.get("HTTPS_PROXY") == f"http://{proxy.status.pod_ip}:{PROXY_PORT}", env
-    # What a controller does for the proxy: this sandbox's pod IP -> its allowlist.
+    # The proxy keeps its own table (--kube-namespace): wait until it serves this sandbox.
     sandbox_id = f"{ns}/allow"
-    write_proxy_config(
-        config_dir, outside, [{"id": sandbox_id, "allow": allow, "sourceIPs": [pod.status.pod_ip]}]
-    )
-    time.sleep(2)  # the proxy re-reads its file every 0.5 s
+    first = ProbeTarget("allowed-connect", "allowed.test", outside.port, via=Via.CONNECT)
+    deadline = time.monotonic() + 30
+    while True:
+        (res,), _ = probe_in_pod(core_v1, ns, pod.metadata.name, [first])
+        if expect_answered(res).ok or time.monotonic() > deadline:
+            break
+        time.sleep(1)
 
     port = outside.port
     targets = [
@@ -223,3 +263,17 @@ def test_allowlist_through_the_proxy_pod(
         ("DENY", "AddressRefused", "inside.test"),
     ):
         assert want in seen, (want, seen)
+
+    # ... and surfaced on the Sandbox as Events (rate-limited, folded by host and reason).
+    deadline = time.monotonic() + 20
+    want = {("EgressAllowed", "allowed.test"), ("EgressDenied", "denied.test"),
+            ("EgressDenied", "inside.test")}  # fmt: skip
+    got: set[tuple[str, str]] = set()
+    while time.monotonic() < deadline and not want <= got:
+        for ev in kit.events("allow"):
+            if ev.involved_object.kind == "Sandbox" and ev.source.component == COMPONENT:
+                for _, host in want:
+                    if f" {host}:" in (ev.message or ""):
+                        got.add((ev.reason, host))
+        time.sleep(1)
+    assert want <= got, (want, got, [(e.reason, e.message) for e in kit.events("allow")])

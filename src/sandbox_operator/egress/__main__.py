@@ -24,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from sandbox_operator.egress.config import ProxyConfig
-from sandbox_operator.egress.decisions import JsonLinesSink
+from sandbox_operator.egress.decisions import DecisionSink, FanoutSink, JsonLinesSink
 from sandbox_operator.egress.identity import IdentityConflict
 from sandbox_operator.egress.proxy import EgressProxy
 
@@ -62,10 +62,25 @@ def _write_ready(path: Path, port: int) -> None:
     tmp.replace(path)
 
 
-async def run(path: Path, reload_seconds: float, ready_file: Path | None) -> int:
+async def run(
+    path: Path, reload_seconds: float, ready_file: Path | None, kube_namespace: str = ""
+) -> int:
     config = load_config(path)
-    proxy = EgressProxy(config, sink=JsonLinesSink(sys.stdout))
+    sinks: list[DecisionSink] = [JsonLinesSink(sys.stdout)]
+    controller = None
+    if kube_namespace:
+        from sandbox_operator.egress.kube import KubeEgressController, kube_api_client
+
+        controller = KubeEgressController(await kube_api_client(), kube_namespace)
+        sinks.append(controller)
+    proxy = EgressProxy(config, sink=FanoutSink(sinks))
     host, port = await proxy.start()
+    stop_controller = asyncio.Event()
+    controller_task = None
+    if controller is not None:
+        controller.proxy = proxy
+        controller_task = asyncio.create_task(controller.run(stop_controller))
+        log.info("keeping the sandbox table of namespace %s", kube_namespace)
     log.info("egress proxy listening on %s:%d with %d sandboxes", host, port, len(proxy.table))
     if ready_file is not None:
         _write_ready(ready_file, port)
@@ -106,6 +121,10 @@ async def run(path: Path, reload_seconds: float, ready_file: Path | None) -> int
             log.info("config reloaded: %d sandboxes", len(proxy.table))
         except (ConfigFileError, IdentityConflict) as exc:
             log.error("config reload rejected, keeping the running one: %s", exc)
+    if controller_task is not None:
+        stop_controller.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(controller_task, 10)
     await proxy.stop()
     return 0
 
@@ -116,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reload-seconds", type=float, default=2.0)
     parser.add_argument("--ready-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument(
+        "--kube-namespace",
+        default="",
+        help="keep the sandbox table from this namespace's allowlist Sandboxes and post "
+        "decisions as Events on them (sandbox_operator.egress.kube)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
@@ -125,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config)
             print(f"ok: {len(cfg.sandboxes)} sandboxes")
             return 0
-        return asyncio.run(run(args.config, args.reload_seconds, args.ready_file))
+        return asyncio.run(
+            run(args.config, args.reload_seconds, args.ready_file, args.kube_namespace)
+        )
     except ConfigFileError as exc:
         log.error("invalid config: %s", exc)
         return 2
