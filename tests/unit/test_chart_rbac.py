@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.unit.test_chart_render import ROOT, by_kind, template
 
@@ -207,6 +208,11 @@ def scan() -> Scan:
                 owner = _callee_name(node.value)
                 if owner in apis:
                     _api_reference(result, resolver, apis[owner], node, path)
+            # An API object used in place: client.CoreV1Api(api).read_namespaced_secret(...)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call):
+                api = _callee_name(node.value.func)
+                if api in API_GROUPS:
+                    _api_reference(result, resolver, api, node, path)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 for deco in node.decorator_list:
                     _kopf_decorator(result, resolver, deco)
@@ -265,12 +271,18 @@ def _kopf_decorator(result: Scan, resolver: Resolver, deco: ast.expr) -> None:
         result.grants |= {(group, plural, "patch"), (group, f"{plural}/status", "patch")}
 
 
+#: Grants the operator's code needs only in some configurations, granted by resource name then:
+#: an acas backend whose credential is a Secret reads that one Secret.
+CREDENTIAL_GRANTS = {("", "secrets", "get")}
+
+
 def expected_grants(*, cluster_wide: bool = True) -> set[Grant]:
     found = scan()
     assert not found.unresolved, (
         f"cannot tell which resources these calls touch: {found.unresolved}"
     )
-    grants = set(found.grants)
+    assert found.grants >= CREDENTIAL_GRANTS, "the acas credential Secret is no longer read?"
+    grants = set(found.grants) - CREDENTIAL_GRANTS
     # kopf itself: posts Events for handler outcomes, watches CRDs to notice served resources,
     # and (peering) reads, watches and patches its peering object.
     grants.add(("", "events", "create"))
@@ -291,7 +303,8 @@ def chart_grants(objs: list[dict[str, Any]]) -> set[Grant]:
     out: set[Grant] = set()
     for role in operator_roles:
         for rule in role["rules"]:
-            assert "resourceNames" not in rule
+            if "resourceNames" in rule:
+                continue  # per-name grants: see test_acas_credential_secret_is_granted_by_name
             for g in rule["apiGroups"]:
                 for r in rule["resources"]:
                     for v in rule["verbs"]:
@@ -321,7 +334,72 @@ def test_chart_rbac_equals_the_verbs_the_operator_uses(cluster_wide: bool) -> No
 
 
 def test_no_secret_access_and_no_escalation() -> None:
-    granted = chart_grants(template())
+    objs = template()
+    assert not [r for role in by_kind(objs, "Role") for r in role["rules"] if "resourceNames" in r]
+    granted = chart_grants(objs)
     assert not {g for g in granted if g[1] in ("secrets", "serviceaccounts/token")}
     assert not {g for g in granted if g[2] in ("escalate", "bind", "impersonate")}
     assert not {g for g in granted if g[1] in ("pods/exec", "pods/attach", "nodes/proxy")}
+
+
+def acas_values(tmp_path: Path, credential: dict[str, Any]) -> Path:
+    values = tmp_path / "acas.yaml"
+    backend = {
+        "name": "acas-west",
+        "type": "acas",
+        "endpoint": "https://example.invalid",
+        "subscription": "sub",
+        "resourceGroup": "rg",
+        "sandboxGroup": "group",
+        "credential": credential,
+    }
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "hostPolicy": {"selection": "fixed", "pinnedBackend": "acas-west"},
+                    "backends": [backend],
+                }
+            }
+        )
+    )
+    return values
+
+
+@pytest.mark.parametrize("namespace", [None, "creds"])
+def test_acas_credential_secret_is_granted_by_name(tmp_path: Path, namespace: str | None) -> None:
+    """The acas driver reads its credential Secret: get on that one Secret, by name, in its
+    namespace (the release's unless the backend names one); no other Secret access."""
+    credential: dict[str, Any] = {"source": "secret", "secretName": "acas-sp"}
+    if namespace:
+        credential["namespace"] = namespace
+    objs = template(values_files=[acas_values(tmp_path, credential)], namespace="so-system")
+    named = [
+        (role["metadata"]["namespace"], rule)
+        for role in by_kind(objs, "Role")
+        for rule in role["rules"]
+        if "resourceNames" in rule
+    ]
+    assert named == [
+        (
+            namespace or "so-system",
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["acas-sp"],
+                "verbs": ["get"],
+            },
+        )
+    ]
+    bindings = [
+        b for b in by_kind(objs, "RoleBinding") if b["metadata"]["name"].endswith("acas-west")
+    ]
+    assert len(bindings) == 1 and bindings[0]["subjects"][0]["namespace"] == "so-system"
+    assert not {g for g in chart_grants(objs) if g[1] == "secrets"}
+
+
+def test_workload_identity_credential_needs_no_secret(tmp_path: Path) -> None:
+    objs = template(
+        values_files=[acas_values(tmp_path, {"source": "workloadIdentity", "clientId": "x"})]
+    )
+    assert not [r for role in by_kind(objs, "Role") for r in role["rules"] if "resourceNames" in r]

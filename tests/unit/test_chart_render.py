@@ -386,3 +386,97 @@ def test_api_server_address_can_be_overridden() -> None:
     got = env(template({"apiServer.host": "192.0.2.10", "apiServer.port": "6443"}))
     assert got["KUBERNETES_SERVICE_HOST"] == "192.0.2.10"
     assert got["KUBERNETES_SERVICE_PORT"] == "6443"
+
+
+def test_schema_knows_every_runtime_class_backend_key() -> None:
+    """`pod` and `egressProxy` are described key by key, exactly as the operator reads them."""
+    import json
+
+    from sandbox_operator.config import (
+        EgressProxySettings,
+        PodSettings,
+        RuntimeClassBackendConfig,
+    )
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defs = schema["definitions"]
+
+    def aliases(model: Any) -> set[str]:
+        return {f.alias or name for name, f in model.model_fields.items()}
+
+    assert set(defs["podSettings"]["properties"]) == aliases(PodSettings)
+    assert set(defs["egressProxy"]["properties"]) == aliases(EgressProxySettings)
+    assert aliases(RuntimeClassBackendConfig) <= set(defs["backend"]["properties"])
+
+
+RUNTIME_CLASS_BACKEND = {
+    "name": "gvisor",
+    "type": "runtimeClass",
+    "runtimeClassName": "gvisor",
+    "isolation": "hardened_container",
+    "declarations": {"egressModes": ["closed", "allowlist"]},
+    "pod": {"runAsUser": 1000, "runAsGroup": 1000, "imagePullPolicy": "Never"},
+    "egressProxy": {
+        "url": "http://egress-proxy.sandbox-operator-system:3128",
+        "port": 3128,
+        "podSelector": {"app.kubernetes.io/name": "egress-proxy"},
+        "namespaceSelector": {"kubernetes.io/metadata.name": "sandbox-operator-system"},
+    },
+}
+
+
+def _backend_values(tmp_path: Path, backend: dict[str, Any]) -> Path:
+    values = tmp_path / "v.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "hostPolicy": {
+                        "minIsolation": "hardened_container",
+                        "selection": "fixed",
+                        "pinnedBackend": "gvisor",
+                    },
+                    "backends": [backend],
+                }
+            }
+        )
+    )
+    return values
+
+
+def test_schema_accepts_pod_and_egress_proxy_and_the_operator_reads_them(tmp_path: Path) -> None:
+    from sandbox_operator.config import RuntimeClassBackendConfig, parse_config
+
+    cm = one(template(values_files=[_backend_values(tmp_path, RUNTIME_CLASS_BACKEND)]), "ConfigMap")
+    config, _ = parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
+    backend = config.backends[0]
+    assert isinstance(backend, RuntimeClassBackendConfig)
+    assert backend.pod.run_as_user == 1000
+    assert backend.egress_proxy is not None and backend.egress_proxy.port == 3128
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"pod": {"runAsUsr": 1000}}, "runAsUsr"),
+        ({"egressProxy": {"port": 3128}}, "url"),
+        ({"egressProxy": {"url": "http://p:3128", "port": 0}}, "port"),
+    ],
+    ids=["pod-typo", "proxy-without-url", "proxy-bad-port"],
+)
+def test_schema_rejects_bad_pod_and_egress_proxy(
+    tmp_path: Path, change: dict[str, Any], where: str
+) -> None:
+    backend = {**RUNTIME_CLASS_BACKEND, **change}
+    result = run_helm(
+        "template",
+        "so",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "-f",
+        str(_backend_values(tmp_path, backend)),
+        check=False,
+    )
+    assert result.returncode != 0
+    assert where in result.stderr
