@@ -253,6 +253,14 @@ def test_allowlist_through_the_proxy_pod(
         judge(checks) + "\n" + core_v1.read_namespaced_pod_log("egress-proxy", ns)[-3000:]
     )
 
+    # The same check as a command (check-egress) against the live Sandbox.
+    out = closed.check_egress_cli(
+        ns, "allow", "--reachable", f"{outside.address}:{port}",
+        "--allowed", f"allowed.test:{port}", "--denied", f"denied.test:{port}",
+        "--body-contains", outside.token,
+    )  # fmt: skip
+    assert "egress allowlist" in out and "FAILED" not in out, out
+
     # Every proxied attempt left one decision record naming the sandbox (nothing secret in it).
     seen = [(d.get("verdict"), d.get("reason"), d.get("host")) for d in decisions(core_v1, ns)
             if d.get("sandbox") == sandbox_id]  # fmt: skip

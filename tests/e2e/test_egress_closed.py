@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import secrets
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -196,3 +198,20 @@ def test_closed_sandbox_reaches_nothing_an_open_pod_reaches(
     by_name = {r.name: r for r in results}
     assert by_name["dns-lookup"].outcome is Outcome.RESOLVE_FAILED
     print("\n" + judge(verdicts))
+
+    # The same check as a command (check-egress): exit 0, every expectation held.
+    out = check_egress_cli(
+        ns, "closed", "--reachable", f"{outside.address}:{outside.port}",
+        "--reachable", f"{BRIDGE_GATEWAY}:{outside.port}",
+    )  # fmt: skip
+    assert "egress closed" in out and "FAILED" not in out, out
+
+
+def check_egress_cli(ns: str, sandbox: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandbox_operator.egress.probe", "--namespace", ns,
+         "--sandbox", sandbox, *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout

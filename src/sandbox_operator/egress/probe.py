@@ -24,6 +24,7 @@ import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Via(StrEnum):
@@ -307,3 +308,147 @@ def judge(expectations: Sequence[Expectation]) -> str:
 
 def shell_quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
+
+
+# ---- check-egress: the probe against a live Sandbox ------------------------------------------
+
+
+def parse_target(value: str, name: str = "", via: Via = Via.DIRECT) -> ProbeTarget:
+    """``host:port`` (port required) -> a target."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"not host:port: {value!r}")
+    return ProbeTarget(name or value, host.strip("[]"), int(port), via=via)
+
+
+def expectations_for(
+    mode: str,
+    results: dict[str, ProbeResult],
+    *,
+    deadline: float,
+    body_contains: str = "",
+) -> list[Expectation]:
+    """What each probed target must have done under ``mode`` (names as :func:`targets_for`)."""
+    within = deadline + 2.0
+    out: list[Expectation] = []
+    for name, r in results.items():
+        kind = name.split(" ", 1)[0]
+        if kind == "reachable":
+            if mode == "unrestricted":
+                out.append(expect_answered(r, body_contains=body_contains))
+            else:
+                out.append(expect_blocked(r, within=within))
+        elif kind == "allowed":
+            out.append(expect_answered(r, body_contains=body_contains))
+        elif kind == "denied":
+            out.append(expect_proxy_refused(r, status=403))
+    return out
+
+
+def targets_for(
+    mode: str, reachable: Sequence[str], allowed: Sequence[str], denied: Sequence[str]
+) -> list[ProbeTarget]:
+    targets = [parse_target(v, f"reachable {v}") for v in reachable]
+    if mode == "allowlist":
+        for via in (Via.CONNECT, Via.HTTP):
+            targets += [parse_target(v, f"allowed {v} {via.value}", via) for v in allowed]
+            targets += [parse_target(v, f"denied {v} {via.value}", via) for v in denied]
+    return targets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sandbox_operator.egress.probe --namespace NS --sandbox NAME ...``: run the
+    probe inside a live Sandbox's pod (through pods/exec, $KUBECONFIG or in-cluster) and check
+    it against the Sandbox's ``spec.egress``. Exit 0 when every expectation held, 1 when one did
+    not, 2 when the probe could not run."""
+    import argparse
+    import asyncio
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox_operator.egress.probe")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--sandbox", required=True, help="Sandbox name")
+    parser.add_argument(
+        "--reachable",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a host an unrestricted pod reaches (closed/allowlist: blocked)",
+    )
+    parser.add_argument(
+        "--allowed",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="allowlist: must answer through the proxy (CONNECT and HTTP)",
+    )
+    parser.add_argument(
+        "--denied",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="allowlist: must be refused by the proxy with 403",
+    )
+    parser.add_argument("--body-contains", default="")
+    parser.add_argument("--deadline", type=float, default=3.0)
+    args = parser.parse_args(argv)  # fmt: skip
+
+    try:
+        from kubernetes import client, config
+        from kubernetes.stream import stream
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        custom = client.CustomObjectsApi()
+        core = client.CoreV1Api()
+        obj: Any = custom.get_namespaced_custom_object(
+            "sandbox-operator.dev", "v1alpha1", args.namespace, "sandboxes", args.sandbox
+        )
+        mode = str((obj.get("spec") or {}).get("egress") or "closed")
+        served = (obj.get("status") or {}).get("servedBy") or {}
+        if served.get("kind") != "Pod":
+            print(f"sandbox {args.sandbox} is not served by a pod: {served}")
+            return 2
+        targets = targets_for(mode, args.reachable, args.allowed, args.denied)
+        if not targets:
+            print("nothing to probe: give --reachable (and --allowed/--denied for allowlist)")
+            return 2
+
+        async def execute(command: Sequence[str]) -> str:
+            def run() -> str:
+                out: str = stream(
+                    core.connect_get_namespaced_pod_exec,
+                    served["name"],
+                    args.namespace,
+                    command=list(command),
+                    stderr=True,
+                    stdin=False,
+                    stdout=True,
+                    tty=False,
+                    _request_timeout=len(targets) * (args.deadline + 2) + 30,
+                )
+                return out
+
+            return await asyncio.to_thread(run)
+
+        results = asyncio.run(run_probe(execute, targets, timeout=args.deadline))
+    except (ValueError, ProbeOutputError) as exc:
+        print(f"egress probe could not run: {exc}")
+        return 2
+    except Exception as exc:
+        print(f"egress probe could not run: {type(exc).__name__}")
+        return 2
+    exps = expectations_for(
+        mode, {r.name: r for r in results}, deadline=args.deadline,
+        body_contains=args.body_contains,
+    )  # fmt: skip
+    print(f"sandbox {args.namespace}/{args.sandbox}: egress {mode}")
+    print(judge(exps))
+    return 0 if all(e.ok for e in exps) else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
