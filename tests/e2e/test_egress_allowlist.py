@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -37,6 +39,7 @@ from sandbox_operator.egress.probe import (
     judge,
 )
 from tests.e2e import test_egress_closed as closed
+from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
 from tests.fixtures.operator import DECLARATIONS, PYTHON, REPO, local_config
 
@@ -146,7 +149,7 @@ def write_proxy_config(config_dir: Path, outside: Outside, sandboxes: list[dict]
         "allowedPorts": [80, 443, outside.port],
         # The test's outside server lives on the node's address: admit exactly that one.
         "admittedNetworks": [f"{outside.address}/32"],
-        "limits": {"connectTimeoutSeconds": 3},
+        "limits": {"connectTimeoutSeconds": 5, "headerTimeoutSeconds": 2},
         "sandboxes": sandboxes,
     }
     tmp = config_dir / ".proxy.yaml.tmp"
@@ -209,7 +212,9 @@ def test_allowlist_through_the_proxy_pod(
     start_operator(config_with_proxy(runtime_class, proxy.status.pod_ip))
     kit.scope()
     allow = ["allowed.test", "*.wild.test", "inside.test"]
-    kit.sandbox("allow", image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
+    for name in ("allow", "other"):
+        kit.sandbox(name, image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
+    kit.wait_condition("other", reasons=("Ready",), status="True", timeout=150)
     obj = kit.wait_condition("allow", reasons=("Ready",), status="True", timeout=150)
     pod = kit.pod(obj["status"]["servedBy"]["name"])
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}
@@ -285,3 +290,80 @@ def test_allowlist_through_the_proxy_pod(
                         got.add((ev.reason, host))
         time.sleep(1)
     assert want <= got, (want, got, [(e.reason, e.message) for e in kit.events("allow")])
+
+    # Load: 200 concurrent tunnels and a slowloris client from one sandbox; another sandbox is
+    # served meanwhile, the slow client is cut at the header deadline, every tunnel answers.
+    other = kit.pod(kit.get("other")["status"]["servedBy"]["name"])
+    result: dict[str, Any] = {}
+
+    def load() -> None:
+        argv = ["python3", "-c", LOAD_SCRIPT, f"allowed.test:{port}", "200", "6"]
+        result["out"] = exec_in(core_v1, ns, pod.metadata.name, *argv)
+
+    worker = threading.Thread(target=load)
+    started = time.monotonic()
+    worker.start()
+    time.sleep(4)  # the tunnels are open and held, the slowloris client is still sending
+    (meanwhile,), _ = probe_in_pod(core_v1, ns, other.metadata.name, [first])
+    probed_at = time.monotonic() - started
+    worker.join(120)
+    stats = json.loads(result["out"].strip().splitlines()[-1])
+    print(f"load: {stats}; other sandbox {meanwhile.describe()} at +{probed_at:.1f}s")
+    assert expect_answered(meanwhile, body_contains=outside.token).ok, meanwhile.describe()
+    assert meanwhile.seconds < 2, meanwhile.describe()
+    assert stats["established"] == 200 and stats["answered"] == 200, stats
+    assert stats["slowloris"].startswith("HTTP/1.1 408"), stats
+
+
+LOAD_SCRIPT = r"""
+import json, os, socket, sys, time
+proxy = os.environ["HTTPS_PROXY"].split("://", 1)[-1].rstrip("/")
+ph, pp = proxy.rsplit(":", 1)
+target, n, hold = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+slow = socket.create_connection((ph, int(pp)), timeout=10)
+slow.sendall(b"CONNECT allo")  # and nothing more: a slowloris head
+t0 = time.monotonic()
+socks, errors = [], 0
+for _ in range(n):
+    try:
+        s = socket.create_connection((ph, int(pp)), timeout=10)
+        s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+        socks.append(s)
+    except OSError:
+        errors += 1
+established = 0
+for s in socks:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        c = s.recv(4096)
+        if not c:
+            break
+        data += c
+    if data.split(b"\r\n", 1)[0].split(b" ")[1:2] == [b"200"]:
+        established += 1
+opened = time.monotonic() - t0
+time.sleep(max(0.0, hold - opened))
+answered = 0
+for s in socks:
+    try:
+        s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while True:
+            c = s.recv(4096)
+            if not c:
+                break
+            data += c
+        if b" 200 " in data.split(b"\r\n", 1)[0]:
+            answered += 1
+    except OSError:
+        pass
+    s.close()
+slow.settimeout(1)
+try:
+    cut = slow.recv(4096)
+except OSError:
+    cut = b""
+print(json.dumps({"established": established, "answered": answered, "errors": errors,
+                  "opened_seconds": round(opened, 2),
+                  "slowloris": cut.split(b"\r\n", 1)[0].decode("latin-1")}))
+"""

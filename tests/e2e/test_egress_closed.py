@@ -75,8 +75,12 @@ def outside(core_v1: client.CoreV1Api) -> Iterator[Outside]:
             pass
 
     address = node_address(core_v1)
+
     # All of this machine's addresses: the node's and the pod bridge's gateway.
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 512  # hundreds of tunnels may connect at once
+
+    server = Server(("0.0.0.0", 0), Handler)
     port = server.server_address[1]
     assert port not in (30000, 30001)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
