@@ -18,10 +18,12 @@ proxy pod resolves the test names through hostAliases. Nothing leaves this machi
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from sandbox_operator.egress.probe import (
     expect_proxy_refused,
     judge,
 )
+from sandbox_operator.egress.testing import make_self_signed_cert
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
@@ -142,11 +145,40 @@ def proxy_rbac(api: client.ApiClient, ns: str) -> None:
     )
 
 
-def write_proxy_config(config_dir: Path, outside: Outside, sandboxes: list[dict]) -> None:
+@pytest.fixture
+def tls_outside(tmp_path: Path) -> Iterator[tuple[int, str]]:
+    """An HTTPS server on this machine for `allowed.test` (self-signed); (port, CA PEM)."""
+    cert = make_self_signed_cert(tmp_path, ("allowed.test",))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"tls-outside-ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    server.socket = cert.server_context().wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], cert.cert.read_text()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def write_proxy_config(
+    config_dir: Path, outside: Outside, sandboxes: list[dict], extra_ports: tuple[int, ...] = ()
+) -> None:
     cfg = {
         "listenHost": "0.0.0.0",
         "listenPort": PROXY_PORT,
-        "allowedPorts": [80, 443, outside.port],
+        "allowedPorts": [80, 443, outside.port, *extra_ports],
         # The test's outside server lives on the node's address: admit exactly that one.
         "admittedNetworks": [f"{outside.address}/32"],
         "limits": {"connectTimeoutSeconds": 5, "headerTimeoutSeconds": 2},
@@ -200,12 +232,14 @@ def test_allowlist_through_the_proxy_pod(
     outside: Outside,
     runtime_class: str,
     tmp_path: Path,
+    tls_outside: tuple[int, str],
 ) -> None:
+    tls_port, ca_pem = tls_outside
     ns = kit.ns
     config_dir = tmp_path / "proxy-config"
     config_dir.mkdir()
     config_dir.chmod(0o755)
-    write_proxy_config(config_dir, outside, [])
+    write_proxy_config(config_dir, outside, [], (tls_port,))
     proxy_rbac(core_v1.api_client, ns)
     proxy = proxy_pod(core_v1, ns, runtime_class, outside, config_dir)
 
@@ -233,6 +267,7 @@ def test_allowlist_through_the_proxy_pod(
     targets = [
         ProbeTarget("allowed-connect", "allowed.test", port, via=Via.CONNECT),
         ProbeTarget("allowed-http", "allowed.test", port, via=Via.HTTP),
+        ProbeTarget("allowed-https", "allowed.test", tls_port, via=Via.CONNECT, tls=True),
         ProbeTarget("wildcard-connect", "api.wild.test", port, via=Via.CONNECT),
         ProbeTarget("denied-connect", "denied.test", port, via=Via.CONNECT),
         ProbeTarget("denied-http", "denied.test", port, via=Via.HTTP),
@@ -240,12 +275,13 @@ def test_allowlist_through_the_proxy_pod(
         ProbeTarget("direct-outside", outside.address, port),
         ProbeTarget("direct-gateway", BRIDGE_GATEWAY, port),
     ]
-    results, _ = probe_in_pod(core_v1, ns, pod.metadata.name, targets)
+    results, _ = probe_in_pod(core_v1, ns, pod.metadata.name, targets, cadata=ca_pem)
     r = {x.name: x for x in results}
     within = DEADLINE + SLACK
     checks = [
         expect_answered(r["allowed-connect"], body_contains=outside.token),
         expect_answered(r["allowed-http"], body_contains=outside.token),
+        expect_answered(r["allowed-https"], body_contains="tls-outside-ok"),
         expect_answered(r["wildcard-connect"], body_contains=outside.token),
         expect_proxy_refused(r["denied-connect"], status=403, reason="HostNotAllowed"),
         expect_proxy_refused(r["denied-http"], status=403, reason="HostNotAllowed"),

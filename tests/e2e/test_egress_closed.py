@@ -143,13 +143,17 @@ def unrestricted_pod(
 
 
 def probe_in_pod(
-    core: client.CoreV1Api, namespace: str, pod: str, targets: Sequence[ProbeTarget]
+    core: client.CoreV1Api,
+    namespace: str,
+    pod: str,
+    targets: Sequence[ProbeTarget],
+    cadata: str = "",
 ) -> tuple[list, float]:
     async def execute(argv: Sequence[str]) -> str:
         return await asyncio.to_thread(exec_in, core, namespace, pod, *argv)
 
     started = time.monotonic()
-    results = asyncio.run(run_probe(execute, targets, timeout=DEADLINE))
+    results = asyncio.run(run_probe(execute, targets, timeout=DEADLINE, cadata=cadata))
     return results, time.monotonic() - started
 
 

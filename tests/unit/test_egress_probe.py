@@ -136,3 +136,34 @@ def test_missing_report_is_an_error() -> None:
     with pytest.raises(ProbeOutputError) as info:
         parse_results(line + "python3: not found\n", targets)
     assert info.value.missing == ["b"]
+
+
+async def test_tls_through_a_connect_tunnel(proxy: EgressProxy) -> None:
+    from sandbox_operator.egress.testing import self_signed_cert
+
+    async with self_signed_cert(("allowed.test",)) as cert:
+        server = await start_http_server(
+            ssl_context=cert.server_context(), body=lambda head: b"tls-ok\n"
+        )
+        proxy.reconfigure(
+            proxy.config.model_copy(
+                update={"allowed_ports": (*proxy.config.allowed_ports, server.port)}
+            )
+        )
+        try:
+            target = ProbeTarget(
+                "tls", "allowed.test", server.port, via=Via.CONNECT,
+                proxy=f"127.0.0.1:{proxy.port}", tls=True,
+            )  # fmt: skip
+            untrusted = ProbeTarget(
+                "untrusted", "allowed.test", server.port, via=Via.CONNECT,
+                proxy=f"127.0.0.1:{proxy.port}", tls=True,
+            )  # fmt: skip
+            (ok,) = await run_probe(
+                local_execute, [target], timeout=3, cadata=cert.cert.read_text()
+            )
+            (bad,) = await run_probe(local_execute, [untrusted], timeout=3)
+        finally:
+            await server.close()
+    assert expect_answered(ok, body_contains="tls-ok").ok, ok.describe()
+    assert bad.outcome is Outcome.ERROR and bad.detail.startswith("TLS"), bad.describe()

@@ -56,6 +56,7 @@ class ProbeTarget:
     path: str = "/"
     via: Via = Via.DIRECT
     proxy: str = ""  # "host:port"; empty: from HTTPS_PROXY (connect) / HTTP_PROXY (http)
+    tls: bool = False  # speak TLS to the origin (direct, or inside a CONNECT tunnel)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class ProbeResult:
 
 
 PROBE_SCRIPT = r"""
-import errno, json, os, socket, sys, threading, time
+import errno, json, os, socket, ssl, sys, threading, time
 
 args = json.loads(sys.argv[1])
 deadline_s = float(args["timeout"])
@@ -128,6 +129,11 @@ def rest(sock, end, have):
         have += chunk
     return have
 
+def tls(sock, host, end):
+    ctx = ssl.create_default_context(cadata=args.get("cadata") or None)
+    sock.settimeout(max(0.05, end - time.monotonic()))
+    return ctx.wrap_socket(sock, server_hostname=host)
+
 def proxy_addr(t):
     p = t.get("proxy") or ""
     if not p:
@@ -167,11 +173,15 @@ def one(t):
                     reason = headers.get("x-egress-reason", "")
                     r.update(outcome="proxy_refused", status=status, reason=reason, body=text)
                     return r
+                if t.get("tls"):
+                    sock = tls(sock, t["host"], end)
                 sock.sendall((get % (t["path"], hostport)).encode())
             elif t["via"] == "http":
                 url = "http://%s%s" % (hostport, t["path"])
                 sock.sendall((get % (url, hostport)).encode())
             else:
+                if t.get("tls"):
+                    sock = tls(sock, t["host"], end)
                 sock.sendall((get % (t["path"], hostport)).encode())
             data = head(sock, end)
             if not data:
@@ -186,6 +196,8 @@ def one(t):
                 r.update(outcome="answered", status=status, body=body[:200])
     except LookupError as exc:
         r.update(outcome="resolve_failed", detail=str(exc)[:200])
+    except ssl.SSLError as exc:
+        r.update(outcome="error", detail="TLS: %s" % str(exc)[:200])
     except socket.timeout:
         r.update(outcome="timeout", detail="no answer within %.1fs" % deadline_s)
     except ConnectionRefusedError as exc:
@@ -211,9 +223,12 @@ for t in args["targets"]:
 Execute = Callable[[Sequence[str]], Awaitable[str]]
 
 
-def probe_argv(targets: Sequence[ProbeTarget], *, timeout: float = 3.0) -> list[str]:
-    """The command that runs the probe inside a sandbox (``python3`` must be on its PATH)."""
-    payload = {"timeout": timeout, "targets": [asdict(t) for t in targets]}
+def probe_argv(
+    targets: Sequence[ProbeTarget], *, timeout: float = 3.0, cadata: str = ""
+) -> list[str]:
+    """The command that runs the probe inside a sandbox (``python3`` must be on its PATH).
+    ``cadata``: PEM certificates TLS targets are verified against (default: the image's)."""
+    payload = {"timeout": timeout, "cadata": cadata, "targets": [asdict(t) for t in targets]}
     return ["python3", "-c", PROBE_SCRIPT, json.dumps(payload)]
 
 
@@ -257,11 +272,12 @@ async def run_probe(
     targets: Sequence[ProbeTarget],
     *,
     timeout: float = 3.0,  # noqa: ASYNC109
+    cadata: str = "",
 ) -> list[ProbeResult]:
     """Run every target once inside the sandbox behind ``execute``; results in target order."""
     if not targets:
         return []
-    output = await execute(probe_argv(targets, timeout=timeout))
+    output = await execute(probe_argv(targets, timeout=timeout, cadata=cadata))
     return parse_results(output, targets)
 
 
