@@ -65,9 +65,22 @@ def object_name(sandbox: str) -> str:
     return _compose("sbx", slug(sandbox, 30), hash_part("object", sandbox)[:_HASH_LEN])
 
 
+#: Every object serving a Sandbox on a runtime-class backend is named with this prefix, so an
+#: admission policy can tell sandbox pods by name (RBAC and CEL on pods/exec cannot see labels).
+SANDBOX_OBJECT_PREFIX = "sbx-"
+
+
 def pod_name(sandbox: str) -> str:
-    return object_name(sandbox)
+    """The pod (and NetworkPolicy) serving a Sandbox: always ``sbx-...``, deterministic.
+
+    A Sandbox named ``sbx-...`` (every name :func:`sandbox_name` gives) lends its own name; any
+    other name becomes ``sbx-<slug>-<hash of the name>`` (at most 51 characters).
+    """
+    base = object_name(sandbox)
+    if base.startswith(SANDBOX_OBJECT_PREFIX):
+        return base
+    return _compose("sbx", slug(sandbox, 30), hash_part("pod", sandbox)[:_HASH_LEN])
 
 
 def network_policy_name(sandbox: str) -> str:
-    return object_name(sandbox)
+    return pod_name(sandbox)

@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandbox_operator import naming
 from tests.fixtures.operator import DECLARATIONS, local_config
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +45,9 @@ def test_apply_becomes_ready_with_a_hardened_pod(
     obj = kit.get("box")
     st = obj["status"]
     assert st["backend"] == runtime_class and st["isolation"] == isolation
-    assert st["servedBy"] == {"kind": "Pod", "name": "box", "namespace": kit.ns}
+    # pods are always named sbx-...: a hand-named Sandbox's pod gets a derived name
+    assert st["servedBy"] == {"kind": "Pod", "name": naming.pod_name("box"), "namespace": kit.ns}
+    assert st["servedBy"]["name"].startswith("sbx-box-")
     assert kit.condition(obj, "Admitted")["status"] == "True"
     pod = kit.pod("box")
     spec = pod.spec
@@ -70,10 +73,19 @@ def test_apply_becomes_ready_with_a_hardened_pod(
     assert owner.kind == "Sandbox" and owner.uid == obj["metadata"]["uid"]
     # The workload runs through exec, unprivileged, and can write its work dir.
     out = kubectl(
-        "exec", "-n", kit.ns, "box", "--", "/bin/sh", "-c", "id -u; touch /workspace/f && echo ok"
+        "exec",
+        "-n",
+        kit.ns,
+        naming.pod_name("box"),
+        "--",
+        "/bin/sh",
+        "-c",
+        "id -u; touch /workspace/f && echo ok",
     )
     assert out.stdout.split() == ["65532", "ok"]
-    np = client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy("box", kit.ns)
+    np = client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy(
+        naming.network_policy_name("box"), kit.ns
+    )
     assert np.spec.policy_types == ["Ingress", "Egress"] and not np.spec.egress
     # printer columns
     table = kubectl("get", "sbx", "-n", kit.ns).stdout
@@ -158,7 +170,17 @@ def test_pod_that_dies_after_ready_is_failed(kit, start_operator, kubectl):
     kit.scope()
     kit.sandbox("mortal")
     kit.wait_condition("mortal", reasons=("Ready",), status="True", timeout=120)
-    kubectl("exec", "-n", kit.ns, "mortal", "--", "/bin/sh", "-c", "kill 1", check=False)
+    kubectl(
+        "exec",
+        "-n",
+        kit.ns,
+        naming.pod_name("mortal"),
+        "--",
+        "/bin/sh",
+        "-c",
+        "kill 1",
+        check=False,
+    )
     obj = kit.wait_condition("mortal", reasons=("Failed",), timeout=60)
     assert kit.condition(obj, "Ready")["status"] == "False"
 

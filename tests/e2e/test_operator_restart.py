@@ -7,6 +7,7 @@ import time
 import pytest
 from kubernetes import client
 
+from sandbox_operator import naming
 from tests.fixtures.operator import DECLARATIONS, local_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -55,10 +56,10 @@ def test_deleting_a_scope_disposes_all_its_sandboxes_from_a_fresh_operator(kit, 
     kit.delete("conv", "sandboxscopes")
     kit.wait_gone("conv", "sandboxscopes", timeout=240)
     remaining = [p.metadata.name for p in kit.pods()]
-    assert remaining == ["keep"]
+    assert remaining == [naming.pod_name("keep")]
     assert [s["metadata"]["name"] for s in kit.list()] == ["keep"]
     nps = client.NetworkingV1Api(kit.core.api_client).list_namespaced_network_policy(kit.ns).items
-    assert [n.metadata.name for n in nps] == ["keep"]
+    assert [n.metadata.name for n in nps] == [naming.pod_name("keep")]
     events = kit.events("conv")
     purged = [e for e in events if e.reason == "Purged"]
     assert purged and "20 sandbox" in purged[0].message, [(e.reason, e.message) for e in events]
@@ -91,6 +92,6 @@ def test_sigkill_during_fifty_creates_leaves_exactly_fifty_pods(kit, start_opera
     for pod in pods:
         (owner,) = pod.metadata.owner_references
         assert sandboxes[owner.name] == owner.uid  # every pod is owned by its own Sandbox
-    assert sorted(p.metadata.name for p in pods) == sorted(sandboxes)
+    assert sorted(p.metadata.name for p in pods) == sorted(naming.pod_name(n) for n in sandboxes)
     all_pods = kit.core.list_namespaced_pod(kit.ns).items
     assert len(all_pods) == 50  # no orphans

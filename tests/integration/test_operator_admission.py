@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from sandbox_operator import naming
 from tests.fixtures.operator import DECLARATIONS, REPO, local_config
 
 pytestmark = pytest.mark.integration
@@ -112,8 +113,8 @@ def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_opera
     b = kit.wait_condition("plain", "Admitted", status="True")
     assert a["status"]["backend"] == "runc" and a["status"]["isolation"] == "container"
     assert b["status"]["backend"] == "gvisor"
-    assert kit.pod("needs-code").spec.runtime_class_name == "runc"
-    assert kit.pod("plain").spec.runtime_class_name == "gvisor"
+    assert kit.wait_pod("needs-code").spec.runtime_class_name == "runc"
+    assert kit.wait_pod("plain").spec.runtime_class_name == "gvisor"
     # None passes: every backend is named with its reason.
     kit.sandbox("nothing", requires=["snapshot"])
     obj = kit.wait_condition("nothing", "Admitted", reasons=("NoBackendCanServe",))
@@ -131,8 +132,8 @@ def test_missing_scope_waits_and_proceeds_when_it_appears(kit, start_operator):
     labels = obj["metadata"]["labels"]
     assert labels["sandbox-operator.dev/sandbox"] == "early"
     assert obj["metadata"]["annotations"]["sandbox-operator.dev/scope"] == "tenant-a"
-    pod = kit.pod("early")
-    assert pod is not None and pod.metadata.owner_references[0].name == "early"
+    pod = kit.wait_pod("early")
+    assert pod.metadata.owner_references[0].name == "early"
 
 
 def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, start_operator):
@@ -143,12 +144,12 @@ def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, s
     kit.scope()
     kit.sandbox("first", agent_dir="agents/same")
     kit.wait_condition("first", "Admitted", status="True")
-    deadline = time.monotonic() + 30
-    while kit.pod("first") is None and time.monotonic() < deadline:
-        time.sleep(0.3)
+    kit.wait_pod("first")
     # A finalizer nobody removes: the pod cannot go away, so disposal cannot land.
     stuck = "sandbox-operator.dev/test-stuck"
-    kit.core.patch_namespaced_pod("first", kit.ns, {"metadata": {"finalizers": [stuck]}})
+    kit.core.patch_namespaced_pod(
+        naming.pod_name("first"), kit.ns, {"metadata": {"finalizers": [stuck]}}
+    )
     try:
         kit.delete("first")
         obj = kit.wait_condition("first", "Disposed", reasons=("DisposalFailed",), timeout=90)
@@ -160,10 +161,12 @@ def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, s
         kit.wait_condition("second", "Admitted", reasons=("KeyUnclean",), status="False")
         assert kit.pod("second") is None
     finally:
-        kit.core.patch_namespaced_pod("first", kit.ns, {"metadata": {"finalizers": None}})
+        kit.core.patch_namespaced_pod(
+            naming.pod_name("first"), kit.ns, {"metadata": {"finalizers": None}}
+        )
     kit.wait_gone("first", timeout=90)
     kit.wait_condition("second", "Admitted", status="True", timeout=60)
-    assert kit.pod("second") is not None
+    kit.wait_pod("second")
 
 
 def test_two_replicas_acting_at_once_never_double_create(kit, start_operator):
@@ -180,7 +183,9 @@ def test_two_replicas_acting_at_once_never_double_create(kit, start_operator):
         kit.wait_condition(f"r{i}", "Admitted", status="True", timeout=90)
     time.sleep(4)
     pods = kit.core.list_namespaced_pod(kit.ns).items
-    assert sorted(p.metadata.name for p in pods) == [f"r{i}" for i in range(10)]
+    assert sorted(p.metadata.name for p in pods) == sorted(
+        naming.pod_name(f"r{i}") for i in range(10)
+    )
     for p in pods:
         assert len(p.metadata.owner_references) == 1
 
@@ -227,7 +232,7 @@ def test_kopf_peering_lets_only_the_highest_priority_replica_act(kit, start_oper
     kit.sandbox("after-high")
     kit.wait_condition("after-high", "Admitted", status="True", timeout=90)
     assert "Resuming operations" in low.log()
-    assert sorted(p.metadata.name for p in kit.core.list_namespaced_pod(kit.ns).items) == [
-        "after-high",
-        "while-high",
-    ]
+    kit.wait_pod("after-high")
+    assert sorted(p.metadata.name for p in kit.core.list_namespaced_pod(kit.ns).items) == sorted(
+        naming.pod_name(n) for n in ("after-high", "while-high")
+    )

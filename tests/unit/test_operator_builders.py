@@ -213,3 +213,73 @@ def test_allowlist_goes_through_the_backends_egress_proxy_only():
     assert build_network_policy(req, backend())["spec"]["egress"] == []
     closed_env = build_pod(request(), proxied)["spec"]["containers"][0]["env"]
     assert "HTTPS_PROXY" not in {e["name"] for e in closed_env}
+
+
+def _named_request(name: str) -> EnsureRequest:
+    base = request()
+    return EnsureRequest(
+        sandbox=SandboxRef("ns", name, "uid-1"),
+        key=base.key,
+        spec=base.spec,
+        isolation_scope=base.isolation_scope,
+        labels=lbl.object_labels(KEY, name, "gvisor"),
+        annotations=base.annotations,
+    )
+
+
+def test_every_sandbox_pod_name_starts_with_the_agent_exec_prefix():
+    """The example agent policy lets agents exec only into pods named `sbx-...` (RBAC and the
+    admission policy's CEL cannot see a pod's labels on pods/exec), so every pod is so named:
+    hand-named Sandboxes too, deterministically, within 63 characters, distinct per name."""
+    import yaml
+
+    from sandbox_operator import naming
+    from tests.unit.test_chart_render import CHART
+
+    prefix = yaml.safe_load((CHART / "values.yaml").read_text())["agentRole"]["sandboxPodPrefix"]
+    assert prefix == naming.SANDBOX_OBJECT_PREFIX
+    names = ["box", "my-sandbox", "a" * 63, "My.Dotted.Name", "sbx", "sbxfoo", "x" * 200]
+    names.append(naming.sandbox_name(KEY))
+    pod_names = [naming.pod_name(n) for n in names]
+    for name, pod_name in zip(names, pod_names, strict=True):
+        assert pod_name.startswith(prefix), (name, pod_name)
+        assert naming.is_dns1123_label(pod_name), pod_name
+        assert naming.pod_name(name) == pod_name  # deterministic
+        pod = build_pod(_named_request(name), backend())
+        assert pod["metadata"]["name"] == pod_name
+        assert pod["metadata"]["labels"][lbl.SANDBOX_LABEL] == lbl.sandbox_label_value(name)
+    assert len(set(pod_names)) == len(names)
+    # names the client gives (sbx-...) and other sbx- names are kept as they are
+    assert naming.pod_name(naming.sandbox_name(KEY)) == naming.sandbox_name(KEY)
+    assert naming.pod_name("sbx-coder-1") == "sbx-coder-1"
+    assert naming.pod_name("box").startswith("sbx-box-")
+    assert naming.network_policy_name("box") == naming.pod_name("box")
+
+
+async def test_observe_follows_a_pod_recorded_under_an_older_name():
+    """A Sandbox whose pod was created before pods were always `sbx-...` keeps being observed
+    through the name its status recorded (servedBy), instead of being judged vanished."""
+    from sandbox_operator.backends.base import ServedBy
+    from sandbox_operator.backends.runtimeclass import RuntimeClassDriver
+
+    pods = {
+        "box": {
+            "metadata": {"name": "box", "ownerReferences": [{"uid": "uid-1"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"ready": True}]},
+        }
+    }
+
+    class Driver(RuntimeClassDriver):
+        def __init__(self) -> None:
+            pass
+
+        async def _read_pod(self, namespace, name):
+            return pods.get(name)
+
+    driver = Driver()
+    plain = await driver.observe(SandboxRef("ns", "box", "uid-1"))
+    assert plain.phase is ObservedPhase.ABSENT
+    recorded = SandboxRef("ns", "box", "uid-1", ServedBy("Pod", "box", "ns"))
+    seen = await driver.observe(recorded)
+    assert seen.phase is not ObservedPhase.ABSENT
+    assert seen.served_by is not None and seen.served_by.name == "box"

@@ -436,6 +436,16 @@ class RuntimeClassDriver:
 
     async def observe(self, sandbox: SandboxRef) -> Observation:
         pod = await self._read_pod(sandbox.namespace, naming.pod_name(sandbox.name))
+        recorded = sandbox.served_by
+        # A pod named before pods were always `sbx-...` (recorded in status.servedBy) keeps
+        # serving its Sandbox until it ends; dispose finds it by the sandbox label.
+        if (
+            pod is None
+            and recorded is not None
+            and recorded.kind == "Pod"
+            and recorded.name != naming.pod_name(sandbox.name)
+        ):
+            pod = await self._read_pod(recorded.namespace or sandbox.namespace, recorded.name)
         if pod is not None and sandbox.uid:
             owners = [
                 o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or []

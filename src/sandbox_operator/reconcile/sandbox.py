@@ -173,7 +173,7 @@ def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
     return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
 
 
-def disposal_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
+def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
     """The reference dispose gets: the Sandbox plus what serves it (observed, else recorded)."""
     meta = _meta(obj)
     return SandboxRef(
@@ -264,7 +264,7 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
     # Terminal: nothing is created again; only a disposal that has not landed is retried.
     if draft.reason(READY) in TERMINAL_REASONS and not cnd.is_true(old, READY):
         if not cnd.is_true(old, DISPOSED):
-            await _dispose_into(rt, _drivers_for(rt, old), disposal_ref(obj), draft)
+            await _dispose_into(rt, _drivers_for(rt, old), sandbox_ref(obj), draft)
             await write_status(rt, SANDBOX_PLURAL, draft)
         return
 
@@ -368,6 +368,7 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
         admit_msg = str((cnd.find(old.get("conditions"), ADMITTED) or {}).get("message", ""))
 
     driver = rt.drivers[backend_name]
+    ref = sandbox_ref(obj)  # with the recorded servedBy: drivers may look there too
     obs = await driver.observe(ref)
 
     if obs.phase is ObservedPhase.ABSENT and not was_ready:
@@ -450,7 +451,7 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
     draft.cond(READY, verdict.ready, verdict.reason, verdict.message)
     draft.set(servedBy=_served_by(obs))
     if verdict.dispose:
-        target = disposal_ref(obj, obs.served_by)
+        target = sandbox_ref(obj, obs.served_by)
         if await _dispose_into(rt, [driver], target, draft) is not None and target.served_by:
             # Keep what is still to be disposed on record: the retry needs it, listed or not.
             draft.set(servedBy=_served_by(Observation(obs.phase, target.served_by)))
@@ -473,7 +474,7 @@ async def finalize_sandbox(rt: Runtime, namespace: str, name: str) -> None:
             await write_status(rt, SANDBOX_PLURAL, draft)
         obj = await rt.kube.get_sandbox(namespace, name) or obj
         draft = Draft(obj)
-        failure = await _dispose_into(rt, _drivers_for(rt, draft.old), disposal_ref(obj), draft)
+        failure = await _dispose_into(rt, _drivers_for(rt, draft.old), sandbox_ref(obj), draft)
         if failure is not None and not terminal:
             draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
         with contextlib.suppress(Conflict):

@@ -35,7 +35,7 @@ from sandbox_operator.reconcile.sandbox import (
     DisposalPending,
     Draft,
     _drivers_for,
-    disposal_ref,
+    sandbox_ref,
     write_status,
 )
 
@@ -102,7 +102,7 @@ async def purge_scope(rt: Runtime, namespace: str, name: str, attempt: int) -> S
     sem = asyncio.Semaphore(PURGE_CONCURRENCY)
 
     async def dispose_member(sbx: Mapping[str, Any]) -> DisposalFailure | None:
-        ref = disposal_ref(sbx)
+        ref = sandbox_ref(sbx)
         async with sem:
             failure: DisposalFailure | None = None
             for driver in _drivers_for(rt, sbx.get("status") or {}):
