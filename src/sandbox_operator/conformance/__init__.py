@@ -9,6 +9,7 @@ from sandbox_operator.conformance._probe import (
     ConformanceReport,
     ProbeFailure,
 )
+from sandbox_operator.conformance.egress import assert_egress_conformance, check_egress
 from sandbox_operator.conformance.suites import (
     assert_call_scope_conformance,
     assert_exec_conformance,
@@ -31,6 +32,7 @@ __all__ = [
     "ConformanceReport",
     "ProbeFailure",
     "assert_call_scope_conformance",
+    "assert_egress_conformance",
     "assert_exec_conformance",
     "assert_files_delete_conformance",
     "assert_files_in_conformance",
@@ -38,6 +40,7 @@ __all__ = [
     "assert_reclaim_conformance",
     "assert_sandbox_conformance",
     "check_call_scope",
+    "check_egress",
     "check_exec",
     "check_files_delete",
     "check_files_in",
