@@ -74,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--scope", help="the SandboxScope manifest it references (for the scope's floors)"
     )
+    # The egress probe owns its own flags; this subcommand only forwards them to it.
+    sub.add_parser(
+        "check-egress",
+        help="probe a live Sandbox's egress against its declared mode "
+        "(flags: see `sandbox-operator check-egress --help`)",
+        add_help=False,
+    )
     return p
 
 
@@ -185,6 +192,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check-egress"]:
+        from sandbox_operator.egress.probe import main as probe_main
+
+        return probe_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check_config(args)
