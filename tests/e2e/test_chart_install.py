@@ -348,7 +348,11 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
         "hardened_container"
     )
     now = json.loads(kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)
-    assert first_pods.isdisjoint(p["metadata"]["name"] for p in now["items"]), "pods did not roll"
+    # A finished rollout may still list the old pods while they terminate: count the live ones.
+    live = [
+        p["metadata"]["name"] for p in now["items"] if not p["metadata"].get("deletionTimestamp")
+    ]
+    assert live and first_pods.isdisjoint(live), f"pods did not roll: {live} vs {first_pods}"
     waited = kubectl(
         "wait",
         "--for=condition=Ready",
