@@ -57,6 +57,27 @@ DEFAULT_OUTPUT_BUDGET = 16 * 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def check_exec_request(
+    argv: Sequence[str], env: Mapping[str, str] | None
+) -> tuple[tuple[str, ...], list[str]]:
+    """Refuse an argv or environment no data plane can pass on faithfully, before anything runs.
+
+    Every backend shares this so that the same request is refused the same way everywhere.
+    Returns the argv as a tuple and the environment as ``NAME=value`` strings.
+    """
+    args = tuple(argv)
+    if not args:
+        raise ExecSetupError(what="argv", detail="empty argv")
+    if any("\x00" in a for a in args):
+        raise ExecSetupError(what="argv", detail="NUL in an argument")
+    env_args: list[str] = []
+    for k, v in (env or {}).items():
+        if not _ENV_NAME.match(k) or "\x00" in v:
+            raise ExecSetupError(what="env", detail=f"invalid variable {k!r}")
+        env_args.append(f"{k}={v}")
+    return args, env_args
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """What a finished command produced. ``stdout``/``stderr`` are bytes; ``*_text`` decode them
@@ -356,16 +377,7 @@ class ExecDataPlane:
         timeout: float,  # noqa: ASYNC109
         max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
     ) -> ExecResult:
-        argv = tuple(argv)
-        if not argv:
-            raise ExecSetupError(what="argv", detail="empty argv")
-        if any("\x00" in a for a in argv):
-            raise ExecSetupError(what="argv", detail="NUL in an argument")
-        env_args: list[str] = []
-        for k, v in (env or {}).items():
-            if not _ENV_NAME.match(k) or "\x00" in v:
-                raise ExecSetupError(what="env", detail=f"invalid variable {k!r}")
-            env_args.append(f"{k}={v}")
+        argv, env_args = check_exec_request(argv, env)
         data = stdin or b""
         wrapper = [
             "sh",

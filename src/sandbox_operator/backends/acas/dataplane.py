@@ -18,7 +18,6 @@ JSON strings, so non-UTF-8 output is not byte-exact.
 from __future__ import annotations
 
 import posixpath
-import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from sandbox_operator.client.dataplane import (
     ExecResult,
     FileKind,
     FileStat,
+    check_exec_request,
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
@@ -50,7 +50,6 @@ from .models import FileInfo
 #: How much longer than the command's timeout the client waits for the HTTP answer.
 RESPONSE_MARGIN = 30.0
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _EXEC_WRAPPER = r"""t=$1; mk=$2; cwd=$3; in=$4; mark=$5; shift 5
 if [ "$mk" = 1 ] && [ ! -d "$cwd" ]; then mkdir -p "$cwd" 2>/dev/null; fi
@@ -117,14 +116,7 @@ class AcasDataPlane:
         timeout: float,  # noqa: ASYNC109
         max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
     ) -> ExecResult:
-        argv = tuple(argv)
-        if not argv:
-            raise ExecSetupError(what="argv", detail="empty argv")
-        if any("\x00" in a for a in argv):
-            raise ExecSetupError(what="argv", detail="NUL in an argument")
-        for k, v in (env or {}).items():
-            if not _ENV_NAME.match(k) or "\x00" in v:
-                raise ExecSetupError(what="env", detail=f"invalid variable {k!r}")
+        argv, _ = check_exec_request(argv, env)
         token = secrets.token_hex(8)
         stdin_path = ""
         if stdin:
