@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -31,6 +31,9 @@ SANDBOX_SCOPE_PLURAL: Final = "sandboxscopes"
 SANDBOX_SCOPE_SHORT_NAME: Final = "sbxs"
 #: Most conditions a status holds.
 CONDITIONS_MAX_ITEMS: Final = 16
+
+#: Most decisions ``status.egress.recent`` holds.
+EGRESS_RECENT_MAX_ITEMS: Final = 10
 
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -74,6 +77,54 @@ class ServedBy(ContractModel):
         default=None,
         max_length=63,
         description="Namespace of the serving object, when it is a namespaced Kubernetes object.",
+    )
+
+
+class EgressDecisionRecord(ContractModel):
+    """One decision of the egress proxy about this sandbox, as far as status may show it.
+
+    Deliberately without the request path, query, headers, credentials and the address the proxy
+    resolved or connected to: anyone who can read the Sandbox can read this.
+    """
+
+    time: datetime = Field(description="When the proxy decided.")
+    verdict: Literal["ALLOW", "DENY", "UNREACHABLE"] = Field(
+        description="ALLOW, DENY or UNREACHABLE."
+    )
+    reason: str = Field(
+        max_length=63,
+        pattern=r"^[A-Za-z][A-Za-z0-9]*$",
+        description="Machine-readable reason, e.g. Allowed, HostNotAllowed, ConnectFailed.",
+    )
+    method: str = Field(
+        default="",
+        max_length=16,
+        description="Request method (CONNECT, GET, ...); empty when none was read.",
+    )
+    host: str = Field(
+        default="",
+        max_length=255,
+        description="Host the sandbox asked for; empty when the request named none.",
+    )
+    port: int = Field(default=0, ge=0, le=65535, description="Port the sandbox asked for.")
+
+
+class EgressSummary(ContractModel):
+    """What the namespace's egress proxy decided for this sandbox, written by the proxy."""
+
+    allowed: int = Field(default=0, ge=0, description="Connections allowed since `since`.")
+    denied: int = Field(default=0, ge=0, description="Connections refused since `since`.")
+    unreachable: int = Field(
+        default=0,
+        ge=0,
+        description="Allowed hosts that could not be resolved or connected to since `since`.",
+    )
+    since: datetime = Field(description="When the proxy started counting for this sandbox.")
+    updated: datetime = Field(description="When the proxy last wrote this summary.")
+    recent: tuple[EgressDecisionRecord, ...] = Field(
+        default=(),
+        max_length=EGRESS_RECENT_MAX_ITEMS,
+        description="The newest decisions, oldest first (at most 10).",
     )
 
 
@@ -139,7 +190,7 @@ class SandboxResourceSpec(SandboxSpec):
 
 
 class SandboxResourceStatus(ContractModel):
-    """status of a Sandbox, written by the operator."""
+    """status of a Sandbox, written by the operator (``egress``: by the egress proxy)."""
 
     conditions: tuple[Condition, ...] = Field(
         default=(),
@@ -164,6 +215,13 @@ class SandboxResourceStatus(ContractModel):
     )
     served_by: ServedBy | None = Field(
         default=None, description="The Kubernetes object or remote resource serving it."
+    )
+    egress: EgressSummary | None = Field(
+        default=None,
+        description=(
+            "Summary of the egress proxy's decisions for an allowlist sandbox; written by the "
+            "proxy, never by the operator."
+        ),
     )
 
 
