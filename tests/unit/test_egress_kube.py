@@ -1,24 +1,58 @@
 """KubeEgressController with a fake API (unit level): Events are folded by (verdict, reason,
 host, port), rate-limited per Sandbox, and only for sandboxes it admitted; the table follows
-the allowlist Sandboxes and their pod IPs."""
+the allowlist Sandboxes and their pod IPs; status.egress is written as a merge patch at most
+once per interval, only when it changed, and without anything secret. The real API server's
+side of the summary is in tests/integration/test_egress_status.py."""
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sandbox_operator.egress import DecisionReason, EgressProxy, ProxyConfig, Verdict
-from sandbox_operator.egress.decisions import Decision
+import pytest
+
+from sandbox_operator.contract.resources import EgressSummary, SandboxResourceStatus
+from sandbox_operator.egress import (
+    DecisionReason,
+    EgressProxy,
+    ProxyConfig,
+    SandboxEgress,
+    StaticResolver,
+    Verdict,
+)
+from sandbox_operator.egress.__main__ import main as egress_main
+from sandbox_operator.egress.decisions import Decision, FanoutSink
 from sandbox_operator.egress.kube import KubeEgressController
+from sandbox_operator.egress.testing import connect_through, get_through, start_http_server
+
+
+class ApiError(Exception):
+    """Stands in for kubernetes_asyncio's ApiException: ``status`` and a chatty message."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"({status}) HTTP response headers: Authorization: Bearer sekrit-token")
+        self.status = status
 
 
 class FakeCustom:
     def __init__(self, items: list[dict[str, Any]]) -> None:
         self.items = items
+        self.patches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.fail_with: int | None = None
 
     async def list_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
         return {"items": self.items}
+
+    async def patch_namespaced_custom_object_status(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        self.patches.append((args, kw))
+        if self.fail_with is not None:
+            raise ApiError(self.fail_with)
+        return {}
 
 
 class FakeCore:
@@ -48,9 +82,18 @@ def sandbox(
     }
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def controller(
     items: list[dict[str, Any]], pods: dict[str, str], **kw: Any
 ) -> KubeEgressController:
+    kw.setdefault("clock", Clock())
     c = KubeEgressController(None, "ns", **kw)
     c.custom = FakeCustom(items)  # type: ignore[assignment]
     c.core = FakeCore(pods)  # type: ignore[assignment]
@@ -58,9 +101,19 @@ def controller(
     return c
 
 
-def decision(sandbox: str, host: str, verdict: Verdict = Verdict.DENY) -> Decision:
-    reason = DecisionReason.ALLOWED if verdict is Verdict.ALLOW else DecisionReason.HOST_NOT_ALLOWED
-    return Decision(1, datetime.now(UTC), verdict, reason, sandbox, host, 443, "CONNECT")
+REASONS = {
+    Verdict.ALLOW: DecisionReason.ALLOWED,
+    Verdict.DENY: DecisionReason.HOST_NOT_ALLOWED,
+    Verdict.UNREACHABLE: DecisionReason.CONNECT_FAILED,
+}
+
+
+def decision(
+    sandbox: str, host: str, verdict: Verdict = Verdict.DENY, address: str | None = None
+) -> Decision:
+    return Decision(
+        1, datetime.now(UTC), verdict, REASONS[verdict], sandbox, host, 443, "CONNECT", address
+    )
 
 
 async def test_table_follows_allowlist_sandboxes() -> None:
@@ -102,3 +155,234 @@ async def test_events_folded_and_rate_limited() -> None:
     assert second["reason"] == "EgressAllowed" and second["type"] == "Normal"
     await c.flush_events()  # no tokens left: third.test waits
     assert len(events) == 2
+
+
+# ---- status.egress ---------------------------------------------------------------------------
+
+
+def patches(c: KubeEgressController) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    return c.custom.patches  # type: ignore[no-any-return,attr-defined]
+
+
+def egress_of(call: tuple[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+    args, _ = call
+    body: dict[str, Any] = args[5]
+    assert set(body) == {"status"} and set(body["status"]) == {"egress"}
+    egress: dict[str, Any] = body["status"]["egress"]
+    return egress
+
+
+async def test_summary_written_with_counts_and_recent_decisions() -> None:
+    c = controller([sandbox("a")], {"a": "10.244.0.7"})
+    await c.sync_once()
+    for _ in range(3):
+        c.emit(decision("ns/a", "denied.test"))
+    c.emit(decision("ns/a", "ok.test", Verdict.ALLOW, address="93.184.215.14"))
+    c.emit(decision("ns/a", "ok.test", Verdict.ALLOW))
+    c.emit(decision("ns/a", "down.test", Verdict.UNREACHABLE))
+    c.emit(decision("ns/other", "x.test"))  # not admitted here: counted nowhere
+    await c.flush_summaries()
+    [call] = patches(c)
+    args, kw = call
+    assert args[:5] == ("sandbox-operator.dev", "v1alpha1", "ns", "sandboxes", "a")
+    assert kw == {"_content_type": "application/merge-patch+json"}
+    egress = egress_of(call)
+    assert (egress["allowed"], egress["denied"], egress["unreachable"]) == (2, 3, 1)
+    assert [(r["verdict"], r["host"]) for r in egress["recent"]] == [
+        ("DENY", "denied.test"),
+        ("DENY", "denied.test"),
+        ("DENY", "denied.test"),
+        ("ALLOW", "ok.test"),
+        ("ALLOW", "ok.test"),
+        ("UNREACHABLE", "down.test"),
+    ]
+    assert egress["recent"][0] == {
+        "time": egress["recent"][0]["time"],
+        "verdict": "DENY",
+        "reason": "HostNotAllowed",
+        "method": "CONNECT",
+        "host": "denied.test",
+        "port": 443,
+    }
+    assert egress["recent"][-1]["reason"] == "ConnectFailed"
+    assert egress["since"] == c.started.isoformat(timespec="seconds").replace("+00:00", "Z")
+    assert egress["updated"].endswith("Z") and egress["recent"][0]["time"].endswith("Z")
+    # The shape is the contract's (and so the CRD's): the API server would store all of it.
+    summary = EgressSummary.model_validate(egress)
+    assert summary.to_wire()["recent"][3]["host"] == "ok.test"
+    SandboxResourceStatus.model_validate({"egress": egress})
+
+
+async def test_recent_keeps_the_newest_ten_and_counts_everything() -> None:
+    c = controller([sandbox("a")], {"a": "10.244.0.7"})
+    await c.sync_once()
+    for i in range(15):
+        c.emit(decision("ns/a", f"h{i}.test"))
+    await c.flush_summaries()
+    egress = egress_of(patches(c)[-1])
+    assert egress["denied"] == 15
+    assert [r["host"] for r in egress["recent"]] == [f"h{i}.test" for i in range(5, 15)]
+
+
+async def test_summary_is_rate_limited_per_sandbox_and_written_only_when_changed() -> None:
+    clock = Clock()
+    items = [sandbox("a"), sandbox("b")]
+    c = controller(items, {"a": "10.244.0.7", "b": "10.244.0.8"}, summary_interval=5.0, clock=clock)
+    await c.sync_once()
+    await c.flush_summaries()
+    assert patches(c) == []  # no decision yet: nothing to write
+    c.emit(decision("ns/a", "denied.test"))
+    await c.flush_summaries()
+    assert len(patches(c)) == 1
+    for _ in range(200):  # a burst within the interval
+        c.emit(decision("ns/a", "denied.test"))
+        await c.flush_summaries()
+    c.emit(decision("ns/b", "denied.test"))  # another Sandbox has its own interval
+    await c.flush_summaries()
+    assert [call[0][4] for call in patches(c)] == ["a", "b"]
+    clock.now += 4.9
+    await c.flush_summaries()
+    assert len(patches(c)) == 2
+    clock.now += 0.2
+    await c.flush_summaries()
+    assert [call[0][4] for call in patches(c)] == ["a", "b", "a"]
+    assert egress_of(patches(c)[-1])["denied"] == 201  # the burst is counted, not dropped
+    clock.now += 60
+    await c.flush_summaries()  # nothing changed since: nothing written
+    assert len(patches(c)) == 3
+    assert c.summaries_written == 3
+
+
+async def test_failed_write_is_retried_next_interval_and_logs_no_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, clock=clock)
+    await c.sync_once()
+    c.custom.fail_with = 500  # type: ignore[attr-defined]
+    c.emit(decision("ns/a", "denied.test"))
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+        await c.flush_summaries()  # must not raise
+    assert len(patches(c)) == 1
+    assert "ns/a" in caplog.text and "500" in caplog.text
+    assert "sekrit" not in caplog.text and "Authorization" not in caplog.text
+    await c.flush_summaries()
+    assert len(patches(c)) == 1  # not hammered: next interval
+    c.custom.fail_with = None  # type: ignore[attr-defined]
+    clock.now += 5
+    await c.flush_summaries()
+    assert len(patches(c)) == 2 and egress_of(patches(c)[-1])["denied"] == 1
+    clock.now += 5
+    await c.flush_summaries()
+    assert len(patches(c)) == 2  # written now, so not again
+
+
+async def test_sandbox_gone_404_drops_its_summary_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, clock=clock)
+    await c.sync_once()
+    c.custom.fail_with = 404  # type: ignore[attr-defined]
+    c.emit(decision("ns/a", "denied.test"))
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+        await c.flush_summaries()
+    assert [r for r in caplog.records if r.name == "sandbox_operator.egress.kube"] == []
+    assert c.summary_status("ns/a") is None
+    clock.now += 60
+    await c.flush_summaries()
+    assert len(patches(c)) == 1
+
+
+async def test_summary_survives_the_pod_but_not_the_sandbox_object() -> None:
+    clock = Clock()
+    items = [sandbox("a")]
+    c = controller(items, {"a": "10.244.0.7"}, clock=clock)
+    await c.sync_once()
+    c.emit(decision("ns/a", "denied.test"))
+    del c.core.pods["a"]  # type: ignore[attr-defined]
+    await c.sync_once()  # pod gone (restarting): out of the table, the summary stays
+    c.core.pods["a"] = "10.244.0.9"  # type: ignore[attr-defined]
+    await c.sync_once()
+    c.emit(decision("ns/a", "denied.test"))
+    status = c.summary_status("ns/a")
+    assert status is not None and status["denied"] == 2
+    items[0] = sandbox("a") | {"metadata": {"name": "a", "uid": "uid-a-recreated"}}
+    await c.sync_once()  # same name, another object: it starts from zero
+    assert c.summary_status("ns/a") is None
+    c.emit(decision("ns/a", "denied.test"))
+    status = c.summary_status("ns/a")
+    assert status is not None and status["denied"] == 1
+    items.clear()
+    await c.sync_once()
+    assert c.summary_status("ns/a") is None
+
+
+async def test_shutdown_writes_what_the_interval_held_back() -> None:
+    c = controller([sandbox("a")], {"a": "10.244.0.7"})
+    await c.sync_once()
+    c.emit(decision("ns/a", "denied.test"))
+    await c.flush_summaries()
+    c.emit(decision("ns/a", "late.test"))
+    await c.flush_summaries()
+    assert len(patches(c)) == 1
+    await c.flush_summaries(force=True)
+    assert len(patches(c)) == 2 and egress_of(patches(c)[-1])["recent"][-1]["host"] == "late.test"
+
+
+async def test_summary_of_real_proxy_decisions_carries_no_secret() -> None:
+    """A real proxy on loopback, a request with a secret path, query, header and URL
+    credentials: status carries the host and port, never those, nor any address."""
+    upstream = await start_http_server(body=lambda head: b"ok\n")
+    c = controller([], {})
+    resolver = StaticResolver({"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"]})
+    cfg = ProxyConfig.model_validate(
+        {
+            "listenHost": "127.0.0.1",
+            "allowedPorts": [80, 443, upstream.port],
+            "admittedNetworks": ["127.0.0.1/32"],
+        }
+    )
+    try:
+        async with EgressProxy(cfg, sink=FanoutSink([c]), resolver=resolver) as proxy:
+            c.proxy = proxy
+            entry = SandboxEgress(
+                id="ns/a",
+                allow=("allowed.test",),
+                sourceIPs=(ipaddress.ip_address("127.0.0.2"),),  # type: ignore[call-arg]
+            )
+            proxy.upsert_sandbox(entry)
+            c._applied["ns/a"] = entry  # as sync_once would after listing the Sandbox
+            c._uids["ns/a"] = "uid-a"
+            secret_headers = "Authorization: Bearer sekrit-token\r\nCookie: s=sekrit-cookie\r\n"
+            reply = await get_through(
+                proxy.port,
+                f"http://allowed.test:{upstream.port}/sekrit-path?token=sekrit-query",
+                source="127.0.0.2",
+                extra_headers=secret_headers,
+            )
+            assert reply.status == 200
+            await connect_through(
+                proxy.port, "denied.test:443", source="127.0.0.2", extra_headers=secret_headers
+            )
+            await c.flush_summaries()
+    finally:
+        await upstream.close()
+    egress = egress_of(patches(c)[-1])
+    assert (egress["allowed"], egress["denied"]) == (1, 1)
+    assert [(r["method"], r["host"], r["port"]) for r in egress["recent"]] == [
+        ("GET", "allowed.test", upstream.port),
+        ("CONNECT", "denied.test", 443),
+    ]
+    text = json.dumps(egress)
+    assert "sekrit" not in text
+    assert "127.0.0" not in text  # neither the upstream address nor the client's
+    assert all(
+        set(r) == {"time", "verdict", "reason", "method", "host", "port"} for r in egress["recent"]
+    )
+
+
+def test_summary_seconds_must_be_positive(tmp_path: Path) -> None:
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text("listenHost: 127.0.0.1\n")
+    with pytest.raises(SystemExit) as exc:
+        egress_main(["--config", str(cfg), "--kube-namespace", "ns", "--summary-seconds", "0"])
+    assert exc.value.code == 2

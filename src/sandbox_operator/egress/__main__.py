@@ -63,7 +63,11 @@ def _write_ready(path: Path, port: int) -> None:
 
 
 async def run(
-    path: Path, reload_seconds: float, ready_file: Path | None, kube_namespace: str = ""
+    path: Path,
+    reload_seconds: float,
+    ready_file: Path | None,
+    kube_namespace: str = "",
+    summary_seconds: float = 5.0,
 ) -> int:
     config = load_config(path)
     sinks: list[DecisionSink] = [JsonLinesSink(sys.stdout)]
@@ -71,7 +75,9 @@ async def run(
     if kube_namespace:
         from sandbox_operator.egress.kube import KubeEgressController, kube_api_client
 
-        controller = KubeEgressController(await kube_api_client(), kube_namespace)
+        controller = KubeEgressController(
+            await kube_api_client(), kube_namespace, summary_interval=summary_seconds
+        )
         sinks.append(controller)
     proxy = EgressProxy(config, sink=FanoutSink(sinks))
     host, port = await proxy.start()
@@ -139,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kube-namespace",
         default="",
         help="keep the sandbox table from this namespace's allowlist Sandboxes and post "
-        "decisions as Events on them (sandbox_operator.egress.kube)",
+        "decisions as Events and a status.egress summary on them (sandbox_operator.egress.kube)",
+    )
+    parser.add_argument(
+        "--summary-seconds",
+        type=float,
+        default=5.0,
+        help="with --kube-namespace: write a Sandbox's status.egress at most this often (5)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -150,8 +162,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config)
             print(f"ok: {len(cfg.sandboxes)} sandboxes")
             return 0
+        if args.summary_seconds <= 0:
+            parser.error("--summary-seconds must be positive")
         return asyncio.run(
-            run(args.config, args.reload_seconds, args.ready_file, args.kube_namespace)
+            run(
+                args.config,
+                args.reload_seconds,
+                args.ready_file,
+                args.kube_namespace,
+                args.summary_seconds,
+            )
         )
     except ConfigFileError as exc:
         log.error("invalid config: %s", exc)
