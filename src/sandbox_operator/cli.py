@@ -33,7 +33,7 @@ from sandbox_operator.contract import (
     SandboxScopeResourceSpec,
     SandboxSpec,
 )
-from sandbox_operator.policy import select_backend
+from sandbox_operator.policy import check_call_key, select_backend
 
 EXIT_OK = 0
 EXIT_CONFIG = 1
@@ -94,15 +94,18 @@ def _load_yaml(path: str) -> Any:
         return yaml.safe_load(fh)
 
 
-def _spec_from(doc: Any) -> tuple[SandboxSpec, str]:
-    """A SandboxSpec from a Sandbox manifest or a bare spec; also the scopeRef if any."""
+def _spec_from(doc: Any) -> tuple[SandboxSpec, str, str | None]:
+    """A SandboxSpec from a Sandbox manifest or a bare spec; also the scopeRef and callId.
+
+    The callId is None for a bare spec (it has no key, so the per-call check is skipped).
+    """
     if not isinstance(doc, dict):
         raise ValueError("the spec file must be a YAML mapping")
     body = doc.get("spec", doc) if doc.get("kind") == "Sandbox" or "apiVersion" in doc else doc
     if "scopeRef" in body or "agentDir" in body:
         res = SandboxResourceSpec.model_validate(body)
-        return res.sandbox_spec(), res.scope_ref
-    return SandboxSpec.model_validate(body), ""
+        return res.sandbox_spec(), res.scope_ref, res.call_id
+    return SandboxSpec.model_validate(body), "", None
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -121,7 +124,7 @@ def _check_config(args: argparse.Namespace) -> int:
     if not args.spec:
         return EXIT_OK
     try:
-        spec, _scope_ref = _spec_from(_load_yaml(args.spec))
+        spec, _scope_ref, call_id = _spec_from(_load_yaml(args.spec))
         scope_spec = None
         if args.scope:
             sdoc = _load_yaml(args.scope)
@@ -129,13 +132,23 @@ def _check_config(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
         print(f"spec invalid: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _judge(config, spec, scope_spec)
+    return _judge(config, spec, scope_spec, call_id)
 
 
 def _judge(
-    config: OperatorConfig, spec: SandboxSpec, scope: SandboxScopeResourceSpec | None
+    config: OperatorConfig,
+    spec: SandboxSpec,
+    scope: SandboxScopeResourceSpec | None,
+    call_id: str | None = None,
 ) -> int:
     try:
+        if call_id is not None:
+            check_call_key(
+                config.host_policy,
+                spec,
+                call_id,
+                scope_min_isolation_scope=scope.min_isolation_scope if scope else None,
+            )
         admission = select_backend(
             config.host_policy,
             profiles(config),

@@ -90,6 +90,32 @@ def test_each_check_refuses_with_its_reason(kit, start_operator, spec, backend_k
     assert_refused(kit, "refused", reason)
 
 
+@pytest.mark.parametrize("raised_by", ["host", "scope"])
+def test_a_call_scope_raised_above_the_spec_needs_a_call_id(kit, start_operator, raised_by):
+    config = fixed()
+    if raised_by == "host":
+        config = local_config(
+            floor="hardened_container",
+            selection="fixed",
+            pinned="gvisor",
+            backends=[gvisor()],
+            min_isolation_scope="call",
+        )
+        kit.scope()
+    start_operator(config)
+    if raised_by == "scope":
+        kit.scope(minIsolationScope="call")
+    # The spec keeps the default scope (conversation): its schema then forbids a callId, so
+    # the key names no call, and serving it would share one sandbox across the calls.
+    kit.sandbox("shared")
+    obj = assert_refused(kit, "shared", "CallIdRequired")
+    assert f"required by: {raised_by}" in kit.condition(obj, "Admitted")["message"]
+    # Asking per call, with the call's id, is served.
+    kit.sandbox("per-call", isolationScope="call", callId="call-1")
+    obj = kit.wait_condition("per-call", "Admitted", status="True", timeout=60)
+    assert obj["status"]["isolationScope"] == "call"
+
+
 def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_operator):
     no_code = {**DECLARATIONS, "capabilities": ["exec", "files_in"]}
     config = local_config(

@@ -13,6 +13,7 @@ from sandbox_operator.contract import (
     ISOLATION_LADDER,
     BackendDeclarations,
     BackendUnavailable,
+    CallIdRequired,
     Capability,
     CapabilityNotSupported,
     ConfigurationError,
@@ -38,6 +39,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import (
     BackendProfile,
     check_backend,
+    check_call_key,
     effective_floor,
     effective_isolation_scope,
     resolve_fixed_backend,
@@ -368,6 +370,30 @@ def test_silent_isolation_scopes_mean_conversation() -> None:
     with pytest.raises(IsolationScopeNotEnforced) as exc:
         check(b, spec(), HostPolicy(min_isolation_scope=IsolationScope.CALL))
     assert exc.value.raised_by == ("host",)
+
+
+def test_a_raised_call_scope_needs_a_call_id() -> None:
+    host_call = HostPolicy(min_isolation_scope=IsolationScope.CALL)
+    # Nobody asks for call: no call id is needed.
+    check_call_key(HostPolicy(), spec(), None)
+    check_call_key(HostPolicy(), spec(), "")
+    # The host asks for call and the request names no call: refused, naming who asked.
+    with pytest.raises(CallIdRequired) as exc:
+        check_call_key(host_call, spec(), "")
+    assert exc.value.reason is RefusalReason.CALL_ID_REQUIRED
+    assert exc.value.raised_by == ("host",)
+    assert exc.value.backend is None
+    assert "required by: host" in exc.value.message and "callId" in exc.value.message
+    # The conversation's scope asks for it.
+    with pytest.raises(CallIdRequired) as exc:
+        check_call_key(HostPolicy(), spec(), None, scope_min_isolation_scope=IsolationScope.CALL)
+    assert exc.value.raised_by == ("scope",)
+    # A per-call request with its call id passes, whoever raised the scope.
+    check_call_key(host_call, spec(isolationScope="call"), "call-7")
+    check_call_key(
+        HostPolicy(), spec(isolationScope="call"), "call-7",
+        scope_min_isolation_scope=IsolationScope.CALL,
+    )  # fmt: skip
 
 
 def test_observes_egress_is_informational() -> None:

@@ -29,6 +29,7 @@ from .enums import (
 from .errors import (
     REFUSAL_TYPES,
     BackendUnavailable,
+    CallIdRequired,
     CapabilityNotSupported,
     ConfigurationError,
     EgressNotEnforced,
@@ -93,6 +94,7 @@ __all__ = [
     "VERSION",
     "BackendDeclarations",
     "BackendUnavailable",
+    "CallIdRequired",
     "Capability",
     "CapabilityNotSupported",
     "Condition",

@@ -32,6 +32,7 @@ class RefusalReason(StrEnum):
     TRANSFER_LIMITS_NOT_PERMITTED = "TransferLimitsNotPermitted"
     EGRESS_NOT_ENFORCED = "EgressNotEnforced"
     ISOLATION_SCOPE_NOT_ENFORCED = "IsolationScopeNotEnforced"
+    CALL_ID_REQUIRED = "CallIdRequired"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     NO_BACKEND_CAN_SERVE = "NoBackendCanServe"
 
@@ -278,6 +279,28 @@ class IsolationScopeNotEnforced(SandboxRefusal):
         super().__init__(backend=backend, kind=kind, detail=detail, message=message)
 
 
+class CallIdRequired(SandboxRefusal):
+    """The effective isolation scope is ``call`` but the request names no call.
+
+    Refused before any backend is judged (``backend`` is None): a sandbox keyed without a call
+    id is the conversation's one sandbox, so serving it would let the calls meet in one
+    filesystem, which is exactly what the raised scope forbids. ``raised_by`` names who asked
+    for ``call`` (host and/or scope; the spec itself cannot, its schema then requires the id).
+    """
+
+    reason = RefusalReason.CALL_ID_REQUIRED
+
+    def __init__(self, *, kind: str, raised_by: Sequence[str] = ()) -> None:
+        self.raised_by = tuple(raised_by)
+        by = f" (required by: {', '.join(self.raised_by)})" if self.raised_by else ""
+        detail = f"isolation scope call{by} needs a call id, and none was given"
+        message = (
+            f"kind {kind!r} must run one sandbox per call (isolation scope call{by}), but the "
+            "request names no call: ask with isolationScope call and the call's callId"
+        )
+        super().__init__(backend=None, kind=kind, detail=detail, message=message)
+
+
 class BackendUnavailable(SandboxRefusal):
     """The backend passed every check but cannot serve right now (``unavailable_reason``)."""
 
@@ -332,6 +355,7 @@ REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
         TransferLimitsNotPermitted,
         EgressNotEnforced,
         IsolationScopeNotEnforced,
+        CallIdRequired,
         BackendUnavailable,
         NoBackendCanServe,
     )

@@ -17,6 +17,7 @@ from sandbox_operator.contract import (
     ISOLATION_LADDER,
     BackendDeclarations,
     BackendUnavailable,
+    CallIdRequired,
     CapabilityNotSupported,
     ConfigurationError,
     Egress,
@@ -133,6 +134,25 @@ def effective_isolation_scope(
         isolation_scope=winner,
         raised_by=tuple(name for name, value in sources if isolation_scope_rank(value) == top),
     )
+
+
+def check_call_key(
+    host: HostPolicy,
+    spec: SandboxSpec,
+    call_id: str | None,
+    *,
+    scope_min_isolation_scope: IsolationScope | None = None,
+) -> None:
+    """Refuse a request keyed without a call when the effective isolation scope is ``call``.
+
+    Runs before any backend is judged: the key, not a backend, is what is missing. Without it
+    the sandbox would be the conversation's shared one, whatever the backend declares.
+    """
+    scope = effective_isolation_scope(
+        host, spec, scope_min_isolation_scope=scope_min_isolation_scope
+    )
+    if scope.isolation_scope is IsolationScope.CALL and not call_id:
+        raise CallIdRequired(kind=spec.kind, raised_by=scope.raised_by)
 
 
 def _transfer_excesses(spec: SandboxSpec, ceiling: TransferLimits) -> list[TransferExcess]:

@@ -42,7 +42,7 @@ from sandbox_operator.contract import (
     SandboxScopeResourceSpec,
     parse_isolation,
 )
-from sandbox_operator.policy import effective_floor, select_backend
+from sandbox_operator.policy import check_call_key, effective_floor, select_backend
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
@@ -327,6 +327,12 @@ async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
             rt.config.host_policy, sandbox_spec, scope_floor=scope_spec.min_isolation
         )
         try:
+            check_call_key(
+                rt.config.host_policy,
+                sandbox_spec,
+                spec.call_id,
+                scope_min_isolation_scope=scope_spec.min_isolation_scope,
+            )
             admission = select_backend(
                 rt.config.host_policy,
                 profiles(rt.config, rt.unavailable),
