@@ -26,9 +26,10 @@ Example (see ``examples/config-local.yaml`` and ``docs/operator.md``)::
 from __future__ import annotations
 
 import importlib
+import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -36,6 +37,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -46,6 +48,7 @@ from sandbox_operator.contract import (
     ConfigurationError,
     HostPolicy,
 )
+from sandbox_operator.egress.config import IdentityMode, ProxyConfig
 from sandbox_operator.policy import BackendProfile, validate_registration
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -106,19 +109,141 @@ class PodSettings(_Model):
 
 
 class EgressProxySettings(_Model):
-    """Where allowlisted sandboxes send their traffic (the egress proxy enforces the allowlist).
+    """Where a backend's allowlisted sandboxes send their traffic (the proxy enforces the list).
 
-    A sandbox with ``egress: allowlist`` gets ``HTTPS_PROXY``/``HTTP_PROXY`` set to ``url`` and a
-    NetworkPolicy that allows egress only to pods matching the selectors on ``port``.
+    Two modes, and a backend says which one explicitly:
+
+    * ``managed: true``: the operator runs the proxy itself, one per namespace, as described by
+      the operator-level ``egressProxy`` section (:class:`ManagedEgressProxySettings`); the
+      sandbox gets the proxy Service's address. Nothing else may be set here (the operator
+      chooses address, port and selectors), so a half-managed entry cannot exist.
+    * external (default): somebody else runs the proxy. A sandbox with ``egress: allowlist``
+      gets ``HTTPS_PROXY``/``HTTP_PROXY`` set to ``url`` and a NetworkPolicy that allows egress
+      only to pods matching the selectors on ``port``.
     """
 
-    url: str = Field(min_length=1, description="Proxy URL given to the sandbox, e.g. http://p:3128")
-    port: int = Field(ge=1, le=65535)
+    managed: bool = Field(
+        default=False,
+        description="true: use the proxy the operator runs per namespace (operator-level "
+        "egressProxy); url, port and the selectors then come from the operator.",
+    )
+    url: str | None = Field(
+        default=None, min_length=1, description="Proxy URL given to the sandbox, e.g. http://p:3128"
+    )
+    port: int | None = Field(default=None, ge=1, le=65535)
     pod_selector: dict[str, str] = Field(default_factory=dict)
     namespace_selector: dict[str, str] | None = Field(
         default=None, description="null: the sandbox's own namespace; {}: any namespace."
     )
     no_proxy: str = Field(default="", description="NO_PROXY value, if any.")
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> EgressProxySettings:
+        if self.managed:
+            given = [
+                alias
+                for name, alias in (
+                    ("url", "url"),
+                    ("port", "port"),
+                    ("pod_selector", "podSelector"),
+                    ("namespace_selector", "namespaceSelector"),
+                    ("no_proxy", "noProxy"),
+                )
+                if name in self.model_fields_set
+            ]
+            if given:
+                raise ValueError(
+                    f"managed: true takes the proxy's address from the operator; remove "
+                    f"{', '.join(given)}"
+                )
+            return self
+        missing = [a for n, a in (("url", "url"), ("port", "port")) if getattr(self, n) is None]
+        if missing:
+            raise ValueError(
+                f"an external egress proxy needs {' and '.join(missing)} "
+                "(or managed: true for the proxy the operator runs)"
+            )
+        return self
+
+
+class HostAlias(_Model):
+    """One /etc/hosts entry of the proxy pod (e.g. so that test names resolve)."""
+
+    ip: str
+    hostnames: tuple[Annotated[str, Field(min_length=1, max_length=253)], ...] = Field(min_length=1)
+
+    @field_validator("ip")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+
+
+ResourceName = Literal["cpu", "memory", "ephemeral-storage"]
+_PROXY_REQUESTS: dict[ResourceName, str] = {"cpu": "50m", "memory": "64Mi"}
+_PROXY_LIMITS: dict[ResourceName, str] = {"memory": "256Mi"}
+
+
+class ProxyResources(_Model):
+    """Requests and limits of the proxy container (Kubernetes quantities)."""
+
+    requests: dict[ResourceName, str] = Field(default_factory=lambda: dict(_PROXY_REQUESTS))
+    limits: dict[ResourceName, str] = Field(default_factory=lambda: dict(_PROXY_LIMITS))
+
+
+class ManagedEgressProxySettings(_Model):
+    """The egress proxy the operator runs, one per namespace that has allowlisted sandboxes.
+
+    The pod runs ``python3 -m sandbox_operator.egress`` from ``image`` (the chart defaults it to
+    the operator's own image, which contains the proxy), keeps its sandbox table from the
+    namespace's Sandboxes itself (``--kube-namespace``) and reads ``config`` - the proxy's own
+    :class:`~sandbox_operator.egress.config.ProxyConfig` (allowedPorts, admittedNetworks,
+    refusedNetworks, metadataNetworks, limits, decisionBuffer) - from a ConfigMap. What the
+    operator decides (listen port, identity, the sandboxes) is refused there, so the file says
+    only what the platform chose.
+    """
+
+    image: str = Field(min_length=1, description="Image with sandbox_operator (the operator's).")
+    image_pull_policy: Literal["Never", "IfNotPresent", "Always"] = "IfNotPresent"
+    port: int = Field(default=3128, ge=1, le=65535, description="Proxy and Service port.")
+    runtime_class_name: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="Run the proxy itself on this RuntimeClass (e.g. gvisor: it parses "
+        "untrusted input); null: the cluster default.",
+    )
+    resources: ProxyResources = Field(default_factory=ProxyResources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    host_aliases: tuple[HostAlias, ...] = ()
+    config: ProxyConfig = Field(default_factory=ProxyConfig)
+
+    @field_validator("config")
+    @classmethod
+    def _operator_decides(cls, value: ProxyConfig, info: ValidationInfo) -> ProxyConfig:
+        if value.sandboxes:
+            raise ValueError(
+                "sandboxes must be empty: the managed proxy keeps its own table from the "
+                "namespace's allowlist Sandboxes"
+            )
+        if value.identity is not IdentityMode.SOURCE_IP:
+            raise ValueError(
+                f"identity {value.identity} is not supported by the managed proxy (it tells "
+                "sandboxes apart by pod IP; token modes need per-sandbox Secrets): use sourceIP"
+            )
+        port = info.data.get("port")
+        if "listen_port" in value.model_fields_set and value.listen_port != port:
+            raise ValueError(
+                f"listenPort {value.listen_port} differs from egressProxy.port {port}; "
+                "set only egressProxy.port"
+            )
+        return value
+
+    def proxy_config(self) -> ProxyConfig:
+        """The proxy's config file content: ``config`` listening on ``port``, no sandboxes."""
+        return self.config.model_copy(update={"listen_port": self.port})
 
 
 class RuntimeClassBackendConfig(_Model):
@@ -181,6 +306,26 @@ class OperatorConfig(_Model):
     host_policy: HostPolicy = Field(default_factory=HostPolicy)
     backends: tuple[Any, ...] = Field(min_length=1)
     operator: OperatorSettings = Field(default_factory=OperatorSettings)
+    egress_proxy: ManagedEgressProxySettings | None = Field(
+        default=None,
+        description="The egress proxy the operator runs per namespace, for backends whose "
+        "egressProxy says managed: true.",
+    )
+
+    @model_validator(mode="after")
+    def _managed_proxy_is_described(self) -> OperatorConfig:
+        if self.egress_proxy is not None:
+            return self
+        for index, backend in enumerate(self.backends):
+            proxy = getattr(backend, "egress_proxy", None)
+            if isinstance(proxy, EgressProxySettings) and proxy.managed:
+                raise ConfigurationError(
+                    f"backends[{index}].egressProxy.managed",
+                    "the operator runs no egress proxy: add the top-level egressProxy section "
+                    "(at least its image), or point this backend at an external proxy (url, "
+                    "port, podSelector)",
+                )
+        return self
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -215,6 +215,53 @@ def test_allowlist_goes_through_the_backends_egress_proxy_only():
     assert "HTTPS_PROXY" not in {e["name"] for e in closed_env}
 
 
+def test_allowlist_with_the_managed_proxy_gets_its_service_address_as_a_number():
+    """An allowlisted sandbox resolves no names: it is given the proxy Service's cluster IP, the
+    address is recorded on the pod (recovery), and its only egress is the proxy pods' port."""
+    from sandbox_operator.backends.egress_proxy import (
+        PROXY_ADDRESS_ANNOTATION,
+        ProxyAddress,
+        proxy_labels,
+    )
+    from sandbox_operator.config import EgressProxySettings, ManagedEgressProxySettings
+
+    managed = backend().model_copy(update={"egress_proxy": EgressProxySettings(managed=True)})
+    settings = ManagedEgressProxySettings(image="sandbox-operator.dev/operator:0.1.0", port=3129)
+    address = ProxyAddress("10.96.12.34", 3129)
+    req = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
+    pod = build_pod(req, managed, address)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        assert env[var] == "http://10.96.12.34:3129"
+    assert "NO_PROXY" not in env
+    assert pod["metadata"]["annotations"][PROXY_ADDRESS_ANNOTATION] == "10.96.12.34:3129"
+    # The key annotations are still there.
+    assert set(lbl.key_annotations(KEY).items()) <= set(pod["metadata"]["annotations"].items())
+
+    np = build_network_policy(req, managed, settings)
+    (rule,) = np["spec"]["egress"]
+    assert rule == {
+        "to": [{"podSelector": {"matchLabels": proxy_labels()}}],
+        "ports": [{"protocol": "TCP", "port": 3129}],
+    }
+    assert np["spec"]["ingress"] == []
+    # No address (never happens in the driver): no proxy variables, and no egress rule without
+    # the settings, rather than a guess.
+    bare = build_pod(req, managed)
+    assert "HTTPS_PROXY" not in {e["name"] for e in bare["spec"]["containers"][0]["env"]}
+    assert PROXY_ADDRESS_ANNOTATION not in bare["metadata"]["annotations"]
+    assert build_network_policy(req, managed)["spec"]["egress"] == []
+    # A closed sandbox on the same backend gets neither.
+    closed = build_pod(request(), managed, address)
+    assert "HTTPS_PROXY" not in {e["name"] for e in closed["spec"]["containers"][0]["env"]}
+    assert PROXY_ADDRESS_ANNOTATION not in closed["metadata"]["annotations"]
+    assert build_network_policy(request(), managed, settings)["spec"]["egress"] == []
+    # IPv6 cluster IPs are bracketed in the URL.
+    v6 = build_pod(req, managed, ProxyAddress("fd00:10:96::7", 3129))
+    env6 = {e["name"]: e["value"] for e in v6["spec"]["containers"][0]["env"]}
+    assert env6["HTTPS_PROXY"] == "http://[fd00:10:96::7]:3129"
+
+
 def _named_request(name: str) -> EnsureRequest:
     base = request()
     return EnsureRequest(

@@ -41,8 +41,20 @@ from sandbox_operator.backends.base import (
     SandboxRef,
     ServedBy,
     StartupError,
+    TransientError,
 )
-from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.backends.egress_proxy import (
+    PROXY_ADDRESS_ANNOTATION,
+    ManagedEgressProxy,
+    ProxyAddress,
+    ProxyError,
+    proxy_labels,
+)
+from sandbox_operator.config import (
+    ManagedEgressProxySettings,
+    PodSettings,
+    RuntimeClassBackendConfig,
+)
 from sandbox_operator.contract import (
     API_VERSION,
     SANDBOX_KIND,
@@ -131,8 +143,17 @@ def container_security_context(pod: PodSettings) -> dict[str, Any]:
     return ctx
 
 
-def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dict[str, Any]:
-    """The pod manifest that serves a sandbox on a runtime-class backend."""
+def build_pod(
+    request: EnsureRequest,
+    backend: RuntimeClassBackendConfig,
+    managed_proxy: ProxyAddress | None = None,
+) -> dict[str, Any]:
+    """The pod manifest that serves a sandbox on a runtime-class backend.
+
+    ``managed_proxy``: the address of the namespace's operator-run egress proxy (for a backend
+    whose ``egressProxy`` is ``managed``), given to the sandbox as a number (an allowlisted
+    sandbox resolves no names) and recorded on the pod for recovery.
+    """
     spec = request.spec
     pod = backend.pod
     name = naming.pod_name(request.sandbox.name)
@@ -160,9 +181,14 @@ def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dic
         {"name": "SANDBOX_WORK_DIR", "value": work_dir},
     ]
     proxy = backend.egress_proxy
-    if spec.egress is Egress.ALLOWLIST and proxy is not None:
+    proxy_url = None
+    if proxy is not None and proxy.managed:
+        proxy_url = managed_proxy.url if managed_proxy is not None else None
+    elif proxy is not None:
+        proxy_url = proxy.url
+    if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy_url:
         for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
-            env.append({"name": var, "value": proxy.url})
+            env.append({"name": var, "value": proxy_url})
         if proxy.no_proxy:
             env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
     container: dict[str, Any] = {
@@ -196,22 +222,26 @@ def build_pod(request: EnsureRequest, backend: RuntimeClassBackendConfig) -> dic
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in pod.tolerations]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(request, name),
-        "spec": pod_spec,
-    }
+    metadata = _metadata(request, name)
+    if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed and proxy_url:
+        assert managed_proxy is not None
+        metadata["annotations"][PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 def build_network_policy(
-    request: EnsureRequest, backend: RuntimeClassBackendConfig | None = None
+    request: EnsureRequest,
+    backend: RuntimeClassBackendConfig | None = None,
+    managed: ManagedEgressProxySettings | None = None,
 ) -> dict[str, Any]:
     """The NetworkPolicy of a sandbox pod: no ingress ever; egress by the spec's mode.
 
     ``closed`` denies all egress (DNS included). ``unrestricted`` leaves egress open (only served
     when the host policy allows it and the backend declares it). ``allowlist`` allows egress only
     to the backend's egress proxy (which enforces the allowlist); without a proxy, none at all.
+    The operator-run proxy (``managed``) is its own namespace's pods with the proxy labels, on
+    its port: the sandbox dials the Service's cluster IP, which is translated to the pod's
+    address before the policy judges the packet.
     """
     name = naming.network_policy_name(request.sandbox.name)
     selector = {lbl.SANDBOX_LABEL: lbl.sandbox_label_value(request.sandbox.name)}
@@ -226,7 +256,15 @@ def build_network_policy(
         spec["policyTypes"] = ["Ingress"]
         del spec["egress"]
     proxy = backend.egress_proxy if backend is not None else None
-    if request.spec.egress is Egress.ALLOWLIST and proxy is not None:
+    if request.spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed:
+        if managed is not None:
+            spec["egress"] = [
+                {
+                    "to": [{"podSelector": {"matchLabels": proxy_labels()}}],
+                    "ports": [{"protocol": "TCP", "port": managed.port}],
+                }
+            ]
+    elif request.spec.egress is Egress.ALLOWLIST and proxy is not None:
         peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
         if proxy.namespace_selector is not None:
             peer["namespaceSelector"] = {"matchLabels": dict(proxy.namespace_selector)}
@@ -341,6 +379,9 @@ class RuntimeClassDriver:
     ``api`` is a :class:`kubernetes_asyncio.client.ApiClient`.
     """
 
+    _proxy_settings: ManagedEgressProxySettings | None = None
+    _proxy: ManagedEgressProxy | None = None
+
     def __init__(
         self,
         config: RuntimeClassBackendConfig,
@@ -348,10 +389,18 @@ class RuntimeClassDriver:
         *,
         dispose_timeout: float = 30.0,
         poll_interval: float = 0.5,
+        egress_proxy: ManagedEgressProxySettings | None = None,
     ) -> None:
         from kubernetes_asyncio import client
 
         self._config = config
+        # The operator-run egress proxy, for a backend whose egressProxy is `managed` (config
+        # validation guarantees the operator-level section then exists).
+        if config.egress_proxy is not None and config.egress_proxy.managed:
+            if egress_proxy is None:
+                raise ValueError(f"backend {config.name}: managed egress proxy not configured")
+            self._proxy_settings = egress_proxy
+            self._proxy = ManagedEgressProxy(egress_proxy, api)
         self._api = api
         # Typed as Any: bodies are plain manifests (dicts), which the client serializes as is.
         self._core: Any = client.CoreV1Api(api)
@@ -399,10 +448,19 @@ class RuntimeClassDriver:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         ns = request.sandbox.namespace
-        manifest = build_pod(request, self._config)
+        address: ProxyAddress | None = None
+        if request.spec.egress is Egress.ALLOWLIST and self._proxy is not None:
+            # The namespace's proxy first: the pod is given its Service's address.
+            try:
+                address = await self._proxy.ensure(ns, request.sandbox)
+            except ProxyError as exc:
+                if exc.permanent:
+                    raise StartupError(ConditionReason.STARTUP_FAILED, exc.message) from None
+                raise TransientError(exc.message) from None
+        manifest = build_pod(request, self._config, address)
         name = manifest["metadata"]["name"]
         # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
-        np = build_network_policy(request, self._config)
+        np = build_network_policy(request, self._config, self._proxy_settings)
         try:
             await self._net.create_namespaced_network_policy(ns, np)
         except ApiException as exc:
@@ -455,7 +513,32 @@ class RuntimeClassDriver:
                 return Observation(
                     ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
                 )
-        return classify_pod(pod)
+        observation = classify_pod(pod)
+        if pod is not None and self._proxy is not None:
+            observation = await self._check_proxy(sandbox, pod, observation)
+        return observation
+
+    async def _check_proxy(
+        self, sandbox: SandboxRef, pod: Mapping[str, Any], observation: Observation
+    ) -> Observation:
+        """A live pod given a managed proxy's address: is the proxy still there (one GET)?"""
+        if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
+            return observation
+        assert self._proxy is not None
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if given is None:
+            return observation
+        problem = await self._proxy.check(sandbox.namespace, sandbox, given)
+        if not problem:
+            return observation
+        return Observation(
+            ObservedPhase.FAILED,
+            observation.served_by,
+            "EgressProxyLost",
+            problem,
+            observation.created_at,
+        )
 
     async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException

@@ -46,7 +46,10 @@ class Runtime:
     @classmethod
     async def start(cls, config: OperatorConfig, api: Any) -> Runtime:
         drivers = {
-            b.name: build_driver(b, api=api, settings=config.operator) for b in config.backends
+            b.name: build_driver(
+                b, api=api, settings=config.operator, egress_proxy=config.egress_proxy
+            )
+            for b in config.backends
         }
         rt = cls(config=config, kube=Kube(api), drivers=drivers)
         await rt.refresh_availability(force=True)
