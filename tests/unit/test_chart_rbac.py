@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sandbox_operator.backends import egress_proxy
 from tests.unit.test_chart_render import ROOT, by_kind, template
 
 SRC = ROOT / "src" / "sandbox_operator"
@@ -275,14 +276,40 @@ def _kopf_decorator(result: Scan, resolver: Resolver, deco: ast.expr) -> None:
 #: an acas backend whose credential is a Secret reads that one Secret.
 CREDENTIAL_GRANTS = {("", "secrets", "get")}
 
+#: The managed egress proxy's objects (backends/egress_proxy.py), granted by name when the chart
+#: configures the proxy (config.egressProxy).
+PROXY_RESOURCES = {(group, resource) for _, _, group, resource in egress_proxy.APPLIED}
 
-def expected_grants(*, cluster_wide: bool = True) -> set[Grant]:
+
+def proxy_role_grants() -> set[Grant]:
+    """What the proxy's Role grants: RBAC lets the operator create it only holding all of it."""
+    return {
+        (g, r, v)
+        for rule in egress_proxy.PROXY_ROLE_RULES
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def proxy_object_grants() -> set[Grant]:
+    """Verbs the code uses on the proxy's objects, plus create: server-side apply of a missing
+    object is authorized as create (seen on the local cluster's API server)."""
+    used = {g for g in scan().grants if (g[0], g[1]) in PROXY_RESOURCES}
+    assert {v for _, _, v in used} <= {"get", "patch"}, used
+    return used | {(g, r, "create") for g, r in PROXY_RESOURCES}
+
+
+def expected_grants(*, cluster_wide: bool = True, managed_proxy: bool = False) -> set[Grant]:
     found = scan()
     assert not found.unresolved, (
         f"cannot tell which resources these calls touch: {found.unresolved}"
     )
     assert found.grants >= CREDENTIAL_GRANTS, "the acas credential Secret is no longer read?"
     grants = set(found.grants) - CREDENTIAL_GRANTS
+    grants = {g for g in grants if (g[0], g[1]) not in PROXY_RESOURCES}
+    if managed_proxy:
+        grants |= proxy_role_grants()
     # kopf itself: posts Events for handler outcomes, watches CRDs to notice served resources,
     # and (peering) reads, watches and patches its peering object.
     grants.add(("", "events", "create"))
@@ -322,11 +349,21 @@ def test_the_scanner_finds_the_operator_calls() -> None:
     assert ("sandbox-operator.dev", "sandboxscopes", "watch") in found.grants
 
 
+def managed_proxy_values(tmp_path: Path) -> Path:
+    path = tmp_path / "managed-proxy.yaml"
+    path.write_text(yaml.safe_dump({"config": {"egressProxy": {}}}))
+    return path
+
+
+@pytest.mark.parametrize("managed_proxy", [False, True], ids=["no-proxy", "managed-proxy"])
 @pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
-def test_chart_rbac_equals_the_verbs_the_operator_uses(cluster_wide: bool) -> None:
+def test_chart_rbac_equals_the_verbs_the_operator_uses(
+    cluster_wide: bool, managed_proxy: bool, tmp_path: Path
+) -> None:
     values = {} if cluster_wide else {"watchNamespaces": "{team-a}"}
-    granted = chart_grants(template(values))
-    wanted = expected_grants(cluster_wide=cluster_wide)
+    files = [managed_proxy_values(tmp_path)] if managed_proxy else []
+    granted = chart_grants(template(values, values_files=files))
+    wanted = expected_grants(cluster_wide=cluster_wide, managed_proxy=managed_proxy)
     missing = sorted(wanted - granted)
     extra = sorted(granted - wanted)
     assert not missing, f"the operator calls these but the chart does not grant them: {missing}"
@@ -403,3 +440,36 @@ def test_workload_identity_credential_needs_no_secret(tmp_path: Path) -> None:
         values_files=[acas_values(tmp_path, {"source": "workloadIdentity", "clientId": "x"})]
     )
     assert not [r for role in by_kind(objs, "Role") for r in role["rules"] if "resourceNames" in r]
+
+
+def named_grants(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[Grant]]:
+    """Rules by resource name: {(role kind, resourceName): {(group, resource, verb)}}."""
+    out: dict[tuple[str, str], set[Grant]] = {}
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+        for rule in role["rules"]:
+            for name in rule.get("resourceNames", []):
+                out.setdefault((role["kind"], name), set()).update(
+                    (g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
+                    for v in rule["verbs"]
+                )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
+def test_managed_egress_proxy_objects_are_granted_by_name(
+    cluster_wide: bool, tmp_path: Path
+) -> None:
+    """With config.egressProxy the operator may create and patch exactly the proxy's objects,
+    by their one name, and read its Service; nothing at all without it."""
+    values = {} if cluster_wide else {"watchNamespaces": "{team-a,team-b}"}
+    objs = template(values, values_files=[managed_proxy_values(tmp_path)])
+    kind = "ClusterRole" if cluster_wide else "Role"
+    named = named_grants(objs)
+    assert set(named) == {(kind, egress_proxy.PROXY_NAME)}
+    assert named[(kind, egress_proxy.PROXY_NAME)] == proxy_object_grants()
+    # The proxy's Role is within what the operator holds (else RBAC refuses to create it).
+    assert proxy_role_grants() <= chart_grants(objs)
+
+    plain = template(values)
+    assert not named_grants(plain)
+    assert ("", "events", "patch") not in chart_grants(plain)

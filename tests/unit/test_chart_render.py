@@ -394,6 +394,7 @@ def test_schema_knows_every_runtime_class_backend_key() -> None:
 
     from sandbox_operator.config import (
         EgressProxySettings,
+        ManagedEgressProxySettings,
         PodSettings,
         RuntimeClassBackendConfig,
     )
@@ -406,6 +407,7 @@ def test_schema_knows_every_runtime_class_backend_key() -> None:
 
     assert set(defs["podSettings"]["properties"]) == aliases(PodSettings)
     assert set(defs["egressProxy"]["properties"]) == aliases(EgressProxySettings)
+    assert set(defs["managedEgressProxy"]["properties"]) == aliases(ManagedEgressProxySettings)
     assert aliases(RuntimeClassBackendConfig) <= set(defs["backend"]["properties"])
 
 
@@ -461,8 +463,9 @@ def test_schema_accepts_pod_and_egress_proxy_and_the_operator_reads_them(tmp_pat
         ({"pod": {"runAsUsr": 1000}}, "runAsUsr"),
         ({"egressProxy": {"port": 3128}}, "url"),
         ({"egressProxy": {"url": "http://p:3128", "port": 0}}, "port"),
+        ({"egressProxy": {"managed": True, "url": "http://p:3128"}}, "url"),
     ],
-    ids=["pod-typo", "proxy-without-url", "proxy-bad-port"],
+    ids=["pod-typo", "proxy-without-url", "proxy-bad-port", "managed-with-url"],
 )
 def test_schema_rejects_bad_pod_and_egress_proxy(
     tmp_path: Path, change: dict[str, Any], where: str
@@ -478,5 +481,78 @@ def test_schema_rejects_bad_pod_and_egress_proxy(
         str(_backend_values(tmp_path, backend)),
         check=False,
     )
+    assert result.returncode != 0
+    assert where in result.stderr
+
+
+MANAGED_BACKEND = {
+    **RUNTIME_CLASS_BACKEND,
+    "egressProxy": {"managed": True},
+}
+
+
+def _managed_values(tmp_path: Path, proxy: dict[str, Any] | None) -> Path:
+    path = _backend_values(tmp_path, MANAGED_BACKEND)
+    values = yaml.safe_load(path.read_text())
+    values["config"]["egressProxy"] = proxy
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_managed_egress_proxy_runs_the_charts_operator_image_by_default(tmp_path: Path) -> None:
+    """`config.egressProxy: {}` is enough: the proxy runs the operator's own image (which holds
+    the proxy) with the chart's pull policy; the operator accepts the rendered file."""
+    from sandbox_operator.config import parse_config
+
+    objs = template(
+        {"image.tag": "dev-abc", "image.pullPolicy": "Never"},
+        values_files=[_managed_values(tmp_path, {})],
+    )
+    config, _ = parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert config.egress_proxy is not None
+    assert config.egress_proxy.image == "sandbox-operator.dev/operator:dev-abc"
+    assert config.egress_proxy.image_pull_policy == "Never"
+    assert config.backends[0].egress_proxy.managed
+
+    own = {"image": "registry.example/proxy:1", "imagePullPolicy": "Always", "port": 8888,
+           "runtimeClassName": "gvisor", "config": {"allowedPorts": [443]},
+           "hostAliases": [{"ip": "192.0.2.2", "hostnames": ["a.test"]}]}  # fmt: skip
+    objs = template(values_files=[_managed_values(tmp_path, own)])
+    config, _ = parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert config.egress_proxy is not None
+    assert (config.egress_proxy.image, config.egress_proxy.port) == (own["image"], 8888)
+    assert config.egress_proxy.proxy_config().allowed_ports == (443,)
+
+
+def test_managed_backend_without_the_proxy_section_is_refused_by_the_operator(
+    tmp_path: Path,
+) -> None:
+    from sandbox_operator.config import parse_config
+    from sandbox_operator.contract import ConfigurationError
+
+    objs = template(values_files=[_managed_values(tmp_path, None)])
+    with pytest.raises(ConfigurationError) as err:
+        parse_config(yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert err.value.entry == "backends[0].egressProxy.managed"
+
+
+@pytest.mark.parametrize(
+    ("proxy", "where"),
+    [
+        ({"port": 0}, "port"),
+        ({"hostAliases": [{"ip": "192.0.2.2"}]}, "hostnames"),
+        ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy"),
+        ({"runtimeClassName": "Not_A_Label"}, "runtimeClassName"),
+        ({"replicas": 2}, "replicas"),
+    ],
+    ids=["port", "alias-without-names", "pull-policy", "runtime-class", "unknown-key"],
+)
+def test_schema_rejects_a_bad_managed_egress_proxy(
+    tmp_path: Path, proxy: dict[str, Any], where: str
+) -> None:
+    result = run_helm(
+        "template", "so", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", str(_managed_values(tmp_path, proxy)), check=False,
+    )  # fmt: skip
     assert result.returncode != 0
     assert where in result.stderr

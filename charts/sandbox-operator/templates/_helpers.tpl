@@ -46,7 +46,19 @@ app.kubernetes.io/part-of: sandbox-operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The config file the operator reads, in its own format. */}}
+{{/*
+The config file the operator reads, in its own format. A managed egress proxy (config.egressProxy)
+runs the operator's own image unless it names another one.
+*/}}
 {{- define "sandbox-operator.config" -}}
-{{- toYaml .Values.config }}
+{{- $config := deepCopy .Values.config }}
+{{- if kindIs "map" $config.egressProxy }}
+{{- if not $config.egressProxy.image }}
+{{- $_ := set $config.egressProxy "image" (include "sandbox-operator.image" .) }}
+{{- end }}
+{{- if not $config.egressProxy.imagePullPolicy }}
+{{- $_ := set $config.egressProxy "imagePullPolicy" .Values.image.pullPolicy }}
+{{- end }}
+{{- end }}
+{{- toYaml $config }}
 {{- end }}

@@ -23,6 +23,32 @@ compares them with the Kubernetes calls the operator's code makes.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if kindIs "map" .Values.config.egressProxy }}
+# The egress proxy the operator runs per namespace (backends/egress_proxy.py): its objects are
+# all named sandbox-egress-proxy and written by server-side apply, which needs create when the
+# object is missing. The garbage collector deletes them (ownerReferences), never the operator.
+- apiGroups: [""]
+  resources: [serviceaccounts, configmaps]
+  resourceNames: [sandbox-egress-proxy]
+  verbs: [create, patch]
+- apiGroups: [""]
+  resources: [services]
+  resourceNames: [sandbox-egress-proxy]
+  verbs: [get, create, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  resourceNames: [sandbox-egress-proxy]
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  resourceNames: [sandbox-egress-proxy]
+  verbs: [create, patch]
+# The proxy's Role lets it patch Events (folded repeats); RBAC lets the operator create that Role
+# only if it holds every permission in it itself.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [patch]
+{{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
