@@ -17,7 +17,6 @@ operator/build-image.sh; against another cluster set OPERATOR_IMAGE to an image 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import uuid
@@ -100,30 +99,6 @@ def local_values(tmp_path: Path, **extra: Any) -> Path:
     path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump({"config": config, **extra}))
     return path
-
-
-@pytest.fixture(scope="module")
-def operator_image(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(repository, tag) of an operator image the cluster's node can run."""
-    given = os.environ.get("OPERATOR_IMAGE")
-    if given:
-        repo, _, tag = given.rpartition(":")
-        return repo, tag
-    cluster_is_local = request.getfixturevalue("cluster_is_local")
-    if not cluster_is_local:
-        pytest.fail("set OPERATOR_IMAGE to an operator image this cluster can pull", pytrace=False)
-    result = subprocess.run(
-        ["bash", str(ROOT / "operator" / "build-image.sh"), "import"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"operator/build-image.sh import failed:\n{result.stderr[-3000:]}")
-    ref = result.stdout.strip().splitlines()[-1].split()[0]
-    repo, _, tag = ref.rpartition(":")
-    return repo, tag
 
 
 def test_rendered_chart_passes_server_side_dry_run(

@@ -1,18 +1,23 @@
-"""`egress: allowlist` end to end, under runc and gVisor: the egress proxy runs as a pod in the
-sandbox's namespace, the real operator gives the sandbox `HTTPS_PROXY`/`HTTP_PROXY` and a
-NetworkPolicy to the proxy only, and from inside the sandbox:
+"""`egress: allowlist` end to end, under runc and gVisor, with the egress proxy the OPERATOR runs:
+the real operator (configured with the managed `egressProxy`, image = the operator image) creates
+the namespace's proxy (ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service, owned by
+the allowlist Sandboxes), gives each sandbox `HTTPS_PROXY`/`HTTP_PROXY` = the proxy Service's
+cluster IP and a NetworkPolicy to the proxy pods only, and from inside the sandbox:
 
-- `allowed.test` answers over CONNECT and over plain HTTP, `*.wild.test` matches `api.wild.test`;
+- `allowed.test` answers over CONNECT, plain HTTP and HTTPS through CONNECT, `*.wild.test` matches
+  `api.wild.test`;
 - `denied.test` is refused with 403 `HostNotAllowed`;
 - `inside.test`, allowed by name but resolving to a private address, is refused with 403
   `AddressRefused`;
 - the outside server, tried directly (ignoring the proxy variables), is blocked;
-- the proxy records each decision (JSON lines) with the sandbox's id.
+- the proxy records each decision (JSON lines in its pod's log) with the sandbox's id, posts
+  Events and writes the `status.egress` summary on the Sandbox;
+- 200 tunnels and a slowloris client from one sandbox do not keep another from being served;
+- once both allowlist Sandboxes are deleted, the garbage collector removes the proxy.
 
-The proxy pod runs this checkout's code (hostPath, read-only) on the python image; its
-configuration file (written by this test, as a controller would) maps the sandbox's pod IP to
-its allowlist. The "outside" hosts are one HTTP server this test starts on this machine; the
-proxy pod resolves the test names through hostAliases. Nothing leaves this machine.
+The "outside" hosts are one HTTP(S) server this test starts on this machine; the proxy pod resolves
+the test names through the hostAliases of the operator's `egressProxy` configuration. Nothing
+leaves this machine.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from sandbox_operator.egress.kube import COMPONENT
 from sandbox_operator.egress.probe import (
@@ -44,105 +48,55 @@ from sandbox_operator.egress.testing import make_self_signed_cert
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
-from tests.fixtures.operator import DECLARATIONS, PYTHON, REPO, local_config
+from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
 
 pytestmark = pytest.mark.e2e
 
 outside = closed.outside  # the fixture: an HTTP server on this machine
 
 PROXY_PORT = 3128
-PROXY_LABELS = {"app.kubernetes.io/name": "egress-proxy"}
-SITE_PACKAGES = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+PROXY_NAME = "sandbox-egress-proxy"
+PROXY_SELECTOR = "app.kubernetes.io/name=sandbox-egress-proxy"
+PROXY_LABELS = {
+    "app.kubernetes.io/name": "sandbox-egress-proxy",
+    "app.kubernetes.io/managed-by": "sandbox-operator",
+    "app.kubernetes.io/component": "egress-proxy",
+}
 
 
-def proxy_pod(
-    core: client.CoreV1Api, ns: str, runtime_class: str, outside: Outside, config_dir: Path
-) -> client.V1Pod:
-    site = SITE_PACKAGES / "site-packages"
-    mounts = {
-        "src": (REPO / "src", "/opt/src"),
-        "site": (site, "/opt/site"),
-        "cfg": (config_dir, "/cfg"),
-    }
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="egress-proxy", labels=PROXY_LABELS),
-        spec=client.V1PodSpec(
-            runtime_class_name=runtime_class,
-            restart_policy="Never",
-            termination_grace_period_seconds=0,
-            service_account_name="egress-proxy",
-            host_aliases=[
-                client.V1HostAlias(
-                    ip=outside.address, hostnames=["allowed.test", "api.wild.test", "denied.test"]
-                ),
-                # allowed by name, but a private address (the pod bridge's gateway)
-                client.V1HostAlias(ip=BRIDGE_GATEWAY, hostnames=["inside.test"]),
-            ],
-            volumes=[
-                client.V1Volume(name=k, host_path=client.V1HostPathVolumeSource(path=str(src)))
-                for k, (src, _) in mounts.items()
-            ],
-            containers=[
-                client.V1Container(
-                    name="proxy",
-                    image=PYTHON,
-                    image_pull_policy="Never",
-                    command=["python3", "-m", "sandbox_operator.egress", "--config",
-                             "/cfg/proxy.yaml", "--reload-seconds", "0.5",
-                             "--kube-namespace", ns],
-                    env=[client.V1EnvVar(name="PYTHONPATH", value="/opt/src:/opt/site")],
-                    ports=[client.V1ContainerPort(container_port=PROXY_PORT)],
-                    volume_mounts=[
-                        client.V1VolumeMount(name=k, mount_path=dst, read_only=True)
-                        for k, (_, dst) in mounts.items()
-                    ],
-                )
-            ],
-        ),
-    )  # fmt: skip
-    core.create_namespaced_pod(ns, pod)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        current: client.V1Pod = core.read_namespaced_pod("egress-proxy", ns)
-        if current.status.phase == "Running" and current.status.pod_ip:
-            return current
-        assert current.status.phase not in ("Failed", "Succeeded"), current.status
-        time.sleep(0.5)
-    raise AssertionError("egress proxy pod not running")
-
-
-def proxy_rbac(api: client.ApiClient, ns: str) -> None:
-    """What the proxy needs to keep its table and post Events, in its namespace only."""
-    client.CoreV1Api(api).create_namespaced_service_account(
-        ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="egress-proxy"))
-    )
+def proxy_objects(api: client.ApiClient, ns: str) -> dict[str, Any]:
+    """The namespace's proxy objects by kind (absent ones left out)."""
+    core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    rbac.create_namespaced_role(
-        ns,
-        client.V1Role(
-            metadata=client.V1ObjectMeta(name="egress-proxy"),
-            rules=[
-                client.V1PolicyRule(
-                    api_groups=["sandbox-operator.dev"], resources=["sandboxes"],
-                    verbs=["get", "list"],
-                ),
-                client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["get", "list"]),
-                client.V1PolicyRule(api_groups=[""], resources=["events"], verbs=["create"]),
-            ],
-        ),
-    )  # fmt: skip
-    rbac.create_namespaced_role_binding(
-        ns,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name="egress-proxy"),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="Role", name="egress-proxy"
-            ),
-            subjects=[
-                client.RbacV1Subject(kind="ServiceAccount", name="egress-proxy", namespace=ns)
-            ],
-        ),
-    )
+    apps = client.AppsV1Api(api)
+    reads = {
+        "ServiceAccount": core.read_namespaced_service_account,
+        "Role": rbac.read_namespaced_role,
+        "RoleBinding": rbac.read_namespaced_role_binding,
+        "ConfigMap": core.read_namespaced_config_map,
+        "Deployment": apps.read_namespaced_deployment,
+        "Service": core.read_namespaced_service,
+    }
+    out: dict[str, Any] = {}
+    for kind, read in reads.items():
+        try:
+            out[kind] = read(PROXY_NAME, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    return out
+
+
+def proxy_pod_name(core: client.CoreV1Api, ns: str) -> str:
+    """The running proxy pod (found by its labels)."""
+    pods = core.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items
+    running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+    assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
+    return str(running[0].metadata.name)
+
+
+def proxy_log(core: client.CoreV1Api, ns: str) -> str:
+    return str(core.read_namespaced_pod_log(proxy_pod_name(core, ns), ns, container="proxy"))
 
 
 @pytest.fixture
@@ -172,27 +126,14 @@ def tls_outside(tmp_path: Path) -> Iterator[tuple[int, str]]:
         server.server_close()
 
 
-def write_proxy_config(
-    config_dir: Path, outside: Outside, sandboxes: list[dict], extra_ports: tuple[int, ...] = ()
-) -> None:
-    cfg = {
-        "listenHost": "0.0.0.0",
-        "listenPort": PROXY_PORT,
-        "allowedPorts": [80, 443, outside.port, *extra_ports],
-        # The test's outside server lives on the node's address: admit exactly that one.
-        "admittedNetworks": [f"{outside.address}/32"],
-        "limits": {"connectTimeoutSeconds": 5, "headerTimeoutSeconds": 2},
-        "sandboxes": sandboxes,
-    }
-    tmp = config_dir / ".proxy.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(cfg))
-    tmp.replace(config_dir / "proxy.yaml")
-
-
-def config_with_proxy(runtime_class: str, proxy_ip: str) -> dict:
+def config_with_managed_proxy(
+    runtime_class: str, image: str, outside: Outside, extra_ports: tuple[int, ...] = ()
+) -> dict:
+    """The operator runs the proxy (image = the operator's own, on the sandboxes' runtime class);
+    the proxy admits exactly the node address the test's servers live on."""
     isolation = "hardened_container" if runtime_class == "gvisor" else "container"
     declarations = dict(DECLARATIONS, egressModes=["closed", "allowlist"])
-    return local_config(
+    config = local_config(
         floor="container",
         selection="fixed",
         pinned=runtime_class,
@@ -203,21 +144,39 @@ def config_with_proxy(runtime_class: str, proxy_ip: str) -> dict:
                 "runtimeClassName": runtime_class,
                 "isolation": isolation,
                 "declarations": declarations,
-                "egressProxy": {
-                    "url": f"http://{proxy_ip}:{PROXY_PORT}",
-                    "port": PROXY_PORT,
-                    "podSelector": PROXY_LABELS,
-                    "namespaceSelector": None,
-                },
+                "egressProxy": {"managed": True},
             }
         ],
     )
+    config["egressProxy"] = {
+        "image": image,
+        "imagePullPolicy": "Never",
+        "port": PROXY_PORT,
+        "runtimeClassName": runtime_class,
+        "hostAliases": [
+            {"ip": outside.address, "hostnames": ["allowed.test", "api.wild.test", "denied.test"]},
+            # allowed by name, but a private address (the pod bridge's gateway)
+            {"ip": BRIDGE_GATEWAY, "hostnames": ["inside.test"]},
+        ],
+        "config": {
+            "allowedPorts": [80, 443, outside.port, *extra_ports],
+            # The test's outside server lives on the node's address: admit exactly that one.
+            "admittedNetworks": [f"{outside.address}/32"],
+            "limits": {"connectTimeoutSeconds": 5, "headerTimeoutSeconds": 2},
+        },
+    }
+    return config
+
+
+def cnd_ready(obj: dict | None) -> bool:
+    cond = next((c for c in ((obj or {}).get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"), {})  # fmt: skip
+    return cond.get("status") == "True"
 
 
 def decisions(core: client.CoreV1Api, ns: str) -> list[dict]:
-    text = core.read_namespaced_pod_log("egress-proxy", ns, container="proxy")
     out = []
-    for line in text.splitlines():
+    for line in proxy_log(core, ns).splitlines():
         if line.startswith("{"):
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
@@ -225,34 +184,74 @@ def decisions(core: client.CoreV1Api, ns: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
-def test_allowlist_through_the_proxy_pod(
+def test_allowlist_through_the_operators_proxy(
     kit,
     start_operator,
+    api_client: client.ApiClient,
     core_v1: client.CoreV1Api,
     outside: Outside,
     runtime_class: str,
-    tmp_path: Path,
+    operator_image: tuple[str, str],
     tls_outside: tuple[int, str],
 ) -> None:
     tls_port, ca_pem = tls_outside
     ns = kit.ns
-    config_dir = tmp_path / "proxy-config"
-    config_dir.mkdir()
-    config_dir.chmod(0o755)
-    write_proxy_config(config_dir, outside, [], (tls_port,))
-    proxy_rbac(core_v1.api_client, ns)
-    proxy = proxy_pod(core_v1, ns, runtime_class, outside, config_dir)
-
-    start_operator(config_with_proxy(runtime_class, proxy.status.pod_ip))
+    image = ":".join(operator_image)
+    start_operator(config_with_managed_proxy(runtime_class, image, outside, (tls_port,)))
     kit.scope()
     allow = ["allowed.test", "*.wild.test", "inside.test"]
     for name in ("allow", "other"):
         kit.sandbox(name, image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
-    kit.wait_condition("other", reasons=("Ready",), status="True", timeout=150)
+    # A closed sandbox beside them: no part in the proxy, and no way to it.
+    kit.sandbox("closed", image=PYTHON, requires=["exec"])
+    other_obj = kit.wait_condition("other", reasons=("Ready",), status="True", timeout=150)
     obj = kit.wait_condition("allow", reasons=("Ready",), status="True", timeout=150)
     pod = kit.pod(obj["status"]["servedBy"]["name"])
+
+    # The operator made the namespace's proxy: every object labelled, owned (not controlled) by
+    # both allowlist Sandboxes, so the garbage collector removes it after the last one.
+    objects = proxy_objects(api_client, ns)
+    assert sorted(objects) == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service"]
+    ), sorted(objects)
+    owners = {obj["metadata"]["uid"], other_obj["metadata"]["uid"]}
+    for kind, o in objects.items():
+        assert PROXY_LABELS.items() <= (o.metadata.labels or {}).items(), (kind, o.metadata.labels)
+        refs = o.metadata.owner_references or []
+        assert {r.uid for r in refs} == owners, (kind, refs)
+        assert all(r.kind == "Sandbox" and not r.controller for r in refs), (kind, refs)
+        assert all(not r.block_owner_deletion for r in refs), (kind, refs)
+    assert [r.verbs for r in objects["Role"].rules if "sandboxes/status" in r.resources] == [
+        ["patch"]
+    ]
+    proxy_pod = core_v1.read_namespaced_pod(proxy_pod_name(core_v1, ns), ns)
+    assert proxy_pod.spec.runtime_class_name == runtime_class
+    assert proxy_pod.spec.containers[0].image == image
+    assert proxy_pod.spec.service_account_name == PROXY_NAME
+
+    # The sandbox is given the Service's cluster IP as a number (it resolves no names), and
+    # records it for recovery.
+    cluster_ip = objects["Service"].spec.cluster_ip
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}
-    assert env.get("HTTPS_PROXY") == f"http://{proxy.status.pod_ip}:{PROXY_PORT}", env
+    assert env.get("HTTPS_PROXY") == f"http://{cluster_ip}:{PROXY_PORT}", env
+    assert env.get("HTTP_PROXY") == f"http://{cluster_ip}:{PROXY_PORT}", env
+    annotation = (pod.metadata.annotations or {}).get("sandbox-operator.dev/egress-proxy")
+    assert annotation == f"{cluster_ip}:{PROXY_PORT}", pod.metadata.annotations
+
+    # The sandbox dials the cluster IP, which kube-proxy translates to the proxy pod's address
+    # before kube-router's filter judges the packet: the allowlist NetworkPolicy's rule for the
+    # proxy pods' labels is what lets it through. The closed sandbox, without that rule, is
+    # refused both the Service address and the pod's.
+    kit.wait_condition("closed", reasons=("Ready",), status="True", timeout=150)
+    closed_pod = kit.pod(kit.get("closed")["status"]["servedBy"]["name"])
+    (via_service, via_pod), _ = probe_in_pod(
+        core_v1, ns, closed_pod.metadata.name,
+        [ProbeTarget("closed-to-service", cluster_ip, PROXY_PORT),
+         ProbeTarget("closed-to-pod", proxy_pod.status.pod_ip, PROXY_PORT)],
+    )  # fmt: skip
+    for res in (via_service, via_pod):
+        assert expect_blocked(res, within=DEADLINE + SLACK).ok, res.describe()
+
     # The proxy keeps its own table (--kube-namespace): wait until it serves this sandbox.
     sandbox_id = f"{ns}/allow"
     first = ProbeTarget("allowed-connect", "allowed.test", outside.port, via=Via.CONNECT)
@@ -290,9 +289,7 @@ def test_allowlist_through_the_proxy_pod(
         expect_blocked(r["direct-gateway"], within=within),
     ]
     print("\n" + judge(checks))
-    assert all(c.ok for c in checks), (
-        judge(checks) + "\n" + core_v1.read_namespaced_pod_log("egress-proxy", ns)[-3000:]
-    )
+    assert all(c.ok for c in checks), judge(checks) + "\n" + proxy_log(core_v1, ns)[-3000:]
 
     # The same check as a command (check-egress) against the live Sandbox.
     out = closed.check_egress_cli(
@@ -327,6 +324,49 @@ def test_allowlist_through_the_proxy_pod(
         time.sleep(1)
     assert want <= got, (want, got, [(e.reason, e.message) for e in kit.events("allow")])
 
+    # ... and summed up in status.egress by the proxy (at most every 5 s per Sandbox).
+    deadline = time.monotonic() + 30
+    summary: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        summary = ((kit.get("allow") or {}).get("status") or {}).get("egress") or {}
+        recent = summary.get("recent") or []
+        if (
+            summary.get("allowed", 0) >= 1
+            and summary.get("denied", 0) >= 1
+            and any(r.get("host") == "denied.test" and r.get("verdict") == "DENY" for r in recent)
+        ):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"status.egress never summed up the probes: {summary}")
+    assert summary["since"] and summary["updated"], summary
+
+    # Recovery: a proxy Service that goes away (here: deleted by hand; in real life the garbage
+    # collector racing a new Sandbox) is put back by the operator with the address the running
+    # sandboxes were given, and they are served again.
+    core_v1.delete_namespaced_service(PROXY_NAME, ns)
+    removed = time.monotonic()
+    restored_ip = None
+    while time.monotonic() < removed + 30:
+        restored = proxy_objects(api_client, ns).get("Service")
+        if restored is not None and not restored.metadata.deletion_timestamp:
+            restored_ip = restored.spec.cluster_ip
+            break
+        time.sleep(0.5)
+    restored_after = time.monotonic() - removed
+    assert restored_ip == cluster_ip, (restored_ip, cluster_ip)
+    # Until kube-proxy has programmed the re-created Service (its endpoints follow), the address
+    # refuses connections: a short outage, bounded here.
+    while True:
+        (again,), _ = probe_in_pod(core_v1, ns, pod.metadata.name, [first])
+        if expect_answered(again).ok or time.monotonic() > removed + 30:
+            break
+        time.sleep(0.5)
+    assert expect_answered(again, body_contains=outside.token).ok, again.describe()
+    print(f"proxy Service restored after {restored_after:.1f}s at the same address; "
+          f"served again after {time.monotonic() - removed:.1f}s")  # fmt: skip
+    assert cnd_ready(kit.get("allow")), kit.get("allow")
+
     # Load: 200 concurrent tunnels and a slowloris client from one sandbox; another sandbox is
     # served meanwhile, the slow client is cut at the header deadline, every tunnel answers.
     other = kit.pod(kit.get("other")["status"]["servedBy"]["name"])
@@ -349,6 +389,38 @@ def test_allowlist_through_the_proxy_pod(
     assert meanwhile.seconds < 2, meanwhile.describe()
     assert stats["established"] == 200 and stats["answered"] == 200, stats
     assert stats["slowloris"].startswith("HTTP/1.1 408"), stats
+
+    # One allowlist Sandbox gone: the proxy stays for the other, which no longer shares it.
+    kit.delete("allow")
+    kit.wait_gone("allow", timeout=60)
+    other_uid = other_obj["metadata"]["uid"]
+    deadline = time.monotonic() + 30
+    while True:
+        objects = proxy_objects(api_client, ns)
+        assert len(objects) == 6, f"proxy objects went with the first Sandbox: {sorted(objects)}"
+        uids = {k: {r.uid for r in o.metadata.owner_references or []} for k, o in objects.items()}
+        if all(u == {other_uid} for u in uids.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert all(u == {other_uid} for u in uids.values()), uids
+    (still,), _ = probe_in_pod(core_v1, ns, other.metadata.name, [first])
+    assert expect_answered(still, body_contains=outside.token).ok, still.describe()
+
+    # Once the last allowlist Sandbox is gone, the garbage collector removes the proxy.
+    kit.delete("other")
+    kit.wait_gone("other", timeout=60)
+    gone_at = time.monotonic()
+    deadline = gone_at + 60
+    left = proxy_objects(api_client, ns)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = proxy_objects(api_client, ns)
+    assert not left, f"proxy objects not garbage-collected within 60 s: {sorted(left)}"
+    print(f"proxy objects garbage-collected {time.monotonic() - gone_at:.1f}s after the Sandboxes")
+    pods_left = deadline + 60
+    while core_v1.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items:
+        assert time.monotonic() < pods_left, "proxy pod still present"
+        time.sleep(1)
 
 
 LOAD_SCRIPT = r"""
