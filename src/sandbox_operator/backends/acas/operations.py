@@ -12,7 +12,7 @@ service and SDK) and accepts 200 or 201; file writes default to POST (Swagger) a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
@@ -76,8 +76,19 @@ def _q(segment: str) -> str:
     return quote(segment, safe="")
 
 
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
+def _bool(value: bool | None) -> str | None:
+    """A boolean query value; None (not sent) stays None."""
+    return None if value is None else "true" if value else "false"
+
+
+def _str(value: int | None) -> str | None:
+    """An integer query value; None (not sent) stays None."""
+    return None if value is None else str(value)
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    """A JSON body of the fields given, in order, leaving out those that are None."""
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -137,30 +148,79 @@ class AcasOperations:
     def _sandbox(self, sandbox_id: str, suffix: str = "") -> str:
         return f"{self.prefix}/sandboxes/{_q(sandbox_id)}{suffix}"
 
+    def _policy(self, policy_id: str) -> str:
+        return f"{self.prefix}/egressPolicies/{_q(policy_id)}"
+
+    def _request(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        *query: tuple[str, str | None],
+        idempotent: bool,
+        success: Collection[int] = (200,),
+        json: Any = None,
+        content: bytes | None = None,
+        accept: str = _JSON,
+        long_running: bool = False,
+    ) -> ApiRequest:
+        """One request: `query` pairs whose value is None are left out (after `api-version`); a
+        `json` body is sent as JSON and `content` as raw bytes."""
+        return ApiRequest(
+            operation=operation,
+            method=method,
+            path=path,
+            params=self._params(*query),
+            success=frozenset(success),
+            idempotent=idempotent,
+            json=json,
+            content=content,
+            content_type=_JSON if json is not None else _OCTET if content is not None else None,
+            accept=accept,
+            long_running=long_running,
+        )
+
+    def _get_request(
+        self, operation: str, path: str, *query: tuple[str, str | None], accept: str = _JSON
+    ) -> ApiRequest:
+        """A read: GET, 200, safe to re-send."""
+        return self._request(operation, "GET", path, *query, idempotent=True, accept=accept)
+
+    def _delete_request(
+        self, operation: str, path: str, *query: tuple[str, str | None]
+    ) -> ApiRequest:
+        """A delete: 200 or 204, safe to re-send (a repeat finds it gone)."""
+        return self._request(operation, "DELETE", path, *query, idempotent=True, success=(200, 204))
+
+    def _execute(
+        self, operation: str, sandbox_id: str, suffix: str, container: str | None, **body: Any
+    ) -> ApiRequest:
+        """The execute operations: sent once, answered when the command ends."""
+        return self._request(
+            operation,
+            "POST",
+            self._sandbox(sandbox_id, suffix),
+            ("containerName", container),
+            idempotent=False,
+            json=_body(**body),
+            long_running=True,
+        )
+
     # -- sandboxes ---------------------------------------------------------------------------
 
     def create_sandbox(self, content: Mapping[str, Any]) -> ApiRequest:
         """`AzureSandboxes_Create`: never idempotent (each call makes a new sandbox)."""
-        return ApiRequest(
-            operation="AzureSandboxes_Create",
-            method=self.create_method,
-            path=f"{self.prefix}/sandboxes",
-            params=self._params(),
-            success=frozenset({200, 201}),
+        return self._request(
+            "AzureSandboxes_Create",
+            self.create_method,
+            f"{self.prefix}/sandboxes",
             idempotent=False,
+            success=(200, 201),
             json=dict(content),
-            content_type=_JSON,
         )
 
     def get_sandbox(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="AzureSandboxes_Get",
-            method="GET",
-            path=self._sandbox(sandbox_id),
-            params=self._params(),
-            success=frozenset({200}),
-            idempotent=True,
-        )
+        return self._get_request("AzureSandboxes_Get", self._sandbox(sandbox_id))
 
     def list_sandboxes(
         self,
@@ -170,82 +230,57 @@ class AcasOperations:
         page_size: int | None = None,
     ) -> ApiRequest:
         selector = labels if isinstance(labels, str) or labels is None else label_selector(labels)
-        return ApiRequest(
-            operation="AzureSandboxes_List",
-            method="GET",
-            path=f"{self.prefix}/sandboxes",
-            params=self._params(
-                ("page", None if page is None else str(page)),
-                ("pageSize", None if page_size is None else str(page_size)),
-                ("labels", selector or None),
-            ),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "AzureSandboxes_List",
+            f"{self.prefix}/sandboxes",
+            ("page", _str(page)),
+            ("pageSize", _str(page_size)),
+            ("labels", selector or None),
         )
 
     def delete_sandbox(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="AzureSandboxes_Delete",
-            method="DELETE",
-            path=self._sandbox(sandbox_id),
-            params=self._params(),
-            success=frozenset({200, 204}),
-            idempotent=True,
-        )
+        return self._delete_request("AzureSandboxes_Delete", self._sandbox(sandbox_id))
 
     def count_sandboxes(self) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_GetSandboxesCount",
-            method="GET",
-            path=f"{self.prefix}/sandboxes/count",
-            params=self._params(),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "SandboxLifecycleOperations_GetSandboxesCount", f"{self.prefix}/sandboxes/count"
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def stop_sandbox(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxStop",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/stop"),
-            params=self._params(),
-            success=frozenset({200}),
+        return self._request(
+            "SandboxLifecycleOperations_PostSandboxStop",
+            "POST",
+            self._sandbox(sandbox_id, "/stop"),
             idempotent=False,
         )
 
     def stop_sandbox_async(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxStopAsync",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/stop/async"),
-            params=self._params(),
-            success=frozenset({202}),
+        return self._request(
+            "SandboxLifecycleOperations_PostSandboxStopAsync",
+            "POST",
+            self._sandbox(sandbox_id, "/stop/async"),
             idempotent=False,
+            success=(202,),
         )
 
     def resume_sandbox(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxResume",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/resume"),
-            params=self._params(),
-            success=frozenset({200}),
+        return self._request(
+            "SandboxLifecycleOperations_PostSandboxResume",
+            "POST",
+            self._sandbox(sandbox_id, "/resume"),
             idempotent=False,
         )
 
     def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, Any]) -> ApiRequest:
         """`PostSandboxLifecycle`: replaces the whole policy, so re-sending is harmless."""
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxLifecycle",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/lifecycle"),
-            params=self._params(),
-            success=frozenset({200}),
+        return self._request(
+            "SandboxLifecycleOperations_PostSandboxLifecycle",
+            "POST",
+            self._sandbox(sandbox_id, "/lifecycle"),
             idempotent=True,
             json=dict(policy),
-            content_type=_JSON,
         )
 
     # -- execution ---------------------------------------------------------------------------
@@ -263,27 +298,17 @@ class AcasOperations:
         container_name: str | None = None,
     ) -> ApiRequest:
         """`PostSandboxExecuteCommand`: argv[0] in `command`, the rest in `args`. Never retried."""
-        body: dict[str, Any] = {"command": command}
-        if args:
-            body["args"] = list(args)
-        if environment:
-            body["environment"] = dict(environment)
-        if working_directory is not None:
-            body["workingDirectory"] = working_directory
-        if user is not None:
-            body["user"] = user
-        if activation_mode is not None:
-            body["activationMode"] = activation_mode
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxExecuteCommand",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/executeCommand"),
-            params=self._params(("containerName", container_name)),
-            success=frozenset({200}),
-            idempotent=False,
-            json=body,
-            content_type=_JSON,
-            long_running=True,
+        return self._execute(
+            "SandboxLifecycleOperations_PostSandboxExecuteCommand",
+            sandbox_id,
+            "/executeCommand",
+            container_name,
+            command=command,
+            args=list(args) if args else None,
+            environment=dict(environment) if environment else None,
+            workingDirectory=working_directory,
+            user=user,
+            activationMode=activation_mode,
         )
 
     def execute_shell_command(
@@ -298,27 +323,17 @@ class AcasOperations:
         activation_mode: str | None = None,
         container_name: str | None = None,
     ) -> ApiRequest:
-        body: dict[str, Any] = {"command": command}
-        if shell is not None:
-            body["shell"] = shell
-        if environment:
-            body["environment"] = dict(environment)
-        if working_directory is not None:
-            body["workingDirectory"] = working_directory
-        if user is not None:
-            body["user"] = user
-        if activation_mode is not None:
-            body["activationMode"] = activation_mode
-        return ApiRequest(
-            operation="SandboxLifecycleOperations_PostSandboxExecuteShellCommand",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/executeShellCommand"),
-            params=self._params(("containerName", container_name)),
-            success=frozenset({200}),
-            idempotent=False,
-            json=body,
-            content_type=_JSON,
-            long_running=True,
+        return self._execute(
+            "SandboxLifecycleOperations_PostSandboxExecuteShellCommand",
+            sandbox_id,
+            "/executeShellCommand",
+            container_name,
+            command=command,
+            shell=shell,
+            environment=dict(environment) if environment else None,
+            workingDirectory=working_directory,
+            user=user,
+            activationMode=activation_mode,
         )
 
     # -- files -------------------------------------------------------------------------------
@@ -334,33 +349,28 @@ class AcasOperations:
         container_name: str | None = None,
     ) -> ApiRequest:
         """`PostSandboxFile`. Not retried: a lost response gives no proof of what was written."""
-        return ApiRequest(
-            operation="SandboxFilesOperations_PostSandboxFile",
-            method=self.file_write_method,
-            path=self._sandbox(sandbox_id, "/files"),
-            params=self._params(
-                ("path", path),
-                ("createDirs", None if create_dirs is None else _bool(create_dirs)),
-                ("mode", None if mode is None else str(mode)),
-                ("containerName", container_name),
-            ),
-            success=frozenset({200, 201}),
+        return self._request(
+            "SandboxFilesOperations_PostSandboxFile",
+            self.file_write_method,
+            self._sandbox(sandbox_id, "/files"),
+            ("path", path),
+            ("createDirs", _bool(create_dirs)),
+            ("mode", _str(mode)),
+            ("containerName", container_name),
             idempotent=False,
+            success=(200, 201),
             content=bytes(data),
-            content_type=_OCTET,
         )
 
     def read_file(
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
         """`GetSandboxFile`: the 200 body is the raw file bytes (reference section 5.2)."""
-        return ApiRequest(
-            operation="SandboxFilesOperations_GetSandboxFile",
-            method="GET",
-            path=self._sandbox(sandbox_id, "/files"),
-            params=self._params(("path", path), ("containerName", container_name)),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "SandboxFilesOperations_GetSandboxFile",
+            self._sandbox(sandbox_id, "/files"),
+            ("path", path),
+            ("containerName", container_name),
             accept="*/*",
         )
 
@@ -372,41 +382,32 @@ class AcasOperations:
         recursive: bool | None = None,
         container_name: str | None = None,
     ) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxFilesOperations_DeleteSandboxFile",
-            method="DELETE",
-            path=self._sandbox(sandbox_id, "/files"),
-            params=self._params(
-                ("path", path),
-                ("recursive", None if recursive is None else _bool(recursive)),
-                ("containerName", container_name),
-            ),
-            success=frozenset({200, 204}),
-            idempotent=True,
+        return self._delete_request(
+            "SandboxFilesOperations_DeleteSandboxFile",
+            self._sandbox(sandbox_id, "/files"),
+            ("path", path),
+            ("recursive", _bool(recursive)),
+            ("containerName", container_name),
         )
 
     def list_files(
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxFilesOperations_GetSandboxFilesList",
-            method="GET",
-            path=self._sandbox(sandbox_id, "/files/list"),
-            params=self._params(("path", path), ("containerName", container_name)),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "SandboxFilesOperations_GetSandboxFilesList",
+            self._sandbox(sandbox_id, "/files/list"),
+            ("path", path),
+            ("containerName", container_name),
         )
 
     def stat_file(
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxFilesOperations_GetSandboxFileStat",
-            method="GET",
-            path=self._sandbox(sandbox_id, "/files/stat"),
-            params=self._params(("path", path), ("containerName", container_name)),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "SandboxFilesOperations_GetSandboxFileStat",
+            self._sandbox(sandbox_id, "/files/stat"),
+            ("path", path),
+            ("containerName", container_name),
         )
 
     def mkdir(
@@ -418,85 +419,56 @@ class AcasOperations:
         mode: int | None = None,
         container_name: str | None = None,
     ) -> ApiRequest:
-        body: dict[str, Any] = {"path": path}
-        if create_parents is not None:
-            body["createParents"] = create_parents
-        if mode is not None:
-            body["mode"] = mode
-        return ApiRequest(
-            operation="SandboxFilesOperations_PostSandboxFileMkdir",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/files/mkdir"),
-            params=self._params(("containerName", container_name)),
-            success=frozenset({200}),
+        return self._request(
+            "SandboxFilesOperations_PostSandboxFileMkdir",
+            "POST",
+            self._sandbox(sandbox_id, "/files/mkdir"),
+            ("containerName", container_name),
             idempotent=False,
-            json=body,
-            content_type=_JSON,
+            json=_body(path=path, createParents=create_parents, mode=mode),
         )
 
     # -- egress ------------------------------------------------------------------------------
 
     def set_egress_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> ApiRequest:
         """`PostSandboxEgressPolicy`: replaces the whole inline policy, so it is idempotent."""
-        return ApiRequest(
-            operation="SandboxNetworkingOperations_PostSandboxEgressPolicy",
-            method="POST",
-            path=self._sandbox(sandbox_id, "/egresspolicy"),
-            params=self._params(),
-            success=frozenset({200}),
+        return self._request(
+            "SandboxNetworkingOperations_PostSandboxEgressPolicy",
+            "POST",
+            self._sandbox(sandbox_id, "/egresspolicy"),
             idempotent=True,
             json=dict(policy),
-            content_type=_JSON,
         )
 
     def get_egress_decisions(self, sandbox_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="SandboxNetworkingOperations_GetSandboxEgressDecisions2",
-            method="GET",
-            path=self._sandbox(sandbox_id, "/egressDecisions"),
-            params=self._params(),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "SandboxNetworkingOperations_GetSandboxEgressDecisions2",
+            self._sandbox(sandbox_id, "/egressDecisions"),
         )
 
     def list_egress_policies(self, *, skip_token: str | None = None) -> ApiRequest:
-        return ApiRequest(
-            operation="EgressPoliciesOperations_ListEgressPolicies",
-            method="GET",
-            path=f"{self.prefix}/egressPolicies",
-            params=self._params(("skipToken", skip_token)),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "EgressPoliciesOperations_ListEgressPolicies",
+            f"{self.prefix}/egressPolicies",
+            ("skipToken", skip_token),
         )
 
     def get_egress_policy(self, policy_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="EgressPoliciesOperations_GetEgressPolicy",
-            method="GET",
-            path=f"{self.prefix}/egressPolicies/{_q(policy_id)}",
-            params=self._params(),
-            success=frozenset({200}),
-            idempotent=True,
+        return self._get_request(
+            "EgressPoliciesOperations_GetEgressPolicy", self._policy(policy_id)
         )
 
     def put_egress_policy(self, policy_id: str, policy: Mapping[str, Any]) -> ApiRequest:
-        return ApiRequest(
-            operation="EgressPoliciesOperations_PutEgressPolicy",
-            method="PUT",
-            path=f"{self.prefix}/egressPolicies/{_q(policy_id)}",
-            params=self._params(),
-            success=frozenset({200, 201}),
+        return self._request(
+            "EgressPoliciesOperations_PutEgressPolicy",
+            "PUT",
+            self._policy(policy_id),
             idempotent=True,
+            success=(200, 201),
             json=dict(policy),
-            content_type=_JSON,
         )
 
     def delete_egress_policy(self, policy_id: str) -> ApiRequest:
-        return ApiRequest(
-            operation="EgressPoliciesOperations_DeleteEgressPolicy",
-            method="DELETE",
-            path=f"{self.prefix}/egressPolicies/{_q(policy_id)}",
-            params=self._params(),
-            success=frozenset({200, 204}),
-            idempotent=True,
+        return self._delete_request(
+            "EgressPoliciesOperations_DeleteEgressPolicy", self._policy(policy_id)
         )
