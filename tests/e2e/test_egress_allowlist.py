@@ -22,6 +22,7 @@ leaves this machine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import json
@@ -32,9 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandbox_operator.backends.base import SandboxRef
+from sandbox_operator.backends.egress_proxy import ManagedEgressProxy, ProxyError
+from sandbox_operator.config import ManagedEgressProxySettings
 from sandbox_operator.egress.kube import COMPONENT
 from sandbox_operator.egress.probe import (
     ProbeTarget,
@@ -49,6 +54,7 @@ from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
 from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
+from tests.unit.test_chart_render import template
 
 pytestmark = pytest.mark.e2e
 
@@ -421,6 +427,103 @@ def test_allowlist_through_the_operators_proxy(
     while core_v1.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items:
         assert time.monotonic() < pods_left, "proxy pod still present"
         time.sleep(1)
+
+
+def _operator_role(namespace: str, tmp_path: Path, managed_proxy: bool) -> dict[str, Any]:
+    """The chart's namespaced operator Role for `namespace` (helm template, no cluster)."""
+    values: dict[str, Any] = {"watchNamespaces": [namespace]}
+    if managed_proxy:
+        values["config"] = {"egressProxy": {}}
+    path = tmp_path / f"values-{int(managed_proxy)}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    roles = [
+        o for o in template(values_files=[path])
+        if o["kind"] == "Role" and o["metadata"]["namespace"] == namespace
+        and not o["metadata"]["name"].endswith("-agent")
+    ]  # fmt: skip
+    assert len(roles) == 1, roles
+    return roles[0]
+
+
+async def _ensure_as(kubeconfig: str, user: str, namespace: str, owner: SandboxRef) -> Any:
+    """ManagedEgressProxy.ensure, with the API calls made as `user` (impersonated)."""
+    from kubernetes_asyncio import client as aclient
+    from kubernetes_asyncio import config as aconfig
+
+    cfg = aclient.Configuration()
+    await aconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    async with aclient.ApiClient(cfg) as api:
+        api.set_default_header("Impersonate-User", user)
+        proxy = ManagedEgressProxy(ManagedEgressProxySettings(image="unused.invalid/x:1"), api)
+        return await proxy.ensure(namespace, owner)
+
+
+@pytest.mark.parametrize("variant", ["chart-with-proxy", "without-events-patch", "chart-without"])
+def test_the_charts_rbac_lets_the_operator_create_the_proxy(
+    kit, kubeconfig: str, api_client: client.ApiClient, tmp_path: Path, variant: str
+) -> None:
+    """With the chart's Role (config.egressProxy set) the operator's own calls create the proxy:
+    RBAC's escalation check admits the proxy's Role because the operator holds every permission
+    in it. Without the events patch grant the same Role is refused as an escalation, and the
+    chart without the proxy section grants nothing of it."""
+    managed_proxy = variant != "chart-without"
+    ns = kit.ns
+    role = _operator_role(ns, tmp_path, managed_proxy)
+    role["metadata"] = {"name": "operator-under-test", "namespace": ns}
+    if variant == "without-events-patch":
+        patch_events = {"apiGroups": [""], "resources": ["events"], "verbs": ["patch"]}
+        assert patch_events in role["rules"]
+        role["rules"].remove(patch_events)
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    client.CoreV1Api(api_client).create_namespaced_service_account(
+        ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="operator-under-test"))
+    )
+    rbac.create_namespaced_role(ns, role)
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "operator-under-test"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": "operator-under-test"},
+            "subjects": [{"kind": "ServiceAccount", "name": "operator-under-test",
+                          "namespace": ns}],
+        },
+    )  # fmt: skip
+    # A real owner (no operator runs here: it stays a bare object).
+    sbx = kit.sandbox("owner", image=PYTHON, egress="allowlist", egressAllow=["a.test"])
+    owner = SandboxRef(ns, "owner", sbx["metadata"]["uid"])
+    user = f"system:serviceaccount:{ns}:operator-under-test"
+    time.sleep(1)  # RBAC changes reach the authorizer's cache
+    if variant == "chart-with-proxy":
+        address = asyncio.run(_ensure_as(kubeconfig, user, ns, owner))
+        assert address.port == 3128 and address.ip
+        kinds = proxy_objects(api_client, ns)
+        assert len(kinds) == 6, sorted(kinds)
+        # Least privilege: the grants are by name; any other object is refused.
+        with pytest.raises(ApiException) as err:
+            client.CoreV1Api(_impersonating(api_client, user)).create_namespaced_config_map(
+                ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="other"))
+            )
+        assert err.value.status == 403
+    else:
+        with pytest.raises(ProxyError) as refused:
+            asyncio.run(_ensure_as(kubeconfig, user, ns, owner))
+        message = refused.value.message
+        assert refused.value.permanent and "HTTP 403" in message, message
+        if variant == "without-events-patch":
+            assert message.startswith("egress proxy Role "), message
+            assert "does not hold every permission" in message, message  # escalation check
+            assert '"events"' in message and '"patch"' in message, message
+            assert sorted(proxy_objects(api_client, ns)) == ["ServiceAccount"]
+        else:
+            assert "lacks the grants for the egress proxy" in message, message
+            assert not proxy_objects(api_client, ns)
+
+
+def _impersonating(api: client.ApiClient, user: str) -> client.ApiClient:
+    imp = client.ApiClient(api.configuration)
+    imp.set_default_header("Impersonate-User", user)
+    return imp
 
 
 LOAD_SCRIPT = r"""

@@ -533,3 +533,22 @@ def test_refusals_say_which_object_and_whether_to_retry(status: int, permanent: 
     assert err.value.permanent is permanent
     assert err.value.message.startswith("egress proxy Role sandbox-egress-proxy was refused")
     assert f"HTTP {status}" in err.value.message
+
+
+def test_an_escalation_refusal_says_what_the_operator_lacks() -> None:
+    cluster = FakeCluster()
+    cluster.refuse["Role"] = _api_error(
+        403,
+        'roles.rbac.authorization.k8s.io "sandbox-egress-proxy" is forbidden: user "system:'
+        'serviceaccount:so:so" (groups=["system:serviceaccounts" "system:authenticated"]) is '
+        "attempting to grant RBAC permissions not currently held:\n"
+        '{APIGroups:[""], Resources:["events"], Verbs:["patch"]}',
+    )
+    with pytest.raises(ep.ProxyError) as err:
+        run(managed(cluster).ensure("team-a", A))
+    assert err.value.permanent
+    assert "does not hold every permission the proxy's Role grants" in err.value.message
+    assert err.value.message.endswith(
+        'missing: {APIGroups:[""], Resources:["events"], Verbs:["patch"]}'
+    )
+    assert "groups=" not in err.value.message

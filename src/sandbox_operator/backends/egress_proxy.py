@@ -382,10 +382,21 @@ def service_address(service: Mapping[str, Any] | None) -> ProxyAddress | None:
 # Applying
 
 
+ESCALATION_MARK = "attempting to grant RBAC permissions not currently held"
+
+
 def _api_message(exc: Any) -> str:
+    message = str(getattr(exc, "reason", ""))
     with contextlib.suppress(Exception):
-        return str(json.loads(exc.body).get("message", ""))[:300]
-    return str(getattr(exc, "reason", ""))
+        message = str(json.loads(exc.body).get("message", ""))
+    if ESCALATION_MARK in message:
+        # The API server's text starts with the user and all its groups; what helps is the rest.
+        missing = " ".join(message.split(ESCALATION_MARK, 1)[1].split()).lstrip(":").strip()
+        return (
+            "the operator does not hold every permission the proxy's Role grants (RBAC refuses "
+            f"escalation; the chart grants them with config.egressProxy); missing: {missing}"
+        )[:500]
+    return message[:300]
 
 
 class ManagedEgressProxy:
@@ -478,9 +489,16 @@ class ManagedEgressProxy:
             if current is None and want is None:
                 want = await self._recorded(namespace)
         except ApiException as exc:
+            forbidden = exc.status in (401, 403)
             raise ProxyError(
-                f"reading the egress proxy Service failed (HTTP {exc.status})",
-                permanent=exc.status in (401, 403),
+                f"reading the egress proxy Service {PROXY_NAME} failed (HTTP {exc.status})"
+                + (
+                    ": the operator lacks the grants for the egress proxy it runs (the chart "
+                    "gives them with config.egressProxy)"
+                    if forbidden
+                    else ""
+                ),
+                permanent=forbidden,
             ) from None
         ask = current or want
         own = sandbox_field_manager(sandbox)
