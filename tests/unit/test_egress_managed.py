@@ -552,3 +552,67 @@ def test_an_escalation_refusal_says_what_the_operator_lacks() -> None:
         'missing: {APIGroups:[""], Resources:["events"], Verbs:["patch"]}'
     )
     assert "groups=" not in err.value.message
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+def _ready_pod(annotation: str | None) -> dict[str, Any]:
+    pod = _pod(annotation)
+    pod["metadata"].update(
+        {"name": "sbx-a", "namespace": "team-a", "uid": "pod-uid",
+         "ownerReferences": [{"uid": "uid-a"}]}
+    )  # fmt: skip
+    pod["status"]["containerStatuses"] = [
+        {"name": "sandbox", "ready": True, "state": {"running": {}}}
+    ]
+    return pod
+
+
+def _driver(pod: dict[str, Any], problem: str) -> Any:
+    from sandbox_operator.backends.runtimeclass import RuntimeClassDriver
+
+    checks: list[tuple[str, ep.ProxyAddress]] = []
+
+    class Proxy:
+        async def check(self, namespace: str, sandbox: SandboxRef, given: ep.ProxyAddress) -> str:
+            checks.append((namespace, given))
+            return problem
+
+    class Driver(RuntimeClassDriver):
+        def __init__(self) -> None:
+            self._proxy = Proxy()  # type: ignore[assignment]
+            self.checks = checks
+
+        async def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+            return pod
+
+    return Driver()
+
+
+def test_observe_reports_a_sandbox_whose_proxy_is_lost_as_failed() -> None:
+    """A sandbox that lost its proxy address is Failed (and so disposed), never left Ready
+    without egress."""
+    from datetime import UTC, datetime
+
+    from sandbox_operator.backends.base import ObservedPhase
+    from sandbox_operator.contract import ConditionReason, Lifetime
+    from sandbox_operator.reconcile.lifecycle import judge
+
+    lost = "the namespace's egress proxy Service was re-created with another address"
+    driver = _driver(_ready_pod("10.96.0.9:3128"), lost)
+    obs = run(driver.observe(A))
+    assert driver.checks == [("team-a", ep.ProxyAddress("10.96.0.9", 3128))]
+    assert obs.phase is ObservedPhase.FAILED and obs.detail_reason == "EgressProxyLost"
+    assert obs.message == lost and obs.served_by.name == "sbx-a"
+    now = datetime.now(UTC)
+    verdict = judge(obs, lifetime=Lifetime(), was_ready=True, ready_since=now,
+                    sandbox_created=now, admitted_at=now, last_activity=None, now=now)  # fmt: skip
+    assert verdict.reason is ConditionReason.FAILED and verdict.dispose
+    assert lost in verdict.message
+
+    fine = _driver(_ready_pod("10.96.0.9:3128"), "")
+    assert run(fine.observe(A)).phase is ObservedPhase.READY
+    # A pod that was given no managed proxy (closed, or external mode) costs no API call.
+    closed = _driver(_ready_pod(None), lost)
+    assert run(closed.observe(A)).phase is ObservedPhase.READY and closed.checks == []
