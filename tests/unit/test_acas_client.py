@@ -8,6 +8,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from sandbox_operator.backends.acas.api import AcasClient, parse_retry_after
@@ -427,6 +428,47 @@ async def test_unreachable(sleeps: SleepRecorder) -> None:
         with pytest.raises(AcasUnreachable):
             await client.execute_command("x", ["true"])
         assert sleeps.delays == []
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "retried"),
+    [
+        (httpx.ConnectError, AcasUnreachable, True),
+        (httpx.ConnectTimeout, AcasUnreachable, True),
+        (httpx.RemoteProtocolError, AcasUnreachable, True),
+        (httpx.ReadError, AcasUnreachable, True),
+        (httpx.ReadTimeout, AcasTimeout, False),
+        (httpx.PoolTimeout, AcasTimeout, False),
+    ],
+)
+async def test_transport_errors(
+    error: type[httpx.TransportError],
+    expected: type[AcasError],
+    retried: bool,
+    sleeps: SleepRecorder,
+) -> None:
+    """Connection failures and broken exchanges are retried (idempotent calls only) and end
+    unreachable; a timeout once under way is never re-sent."""
+    sent: list[str] = []
+
+    def fail(request: httpx.Request) -> httpx.Response:
+        sent.append(request.method)
+        raise error("boom", request=request)
+
+    config = make_config("https://acas.invalid")
+    transport = httpx.MockTransport(fail)
+    async with AcasClient(
+        config, StaticTokenProvider(SECRET_TOKEN), sleep=sleeps, transport=transport
+    ) as client:
+        with pytest.raises(expected) as info:
+            await client.get_sandbox("x")
+        attempts = 4 if retried else 1
+        assert info.value.attempts == attempts and len(sent) == attempts
+        assert len(sleeps.delays) == attempts - 1
+        sent.clear()
+        with pytest.raises(expected) as info:
+            await client.execute_command("x", ["true"])
+        assert info.value.attempts == 1 and len(sent) == 1
 
 
 def test_unlisted_maps_to_unlisted() -> None:

@@ -221,21 +221,13 @@ class AcasClient:
                     content=req.content,
                     timeout=self._timeout_for(req, read_timeout),
                 )
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                kind = type(exc).__name__
-                if may_retry:
-                    delay = backoff_delay(attempt, retries)
-                    log.info("acas %s: %s, retry %d in %.2fs", req.operation, kind, attempt, delay)
-                    await self._sleep(delay)
-                    continue
-                raise AcasUnreachable(req.operation, attempts=attempt, what=kind) from None
-            except httpx.TimeoutException as exc:
-                raise AcasTimeout(
-                    req.operation, attempts=attempt, what=type(exc).__name__
-                ) from None
             except httpx.TransportError as exc:
-                # The connection broke mid-exchange: the request may have been processed.
                 kind = type(exc).__name__
+                connect_timeout = isinstance(exc, httpx.ConnectTimeout)
+                if isinstance(exc, httpx.TimeoutException) and not connect_timeout:
+                    raise AcasTimeout(req.operation, attempts=attempt, what=kind) from None
+                # Not connected, or the connection broke mid-exchange (the request may have been
+                # processed): either way only an idempotent request is sent again.
                 if may_retry:
                     delay = backoff_delay(attempt, retries)
                     log.info("acas %s: %s, retry %d in %.2fs", req.operation, kind, attempt, delay)
