@@ -36,15 +36,25 @@ ALIASES = {
 }
 
 
-def problem(status: int, title: str, detail: str = "", **headers: str) -> web.Response:
-    """A ProblemDetails error body (reference section 7)."""
-    body = {
+def _problem_body(status: int, title: str, detail: str) -> dict[str, Any]:
+    return {
         "type": f"https://standin.invalid/errors/{title}",
         "title": title,
         "status": status,
         "detail": detail,
     }
+
+
+def problem(status: int, title: str, detail: str = "", **headers: str) -> web.Response:
+    """A ProblemDetails error body (reference section 7)."""
+    body = _problem_body(status, title, detail)
     return web.json_response(body, status=status, headers=headers or None)
+
+
+def problem_error(error: type[web.HTTPError], title: str, detail: str) -> web.HTTPError:
+    """`problem` as an exception, for helpers that must raise rather than return."""
+    body = _problem_body(error.status_code, title, detail)
+    return error(text=json.dumps(body), content_type="application/json")
 
 
 def _state(request: web.Request) -> StandinState:
@@ -113,48 +123,22 @@ def _get_sandbox(request: web.Request) -> Sandbox:
     sid = request.match_info["id"]
     sandbox = state.sandboxes.get(sid)
     if sandbox is None:
-        raise web.HTTPNotFound(
-            text=json.dumps(
-                {
-                    "type": "https://standin.invalid/errors/NotFound",
-                    "title": "NotFound",
-                    "status": 404,
-                    "detail": f"Sandbox {sid} not found",
-                }
-            ),
-            content_type="application/json",
-        )
+        raise problem_error(web.HTTPNotFound, "NotFound", f"Sandbox {sid} not found")
     return sandbox
 
 
 def _require_running(sandbox: Sandbox) -> None:
     if sandbox.state != "Running":
-        raise web.HTTPConflict(
-            text=json.dumps(
-                {
-                    "type": "https://standin.invalid/errors/SandboxNotRunning",
-                    "title": "SandboxNotRunning",
-                    "status": 409,
-                    "detail": f"sandbox is {sandbox.state}",
-                }
-            ),
-            content_type="application/json",
-        )
+        raise problem_error(web.HTTPConflict, "SandboxNotRunning", f"sandbox is {sandbox.state}")
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         data = await request.json()
     except (ValueError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"title": "InvalidBody", "status": 400, "detail": "not JSON"}),
-            content_type="application/json",
-        ) from None
+        raise problem_error(web.HTTPBadRequest, "InvalidBody", "not JSON") from None
     if not isinstance(data, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"title": "InvalidBody", "status": 400, "detail": "not an object"}),
-            content_type="application/json",
-        )
+        raise problem_error(web.HTTPBadRequest, "InvalidBody", "not an object")
     return data
 
 
@@ -399,18 +383,12 @@ def _path_arg(request: web.Request, sandbox: Sandbox, required: bool = True) -> 
     raw = request.query.get("path")
     if raw is None or raw == "":
         if required:
-            raise web.HTTPBadRequest(
-                text=json.dumps({"title": "PathRequired", "status": 400, "detail": "path"}),
-                content_type="application/json",
-            )
+            raise problem_error(web.HTTPBadRequest, "PathRequired", "path")
         raw = "/"
     try:
         return _state(request).host_path(sandbox, raw)
     except PermissionError:
-        raise web.HTTPBadRequest(
-            text=json.dumps({"title": "InvalidPath", "status": 400, "detail": "escapes"}),
-            content_type="application/json",
-        ) from None
+        raise problem_error(web.HTTPBadRequest, "InvalidPath", "escapes") from None
 
 
 async def write_file(request: web.Request) -> web.Response:
