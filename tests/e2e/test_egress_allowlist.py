@@ -93,10 +93,18 @@ def proxy_objects(api: client.ApiClient, ns: str) -> dict[str, Any]:
     return out
 
 
-def proxy_pod_name(core: client.CoreV1Api, ns: str) -> str:
-    """The running proxy pod (found by its labels)."""
-    pods = core.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items
-    running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+def proxy_pod_name(core: client.CoreV1Api, ns: str, timeout: float = 90) -> str:
+    """The running proxy pod (found by its labels). A Sandbox's Ready does not wait for its
+    namespace's proxy, so the first one may still be starting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = core.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items
+        running = [
+            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+        if len(running) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
     return str(running[0].metadata.name)
 
