@@ -217,7 +217,7 @@ def test_closed_sandbox_reaches_nothing_an_open_pod_reaches(
 
 def check_egress_cli(ns: str, sandbox: str, *args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "sandbox_operator.egress.probe", "--namespace", ns,
+        [sys.executable, "-m", "sandbox_operator.cli", "check-egress", "--namespace", ns,
          "--sandbox", sandbox, *args],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
