@@ -182,16 +182,8 @@ helm_args=(upgrade --install "$RELEASE" charts/sandbox-operator
   --namespace "$OPERATOR_NAMESPACE" --create-namespace --take-ownership
   --values "$VALUES" --set "image.repository=$IMAGE_REPO" --set "image.tag=$IMAGE_TAG"
   --wait --timeout 5m)
-if [[ "$MODE" == local ]]; then
-  # The local cluster runs no kube-proxy, so pods cannot reach the `kubernetes` Service IP: point
-  # the operator at the API server's own endpoint (its certificate names that address).
-  api_endpoint="$("$KUBECTL" get endpointslices -n default -l kubernetes.io/service-name=kubernetes \
-    -o jsonpath='{.items[0].endpoints[0].addresses[0]} {.items[0].ports[0].port}')"
-  read -r api_host api_port <<<"$api_endpoint"
-  [[ -n "$api_host" && -n "$api_port" ]] || fail_now "cannot read the API server's endpoint"
-  note "the operator reaches the API server at $api_host:$api_port (no kube-proxy here)"
-  helm_args+=(--set "apiServer.host=$api_host" --set-string "apiServer.port=$api_port")
-fi
+# The egress proxy the operator runs for allowlisted sandboxes is the operator image just installed.
+helm_args+=(--set "config.egressProxy.image=$IMAGE_REPO:$IMAGE_TAG")
 if [[ -n "${WATCH_NAMESPACES:-}" ]]; then
   note "the operator serves only: $WATCH_NAMESPACES (WATCH_NAMESPACES)"
   helm_args+=(--set "watchNamespaces={$WATCH_NAMESPACES}")

@@ -6,8 +6,14 @@ lifecycle works the way a user runs it.
 * `helm install` with the chart's default floor (microvm) on a cluster without a microVM runtime
   -> operator pod Ready -> examples/ applied -> the Sandbox is refused with a condition that says
   why -> `helm upgrade` lowering the floor to hardened_container takes effect (the operator pods
-  roll, the same Sandbox becomes Ready on gVisor, a command runs in it) -> `helm uninstall`
-  leaves no operator object behind (the CRDs stay, by design).
+  roll, the same Sandbox becomes Ready on gVisor, a command runs in it) -> an `egress:
+  allowlist` Sandbox is served through the egress proxy the chart-installed operator runs in the
+  namespace (its RBAC is the chart's: allowed.test answers, denied.test gets 403, the direct
+  route is blocked) -> `helm uninstall` leaves no operator object behind (the CRDs stay, by
+  design).
+
+The operator reaches the API server through the `kubernetes` Service, as on any cluster (the
+chart's `apiServer` override is not used).
 
 The install watches only the test's namespace, so it never acts on other tests' sandboxes. The
 operator image is built and imported into the local cluster's containerd by
@@ -26,10 +32,23 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
+from sandbox_operator.egress.probe import (
+    ProbeTarget,
+    Via,
+    expect_answered,
+    expect_blocked,
+    expect_proxy_refused,
+    judge,
+)
+from tests.e2e import test_egress_closed as closed
+from tests.e2e.test_egress_closed import DEADLINE, SLACK, Outside, probe_in_pod
 from tests.unit.test_chart_render import CHART, ROOT, helm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+outside = closed.outside  # the fixture: an HTTP server on this machine
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 EXAMPLES = ROOT / "examples"
@@ -69,27 +88,6 @@ def explainer(kubectl: Kubectl, namespace: str) -> Callable[[], str]:
         return "\n".join(parts)
 
     return explain
-
-
-def api_server_values(kubectl: Kubectl, cluster_is_local: bool) -> dict[str, Any]:
-    """On the local cluster (no kube-proxy) the operator dials the API server's endpoint."""
-    if not cluster_is_local:
-        return {}
-    slices = json.loads(
-        kubectl(
-            "get",
-            "endpointslices",
-            "-n",
-            "default",
-            "-l",
-            "kubernetes.io/service-name=kubernetes",
-            "-o",
-            "json",
-        ).stdout
-    )["items"]
-    ep = slices[0]
-    host = ep["endpoints"][0]["addresses"][0]
-    return {"apiServer": {"host": host, "port": str(ep["ports"][0]["port"])}}
 
 
 def local_values(tmp_path: Path, **extra: Any) -> Path:
@@ -219,8 +217,9 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     namespace: str,
     release: str,
     operator_image: tuple[str, str],
-    cluster_is_local: bool,
     tmp_path: Path,
+    core_v1: client.CoreV1Api,
+    outside: Outside,
 ) -> None:
     repo, tag = operator_image
     # The local configuration, but with the chart's default floor (microvm) and a Kata backend
@@ -232,13 +231,23 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     config["backends"].append(
         {**gvisor, "name": "kata", "runtimeClassName": "kata-absent", "isolation": "microvm"}
     )
+    # Allowlist through the proxy the operator runs (config-local declares it): the proxy is the
+    # image installed here, and it admits exactly the node address this test's server is on.
+    config["egressProxy"].update(
+        image=f"{repo}:{tag}",
+        imagePullPolicy="Never",
+        hostAliases=[{"ip": outside.address, "hostnames": ["allowed.test", "denied.test"]}],
+        config={
+            "allowedPorts": [outside.port],
+            "admittedNetworks": [f"{outside.address}/32"],
+        },
+    )
     values = tmp_path / "values.yaml"
     values.write_text(
         yaml.safe_dump(
             {
                 "config": config,
                 "watchNamespaces": [namespace],
-                **api_server_values(kubectl, cluster_is_local),
             }
         )
     )
@@ -353,6 +362,60 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
         "import os; print('uid', os.getuid())",
     ).stdout
     assert out.strip() == "uid 65532"
+
+    # 3b. egress allowlist end to end with the chart's RBAC: the operator creates the proxy in
+    #     this namespace, the sandbox reaches allowed.test through it and is refused denied.test.
+    allow = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": "egress"},
+        "spec": {
+            "scopeRef": yaml.safe_load((EXAMPLES / "sandboxscope.yaml").read_text())["metadata"][
+                "name"
+            ],
+            "agentDir": "agents/egress",
+            "kind": "python",
+            "image": "sandbox-operator.dev/python:1",
+            "requires": ["exec"],
+            "egress": "allowlist",
+            "egressAllow": ["allowed.test"],
+        },
+    }
+    manifest = tmp_path / "allowlist-sandbox.yaml"
+    manifest.write_text(yaml.safe_dump(allow))
+    kubectl("apply", "-n", namespace, "-f", str(manifest))
+    waited = kubectl(
+        "wait", "--for=condition=Ready", "sandbox/egress", "-n", namespace, "--timeout=180s",
+        check=False,
+    )  # fmt: skip
+    egress_obj = _get(kubectl, namespace, "sandbox", "egress")
+    assert waited.returncode == 0, f"allowlist Sandbox not Ready: {egress_obj.get('status')}"
+    (egress_pod,) = json.loads(
+        kubectl(
+            "get", "pods", "-n", namespace, "-l", f"{GROUP}/sandbox=egress", "-o", "json"
+        ).stdout
+    )["items"]
+    targets = [
+        ProbeTarget("allowed", "allowed.test", outside.port, via=Via.CONNECT),
+        ProbeTarget("denied", "denied.test", outside.port, via=Via.CONNECT),
+        ProbeTarget("direct", outside.address, outside.port),
+    ]
+    deadline = time.monotonic() + 60  # the proxy pod may still be starting on its first use
+    while True:
+        results, _ = probe_in_pod(core_v1, namespace, egress_pod["metadata"]["name"], targets)
+        r = {x.name: x for x in results}
+        checks = [
+            expect_answered(r["allowed"], body_contains=outside.token),
+            expect_proxy_refused(r["denied"], status=403, reason="HostNotAllowed"),
+            expect_blocked(r["direct"], within=DEADLINE + SLACK),
+        ]
+        if all(c.ok for c in checks) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert all(c.ok for c in checks), judge(checks) + "\n" + explain()
+    proxy = _get(kubectl, namespace, "deployment", "sandbox-egress-proxy")
+    owners = {o["name"] for o in proxy["metadata"].get("ownerReferences") or []}
+    assert owners == {"egress"}, owners
 
     # 4. delete the sandboxes while the operator runs, then uninstall: nothing of the operator
     #    is left; the CRDs stay (helm.sh/resource-policy: keep).
