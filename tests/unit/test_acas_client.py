@@ -21,6 +21,7 @@ from sandbox_operator.backends.acas.errors import (
     AcasNotFound,
     AcasNotListed,
     AcasPayloadTooLarge,
+    AcasProtocolError,
     AcasServerError,
     AcasStillPresent,
     AcasThrottled,
@@ -43,6 +44,8 @@ GET = "AzureSandboxes_Get"
 LIST = "AzureSandboxes_List"
 DELETE = "AzureSandboxes_Delete"
 CREATE = "AzureSandboxes_Create"
+MKDIR = "SandboxFilesOperations_PostSandboxFileMkdir"
+DELETE_FILE = "SandboxFilesOperations_DeleteSandboxFile"
 
 
 def make_config(endpoint: str, **overrides: Any) -> AcasBackendConfig:
@@ -216,6 +219,21 @@ async def test_files_roundtrip(client: AcasClient) -> None:
         await client.read_file(sid, "/data", max_bytes=1) if False else await _too_large(
             client, sid
         )
+
+
+async def test_file_op_reporting_failure_is_a_protocol_error(
+    client: AcasClient, standin: StandinServer
+) -> None:
+    sid = await running(client)
+    failed = {"success": False, "error": "EIO"}
+    standin.state.add_fault(operation=MKDIR, status=200, body=failed, times=1)
+    with pytest.raises(AcasProtocolError, match="reported mkdir failure") as info:
+        await client.mkdir(sid, "/d")
+    assert info.value.operation == MKDIR
+    standin.state.add_fault(operation=DELETE_FILE, status=200, body=failed, times=1)
+    with pytest.raises(AcasProtocolError, match="reported delete failure") as info:
+        await client.delete_file(sid, "/d")
+    assert info.value.operation == DELETE_FILE
 
 
 async def _too_large(client: AcasClient, sid: str) -> None:

@@ -498,20 +498,20 @@ class AcasClient:
         return listing.entries
 
     async def delete_file(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        req = self.ops.delete_file(sandbox_id, path, recursive=recursive)
-        body = await self._json(req)
-        if isinstance(body, dict):
-            status: FileOpStatus = self._model(req, FileOpStatus, body)
-            if not status.success:
-                raise AcasProtocolError(req.operation, what="service reported delete failure")
+        await self._file_op(self.ops.delete_file(sandbox_id, path, recursive=recursive), "delete")
 
     async def mkdir(self, sandbox_id: str, path: str, *, create_parents: bool = True) -> None:
-        req = self.ops.mkdir(sandbox_id, path, create_parents=create_parents)
+        await self._file_op(
+            self.ops.mkdir(sandbox_id, path, create_parents=create_parents), "mkdir"
+        )
+
+    async def _file_op(self, req: ApiRequest, what: str) -> None:
+        """Send a file operation whose answer, when it is a JSON object, must report success."""
         body = await self._json(req)
         if isinstance(body, dict):
             status: FileOpStatus = self._model(req, FileOpStatus, body)
             if not status.success:
-                raise AcasProtocolError(req.operation, what="service reported mkdir failure")
+                raise AcasProtocolError(req.operation, what=f"service reported {what} failure")
 
     # -- egress ------------------------------------------------------------------------------
 
