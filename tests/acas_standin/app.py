@@ -332,13 +332,19 @@ def _exec_result(code: int, out: str, err: str, started: float) -> web.Response:
     )
 
 
-async def execute_command(request: web.Request) -> web.Response:
+async def _command(request: web.Request) -> tuple[Sandbox, dict[str, Any], str]:
+    """An execute request's running sandbox, JSON body and (required) `command`."""
     sandbox = _get_sandbox(request)
     _require_running(sandbox)
     body = await _json_body(request)
     command = body.get("command")
     if not isinstance(command, str) or not command:
-        return problem(400, "InvalidCommand", "command is required")
+        raise problem_error(web.HTTPBadRequest, "InvalidCommand", "command is required")
+    return sandbox, body, command
+
+
+async def execute_command(request: web.Request) -> web.Response:
+    sandbox, body, command = await _command(request)
     args = body.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         return problem(400, "InvalidCommand", "args must be strings")
@@ -346,12 +352,7 @@ async def execute_command(request: web.Request) -> web.Response:
 
 
 async def execute_shell_command(request: web.Request) -> web.Response:
-    sandbox = _get_sandbox(request)
-    _require_running(sandbox)
-    body = await _json_body(request)
-    command = body.get("command")
-    if not isinstance(command, str) or not command:
-        return problem(400, "InvalidCommand", "command is required")
+    sandbox, body, command = await _command(request)
     shell = body.get("shell") or "/bin/sh"
     return await _run(request, sandbox, [shell, "-c", command], body)
 
