@@ -1,5 +1,6 @@
 """status.egress against a real API server: the proxy's summary is stored as written (the CRD's
-schema keeps it: the API server prunes status fields it does not know), the operator's merge
+schema keeps it: the API server prunes status fields it does not know; `admitted` too, written
+at once when the proxy admits the sandbox), the operator's merge
 patches of its own status fields leave it alone and the other way round, the CRD refuses a
 malformed summary, and a deleted Sandbox ends its summary quietly.
 
@@ -113,6 +114,16 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
         controller.proxy = proxy
         await controller.sync_once()
         assert proxy.table.ids() == [sid]
+        # Admitted: reported at once, before any decision, and kept by the API server (the
+        # operator's Ready waits for exactly this field).
+        await controller.flush_summaries()
+        assert controller.summaries_written == 1
+        obj = kit.get("s1")
+        assert obj is not None
+        admitted = obj["status"]["egress"]
+        assert admitted["admitted"] == (controller.summary_status(sid) or {})["admitted"]
+        assert (admitted["allowed"], admitted["denied"], admitted["recent"]) == (0, 0, [])
+        await asyncio.sleep(0.6)  # the summary interval after that write passes
         reply = await get_through(
             proxy.port,
             f"http://allowed.test:{upstream.port}/private/path?token=sekrit-query",
@@ -123,7 +134,7 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
         reply = await connect_through(proxy.port, "denied.test:443", source=SANDBOX_IP)
         assert reply.status == 403
         await controller.flush_summaries()
-        assert controller.summaries_written == 1
+        assert controller.summaries_written == 2
 
         # Stored exactly as written: nothing pruned, nothing added.
         expected = controller.summary_status(sid)
@@ -132,6 +143,7 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
         assert obj is not None
         stored = obj["status"]["egress"]
         assert stored == {**expected, "updated": stored["updated"]}
+        assert stored["admitted"] == admitted["admitted"]
         updated = datetime.fromisoformat(stored["updated"])
         assert abs(datetime.now(UTC) - updated) < timedelta(minutes=1)
         assert (stored["allowed"], stored["denied"], stored["unreachable"]) == (1, 1, 0)
@@ -162,10 +174,10 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
         # ... and the proxy's next summary leaves the operator's fields alone.
         await connect_through(proxy.port, "denied.test:443", source=SANDBOX_IP)
         await controller.flush_summaries()
-        assert controller.summaries_written == 1  # within the interval: held back
+        assert controller.summaries_written == 2  # within the interval: held back
         await asyncio.sleep(0.6)  # the interval passes
         await controller.flush_summaries()
-        assert controller.summaries_written == 2
+        assert controller.summaries_written == 3
         obj = kit.get("s1")
         assert obj is not None
         assert obj["status"]["egress"]["denied"] == 2
@@ -193,7 +205,7 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
             await controller.flush_summaries()
         assert controller.summary_status(sid) is None
         assert [r for r in caplog.records if r.name == "sandbox_operator.egress.kube"] == []
-        assert controller.summaries_written == 2
+        assert controller.summaries_written == 3
 
 
 async def test_crd_refuses_a_malformed_summary(kit: Kit, namespace: str, async_api: Any) -> None:

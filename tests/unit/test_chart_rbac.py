@@ -281,15 +281,16 @@ CREDENTIAL_GRANTS = {("", "secrets", "get")}
 PROXY_RESOURCES = {(group, resource) for _, _, group, resource in egress_proxy.APPLIED}
 
 
-def proxy_role_grants() -> set[Grant]:
-    """What the proxy's Role grants: RBAC lets the operator create it only holding all of it."""
+def proxy_role_grants(*, named: bool = False) -> set[Grant]:
+    """What the proxy's Role grants: RBAC lets the operator create it only holding all of it.
+    ``named``: its rules by resource name (each only for the proxy's own objects) instead."""
+    rules = [r for r in egress_proxy.PROXY_ROLE_RULES if ("resourceNames" in r) == named]
+    assert all(r.get("resourceNames", [egress_proxy.PROXY_NAME]) == [egress_proxy.PROXY_NAME]
+               for r in rules)  # fmt: skip
     return {
-        (g, r, v)
-        for rule in egress_proxy.PROXY_ROLE_RULES
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
+        (g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
         for v in rule["verbs"]
-    }
+    }  # fmt: skip
 
 
 def proxy_object_grants() -> set[Grant]:
@@ -469,6 +470,8 @@ def test_managed_egress_proxy_objects_are_granted_by_name(
     assert named[(kind, egress_proxy.PROXY_NAME)] == proxy_object_grants()
     # The proxy's Role is within what the operator holds (else RBAC refuses to create it).
     assert proxy_role_grants() <= chart_grants(objs)
+    assert proxy_role_grants(named=True) <= named[(kind, egress_proxy.PROXY_NAME)]
+    assert ("", "services", "get") in proxy_role_grants(named=True)  # its own Service
 
     plain = template(values)
     assert not named_grants(plain)

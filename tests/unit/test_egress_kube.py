@@ -6,9 +6,12 @@ side of the summary is in tests/integration/test_egress_status.py."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
+import socket
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -230,27 +233,26 @@ async def test_summary_is_rate_limited_per_sandbox_and_written_only_when_changed
     c = controller(items, {"a": "10.244.0.7", "b": "10.244.0.8"}, summary_interval=5.0, clock=clock)
     await c.sync_once()
     await c.flush_summaries()
-    assert patches(c) == []  # no decision yet: nothing to write
-    c.emit(decision("ns/a", "denied.test"))
+    assert [call[0][4] for call in patches(c)] == ["a", "b"]  # the admissions, at once
     await c.flush_summaries()
-    assert len(patches(c)) == 1
-    for _ in range(200):  # a burst within the interval
+    assert len(patches(c)) == 2  # nothing changed: nothing written
+    clock.now += 1
+    for _ in range(201):  # a burst within the interval
         c.emit(decision("ns/a", "denied.test"))
         await c.flush_summaries()
+    assert len(patches(c)) == 2
+    clock.now += 3.9
     c.emit(decision("ns/b", "denied.test"))  # another Sandbox has its own interval
-    await c.flush_summaries()
-    assert [call[0][4] for call in patches(c)] == ["a", "b"]
-    clock.now += 4.9
     await c.flush_summaries()
     assert len(patches(c)) == 2
     clock.now += 0.2
     await c.flush_summaries()
-    assert [call[0][4] for call in patches(c)] == ["a", "b", "a"]
-    assert egress_of(patches(c)[-1])["denied"] == 201  # the burst is counted, not dropped
+    assert [call[0][4] for call in patches(c)] == ["a", "b", "a", "b"]
+    assert egress_of(patches(c)[-2])["denied"] == 201  # the burst is counted, not dropped
     clock.now += 60
     await c.flush_summaries()  # nothing changed since: nothing written
-    assert len(patches(c)) == 3
-    assert c.summaries_written == 3
+    assert len(patches(c)) == 4
+    assert c.summaries_written == 4
 
 
 async def test_failed_write_is_retried_next_interval_and_logs_no_secret(
@@ -306,8 +308,9 @@ async def test_summary_survives_the_pod_but_not_the_sandbox_object() -> None:
     status = c.summary_status("ns/a")
     assert status is not None and status["denied"] == 2
     items[0] = sandbox("a") | {"metadata": {"name": "a", "uid": "uid-a-recreated"}}
-    await c.sync_once()  # same name, another object: it starts from zero
-    assert c.summary_status("ns/a") is None
+    await c.sync_once()  # same name, another object: admitted anew, counting from zero
+    status = c.summary_status("ns/a")
+    assert status is not None and status["denied"] == 0 and status["admitted"]
     c.emit(decision("ns/a", "denied.test"))
     status = c.summary_status("ns/a")
     assert status is not None and status["denied"] == 1
@@ -378,6 +381,258 @@ async def test_summary_of_real_proxy_decisions_carries_no_secret() -> None:
     assert all(
         set(r) == {"time", "verdict", "reason", "method", "host", "port"} for r in egress["recent"]
     )
+
+
+# ---- admission: status.egress.admitted, written at once ----------------------------------------
+
+
+async def test_admission_is_written_at_once_with_a_consistent_summary() -> None:
+    """A sandbox entering the table is reported without waiting for the summary interval: the
+    operator's Ready waits for it. Re-admission (new pod IP) is reported again, at once; a
+    sandbox leaving the table writes nothing."""
+    clock = Clock()
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, summary_interval=5.0, clock=clock)
+    await c.sync_once()
+    await c.flush_summaries()
+    [call] = patches(c)
+    egress = egress_of(call)
+    assert (egress["allowed"], egress["denied"], egress["unreachable"]) == (0, 0, 0)
+    assert egress["recent"] == [] and egress["since"] and egress["updated"]
+    first = EgressSummary.model_validate(egress).admitted  # the contract (and CRD) shape
+    assert first is not None and first.tzinfo is not None
+    await c.sync_once()  # nothing changed: no second admission
+    await c.flush_summaries()
+    assert len(patches(c)) == 1
+    c.emit(decision("ns/a", "denied.test"))
+    await c.flush_summaries()
+    assert len(patches(c)) == 1  # a decision waits for the interval
+    c.core.pods["a"] = "10.244.0.9"  # type: ignore[attr-defined]  # a new pod IP
+    await c.sync_once()
+    await c.flush_summaries()  # still within the interval: admission does not wait
+    assert len(patches(c)) == 2
+    again = egress_of(patches(c)[-1])
+    assert again["denied"] == 1 and again["admitted"] >= egress["admitted"]
+    del c.core.pods["a"]  # type: ignore[attr-defined]
+    await c.sync_once()  # out of the table
+    clock.now += 60
+    await c.flush_summaries()
+    assert len(patches(c)) == 2 and c.proxy is not None and c.proxy.table.ids() == []
+
+
+async def test_a_new_proxy_process_admits_again_and_counts_from_zero() -> None:
+    items = [sandbox("a")]
+    pods = {"a": "10.244.0.7"}
+    old = controller(items, pods)
+    await old.sync_once()
+    old.emit(decision("ns/a", "denied.test"))
+    await old.flush_summaries()
+    assert egress_of(patches(old)[-1])["denied"] == 1
+    new = controller(items, pods)  # a restarted proxy: empty table, its own `since`
+    await new.sync_once()
+    await new.flush_summaries()
+    [call] = patches(new)
+    egress = egress_of(call)
+    assert egress["admitted"] and egress["denied"] == 0 and egress["recent"] == []
+    assert egress["since"] == new.started.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+async def test_admission_write_failing_is_retried_at_the_interval() -> None:
+    clock = Clock()
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, clock=clock)
+    c.custom.fail_with = 500  # type: ignore[attr-defined]
+    await c.sync_once()
+    await c.flush_summaries()
+    await c.flush_summaries()
+    assert len(patches(c)) == 1  # not hammered
+    c.custom.fail_with = None  # type: ignore[attr-defined]
+    clock.now += 5
+    await c.flush_summaries()
+    assert len(patches(c)) == 2 and egress_of(patches(c)[-1])["admitted"]
+
+
+async def test_a_sandbox_refused_by_the_table_is_not_reported_admitted() -> None:
+    # Two Sandboxes claiming one pod IP: the second is refused (IdentityConflict).
+    c = controller([sandbox("a"), sandbox("b")], {"a": "10.244.0.7", "b": "10.244.0.7"})
+    await c.sync_once()
+    await c.flush_summaries()
+    assert [call[0][4] for call in patches(c)] == ["a"]
+
+
+async def test_a_starting_proxy_reports_admissions_once_reachable_through_its_service(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Serving starts at once, but `admitted` (and so the sandbox's Ready) waits until a
+    connection to the proxy's Service address gets through: before the proxy pod is ready and
+    kube-proxy has its endpoint, a sandbox dialling that address would be refused."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there yet: connections are refused
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, service="sandbox-egress-proxy")
+    service = SimpleNamespace(spec=SimpleNamespace(cluster_ip="127.0.0.1",
+                                                   ports=[SimpleNamespace(port=port)]))  # fmt: skip
+    reads: list[str] = []
+
+    async def read_namespaced_service(name: str, ns: str) -> Any:
+        reads.append(name)
+        return service
+
+    c.core.read_namespaced_service = read_namespaced_service  # type: ignore[attr-defined]
+    await c.sync_once()
+    assert c.proxy is not None and c.proxy.table.ids() == ["ns/a"]  # served already
+    await c.announce()
+    await c.flush_summaries()
+    assert patches(c) == [] and not c.reachable and reads == ["sandbox-egress-proxy"]
+    accepted: list[int] = []
+    server = await asyncio.start_server(lambda r, w: accepted.append(1) or w.close(),
+                                        "127.0.0.1", port)  # fmt: skip
+    try:
+        with caplog.at_level(logging.INFO, logger="sandbox_operator.egress.kube"):
+            await c.announce()
+        await c.flush_summaries()
+        assert c.reachable and len(patches(c)) == 1 and egress_of(patches(c)[0])["admitted"]
+        assert "reachable through Service sandbox-egress-proxy" in caplog.text
+        await c.announce()
+        assert len(reads) == 2  # once reachable, never checked again
+        c.custom.items.append(sandbox("b"))  # type: ignore[attr-defined]
+        c.core.pods["b"] = "10.244.0.8"  # type: ignore[attr-defined]
+        await c.sync_once()  # a later sandbox is reported at once
+        await c.flush_summaries()
+        assert [call[0][4] for call in patches(c)] == ["a", "b"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_proxy_that_cannot_reach_itself_reports_admissions_after_giving_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, service="sandbox-egress-proxy",
+                   reach_give_up_seconds=0.0)  # fmt: skip
+
+    async def read_namespaced_service(name: str, ns: str) -> Any:
+        raise ApiError(403)
+
+    c.core.read_namespaced_service = read_namespaced_service  # type: ignore[attr-defined]
+    await c.sync_once()
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+        await c.announce()
+    await c.flush_summaries()
+    assert c.reachable and egress_of(patches(c)[0])["admitted"]
+    assert "reporting admissions anyway" in caplog.text and "sekrit" not in caplog.text
+
+
+# ---- watches ------------------------------------------------------------------------------------
+
+
+class FakeStream:
+    """A watch: events from a queue (None ends it, as the server does at its timeout), or an
+    error raised at once."""
+
+    def __init__(self, queue: asyncio.Queue[Any], fail: Exception | None = None) -> None:
+        self.queue = queue
+        self.fail = fail
+
+    async def __aenter__(self) -> FakeStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.fail is not None:
+            raise self.fail
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+def watched(c: KubeEgressController, fail: dict[str, Exception] | None = None) -> dict[str, Any]:
+    """Replace the controller's watches with queues (``fail``: those resources' watches raise)."""
+    queues: dict[str, asyncio.Queue[Any]] = {r: asyncio.Queue() for r in c.WATCHED}
+    opened = dict.fromkeys(c.WATCHED, 0)
+
+    def stream(resource: str) -> FakeStream:
+        opened[resource] += 1
+        return FakeStream(queues[resource], (fail or {}).get(resource))
+
+    c._stream = stream  # type: ignore[method-assign]
+    return {"queues": queues, "opened": opened}
+
+
+async def until(predicate: Any, within: float = 2.0) -> float:
+    """Seconds until ``predicate()`` holds (fails after ``within``)."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < within, "condition not met in time"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+async def test_a_watch_event_resyncs_at_once_and_the_admission_follows() -> None:
+    items: list[dict[str, Any]] = []
+    pods: dict[str, str] = {}
+    # The periodic resync is an hour away: only the watch can make this work in time.
+    c = controller(items, pods, resync_seconds=3600, watched_resync_seconds=3600)
+    w = watched(c)
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    try:
+        await until(lambda: c.syncs == 1)  # the first sync runs at start
+        for resource in c.WATCHED:
+            w["queues"][resource].put_nowait({"type": "ADDED", "object": {}})
+        await until(lambda: c.watching)
+        items.append(sandbox("a"))  # the Sandbox records its pod ...
+        await w["queues"]["sandboxes"].put({"type": "MODIFIED", "object": {}})
+        await until(lambda: c.syncs >= 3)
+        assert c.proxy is not None and c.proxy.table.ids() == []  # ... which has no IP yet
+        pods["a"] = "10.244.0.7"  # the pod gets its IP: a pod event
+        await asyncio.sleep(0.6)  # several loop turns: nothing happens without the event
+        assert patches(c) == [] and c.syncs == 3
+        await w["queues"]["pods"].put({"type": "MODIFIED", "object": {}})
+        seconds = await until(lambda: bool(patches(c)), within=1.0)
+        assert c.proxy.table.ids() == ["ns/a"]
+        assert egress_of(patches(c)[0])["admitted"]
+        assert seconds < 1.0
+        # A watch the server ends is opened again (and its events keep working).
+        await w["queues"]["pods"].put(None)
+        await until(lambda: w["opened"]["pods"] == 2)
+        items.clear()
+        await w["queues"]["pods"].put({"type": "DELETED", "object": {}})
+        await until(lambda: c.proxy is not None and c.proxy.table.ids() == [])
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_failing_watch_falls_back_to_polling_and_never_stops_the_proxy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    items = [sandbox("a")]
+    pods: dict[str, str] = {}
+    c = controller(items, pods, resync_seconds=0.2, watched_resync_seconds=3600)
+    w = watched(c, fail={"pods": ApiError(403)})  # e.g. a Role without watch on pods
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+        task = asyncio.create_task(c.run(stop))
+        try:
+            w["queues"]["sandboxes"].put_nowait({"type": "ADDED", "object": {}})
+            await until(lambda: w["opened"]["pods"] >= 2)  # retried, with backoff
+            assert not c.watching
+            pods["a"] = "10.244.0.7"  # no event tells: the poll finds it
+            await until(lambda: bool(patches(c)), within=1.0)
+            assert c.proxy is not None and c.proxy.table.ids() == ["ns/a"]
+            assert not task.done()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+    warnings = [r.getMessage() for r in caplog.records if "watching pods" in r.getMessage()]
+    assert len(warnings) == 1 and "403" in warnings[0], warnings  # said once, not per retry
+    assert "sekrit" not in caplog.text
 
 
 def test_summary_seconds_must_be_positive(tmp_path: Path) -> None:

@@ -152,7 +152,9 @@ def test_role_grants_exactly_what_the_proxy_needs() -> None:
          "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["sandbox-operator.dev"], "resources": ["sandboxes/status"],
          "verbs": ["patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["services"], "resourceNames": ["sandbox-egress-proxy"],
+         "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]  # fmt: skip
     binding = ep.build_role_binding("team-a")
@@ -210,6 +212,7 @@ def test_deployment_runs_one_hardened_proxy_pod() -> None:
     assert c["command"] == [
         "python3", "-m", "sandbox_operator.egress", "--config",
         "/etc/sandbox-egress/proxy.yaml", "--kube-namespace", "team-a",
+        "--kube-service", "sandbox-egress-proxy",
     ]  # fmt: skip
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -616,3 +619,4 @@ def test_observe_reports_a_sandbox_whose_proxy_is_lost_as_failed() -> None:
     # A pod that was given no managed proxy (closed, or external mode) costs no API call.
     closed = _driver(_ready_pod(None), lost)
     assert run(closed.observe(A)).phase is ObservedPhase.READY and closed.checks == []
+

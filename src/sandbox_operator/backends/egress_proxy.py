@@ -67,13 +67,16 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 #: The uid/gid the proxy runs as (the operator image's non-root user).
 PROXY_UID = 65532
 
-#: What the proxy may do in its namespace: keep its table (Sandboxes, their pods), post Events
-#: and write the ``status.egress`` summary. The operator must hold every one of these itself to
-#: create the Role (RBAC refuses escalation); the chart grants them (tests/unit/test_chart_rbac).
+#: What the proxy may do in its namespace: keep its table (Sandboxes, their pods, watched), post
+#: Events, write the ``status.egress`` summary and read its own Service. The operator must hold
+#: every one of these itself to create the Role (RBAC refuses escalation); the chart grants them
+#: (tests/unit/test_chart_rbac).
 PROXY_ROLE_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [lbl.GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [lbl.GROUP], "resources": ["sandboxes/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    # Its own Service: admissions are reported once a connection through it arrives.
+    {"apiGroups": [""], "resources": ["services"], "resourceNames": [PROXY_NAME], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 )
 
@@ -223,6 +226,8 @@ def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> di
             f"{CONFIG_DIR}/{CONFIG_FILE}",
             "--kube-namespace",
             namespace,
+            "--kube-service",
+            PROXY_NAME,
         ],
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},

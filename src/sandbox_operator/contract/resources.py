@@ -126,6 +126,14 @@ class EgressSummary(ContractModel):
         max_length=EGRESS_RECENT_MAX_ITEMS,
         description="The newest decisions, oldest first (at most 10).",
     )
+    admitted: datetime | None = Field(
+        default=None,
+        description=(
+            "When the running proxy admitted this sandbox to its table (its pod IP and "
+            "allowlist); from then on it is served. The operator reports the sandbox Ready only "
+            "once this is set."
+        ),
+    )
 
 
 class SandboxResourceSpec(SandboxSpec):

@@ -68,6 +68,7 @@ async def run(
     ready_file: Path | None,
     kube_namespace: str = "",
     summary_seconds: float = 5.0,
+    kube_service: str = "",
 ) -> int:
     config = load_config(path)
     sinks: list[DecisionSink] = [JsonLinesSink(sys.stdout)]
@@ -76,7 +77,10 @@ async def run(
         from sandbox_operator.egress.kube import KubeEgressController, kube_api_client
 
         controller = KubeEgressController(
-            await kube_api_client(), kube_namespace, summary_interval=summary_seconds
+            await kube_api_client(),
+            kube_namespace,
+            summary_interval=summary_seconds,
+            service=kube_service,
         )
         sinks.append(controller)
     proxy = EgressProxy(config, sink=FanoutSink(sinks))
@@ -148,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         "decisions as Events and a status.egress summary on them (sandbox_operator.egress.kube)",
     )
     parser.add_argument(
+        "--kube-service",
+        default="",
+        help="with --kube-namespace: the proxy's own Service there; admissions are reported "
+        "(status.egress.admitted) only once a connection through it reaches the proxy",
+    )
+    parser.add_argument(
         "--summary-seconds",
         type=float,
         default=5.0,
@@ -171,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.ready_file,
                 args.kube_namespace,
                 args.summary_seconds,
+                args.kube_service,
             )
         )
     except ConfigFileError as exc:

@@ -23,9 +23,27 @@ overwrite each other.
 Counts live in the controller, not in ``proxy.decisions``: the proxy forgets a sandbox's counters
 when it leaves the table (a pod restarting), the Sandbox's summary should not.
 
+Admission is reported at once: when a sandbox enters the table (or re-enters it with another pod
+IP, another allowlist, as another Sandbox object, or in a new proxy process), its summary gets
+``admitted`` (when this process admitted it) and is written without waiting for the interval.
+The operator keeps the Sandbox's Ready condition False until ``admitted`` is there, so Ready
+means "the proxy serves it" and the first request does not meet 403 ``UnknownSandbox``.
+Given its Service's name (``service``), a starting proxy reports admissions only once a TCP
+connection to that Service's address reaches it: until its pod is ready and kube-proxy has
+programmed the endpoint, a sandbox dialling that address would be refused. A cluster where a pod
+cannot reach itself through a Service (no hairpin) is given up on after
+``reach_give_up_seconds``, with a warning, and admissions are reported from then on.
+
+The table follows watches (Sandboxes and the operator's pods of the namespace): any event makes
+the controller resync at once, so a new sandbox is admitted within moments of its pod getting an
+IP. A full resync also runs every ``watched_resync_seconds`` while the watches work, and every
+``resync_seconds`` while one of them does not (a watch that fails is retried with backoff; the
+proxy never stops for it).
+
 Run by ``python -m sandbox_operator.egress --config FILE --kube-namespace NS`` (in-cluster
-credentials or $KUBECONFIG); it needs get/list on ``sandboxes.sandbox-operator.dev`` and
-``pods``, patch on ``sandboxes/status`` and create on ``events`` in that namespace.
+credentials or $KUBECONFIG); it needs get/list/watch on ``sandboxes.sandbox-operator.dev`` and
+``pods``, patch on ``sandboxes/status``, create on ``events`` and, with ``--kube-service``, get
+on its Service, in that namespace.
 """
 
 from __future__ import annotations
@@ -46,6 +64,7 @@ from sandbox_operator.egress.config import SandboxEgress
 from sandbox_operator.egress.decisions import Decision, Verdict
 from sandbox_operator.egress.identity import IdentityConflict
 from sandbox_operator.egress.proxy import EgressProxy
+from sandbox_operator.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
 log = logging.getLogger("sandbox_operator.egress.kube")
 
@@ -81,9 +100,11 @@ class _Summary:
     uid: str
     counts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
     recent: deque[Decision] = field(default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS))
-    version: int = 0  # bumped by every decision
+    version: int = 0  # bumped by every decision and admission
     written: int = 0  # the version last stored
     next_write: float = 0.0  # monotonic time before which it is not written again
+    admitted: datetime | None = None  # when this process last admitted the sandbox
+    urgent: bool = False  # an admission not written yet: do not wait for the interval
 
 
 def _timestamp(value: datetime, *, millis: bool = False) -> str:
@@ -112,11 +133,16 @@ class KubeEgressController:
         namespace: str,
         *,
         resync_seconds: float = 2.0,
+        watched_resync_seconds: float = 30.0,
+        watch_timeout_seconds: int = 300,
         burst: int = 5,
         interval: float = 10.0,
         max_pending: int = 50,
         summary_interval: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        service: str = "",
+        reach_timeout: float = 1.0,
+        reach_give_up_seconds: float = 30.0,
     ) -> None:
         from kubernetes_asyncio import client  # imported lazily: only this mode needs it
 
@@ -125,10 +151,16 @@ class KubeEgressController:
         self.core = client.CoreV1Api(api)
         self.proxy: EgressProxy | None = None
         self.resync_seconds = resync_seconds
+        self.watched_resync_seconds = watched_resync_seconds
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self._wake = asyncio.Event()  # set by a watch event: resync now
+        self._watching: dict[str, bool] = {}  # per watched resource: is its watch working?
+        self.syncs = 0
         self.burst = burst
         self.interval = interval
         self.max_pending = max_pending
         self._applied: dict[str, SandboxEgress] = {}
+        self._applied_uids: dict[str, str] = {}  # the Sandbox object each entry was admitted as
         self._uids: dict[str, str] = {}
         self._budgets: dict[str, _Budget] = {}
         self.events_posted = 0
@@ -138,6 +170,13 @@ class KubeEgressController:
         self._present: dict[str, str] = {}  # every Sandbox of the namespace: id -> uid
         self._summaries: dict[str, _Summary] = {}
         self.summaries_written = 0
+        # Reachability through the proxy's own Service (see the module docstring).
+        self.service = service
+        self.reach_timeout = reach_timeout
+        self.reach_give_up_seconds = reach_give_up_seconds
+        self.reachable = not service
+        self._reach_since: float | None = None
+        self._unannounced: set[str] = set()  # admitted while not reachable yet
 
     # ---- decisions -> Events ---------------------------------------------------------------
 
@@ -213,22 +252,33 @@ class KubeEgressController:
 
     # ---- decisions -> status.egress ---------------------------------------------------------
 
-    def _count(self, decision: Decision) -> None:
-        sandbox_id = str(decision.sandbox)
+    def _summary(self, sandbox_id: str) -> _Summary:
         uid = self._uids.get(sandbox_id, "")
         summary = self._summaries.get(sandbox_id)
-        if summary is None or summary.uid != uid:  # first decision, or a recreated Sandbox
+        if summary is None or summary.uid != uid:  # first admission, or a recreated Sandbox
             summary = self._summaries[sandbox_id] = _Summary(uid=uid)
+        return summary
+
+    def _admit(self, sandbox_id: str) -> None:
+        """Record that this process (re-)admitted the sandbox; written at the next flush."""
+        summary = self._summary(sandbox_id)
+        summary.admitted = datetime.now(UTC)
+        summary.version += 1
+        summary.urgent = True
+
+    def _count(self, decision: Decision) -> None:
+        summary = self._summary(str(decision.sandbox))
         summary.counts[decision.verdict] = summary.counts.get(decision.verdict, 0) + 1
         summary.recent.append(decision)
         summary.version += 1
 
     def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
-        """``status.egress`` as it would be written now (None: no decision counted yet)."""
+        """``status.egress`` as it would be written now (None: neither admitted nor decided on
+        by this process yet)."""
         summary = self._summaries.get(sandbox_id)
         if summary is None:
             return None
-        return {
+        out: dict[str, Any] = {
             "allowed": summary.counts[Verdict.ALLOW],
             "denied": summary.counts[Verdict.DENY],
             "unreachable": summary.counts[Verdict.UNREACHABLE],
@@ -236,17 +286,24 @@ class KubeEgressController:
             "updated": _timestamp(datetime.now(UTC)),
             "recent": [_record(d) for d in summary.recent],
         }
+        if summary.admitted is not None:
+            out["admitted"] = _timestamp(summary.admitted, millis=True)
+        return out
 
     async def flush_summaries(self, *, force: bool = False) -> None:
-        """Write each changed summary whose interval has passed (``force``: also the others, at
-        shutdown, so the last decisions are not lost); never raises."""
+        """Write each changed summary whose interval has passed, or that holds an admission not
+        written yet (``force``: also the others, at shutdown, so the last decisions are not
+        lost); never raises. A failed admission write is retried at the interval."""
         now = self.clock()
         for sandbox_id, summary in list(self._summaries.items()):
-            if summary.written == summary.version or (now < summary.next_write and not force):
+            if summary.written == summary.version:
+                continue
+            if now < summary.next_write and not (force or summary.urgent):
                 continue
             version = summary.version
             body = {"status": {"egress": self.summary_status(sandbox_id)}}
             summary.next_write = now + self.summary_interval
+            summary.urgent = False
             outcome = await self._patch_summary(sandbox_id, body)
             if outcome == "written":
                 summary.written = version
@@ -316,9 +373,23 @@ class KubeEgressController:
     async def sync_once(self) -> None:
         if self.proxy is None:
             raise RuntimeError("controller has no proxy")
+        self.syncs += 1
         want = await self.desired()
+        # Removals first: a pod IP that moved from a gone sandbox to a new one is free again.
+        for sandbox_id in [s for s in self._applied if s not in want]:
+            self.proxy.remove_sandbox(sandbox_id)
+            del self._applied[sandbox_id]
+            self._applied_uids.pop(sandbox_id, None)
+            self._uids.pop(sandbox_id, None)
+            self._unannounced.discard(sandbox_id)
+            log.info("sandbox %s removed", sandbox_id)
         for sandbox_id, entry in want.items():
-            if self._applied.get(sandbox_id) == entry and self.proxy.table.get(sandbox_id):
+            uid = self._uids.get(sandbox_id, "")
+            if (
+                self._applied.get(sandbox_id) == entry
+                and self._applied_uids.get(sandbox_id) == uid
+                and self.proxy.table.get(sandbox_id)
+            ):
                 continue
             try:
                 self.proxy.upsert_sandbox(entry)
@@ -326,31 +397,160 @@ class KubeEgressController:
                 log.warning("sandbox %s not admitted to the proxy: %s", sandbox_id, exc)
                 continue
             self._applied[sandbox_id] = entry
+            self._applied_uids[sandbox_id] = uid
+            if self.reachable:
+                self._admit(sandbox_id)
+            else:
+                self._unannounced.add(sandbox_id)
             log.info("sandbox %s: %d allow entries", sandbox_id, len(entry.allow))
-        for sandbox_id in [s for s in self._applied if s not in want]:
-            self.proxy.remove_sandbox(sandbox_id)
-            del self._applied[sandbox_id]
-            self._uids.pop(sandbox_id, None)
-            log.info("sandbox %s removed", sandbox_id)
         # A summary outlives its pod (restarts keep counting) but not its Sandbox object.
         for sandbox_id, summary in list(self._summaries.items()):
             if self._present.get(sandbox_id) != summary.uid:
                 del self._summaries[sandbox_id]
 
-    async def run(self, stop: asyncio.Event) -> None:
+    # ---- reachability: report admissions only once sandboxes can reach the proxy -----------
+
+    async def _connect_through_service(self) -> None:
+        """Raises unless a TCP connection to the Service's address is accepted (sends nothing,
+        so the proxy records no decision for it)."""
+        svc = await self.core.read_namespaced_service(self.service, self.namespace)
+        ip = svc.spec.cluster_ip
+        port = svc.spec.ports[0].port
+        async with asyncio.timeout(self.reach_timeout):
+            _, writer = await asyncio.open_connection(ip, port)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    async def announce(self) -> None:
+        """Until reachable, check once; once reachable, report what was admitted meanwhile."""
+        if not self.reachable:
+            now = time.monotonic()
+            if self._reach_since is None:
+                self._reach_since = now
+            try:
+                await self._connect_through_service()
+            except Exception as exc:
+                if now - self._reach_since < self.reach_give_up_seconds:
+                    return
+                log.warning(
+                    "not reachable through Service %s after %gs (%s); reporting admissions "
+                    "anyway (can pods reach themselves through a Service here?)",
+                    self.service,
+                    self.reach_give_up_seconds,
+                    type(exc).__name__,
+                )
+            else:
+                log.info(
+                    "reachable through Service %s after %.1fs",
+                    self.service,
+                    now - self._reach_since,
+                )
+            self.reachable = True
+        for sandbox_id in sorted(self._unannounced):
+            if sandbox_id in self._applied:
+                self._admit(sandbox_id)
+        self._unannounced.clear()
+
+    # ---- watches: resync at once on any change -----------------------------------------------
+
+    #: What is watched: Sandboxes (created, servedBy set, deleted) and the operator's pods (an IP
+    #: assigned, a pod gone), each only as a trigger for a full resync.
+    WATCHED = ("sandboxes", "pods")
+
+    def _stream(self, resource: str) -> Any:
+        """One watch of ``resource`` in the namespace: an async iterator of events that ends when
+        the server closes it (``watch_timeout_seconds``) and raises on errors."""
+        from kubernetes_asyncio import watch
+
+        # return_type "object": events are only triggers, so nothing is deserialized.
+        w = watch.Watch(return_type="object")
+        timeout = self.watch_timeout_seconds
+        options: dict[str, Any] = {
+            "timeout_seconds": timeout,
+            "_request_timeout": timeout + 30,  # a connection that went silent is given up
+        }
+        if resource == "sandboxes":
+            return w.stream(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                "sandboxes",
+                **options,
+            )
+        return w.stream(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+            **options,
+        )
+
+    @property
+    def watching(self) -> bool:
+        """Every watch has delivered an event since its last failure."""
+        return all(self._watching.get(r, False) for r in self.WATCHED)
+
+    async def _watch(self, resource: str) -> None:
+        """Keep one watch open (restarting it when the server ends it, backing off after an
+        error); each event wakes the sync loop. Never raises but CancelledError."""
+        backoff = 1.0
+        while True:
+            try:
+                stream = self._stream(resource)
+                async with stream:
+                    async for _event in stream:
+                        self._watching[resource] = True
+                        backoff = 1.0
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._watching.get(resource, True):
+                    log.warning(
+                        "watching %s failed (%s %s); resyncing every %gs until it works again",
+                        resource,
+                        type(exc).__name__,
+                        getattr(exc, "status", "") or "",
+                        self.resync_seconds,
+                    )
+                self._watching[resource] = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        """Until ``stop``, a watch event, or ``seconds``."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def run(self, stop: asyncio.Event, *, watch: bool = True) -> None:
+        watchers = [asyncio.create_task(self._watch(r)) for r in self.WATCHED] if watch else []
         next_sync = 0.0
-        while not stop.is_set():
-            if time.monotonic() >= next_sync:
-                try:
-                    await self.sync_once()
-                except Exception as exc:
-                    log.warning("sandbox sync failed: %s", type(exc).__name__)
-                next_sync = time.monotonic() + self.resync_seconds
-            await self.flush_events()
-            await self.flush_summaries()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.5):
-                    await stop.wait()
+        try:
+            while not stop.is_set():
+                if self._wake.is_set() or time.monotonic() >= next_sync:
+                    self._wake.clear()  # events during the sync wake the next one
+                    try:
+                        await self.sync_once()
+                    except Exception as exc:
+                        log.warning("sandbox sync failed: %s", type(exc).__name__)
+                    period = self.watched_resync_seconds if self.watching else self.resync_seconds
+                    next_sync = time.monotonic() + period
+                if self._unannounced or not self.reachable:
+                    await self.announce()
+                await self.flush_events()
+                await self.flush_summaries()
+                await self._sleep(stop, min(0.5, max(0.0, next_sync - time.monotonic())))
+        finally:
+            for task in watchers:
+                task.cancel()
+            for task in watchers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.flush_events()
         await self.flush_summaries(force=True)
 
