@@ -620,3 +620,50 @@ def test_observe_reports_a_sandbox_whose_proxy_is_lost_as_failed() -> None:
     closed = _driver(_ready_pod(None), lost)
     assert run(closed.observe(A)).phase is ObservedPhase.READY and closed.checks == []
 
+
+def test_observe_keeps_a_ready_pod_pending_until_the_proxy_admitted_it() -> None:
+    """A ready pod under a managed proxy is reported READY but pending (the operator keeps the
+    Sandbox Creating) until the Sandbox's status says the proxy admitted it."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from sandbox_operator.backends.base import ObservedPhase
+    from sandbox_operator.backends.runtimeclass import EGRESS_PENDING
+
+    driver = _driver(_ready_pod("10.96.0.9:3128"), "")
+    obs = run(driver.observe(A))
+    assert obs.phase is ObservedPhase.READY and obs.pending == EGRESS_PENDING
+    assert "egress proxy" in EGRESS_PENDING
+    admitted = replace(A, egress_admitted=datetime.now(UTC))
+    assert run(driver.observe(admitted)).pending == ""
+    # A lost proxy is still a failure, admitted or not.
+    lost = _driver(_ready_pod("10.96.0.9:3128"), "the proxy is gone")
+    assert run(lost.observe(A)).phase is ObservedPhase.FAILED
+    # No managed proxy on the pod: nothing to wait for.
+    assert run(_driver(_ready_pod(None), "").observe(A)).pending == ""
+    # A pod still starting is just starting.
+    starting = _ready_pod("10.96.0.9:3128")
+    starting["status"]["containerStatuses"][0]["ready"] = False
+    assert run(_driver(starting, "").observe(A)).pending == ""
+
+
+def test_judge_keeps_pending_starting_before_ready_and_ready_after() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sandbox_operator.backends.base import Observation, ObservedPhase
+    from sandbox_operator.contract import ConditionReason, Lifetime
+    from sandbox_operator.reconcile.lifecycle import judge
+
+    now = datetime.now(UTC)
+    obs = Observation(ObservedPhase.READY, pending="waiting for the egress proxy to admit it",
+                      created_at=now - timedelta(seconds=10))  # fmt: skip
+    kw: dict[str, Any] = dict(ready_since=None, sandbox_created=now, admitted_at=now,
+                              last_activity=None, now=now)  # fmt: skip
+    fresh = judge(obs, lifetime=Lifetime(), was_ready=False, **kw)
+    assert not fresh.ready and fresh.reason is ConditionReason.CREATING and not fresh.terminal
+    assert "waiting for the egress proxy" in fresh.message
+    late = judge(obs, lifetime=Lifetime(startupTimeoutSeconds=5), was_ready=False, **kw)
+    assert late.reason is ConditionReason.STARTUP_TIMEOUT and late.dispose
+    assert "egress proxy" in late.message
+    after = judge(obs, lifetime=Lifetime(), was_ready=True, **kw)
+    assert after.ready and after.reason is ConditionReason.READY

@@ -425,3 +425,100 @@ async def test_dispose_gets_what_the_status_recorded_as_serving():
     assert driver.disposed[-1].served_by == ServedBy("Pod", "a", NS)
     await finalize_sandbox(rt, NS, "a")
     assert driver.disposed[-1].name == "a"
+
+
+# ---- Ready waits for the egress proxy's admission --------------------------------------------
+
+
+class ProxiedDriver(FakeDriver):
+    """Like the runtime-class driver under a managed egress proxy: a ready pod is usable only
+    once the Sandbox's status says the proxy admitted it (SandboxRef.egress_admitted)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.refs: list[Any] = []
+
+    async def observe(self, sandbox):
+        self.refs.append(sandbox)
+        obs = await super().observe(sandbox)
+        if obs.phase is ObservedPhase.READY and sandbox.egress_admitted is None:
+            from dataclasses import replace
+
+            from sandbox_operator.backends.runtimeclass import EGRESS_PENDING
+
+            return replace(obs, pending=EGRESS_PENDING)
+        return obs
+
+
+def proxied_world() -> tuple[Runtime, FakeKube, ProxiedDriver]:
+    rt, kube, _ = runtime()
+    driver = ProxiedDriver("gvisor")
+    rt.drivers["gvisor"] = driver  # type: ignore[index]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    return rt, kube, driver
+
+
+def admit(kube: FakeKube, name: str, when: str | None = "2099-01-01T00:00:01.250Z") -> None:
+    """What the proxy's merge patch of status.egress does."""
+    egress = {"allowed": 0, "denied": 0, "unreachable": 0, "since": "2099-01-01T00:00:00Z",
+              "updated": "2099-01-01T00:00:01Z", "recent": []}  # fmt: skip
+    if when is not None:
+        egress["admitted"] = when
+    kube.objs[("sandboxes", name)].setdefault("status", {})["egress"] = egress
+
+
+async def test_ready_waits_until_the_egress_proxy_admits_the_sandbox():
+    rt, kube, driver = proxied_world()
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    ready = cond(kube, "a", "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "Creating"
+    assert "waiting for the egress proxy to admit the sandbox" in ready["message"]
+    assert ("a", "Normal", "Ready") not in kube.events
+    admit(kube, "a")
+    await reconcile_sandbox(rt, NS, "a")
+    assert driver.refs[-1].egress_admitted is not None  # the status reached the driver
+    assert driver.refs[-1].egress_admitted.isoformat() == "2099-01-01T00:00:01.250000+00:00"
+    ready = cond(kube, "a", "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "Ready"
+    # Once Ready, a summary without `admitted` (a proxy restarting, an older proxy) does not
+    # take Ready back: the restarted proxy re-admits by itself.
+    admit(kube, "a", None)
+    await reconcile_sandbox(rt, NS, "a")
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["status"] == "True"
+
+
+async def test_a_proxy_that_never_admits_ends_in_startup_timeout_naming_it():
+    rt, kube, driver = proxied_world()
+    kube.add("sandboxes", "a", {**SPEC, "lifetime": {"startupTimeoutSeconds": 5}})
+    await reconcile_sandbox(rt, NS, "a")
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["reason"] == "Creating"
+    for c in kube.objs[("sandboxes", "a")]["status"]["conditions"]:
+        c["lastTransitionTime"] = "2000-01-01T00:00:00Z"  # the startup clock ran out
+    await reconcile_sandbox(rt, NS, "a")
+    ready = cond(kube, "a", "Ready")
+    assert ready["reason"] == "StartupTimeout", ready
+    assert "egress proxy" in ready["message"], ready
+    assert "a" not in driver.pods  # disposed
+
+
+def test_the_admission_wakes_the_operator_only_while_the_sandbox_starts():
+    from sandbox_operator.reconcile.handlers import _egress_admitted_while_starting as wakes
+
+    def status(ready: str, reason: str, admitted: str | None) -> dict[str, Any]:
+        egress = {"since": "2099-01-01T00:00:00Z", "updated": "2099-01-01T00:00:00Z"}
+        if admitted:
+            egress["admitted"] = admitted
+        conditions = [{"type": "Ready", "status": ready, "reason": reason}]
+        return {"conditions": conditions, "egress": egress}
+
+    assert wakes(status("False", "Creating", "2099-01-01T00:00:01Z"))
+    assert not wakes(status("False", "Creating", None))
+    assert not wakes(status("True", "Ready", "2099-01-01T00:00:01Z"))
+    assert not wakes(status("False", "StartupTimeout", "2099-01-01T00:00:01Z"))
+    assert not wakes({})

@@ -58,6 +58,9 @@ class SandboxRef:
     # What the Sandbox's status recorded as serving it (``status.servedBy``), if anything. Lets
     # dispose tell "gone" from "no longer found where it should be listed" (``unlisted``).
     served_by: ServedBy | None = None
+    # When the namespace's egress proxy admitted the sandbox (``status.egress.admitted``, written
+    # by the proxy), if it has. A driver that runs the proxy reports the sandbox usable only then.
+    egress_admitted: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class Observation:
     message: str = ""  # for people; never carries credentials or endpoints
     created_at: datetime | None = None  # when the serving object was created (startup clock)
     ready_at: datetime | None = None
+    # READY objects that are not usable yet (e.g. the egress proxy has not admitted the sandbox):
+    # what is still awaited. The operator keeps a sandbox that was never Ready starting (bounded
+    # by the startup timeout); one that was Ready stays Ready.
+    pending: str = ""
 
 
 @dataclass(frozen=True)

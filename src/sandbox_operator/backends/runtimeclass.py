@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,6 +89,9 @@ FATAL_WAITING_REASONS = frozenset(
 )
 
 PULL_REASONS = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull"})
+
+#: Why a ready pod under a managed egress proxy is not usable yet (Ready stays False with it).
+EGRESS_PENDING = "waiting for the egress proxy to admit the sandbox"
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +525,10 @@ class RuntimeClassDriver:
     async def _check_proxy(
         self, sandbox: SandboxRef, pod: Mapping[str, Any], observation: Observation
     ) -> Observation:
-        """A live pod given a managed proxy's address: is the proxy still there (one GET)?"""
+        """A live pod given a managed proxy's address: is the proxy still there (one GET), and
+        has it admitted the sandbox? A ready pod the proxy does not serve yet would meet
+        connection refused or 403 UnknownSandbox on its first request, so it is reported
+        ``pending`` until the proxy has written ``status.egress.admitted``."""
         if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
             return observation
         assert self._proxy is not None
@@ -531,6 +538,8 @@ class RuntimeClassDriver:
             return observation
         problem = await self._proxy.check(sandbox.namespace, sandbox, given)
         if not problem:
+            if observation.phase is ObservedPhase.READY and sandbox.egress_admitted is None:
+                return replace(observation, pending=EGRESS_PENDING)
             return observation
         return Observation(
             ObservedPhase.FAILED,

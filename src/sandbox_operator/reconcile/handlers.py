@@ -28,6 +28,7 @@ from sandbox_operator.reconcile.runtime import Runtime, make_api_client
 from sandbox_operator.reconcile.sandbox import (
     DisposalPending,
     EnsurePending,
+    egress_admitted,
     finalize_sandbox,
     reconcile_sandbox,
 )
@@ -141,6 +142,20 @@ def _settled(status: Any, **_: Any) -> bool:
     when=lambda status, **kw: not _settled(status),
 )
 async def sandbox_resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    await _reconcile_quietly(_runtime(memo), namespace or "", name)
+
+
+def _egress_admitted_while_starting(status: Any, **_: Any) -> bool:
+    """The egress proxy has admitted a sandbox that is not Ready yet (and not ended)."""
+    if not egress_admitted(status) or cnd.is_true(status, "Ready"):
+        return False
+    return cnd.reason_of(status, "Ready") not in TERMINAL_REASONS
+
+
+@kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL, when=_egress_admitted_while_starting)
+async def sandbox_egress_admitted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """The proxy wrote ``status.egress.admitted``: judge Ready at once. A status change is no
+    update for kopf's change handlers, and the resync timer may be seconds away."""
     await _reconcile_quietly(_runtime(memo), namespace or "", name)
 
 

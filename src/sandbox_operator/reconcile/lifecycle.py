@@ -2,6 +2,8 @@
 
 * ready and within ``ttlSeconds`` / ``idleTimeoutSeconds`` -> ``Ready`` (True);
 * still starting within ``startupTimeoutSeconds`` -> ``Creating``; past it -> ``StartupTimeout``;
+  objects that are up but still wait for something (``Observation.pending``, e.g. the egress
+  proxy's admission) count as starting until the sandbox has been Ready once;
 * cannot start (image missing, container crashed, API refused the pod) -> ``StartupFailed``;
 * stopped or vanished after the Sandbox had reported Ready -> ``Failed``;
 * ``ttlSeconds`` after creation, or ``idleTimeoutSeconds`` after the later of becoming ready and
@@ -53,6 +55,10 @@ def judge(
 ) -> Verdict:
     phase = observation.phase
     detail = observation.message or observation.detail_reason
+    if phase is ObservedPhase.READY and observation.pending and not was_ready:
+        # Up but not usable yet: still starting, under the startup timeout. Once Ready, a
+        # pending wait (e.g. a restarted egress proxy re-admitting) does not take Ready back.
+        phase, detail = ObservedPhase.STARTING, observation.pending
 
     if phase is ObservedPhase.READY:
         if sandbox_created is not None and now >= sandbox_created + timedelta(

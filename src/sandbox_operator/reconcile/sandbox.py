@@ -173,14 +173,25 @@ def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
     return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
 
 
+def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
+    """When the egress proxy says it admitted the sandbox (``status.egress.admitted``), if so."""
+    egress = (status or {}).get("egress")
+    if not isinstance(egress, Mapping):
+        return None
+    return _time(egress.get("admitted"))
+
+
 def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
-    """The reference dispose gets: the Sandbox plus what serves it (observed, else recorded)."""
+    """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
+    what its status says of the egress proxy."""
     meta = _meta(obj)
+    status = obj.get("status")
     return SandboxRef(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
         str(meta.get("uid", "")),
-        served_by or recorded_served_by(obj.get("status")),
+        served_by or recorded_served_by(status),
+        egress_admitted(status),
     )
 
 
