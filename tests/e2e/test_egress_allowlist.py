@@ -10,6 +10,9 @@ cluster IP and a NetworkPolicy to the proxy pods only, and from inside the sandb
 - `inside.test`, allowed by name but resolving to a private address, is refused with 403
   `AddressRefused`;
 - the outside server, tried directly (ignoring the proxy variables), is blocked;
+- a Sandbox is Ready only once the proxy has admitted it (`status.egress.admitted`), so the
+  first request after Ready is served, for the first Sandboxes of the namespace (the proxy still
+  starting) and for a later one;
 - the proxy records each decision (JSON lines in its pod's log) with the sandbox's id, posts
   Events and writes the `status.egress` summary on the Sandbox;
 - 200 tunnels and a slowloris client from one sandbox do not keep another from being served;
@@ -93,20 +96,28 @@ def proxy_objects(api: client.ApiClient, ns: str) -> dict[str, Any]:
     return out
 
 
-def proxy_pod_name(core: client.CoreV1Api, ns: str, timeout: float = 90) -> str:
-    """The running proxy pod (found by its labels). A Sandbox's Ready does not wait for its
-    namespace's proxy, so the first one may still be starting."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pods = core.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items
-        running = [
-            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-        ]
-        if len(running) == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+def proxy_pod_name(core: client.CoreV1Api, ns: str) -> str:
+    """The running proxy pod (found by its labels; a Sandbox is Ready only once it is served,
+    so there is no waiting here)."""
+    pods = core.list_namespaced_pod(ns, label_selector=PROXY_SELECTOR).items
+    running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
     assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
     return str(running[0].metadata.name)
+
+
+def ready_and_served(
+    kit: Any, core: client.CoreV1Api, name: str, first: ProbeTarget, token: str
+) -> tuple[dict[str, Any], float]:
+    """Wait for Ready (the returned object and how long after creation it came); then the very
+    first request through the proxy must be answered: Ready means the proxy admitted it."""
+    obj = kit.wait_condition(name, reasons=("Ready",), status="True", timeout=150)
+    seen = time.monotonic()
+    admitted = ((obj.get("status") or {}).get("egress") or {}).get("admitted")
+    assert admitted, f"Ready without status.egress.admitted: {obj.get('status')}"
+    pod = obj["status"]["servedBy"]["name"]
+    (res,), _ = probe_in_pod(core, obj["metadata"]["namespace"], pod, [first])
+    assert expect_answered(res, body_contains=token).ok, res.describe()
+    return obj, seen
 
 
 def proxy_log(core: client.CoreV1Api, ns: str) -> str:
@@ -214,12 +225,17 @@ def test_allowlist_through_the_operators_proxy(
     start_operator(config_with_managed_proxy(runtime_class, image, outside, (tls_port,)))
     kit.scope()
     allow = ["allowed.test", "*.wild.test", "inside.test"]
+    first = ProbeTarget("allowed-connect", "allowed.test", outside.port, via=Via.CONNECT)
+    created = time.monotonic()
     for name in ("allow", "other"):
         kit.sandbox(name, image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
     # A closed sandbox beside them: no part in the proxy, and no way to it.
     kit.sandbox("closed", image=PYTHON, requires=["exec"])
-    other_obj = kit.wait_condition("other", reasons=("Ready",), status="True", timeout=150)
-    obj = kit.wait_condition("allow", reasons=("Ready",), status="True", timeout=150)
+    # The first allowlist Sandboxes of a fresh namespace: Ready waits for the namespace's proxy
+    # to start and admit them, and then the very first request is served (no retrying here).
+    obj, seen = ready_and_served(kit, core_v1, "allow", first, outside.token)
+    print(f"\nfirst allowlist Sandbox of the namespace Ready after {seen - created:.1f}s")
+    other_obj, _ = ready_and_served(kit, core_v1, "other", first, outside.token)
     pod = kit.pod(obj["status"]["servedBy"]["name"])
 
     # The operator made the namespace's proxy: every object labelled, owned (not controlled) by
@@ -266,16 +282,16 @@ def test_allowlist_through_the_operators_proxy(
     for res in (via_service, via_pod):
         assert expect_blocked(res, within=DEADLINE + SLACK).ok, res.describe()
 
-    # The proxy keeps its own table (--kube-namespace): wait until it serves this sandbox.
-    sandbox_id = f"{ns}/allow"
-    first = ProbeTarget("allowed-connect", "allowed.test", outside.port, via=Via.CONNECT)
-    deadline = time.monotonic() + 30
-    while True:
-        (res,), _ = probe_in_pod(core_v1, ns, pod.metadata.name, [first])
-        if expect_answered(res).ok or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    # A later allowlist Sandbox, the proxy already running: Ready as soon as its pod is and the
+    # proxy (watching Sandboxes and pods) admitted it; served at once too.
+    created = time.monotonic()
+    kit.sandbox("late", image=PYTHON, requires=["exec"], egress="allowlist", egressAllow=allow)
+    _, seen = ready_and_served(kit, core_v1, "late", first, outside.token)
+    print(f"a later allowlist Sandbox Ready after {seen - created:.1f}s")
+    kit.delete("late")
+    kit.wait_gone("late", timeout=60)
 
+    sandbox_id = f"{ns}/allow"
     port = outside.port
     targets = [
         ProbeTarget("allowed-connect", "allowed.test", port, via=Via.CONNECT),
@@ -312,6 +328,11 @@ def test_allowlist_through_the_operators_proxy(
         "--body-contains", outside.token,
     )  # fmt: skip
     assert "egress allowlist" in out and "FAILED" not in out, out
+
+    # The proxy reported admissions only once it was reachable through its Service.
+    reach = [line for line in proxy_log(core_v1, ns).splitlines() if "reachable through" in line]
+    print(f"proxy: {reach}")
+    assert reach and "anyway" not in reach[0], reach
 
     # Every proxied attempt left one decision record naming the sandbox (nothing secret in it).
     seen = [(d.get("verdict"), d.get("reason"), d.get("host")) for d in decisions(core_v1, ns)
