@@ -47,8 +47,8 @@ import yaml
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import SandboxRef
+from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.config import ManagedEgressProxySettings
-from sandbox_operator.contract import API_VERSION, SANDBOX_KIND
 
 log = logging.getLogger(__name__)
 
@@ -147,18 +147,6 @@ def proxy_labels() -> dict[str, str]:
         "app.kubernetes.io/name": PROXY_NAME,
         "app.kubernetes.io/component": COMPONENT,
         lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
-    }
-
-
-def owner_reference(sandbox: SandboxRef) -> dict[str, Any]:
-    """A Sandbox the proxy serves: not the controller, and never blocking its deletion."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SANDBOX_KIND,
-        "name": sandbox.name,
-        "uid": sandbox.uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
     }
 
 
@@ -338,7 +326,7 @@ def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef) -> dict[str, Any]:
     """``obj`` with the Sandbox's ownerReference (what the common manager applies)."""
     out: dict[str, Any] = json.loads(json.dumps(obj))
     if sandbox.uid:
-        out["metadata"]["ownerReferences"] = [owner_reference(sandbox)]
+        out["metadata"]["ownerReferences"] = [owner_reference(sandbox, controller=False)]
     return out
 
 
@@ -351,7 +339,7 @@ def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef) -> dict[str, Any]:
         "metadata": {
             "name": meta["name"],
             "namespace": meta["namespace"],
-            "ownerReferences": [owner_reference(sandbox)],
+            "ownerReferences": [owner_reference(sandbox, controller=False)],
         },
     }
 

@@ -51,14 +51,13 @@ from sandbox_operator.backends.egress_proxy import (
     ProxyError,
     proxy_labels,
 )
+from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.config import (
     ManagedEgressProxySettings,
     PodSettings,
     RuntimeClassBackendConfig,
 )
 from sandbox_operator.contract import (
-    API_VERSION,
-    SANDBOX_KIND,
     ConditionReason,
     DisposalCode,
     DisposalFailure,
@@ -96,17 +95,6 @@ EGRESS_PENDING = "waiting for the egress proxy to admit the sandbox"
 
 # --------------------------------------------------------------------------------------------
 # Pure builders
-
-
-def owner_reference(sandbox: SandboxRef) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SANDBOX_KIND,
-        "name": sandbox.name,
-        "uid": sandbox.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
