@@ -400,18 +400,15 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
         ProbeTarget("denied", "denied.test", outside.port, via=Via.CONNECT),
         ProbeTarget("direct", outside.address, outside.port),
     ]
-    deadline = time.monotonic() + 60  # the proxy pod may still be starting on its first use
-    while True:
-        results, _ = probe_in_pod(core_v1, namespace, egress_pod["metadata"]["name"], targets)
-        r = {x.name: x for x in results}
-        checks = [
-            expect_answered(r["allowed"], body_contains=outside.token),
-            expect_proxy_refused(r["denied"], status=403, reason="HostNotAllowed"),
-            expect_blocked(r["direct"], within=DEADLINE + SLACK),
-        ]
-        if all(c.ok for c in checks) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    # Ready means the proxy serves it: the first attempt after Ready must already be decided.
+    assert egress_obj["status"]["egress"]["admitted"], egress_obj["status"]
+    results, _ = probe_in_pod(core_v1, namespace, egress_pod["metadata"]["name"], targets)
+    r = {x.name: x for x in results}
+    checks = [
+        expect_answered(r["allowed"], body_contains=outside.token),
+        expect_proxy_refused(r["denied"], status=403, reason="HostNotAllowed"),
+        expect_blocked(r["direct"], within=DEADLINE + SLACK),
+    ]
     assert all(c.ok for c in checks), judge(checks) + "\n" + explain()
     proxy = _get(kubectl, namespace, "deployment", "sandbox-egress-proxy")
     owners = {o["name"] for o in proxy["metadata"].get("ownerReferences") or []}
