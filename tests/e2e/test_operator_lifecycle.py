@@ -165,6 +165,33 @@ def test_runtime_class_removed_after_start_is_startup_failed(kit, start_operator
             node.delete_runtime_class(rc_name)
 
 
+def test_runtime_class_without_a_handler_on_the_node_is_startup_failed(kit, start_operator):
+    """The RuntimeClass exists, so the backend is available and the pod is created, but the
+    node's containerd has no such handler: the kubelet retries forever, and the operator reads
+    its FailedCreatePodSandBox events to end the sandbox as StartupFailed, saying why, well
+    before the startup timeout."""
+    node = client.NodeV1Api(kit.core.api_client)
+    rc_name = f"no-handler-{kit.ns[-6:]}"
+    node.create_runtime_class(
+        client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=rc_name), handler="nohandler")
+    )
+    try:
+        start_operator(only("nohandler", rc_name, "container"))
+        kit.scope()
+        kit.sandbox(
+            "handlerless",
+            lifetime={"startupTimeoutSeconds": 300, "ttlSeconds": 600, "idleTimeoutSeconds": 300},
+        )
+        obj = kit.wait_condition("handlerless", reasons=("StartupFailed",), timeout=90)
+        message = kit.condition(obj, "Ready")["message"]
+        assert "RuntimeHandlerMissing" in message or "no handler 'nohandler'" in message, message
+        assert rc_name in message, message
+        kit.wait_condition("handlerless", "Disposed", status="True", timeout=60)
+    finally:
+        with contextlib.suppress(ApiException):
+            node.delete_runtime_class(rc_name)
+
+
 def test_pod_that_dies_after_ready_is_failed(kit, start_operator, kubectl):
     start_operator(only("runc", "runc", "container"))
     kit.scope()

@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest, Observation, ObservedPhase, SandboxRef
-from sandbox_operator.backends.runtimeclass import build_network_policy, build_pod, classify_pod
+from sandbox_operator.backends.runtimeclass import (
+    awaits_pod_sandbox,
+    build_network_policy,
+    build_pod,
+    classify_pod,
+    missing_handler,
+)
 from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import (
     ConditionReason,
@@ -330,3 +336,42 @@ async def test_observe_follows_a_pod_recorded_under_an_older_name():
     seen = await driver.observe(recorded)
     assert seen.phase is not ObservedPhase.ABSENT
     assert seen.served_by is not None and seen.served_by.name == "box"
+
+
+def test_a_missing_runtime_handler_is_read_from_the_kubelets_events():
+    def event(message: str, reason: str = "FailedCreatePodSandBox") -> dict:
+        return {"reason": reason, "message": message}
+
+    containerd = (
+        "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "
+        'runtime: no runtime for "kata" is configured'
+    )
+    crio = "Failed to create pod sandbox: rpc error: failed to find runtime handler kata from list"
+    assert missing_handler([event(containerd)]) == "kata"
+    assert missing_handler([event(crio)]) == "kata"
+    # Other sandbox failures (CNI, a slow runtime) are not a missing handler: they may pass.
+    assert missing_handler([event("failed to setup network for sandbox: plugin timed out")]) is None
+    assert missing_handler([event(containerd, reason="FailedMount")]) is None
+    assert missing_handler([]) is None
+
+
+def test_only_a_pod_waiting_for_its_sandbox_for_a_while_has_its_events_read():
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def pod(age: float, node: str = "n1", phase: str = "Pending", waiting: str | None = None):
+        statuses = []
+        if waiting is not None:
+            statuses = [{"name": "sandbox", "state": {"waiting": {"reason": waiting}}}]
+        created = (now - timedelta(seconds=age)).isoformat().replace("+00:00", "Z")
+        return {
+            "metadata": {"creationTimestamp": created},
+            "spec": {"nodeName": node},
+            "status": {"phase": phase, "containerStatuses": statuses},
+        }
+
+    assert awaits_pod_sandbox(pod(10), now)
+    assert awaits_pod_sandbox(pod(10, waiting="ContainerCreating"), now)
+    assert not awaits_pod_sandbox(pod(1), now)  # the normal path: no list call
+    assert not awaits_pod_sandbox(pod(10, node=""), now)  # not scheduled: nothing to ask
+    assert not awaits_pod_sandbox(pod(10, phase="Running"), now)
+    assert not awaits_pod_sandbox(pod(10, waiting="ImagePullBackOff"), now)

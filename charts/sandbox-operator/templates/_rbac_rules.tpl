@@ -22,7 +22,9 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [get, list, create, delete]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  # list: a pod stuck before its containers exist is explained by the kubelet's events (a node
+  # without the RuntimeClass's handler), read with a field selector on that pod's uid.
+  verbs: [create, list]
 {{- if kindIs "map" .Values.config.egressProxy }}
 # The egress proxy the operator runs per namespace (backends/egress_proxy.py): its objects are
 # all named sandbox-egress-proxy and written by server-side apply, which needs create when the

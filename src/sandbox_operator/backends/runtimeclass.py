@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -91,6 +92,18 @@ PULL_REASONS = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull
 
 #: Why a ready pod under a managed egress proxy is not usable yet (Ready stays False with it).
 EGRESS_PENDING = "waiting for the egress proxy to admit the sandbox"
+
+#: What container runtimes answer (in the kubelet's FailedCreatePodSandBox events) when the node
+#: has no handler for a RuntimeClass: containerd, then CRI-O. The kubelet retries such a pod
+#: forever, so without reading them the sandbox would only ever end as StartupTimeout.
+MISSING_HANDLER_PATTERNS = (
+    re.compile(r'no runtime for "([^"]*)" is configured'),
+    re.compile(r"failed to find runtime handler (\S+)"),
+)
+#: How long a pod may wait for its pod sandbox before the kubelet's events are read (the normal
+#: path never pays for the list call).
+SANDBOX_EVENTS_AFTER_SECONDS = 3.0
+RUNTIME_HANDLER_MISSING = "RuntimeHandlerMissing"
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,6 +356,33 @@ def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
     )
 
 
+def missing_handler(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """The runtime handler a node lacks, as its container runtime told the kubelet, if so."""
+    for event in events:
+        if event.get("reason") != "FailedCreatePodSandBox":
+            continue
+        for pattern in MISSING_HANDLER_PATTERNS:
+            found = pattern.search(str(event.get("message") or ""))
+            if found:
+                return found.group(1).strip("\"'")
+    return None
+
+
+def awaits_pod_sandbox(pod: Mapping[str, Any], now: datetime) -> bool:
+    """A pod bound to a node for a while whose containers the kubelet has not created yet."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending" or not (pod.get("spec") or {}).get("nodeName"):
+        return False
+    waiting = [
+        ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        for c in status.get("containerStatuses") or []
+    ]
+    if any(reason not in (None, "ContainerCreating") for reason in waiting):
+        return False
+    created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and (now - created).total_seconds() >= SANDBOX_EVENTS_AFTER_SECONDS
+
+
 def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
     meta = obj.get("metadata") or {}
     labels = dict(meta.get("labels") or {})
@@ -506,9 +546,44 @@ class RuntimeClassDriver:
                     ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
                 )
         observation = classify_pod(pod)
+        if (
+            pod is not None
+            and observation.phase is ObservedPhase.STARTING
+            and awaits_pod_sandbox(pod, datetime.now(UTC))
+        ):
+            observation = await self._check_handler(pod, observation)
         if pod is not None and self._proxy is not None:
             observation = await self._check_proxy(sandbox, pod, observation)
         return observation
+
+    async def _check_handler(self, pod: Mapping[str, Any], observation: Observation) -> Observation:
+        """A pod stuck before its containers exist: does the node lack the runtime handler?"""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        meta = pod.get("metadata") or {}
+        try:
+            listed = await self._core.list_namespaced_event(
+                meta.get("namespace", ""),
+                field_selector=f"involvedObject.uid={meta.get('uid', '')},"
+                "reason=FailedCreatePodSandBox",
+            )
+        except ApiException as exc:
+            log.warning("cannot read the events of pod %s (HTTP %s)", meta.get("name"), exc.status)
+            return observation
+        events: list[dict[str, Any]] = self._sanitize(listed).get("items") or []
+        handler = missing_handler(events)
+        if handler is None:
+            return observation
+        rc = self._config.runtime_class_name
+        node = (pod.get("spec") or {}).get("nodeName", "")
+        return Observation(
+            ObservedPhase.STARTUP_FAILED,
+            observation.served_by,
+            RUNTIME_HANDLER_MISSING,
+            f"node {node} cannot run RuntimeClass {rc!r}: its container runtime has no handler "
+            f"{handler!r} configured",
+            observation.created_at,
+        )
 
     async def _check_proxy(
         self, sandbox: SandboxRef, pod: Mapping[str, Any], observation: Observation
