@@ -67,7 +67,7 @@ async def upstream() -> AsyncIterator[LocalServer]:
 
 @pytest.fixture
 async def async_api(kubeconfig: str) -> AsyncIterator[Any]:
-    api = await kube_api_client()  # the proxy's own way in ($KUBECONFIG, set by the fixtures)
+    api = await kube_api_client(kubeconfig)  # the proxy's own way in, given the test cluster's file
     yield api
     await api.close()
 

@@ -555,12 +555,18 @@ class KubeEgressController:
         await self.flush_summaries(force=True)
 
 
-async def kube_api_client() -> Any:
-    """In-cluster credentials when there are any, else $KUBECONFIG."""
+async def kube_api_client(config_file: str | None = None) -> Any:
+    """In-cluster credentials when there are any, else the kubeconfig file (``config_file``, or
+    $KUBECONFIG / ~/.kube/config). A configuration of its own: the library's global default is
+    never touched, so two clients in one process cannot change each other's cluster."""
     from kubernetes_asyncio import client, config
 
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        await config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration()
+    if config_file is None:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    await config.load_kube_config(config_file=config_file, client_configuration=configuration)
+    return client.ApiClient(configuration)
