@@ -10,11 +10,9 @@ address, reached by the name `outside.test` (hostAliases); nothing leaves this m
 from __future__ import annotations
 
 import asyncio
-import http.server
 import secrets
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -31,6 +29,7 @@ from sandbox_operator.egress.probe import (
     judge,
     run_probe,
 )
+from sandbox_operator.egress.testing import serve_http_in_thread
 from tests.e2e.test_cluster_node import exec_in
 from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
 
@@ -62,34 +61,12 @@ def outside(core_v1: client.CoreV1Api) -> Iterator[Outside]:
     """An HTTP server on this machine, on the node's address and an ephemeral port (never the
     two node ports kube-router exempts, 30000-30001)."""
     token = f"outside-{secrets.token_hex(4)}"
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = token.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
     address = node_address(core_v1)
-
-    # All of this machine's addresses: the node's and the pod bridge's gateway.
-    class Server(http.server.ThreadingHTTPServer):
-        request_queue_size = 512  # hundreds of tunnels may connect at once
-
-    server = Server(("0.0.0.0", 0), Handler)
-    port = server.server_address[1]
-    assert port not in (30000, 30001)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    # On all of this machine's addresses (the node's and the pod bridge's gateway); a backlog
+    # for the hundreds of tunnels that may connect at once.
+    with serve_http_in_thread(token.encode()) as port:
+        assert port not in (30000, 30001)
         yield Outside(address, port, token)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def backend(runtime_class: str) -> dict[str, object]:

@@ -4,7 +4,6 @@ claims `closed` but reaches a server."""
 
 from __future__ import annotations
 
-import ipaddress
 import shutil
 from collections.abc import AsyncIterator
 
@@ -13,9 +12,9 @@ import pytest
 from sandbox_operator.conformance.egress import check_egress
 from sandbox_operator.conformance.fakes import local_sandbox
 from sandbox_operator.contract import Capability
-from sandbox_operator.egress import EgressProxy, ProxyConfig, SandboxEgress, StaticResolver
+from sandbox_operator.egress import EgressProxy, StaticResolver
 from sandbox_operator.egress.probe import ProbeTarget
-from sandbox_operator.egress.testing import LocalServer, start_http_server
+from sandbox_operator.egress.testing import LocalServer, loopback_proxy_config, start_http_server
 
 pytestmark = pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3")
 
@@ -55,21 +54,7 @@ async def test_skipped_without_exec() -> None:
 
 
 async def test_allowlist_through_the_real_proxy(upstream: LocalServer) -> None:
-    cfg = ProxyConfig.model_validate(
-        {
-            "listenHost": "127.0.0.1",
-            "listenPort": 0,
-            "allowedPorts": [80, 443, upstream.port],
-            "admittedNetworks": ["127.0.0.1/32"],
-            "sandboxes": [
-                SandboxEgress(
-                    id="ns/local",
-                    allow=("allowed.test",),
-                    sourceIPs=(ipaddress.ip_address("127.0.0.1"),),  # type: ignore[call-arg]
-                )
-            ],
-        }
-    )
+    cfg = loopback_proxy_config("ns/local", ("allowed.test",), upstream.port)
     resolver = StaticResolver({"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"]})
     proxy = EgressProxy(cfg, resolver=resolver)
     await proxy.start()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from sandbox_operator.egress import EgressProxy, ProxyConfig, SandboxEgress, StaticResolver
+from sandbox_operator.egress import EgressProxy, StaticResolver
 from sandbox_operator.egress.probe import (
     Outcome,
     ProbeOutputError,
@@ -25,7 +24,7 @@ from sandbox_operator.egress.probe import (
     parse_results,
     run_probe,
 )
-from sandbox_operator.egress.testing import LocalServer, start_http_server
+from sandbox_operator.egress.testing import LocalServer, loopback_proxy_config, start_http_server
 
 RESOLVER = StaticResolver(
     {"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"], "inside.test": ["127.0.0.9"]}
@@ -51,21 +50,7 @@ async def upstream() -> AsyncIterator[LocalServer]:
 
 @pytest.fixture
 async def proxy(upstream: LocalServer) -> AsyncIterator[EgressProxy]:
-    cfg = ProxyConfig.model_validate(
-        {
-            "listenHost": "127.0.0.1",
-            "listenPort": 0,
-            "allowedPorts": [80, 443, upstream.port],
-            "admittedNetworks": ["127.0.0.1/32"],
-            "sandboxes": [
-                SandboxEgress(
-                    id="ns/probe",
-                    allow=("allowed.test", "inside.test"),
-                    sourceIPs=(ipaddress.ip_address("127.0.0.1"),),  # type: ignore[call-arg]
-                )
-            ],
-        }
-    )
+    cfg = loopback_proxy_config("ns/probe", ("allowed.test", "inside.test"), upstream.port)
     p = EgressProxy(cfg, resolver=RESOLVER)
     await p.start()
     yield p

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import socket
 import ssl
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sandbox_operator.egress.config import ProxyConfig, SandboxEgress
 
 
 @dataclass
@@ -50,6 +54,66 @@ async def start_echo_server(host: str = "127.0.0.1") -> LocalServer:
     server = await asyncio.start_server(handle, host, 0, backlog=1024)
     state.append(LocalServer(server, server.sockets[0].getsockname()[1]))
     return state[0]
+
+
+def loopback_proxy_config(
+    sandbox_id: str, allow: tuple[str, ...], upstream_port: int
+) -> ProxyConfig:
+    """A proxy on 127.0.0.1 (any free port) serving one sandbox whose source is 127.0.0.1, with
+    127.0.0.1/32 admitted so a local upstream is reachable; every other range stays refused."""
+    return ProxyConfig.model_validate(
+        {
+            "listenHost": "127.0.0.1",
+            "listenPort": 0,
+            "allowedPorts": [80, 443, upstream_port],
+            "admittedNetworks": ["127.0.0.1/32"],
+            "sandboxes": [
+                SandboxEgress.model_validate(
+                    {"id": sandbox_id, "allow": allow, "sourceIPs": ["127.0.0.1"]}
+                )
+            ],
+        }
+    )
+
+
+@contextlib.contextmanager
+def serve_http_in_thread(
+    body: bytes,
+    *,
+    host: str = "0.0.0.0",
+    tls: ssl.SSLContext | None = None,
+    backlog: int = 512,
+) -> Iterator[int]:
+    """A blocking HTTP(S) server answering every GET with ``body``, in a thread; yields its port.
+
+    For "outside" hosts that pods reach: it runs beside the tests' event loops (and outside any),
+    on every address of this machine by default. ``backlog`` lets hundreds of tunnels connect at
+    once; handler threads are daemons, so a held connection never blocks shutdown.
+    """
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = backlog
+        daemon_threads = True
+
+    server = Server((host, 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _http_handler(
