@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.server
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -58,7 +55,9 @@ from tests.e2e.test_cluster_node import exec_in  # noqa: E402
 from tests.e2e.test_egress_allowlist import PROXY_SELECTOR, config_with_managed_proxy  # noqa: E402
 from tests.e2e.test_egress_closed import Outside, node_address, unrestricted_pod  # noqa: E402
 from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_LABEL  # noqa: E402
-from tests.fixtures.operator import PYTHON, Kit, OperatorProcess  # noqa: E402
+from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, build_operator_image  # noqa: E402
+
+from sandbox_operator.egress.testing import serve_http_in_thread  # noqa: E402
 
 BODY = b"egress-bench-ok"
 WARMUP = 20
@@ -139,38 +138,6 @@ for _ in range(n):
     out.append((time.perf_counter() - t0) * 1e6)
 print(json.dumps({"us": out}))
 """.replace("WARMUP", str(WARMUP))
-
-
-def start_outside() -> tuple[http.server.ThreadingHTTPServer, int]:
-    """An HTTP server on all of this machine's addresses (the node's among them)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(BODY)))
-            self.end_headers()
-            self.wfile.write(BODY)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    class Server(http.server.ThreadingHTTPServer):
-        request_queue_size = 1024
-        daemon_threads = True
-
-    server = Server(("0.0.0.0", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, int(server.server_address[1])
-
-
-def operator_image() -> str:
-    result = subprocess.run(
-        ["bash", str(ROOT / "operator" / "build-image.sh"), "import"],
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise SystemExit(f"operator/build-image.sh import failed:\n{result.stderr[-3000:]}")
-    return result.stdout.strip().splitlines()[-1].split()[0]
 
 
 def series(core: client.CoreV1Api, ns: str, pod: str, mode: str, host: str, port: int, n: int):
@@ -363,16 +330,15 @@ def main() -> None:
     kubeconfig = os.environ.get("KUBECONFIG") or str(LOCAL_KUBECONFIG)
     os.environ["KUBECONFIG"] = kubeconfig
     api = config.new_client_from_config(config_file=kubeconfig)
-    image = operator_image()
-    server, port = start_outside()
-    outside = Outside(node_address(client.CoreV1Api(api)), port, BODY.decode())
-    try:
-        for runtime in args.runtime or ["runc", "gvisor"]:
-            run(api, runtime, image, outside, min(args.requests, 20000), min(args.concurrency, 500))
-    finally:
-        server.shutdown()
-        server.server_close()
-        api.close()
+    image = build_operator_image()
+    with serve_http_in_thread(BODY, backlog=1024) as port:
+        outside = Outside(node_address(client.CoreV1Api(api)), port, BODY.decode())
+        try:
+            for runtime in args.runtime or ["runc", "gvisor"]:
+                requests, concurrency = min(args.requests, 20000), min(args.concurrency, 500)
+                run(api, runtime, image, outside, requests, concurrency)
+        finally:
+            api.close()
 
 
 if __name__ == "__main__":

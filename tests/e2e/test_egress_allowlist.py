@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import json
 import threading
 import time
@@ -52,11 +51,11 @@ from sandbox_operator.egress.probe import (
     expect_proxy_refused,
     judge,
 )
-from sandbox_operator.egress.testing import make_self_signed_cert
+from sandbox_operator.egress.testing import make_self_signed_cert, serve_http_in_thread
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
-from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
+from tests.fixtures.operator import DECLARATIONS, PYTHON
 from tests.unit.test_chart_render import template
 
 pytestmark = pytest.mark.e2e
@@ -128,27 +127,8 @@ def proxy_log(core: client.CoreV1Api, ns: str) -> str:
 def tls_outside(tmp_path: Path) -> Iterator[tuple[int, str]]:
     """An HTTPS server on this machine for `allowed.test` (self-signed); (port, CA PEM)."""
     cert = make_self_signed_cert(tmp_path, ("allowed.test",))
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"tls-outside-ok"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    server.socket = cert.server_context().wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], cert.cert.read_text()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http_in_thread(b"tls-outside-ok", tls=cert.server_context()) as port:
+        yield port, cert.cert.read_text()
 
 
 def config_with_managed_proxy(
@@ -156,23 +136,10 @@ def config_with_managed_proxy(
 ) -> dict:
     """The operator runs the proxy (image = the operator's own, on the sandboxes' runtime class);
     the proxy admits exactly the node address the test's servers live on."""
-    isolation = "hardened_container" if runtime_class == "gvisor" else "container"
-    declarations = dict(DECLARATIONS, egressModes=["closed", "allowlist"])
-    config = local_config(
-        floor="container",
-        selection="fixed",
-        pinned=runtime_class,
-        backends=[
-            {
-                "name": runtime_class,
-                "type": "runtimeClass",
-                "runtimeClassName": runtime_class,
-                "isolation": isolation,
-                "declarations": declarations,
-                "egressProxy": {"managed": True},
-            }
-        ],
-    )
+    config = closed.backend(runtime_class)
+    (backend,) = config["backends"]
+    backend["declarations"] = dict(DECLARATIONS, egressModes=["closed", "allowlist"])
+    backend["egressProxy"] = {"managed": True}
     config["egressProxy"] = {
         "image": image,
         "imagePullPolicy": "Never",
