@@ -51,6 +51,8 @@ def test_defaults() -> None:
     assert c.lifetime.max_lifetime_seconds > 0
     assert c.image_for("python:3.12") == "python:3.12"
     assert cfg(images={"python": "python3.12"}).image_for("python") == "python3.12"
+    assert c.observe_interval_seconds == 10.0
+    assert cfg(observeIntervalSeconds=2.5).observe_interval_seconds == 2.5
 
 
 @pytest.mark.parametrize(
@@ -67,6 +69,8 @@ def test_defaults() -> None:
         {"unknownField": 1},
         {"name": "Not_DNS"},
         {"timeouts": {"read": 0}},
+        {"observeIntervalSeconds": 0},
+        {"observeIntervalSeconds": 601},
     ],
 )
 def test_refused(override: dict[str, Any]) -> None:

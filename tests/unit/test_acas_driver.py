@@ -98,7 +98,11 @@ async def test_is_a_backend_driver(driver: AcasDriver) -> None:
 async def test_ensure_creates_a_labelled_confined_sandbox(
     driver: AcasDriver, standin: StandinServer
 ) -> None:
-    req = request(egress="allowlist", egress_allow=("pypi.org", "files.pythonhosted.org"))
+    req = request(
+        egress="allowlist",
+        egress_allow=("pypi.org", "files.pythonhosted.org"),
+        resources={"limits": {"cpu": "1", "memory": "512Mi"}},
+    )
     served = await driver.ensure(req)
     assert served.kind == REMOTE_KIND
     remote = standin.state.sandboxes[served.name]

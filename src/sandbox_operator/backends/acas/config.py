@@ -173,6 +173,14 @@ class AcasBackendConfig(_Model):
     lifetime: AcasLifetime = Field(default_factory=AcasLifetime)
     timeouts: AcasTimeouts = Field(default_factory=AcasTimeouts)
     retries: AcasRetries = Field(default_factory=AcasRetries)
+    observe_interval_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="The driver reads the group's remote sandboxes with one label-filtered list "
+        "per interval; observe answers from that list, and changes seen between two lists are "
+        "reported to the operator. A list older than 3 intervals is no longer trusted.",
+    )
 
     @field_validator("endpoint")
     @classmethod

@@ -1,9 +1,19 @@
 """The operator's driver for `acas` backends: one remote microVM sandbox per Sandbox resource.
 
-Stateless like every driver: the remote sandbox carries the hashed key labels, the Sandbox's
-namespace, name, uid and kind, so observe, dispose and the scope purge find it by a label
-listing on the service (never from memory), from any replica. The remote id goes into the
-Sandbox's status as `servedBy` (kind `AcasSandbox`).
+The remote sandbox carries the hashed key labels, the Sandbox's namespace, name, uid and kind,
+so ensure, dispose and the scope purge find it by a label listing on the service (never from
+memory), from any replica. The remote id goes into the Sandbox's status as `servedBy` (kind
+`AcasSandbox`).
+
+Reading state costs one call per interval, not one per sandbox: the driver keeps a read cache of
+the group's remote sandboxes, refilled by ONE label-filtered list (this operator, this backend)
+every `observeIntervalSeconds`. `observe` and `list_by_key` answer from it; `ensure` and
+`dispose` write what they learn through to it at once. Correctness never rests on the cache:
+whatever creates or deletes asks the service, an absence the cache cannot vouch for (a recorded
+remote id it does not hold) is checked by id, and a cache that could not be refilled for
+`STALE_AFTER_INTERVALS` intervals no longer answers (the service is asked per sandbox, as it was
+before the cache). With `start(notify)` a background task does the listing and reports every
+Sandbox whose remote state changed between two lists.
 
 Every sandbox is created with its confinement in the same request: an inline egress policy
 (default Deny plus one Allow host rule per `egressAllow` entry) and a lifecycle policy that
@@ -12,10 +22,14 @@ auto-deletes it after a bounded lifetime even if no operator is left to do so.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +71,22 @@ from .models import RemoteSandbox, SandboxState
 #: Create failures no retry can cure: the request's content (400, 413) or the group/path (404).
 _PERMANENT = (AcasBadRequest, AcasNotFound, AcasPayloadTooLarge)
 
+log = logging.getLogger(__name__)
+
 REMOTE_KIND = "AcasSandbox"
 NAMESPACE_LABEL = f"{lbl.GROUP}/namespace"
 OWNER_UID_LABEL = f"{lbl.GROUP}/owner-uid"
 KIND_LABEL = f"{lbl.GROUP}/kind"
+#: The Sandbox's own name (the sandbox label holds `object_name(name)`, which differs for dotted
+#: or long names). Set when the name is at most 63 characters; older sandboxes lack it.
+SANDBOX_NAME_LABEL = f"{lbl.GROUP}/sandbox-name"
+_NAME_LABEL_MAX = 63
+
+#: A cache whose last good list started more than this many intervals ago no longer answers.
+STALE_AFTER_INTERVALS = 3
+
+#: What `start` is given: called with (namespace, Sandbox name) for each changed Sandbox.
+Notify = Callable[[str, str], None]
 
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -74,10 +100,13 @@ def label_safe(value: str) -> str:
 
 def remote_labels(request: EnsureRequest, backend: str) -> dict[str, str]:
     """The labels a remote sandbox carries: the operator's object labels (hashed key parts,
-    sandbox name, backend) plus the Sandbox's namespace, uid and kind."""
+    sandbox label, backend) plus the Sandbox's namespace, name, uid and kind."""
     out = dict(request.labels)
     out.setdefault(lbl.BACKEND_LABEL, backend)
     out[NAMESPACE_LABEL] = request.sandbox.namespace
+    name = request.sandbox.name
+    if name and len(name) <= _NAME_LABEL_MAX:
+        out[SANDBOX_NAME_LABEL] = name
     if request.sandbox.uid:
         out[OWNER_UID_LABEL] = request.sandbox.uid
     out[KIND_LABEL] = label_safe(request.spec.kind)
@@ -167,6 +196,97 @@ def classify(remote: RemoteSandbox | None) -> Observation:
         why = f" ({reason})" if reason else ""
         return obs(ObservedPhase.FAILED, f"remote sandbox was stopped{why}")
     return obs(ObservedPhase.STARTING, f"remote sandbox state {state or 'unknown'}")
+
+
+def observation_for(sandbox: SandboxRef, found: list[RemoteSandbox]) -> Observation:
+    """What observe reports for `sandbox` given the remote sandboxes carrying its labels: one
+    that another Sandbox (an earlier one of the same name) owns is not this one's."""
+    if sandbox.uid:
+        mine = [r for r in found if r.labels.get(OWNER_UID_LABEL, sandbox.uid) == sandbox.uid]
+        if found and not mine:
+            return Observation(
+                ObservedPhase.ABSENT,
+                None,
+                "Foreign",
+                "remote sandbox belongs to another Sandbox",
+            )
+        found = mine
+    return classify(found[0] if found else None)
+
+
+def _sandbox_key(remote: RemoteSandbox) -> tuple[str, str]:
+    """(namespace, sandbox label value) of a remote sandbox: which Sandbox it serves."""
+    return remote.labels.get(NAMESPACE_LABEL, ""), remote.labels.get(lbl.SANDBOX_LABEL, "")
+
+
+def _ref_key(sandbox: SandboxRef) -> tuple[str, str]:
+    return sandbox.namespace, lbl.sandbox_label_value(sandbox.name)
+
+
+def _recorded_id(sandbox: SandboxRef) -> str:
+    """The remote id the Sandbox's status recorded (`servedBy`), if it names one of ours."""
+    served = sandbox.served_by
+    return served.name if served is not None and served.kind == REMOTE_KIND else ""
+
+
+def _fingerprint(remote: RemoteSandbox) -> tuple[str, ...]:
+    """What observe would tell of one remote sandbox (owner, phase, state, its reason)."""
+    obs = classify(remote)
+    return (
+        remote.id,
+        remote.labels.get(OWNER_UID_LABEL, ""),
+        obs.phase.value,
+        obs.detail_reason,
+        obs.message,
+    )
+
+
+class _Snapshot:
+    """The cached remote sandboxes, by id and by the Sandbox they serve."""
+
+    def __init__(self, remotes: Iterable[RemoteSandbox] = ()) -> None:
+        self.by_id: dict[str, RemoteSandbox] = {}
+        self.by_sandbox: dict[tuple[str, str], dict[str, RemoteSandbox]] = {}
+        for remote in remotes:
+            self.put(remote)
+
+    def put(self, remote: RemoteSandbox) -> None:
+        self.drop(remote.id)
+        self.by_id[remote.id] = remote
+        self.by_sandbox.setdefault(_sandbox_key(remote), {})[remote.id] = remote
+
+    def drop(self, remote_id: str) -> None:
+        remote = self.by_id.pop(remote_id, None)
+        if remote is None:
+            return
+        key = _sandbox_key(remote)
+        group = self.by_sandbox.get(key, {})
+        group.pop(remote_id, None)
+        if not group:
+            self.by_sandbox.pop(key, None)
+
+    def of(self, key: tuple[str, str]) -> list[RemoteSandbox]:
+        return list(self.by_sandbox.get(key, {}).values())
+
+    def states(self) -> dict[tuple[str, str], tuple[tuple[str, ...], ...]]:
+        return {
+            key: tuple(sorted(_fingerprint(r) for r in group.values()))
+            for key, group in self.by_sandbox.items()
+            if key[0] and key[1]
+        }
+
+
+@dataclass(frozen=True)
+class CacheStatus:
+    """How the driver's read cache stands (for logs, metrics and tests)."""
+
+    filled: bool  # a list has succeeded at least once
+    age_seconds: float | None  # since the last good list started (None: never)
+    stale: bool  # too old to answer: observe asks the service per sandbox
+    consecutive_failures: int  # lists failed since the last good one
+    last_error: str  # what the last failed list said ("" after a good one)
+    lists: int  # lists sent so far, good or not
+    running: bool  # the periodic task of `start` is running
 
 
 def backend_object(remote: RemoteSandbox) -> BackendObject:
@@ -266,6 +386,24 @@ class AcasDriver:
         self._dispose_within = config.timeouts.delete
         if dispose_timeout is not None:
             self._dispose_within = min(self._dispose_within, dispose_timeout)
+        # The read cache (see the module docstring). Times are `_clock()` readings.
+        self._interval = config.observe_interval_seconds
+        self._clock: Callable[[], float] = time.monotonic
+        self._snapshot: _Snapshot | None = None  # None until a list has succeeded
+        self._listed_at = 0.0  # when the list that filled the snapshot started
+        self._attempted_at: float | None = None  # when the last list (good or not) started
+        self._failures = 0
+        self._last_error = ""
+        self._lists = 0
+        # Write-through since the last good list started: id -> (remote, or None if gone; when).
+        # A list that started before a write must not undo it.
+        self._writes: dict[str, tuple[RemoteSandbox | None, float]] = {}
+        # Sandbox names the sandbox label cannot give back (dotted/long names of sandboxes
+        # created without SANDBOX_NAME_LABEL), learned from the refs the operator passes.
+        self._names: dict[tuple[str, str], str] = {}
+        self._inflight: asyncio.Future[bool] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._notify: Notify | None = None
 
     @property
     def dispose_within(self) -> float:
@@ -282,6 +420,173 @@ class AcasDriver:
     @property
     def client(self) -> AcasClient:
         return self._client
+
+    @property
+    def observe_interval(self) -> float:
+        return self._interval
+
+    # -- the read cache ----------------------------------------------------------------------
+
+    def cache_status(self) -> CacheStatus:
+        now = self._clock()
+        filled = self._snapshot is not None
+        age = now - self._listed_at if filled else None
+        return CacheStatus(
+            filled=filled,
+            age_seconds=age,
+            stale=age is None or age > self._interval * STALE_AFTER_INTERVALS,
+            consecutive_failures=self._failures,
+            last_error=self._last_error,
+            lists=self._lists,
+            running=self._running(),
+        )
+
+    def _running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self, notify: Notify) -> None:
+        """Start the periodic refresh: one label-filtered list every `observeIntervalSeconds`.
+
+        After each good list, `notify(namespace, sandbox_name)` is called (synchronously, in
+        this event loop; it must not block) once for every Sandbox whose remote state as
+        observe reports it (remote id, owner, phase, state, reason) differs from what the cache
+        held just before, including remote sandboxes that appeared or vanished. Changes the
+        operator made itself through `ensure`/`dispose` are already in the cache and are not
+        reported again. The first good list reports nothing (there is nothing to compare). A
+        failed list reports nothing and keeps the cache. Returns at once; calling it again only
+        replaces `notify`. `close()` stops the task.
+        """
+        self._notify = notify
+        if not self._running():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"acas-observe-{self.name}"
+            )
+
+    async def _run(self) -> None:
+        while True:
+            last = self._attempted_at
+            if last is None or self._clock() - last >= self._interval:
+                try:
+                    await self.refresh()
+                except Exception:  # refresh records list failures; anything else must not
+                    log.exception("acas %s: refreshing the sandbox cache failed", self.name)
+            last = self._attempted_at
+            since = 0.0 if last is None else self._clock() - last
+            await asyncio.sleep(max(self._interval - since, self._interval / 10))
+
+    async def refresh(self) -> bool:
+        """List the group's sandboxes now and replace the cache; False if the list failed (the
+        last good cache is kept, the failure recorded). Concurrent callers share one list."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._list_and_apply())
+        return await asyncio.shield(self._inflight)
+
+    async def _list_and_apply(self) -> bool:
+        started = self._clock()
+        self._attempted_at = started
+        self._lists += 1
+        try:
+            try:
+                listed = await self._client.list_sandboxes(self._selector())
+            except Exception as exc:  # AcasError, or anything else: keep no text of the latter
+                self._failures += 1
+                self._last_error = str(exc) if isinstance(exc, AcasError) else type(exc).__name__
+                age = self._clock() - self._listed_at if self._snapshot is not None else None
+                log.log(
+                    logging.WARNING if self._failures == 1 else logging.INFO,
+                    "acas %s: listing sandboxes failed (%d in a row; cache age %s): %s",
+                    self.name,
+                    self._failures,
+                    "none" if age is None else f"{age:.0f}s",
+                    self._last_error,
+                )
+                return False
+        finally:
+            self._inflight = None
+        fresh = _Snapshot(listed)
+        for remote_id, (remote, at) in self._writes.items():
+            if at >= started:  # written while the list was under way: newer than the list
+                if remote is None:
+                    fresh.drop(remote_id)
+                else:
+                    fresh.put(remote)
+        self._writes.clear()
+        previous, self._snapshot = self._snapshot, fresh
+        self._listed_at = started
+        self._failures = 0
+        self._last_error = ""
+        if previous is not None:
+            self._announce(previous, fresh)
+        return True
+
+    def _announce(self, before: _Snapshot, after: _Snapshot) -> None:
+        notify = self._notify
+        if notify is None:
+            return
+        old, new = before.states(), after.states()
+        for key in sorted(old.keys() | new.keys()):
+            if old.get(key) == new.get(key):
+                continue
+            name = self._sandbox_name(key, after.of(key) + before.of(key))
+            try:
+                notify(key[0], name)
+            except Exception:
+                log.exception("acas %s: change notification for %s/%s failed", self.name, *key)
+
+    def _sandbox_name(self, key: tuple[str, str], remotes: list[RemoteSandbox]) -> str:
+        for remote in remotes:
+            name = remote.labels.get(SANDBOX_NAME_LABEL)
+            if name:
+                return name
+        # Sandboxes from before the name label: the sandbox label is the name itself for every
+        # DNS-1123 label name (all names the client gives); others were learned from refs.
+        return self._names.get(key, key[1])
+
+    def _learn(self, sandbox: SandboxRef) -> None:
+        key = _ref_key(sandbox)
+        if sandbox.name and key[1] != sandbox.name:
+            self._names[key] = sandbox.name
+
+    async def _cache(self) -> _Snapshot | None:
+        """The cache when it may answer, else None (the caller asks the service).
+
+        The first call (and, without the periodic task, the first after an interval) lists
+        once for everyone; after a failed list the next attempt waits an interval."""
+        now = self._clock()
+        due = self._snapshot is None or (
+            not self._running() and now - self._listed_at >= self._interval
+        )
+        if due and (
+            self._inflight is not None
+            or self._attempted_at is None
+            or now - self._attempted_at >= self._interval
+        ):
+            await self.refresh()
+        if self._snapshot is None:
+            return None
+        if self._clock() - self._listed_at > self._interval * STALE_AFTER_INTERVALS:
+            return None
+        return self._snapshot
+
+    def _remember(self, remote: RemoteSandbox) -> None:
+        self._writes[remote.id] = (remote, self._clock())
+        if self._snapshot is not None:
+            self._snapshot.put(remote)
+
+    def _forget(self, remote_id: str) -> None:
+        self._writes[remote_id] = (None, self._clock())
+        if self._snapshot is not None:
+            self._snapshot.drop(remote_id)
+
+    def _write_through(self, sandbox: SandboxRef, found: list[RemoteSandbox]) -> None:
+        """The service just listed exactly `found` for `sandbox`: the cache says so too."""
+        keep = {r.id for r in found}
+        if self._snapshot is not None:
+            for remote in self._snapshot.of(_ref_key(sandbox)):
+                if remote.id not in keep:
+                    self._forget(remote.id)
+        for remote in found:
+            self._remember(remote)
 
     def _selector(self, **extra: str) -> dict[str, str]:
         return {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE, lbl.BACKEND_LABEL: self.name, **extra}
@@ -322,7 +627,10 @@ class AcasDriver:
 
     async def _ensure(self, request: EnsureRequest) -> ServedBy:
         sandbox = request.sandbox
-        for remote in await self._find(sandbox):
+        self._learn(sandbox)
+        found = await self._find(sandbox)
+        self._write_through(sandbox, found)
+        for remote in found:
             owner = remote.labels.get(OWNER_UID_LABEL, "")
             if sandbox.uid and owner and owner != sandbox.uid:
                 raise StartupError(
@@ -334,10 +642,12 @@ class AcasDriver:
         content = create_content(request, self._config)
         created = await self._client.create_sandbox(content)
         # It must be findable by its labels, or no replica could ever dispose it.
-        listed = {r.id for r in await self._find(sandbox)}
-        if created.id not in listed:
+        listing = await self._find(sandbox)
+        self._write_through(sandbox, listing)
+        if created.id not in {r.id for r in listing}:
             with contextlib.suppress(AcasError):
                 await self._client.delete_and_wait(created.id)
+            self._forget(created.id)
             error = AcasNotListed(
                 "AzureSandboxes_List", what="created sandbox missing from its label listing"
             )
@@ -345,18 +655,53 @@ class AcasDriver:
         return ServedBy(REMOTE_KIND, created.id, "", created.id)
 
     async def observe(self, sandbox: SandboxRef) -> Observation:
+        """From the cache (no call), except:
+
+        * a remote id the status recorded that the cache does not hold is asked for by id (it
+          may have been created after the list started, e.g. by another replica: "absent" must
+          not turn a Ready sandbox Failed);
+        * without a usable cache (no list has succeeded, or the last good one is older than
+          `STALE_AFTER_INTERVALS` intervals) the service is asked for this sandbox alone: by its
+          recorded id (404: absent), else by its labels.
+
+        If that call fails, its error is raised: a failing service never makes a sandbox look
+        Failed or gone."""
+        self._learn(sandbox)
+        snapshot = await self._cache()
+        if snapshot is None:
+            return await self._observe_remote(sandbox)
+        obs = observation_for(sandbox, snapshot.of(_ref_key(sandbox)))
+        recorded = _recorded_id(sandbox)
+        if obs.served_by is None and recorded and recorded not in snapshot.by_id:
+            remote = await self._get_own(sandbox, recorded)
+            if remote is not None:
+                return observation_for(sandbox, [remote])
+        return obs
+
+    async def _observe_remote(self, sandbox: SandboxRef) -> Observation:
+        recorded = _recorded_id(sandbox)
+        if recorded:
+            remote = await self._client.find_sandbox(recorded)
+            if remote is None:  # what served the sandbox is gone (404)
+                self._forget(recorded)
+                return classify(None)
+            if _sandbox_key(remote) == _ref_key(sandbox):
+                self._remember(remote)
+                return observation_for(sandbox, [remote])
         found = await self._find(sandbox)
-        if sandbox.uid:
-            mine = [r for r in found if r.labels.get(OWNER_UID_LABEL, sandbox.uid) == sandbox.uid]
-            if found and not mine:
-                return Observation(
-                    ObservedPhase.ABSENT,
-                    None,
-                    "Foreign",
-                    "remote sandbox belongs to another Sandbox",
-                )
-            found = mine
-        return classify(found[0] if found else None)
+        self._write_through(sandbox, found)
+        return observation_for(sandbox, found)
+
+    async def _get_own(self, sandbox: SandboxRef, remote_id: str) -> RemoteSandbox | None:
+        """The remote sandbox by id if it still exists and carries `sandbox`'s labels."""
+        remote = await self._client.find_sandbox(remote_id)
+        if remote is None:
+            self._forget(remote_id)
+            return None
+        if _sandbox_key(remote) != _ref_key(sandbox):
+            return None
+        self._remember(remote)
+        return remote
 
     async def _dispose_remote(self, remote_id: str) -> None:
         try:
@@ -365,16 +710,20 @@ class AcasDriver:
             raise DisposalError(disposal_failure(exc, self.name)) from None
 
     async def dispose(self, sandbox: SandboxRef) -> None:
+        self._learn(sandbox)
         try:
             found = await self._find(sandbox)
         except AcasError as exc:
             raise DisposalError(disposal_failure(exc, self.name)) from None
+        self._write_through(sandbox, found)
         first: DisposalError | None = None
         for remote in found:
             try:
                 await self._dispose_remote(remote.id)
             except DisposalError as exc:
                 first = first or exc
+            else:
+                self._forget(remote.id)
         recorded = sandbox.served_by
         listed = {r.id for r in found}
         if recorded is not None and recorded.kind == REMOTE_KIND and recorded.name not in listed:
@@ -382,8 +731,11 @@ class AcasDriver:
                 await self._dispose_unlisted(recorded.name)
             except DisposalError as exc:
                 first = first or exc
+            else:
+                self._forget(recorded.name)
         if first is not None:
             raise first
+        self._names.pop(_ref_key(sandbox), None)
 
     async def _dispose_unlisted(self, remote_id: str) -> None:
         """The status recorded `remote_id` but its label listing does not hold it. Gone (404)
@@ -421,14 +773,33 @@ class AcasDriver:
         )
 
     async def list_by_key(self, namespace: str, key: SandboxKey) -> list[BackendObject]:
-        return await self._list(
-            self._selector(**{lbl.KEY_LABEL: lbl.key_value(key), NAMESPACE_LABEL: namespace})
-        )
+        """From the cache when it is usable (see `observe`), else by a filtered list."""
+        value = lbl.key_value(key)
+        snapshot = await self._cache()
+        if snapshot is None:
+            return await self._list(
+                self._selector(**{lbl.KEY_LABEL: value, NAMESPACE_LABEL: namespace})
+            )
+        return [
+            backend_object(r)
+            for r in snapshot.by_id.values()
+            if r.labels.get(lbl.KEY_LABEL) == value and r.labels.get(NAMESPACE_LABEL) == namespace
+        ]
 
     async def dispose_object(self, obj: BackendObject) -> None:
         await self._dispose_remote(obj.name)
+        self._forget(obj.name)
 
     async def close(self) -> None:
+        """Stop the periodic refresh (and a list under way), then close the HTTP client."""
+        for job in (self._task, self._inflight):
+            if job is not None and not job.done():
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
+        self._task = None
+        self._inflight = None
+        self._notify = None
         await self._client.aclose()
 
 
