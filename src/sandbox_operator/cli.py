@@ -1,8 +1,9 @@
 """``sandbox-operator``: run the operator, or check a configuration without a cluster.
 
-* ``sandbox-operator run --config FILE [--namespace NS ...|--all-namespaces] [--health-port N]``
-  validates the configuration (refusing to start on any error, naming the entry), then runs the
-  kopf operator with an HTTP health endpoint at ``/healthz``.
+* ``sandbox-operator run --config FILE [--namespace NS ...|--all-namespaces] [--health-port N]
+  [--metrics-port N]`` validates the configuration (refusing to start on any error, naming the
+  entry), then runs the kopf operator with an HTTP health endpoint at ``/healthz`` and Prometheus
+  metrics at ``/metrics`` (``sandbox_operator.metrics``; ``--metrics-port 0`` disables them).
 * ``sandbox-operator check-config FILE [--spec sandbox.yaml] [--scope sandboxscope.yaml]`` gives
   the same verdict on the file without a cluster and, with ``--spec``, says whether that spec
   would be served, by which backend, or why not. (RuntimeClass existence needs a cluster and is
@@ -55,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=int, default=8080, help="port of GET /healthz")
     run.add_argument("--health-host", default="0.0.0.0")
     run.add_argument("--no-health", action="store_true", help="do not serve /healthz")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        help="port of GET /metrics (Prometheus); 0 disables the endpoint and kopf's request counts",
+    )
+    run.add_argument("--metrics-host", default="0.0.0.0")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument(
         "--priority",
@@ -191,6 +199,8 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every health probe
+    if args.metrics_port:
+        _start_metrics(args.metrics_host, args.metrics_port)
     liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
     kopf.run(
         clusterwide=bool(args.all_namespaces),
@@ -202,6 +212,21 @@ def _run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(config=config),
     )
     return EXIT_OK
+
+
+def _start_metrics(host: str, port: int) -> None:
+    """Serve /metrics and count kopf's own API requests. Metrics are not worth an outage: an
+    address that cannot be bound is reported and the operator runs without the endpoint."""
+    from sandbox_operator.metrics import instrument_kopf, start_metrics_server
+
+    try:
+        start_metrics_server(host, port)
+    except OSError as exc:
+        print(
+            f"metrics: cannot serve on {host}:{port}: {exc}; running without them", file=sys.stderr
+        )
+        return
+    instrument_kopf()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,6 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         if not args.all_namespaces and not args.namespace:
             print("run: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr)
+            return EXIT_USAGE
+        if args.metrics_port < 0 or args.metrics_port > 65535:
+            print(f"run: --metrics-port {args.metrics_port} is not a port", file=sys.stderr)
+            return EXIT_USAGE
+        if args.metrics_port and not args.no_health and args.metrics_port == args.health_port:
+            print("run: --metrics-port and --health-port must differ", file=sys.stderr)
             return EXIT_USAGE
         return _run(args)
     return EXIT_USAGE
