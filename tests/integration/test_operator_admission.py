@@ -90,6 +90,24 @@ def test_each_check_refuses_with_its_reason(kit, start_operator, spec, backend_k
     assert_refused(kit, "refused", reason)
 
 
+def test_resources_above_the_host_ceiling_are_refused_before_any_backend(kit, start_operator):
+    config = fixed()
+    # A ceiling below the built-in default limit needs a default under it (else: no start).
+    config["hostPolicy"]["resources"] = {
+        "defaultLimits": {"memory": "64Mi"},
+        "maxLimits": {"memory": "64Mi"},
+    }
+    start_operator(config)
+    kit.scope()
+    # The fixture's spec states limits.memory 128Mi.
+    kit.sandbox("too-big")
+    obj = assert_refused(kit, "too-big", "ResourcesExceedCeiling")
+    message = kit.condition(obj, "Admitted")["message"]
+    assert "limits.memory 128Mi > maxLimits.memory 64Mi" in message
+    kit.sandbox("fits", resources={"limits": {"cpu": "500m", "memory": "64Mi"}})
+    kit.wait_condition("fits", "Admitted", status="True", timeout=60)
+
+
 @pytest.mark.parametrize("raised_by", ["host", "scope"])
 def test_a_call_scope_raised_above_the_spec_needs_a_call_id(kit, start_operator, raised_by):
     config = fixed()

@@ -556,3 +556,41 @@ def test_schema_rejects_a_bad_managed_egress_proxy(
     )  # fmt: skip
     assert result.returncode != 0
     assert where in result.stderr
+
+
+def test_schema_accepts_host_resource_defaults_and_the_operator_reads_them(tmp_path: Path) -> None:
+    """`hostPolicy.resources` is described key by key, exactly as the operator reads it."""
+    import json
+
+    from sandbox_operator.config import parse_config
+    from sandbox_operator.contract import HostPolicy, ResourcePolicy
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    host_schema = schema["properties"]["config"]["properties"]["hostPolicy"]
+    assert set(host_schema["properties"]) == {
+        f.alias or n for n, f in HostPolicy.model_fields.items()
+    }
+    assert set(host_schema["properties"]["resources"]["properties"]) == {
+        f.alias or n for n, f in ResourcePolicy.model_fields.items()
+    }
+    resources = {
+        "defaultRequests": {"cpu": "20m", "memory": "48Mi"},
+        "defaultLimits": {"cpu": 1, "memory": "1Gi"},
+        "maxLimits": {"cpu": "2", "memory": "4Gi"},
+    }
+    values = _backend_values(tmp_path, RUNTIME_CLASS_BACKEND)
+    doc = yaml.safe_load(values.read_text())
+    doc["config"]["hostPolicy"]["resources"] = resources
+    values.write_text(yaml.safe_dump(doc))
+    cm = one(template(values_files=[values]), "ConfigMap")
+    config, _ = parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert config.host_policy.resources.default_limits.memory == "1Gi"
+    assert config.host_policy.resources.max_limits.cpu == "2"
+    doc["config"]["hostPolicy"]["resources"] = {"maxLimits": {"cpu": "lots"}}
+    values.write_text(yaml.safe_dump(doc))
+    result = run_helm(
+        "template", "so", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values),
+        check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "maxLimits" in result.stderr

@@ -138,3 +138,59 @@ def test_check_config_accepts_a_bare_spec(tmp_path, capsys):
     assert "served by backend gvisor" in capsys.readouterr().out
     spec.write_text("kind: [")
     assert main(["check-config", str(cfg), "--spec", str(spec)]) == 2
+
+
+def test_host_policy_resources_are_read_and_errors_name_the_entry():
+    config, _ = parse_config(
+        {
+            "hostPolicy": {
+                "minIsolation": "hardened_container",
+                "resources": {
+                    "defaultRequests": {"cpu": "20m", "memory": "48Mi"},
+                    "defaultLimits": {"cpu": "500m", "memory": "256Mi"},
+                    "maxRequests": {"cpu": "1"},
+                    "maxLimits": {"cpu": "2", "memory": "4Gi"},
+                },
+            },
+            "backends": [backend()],
+        }
+    )
+    resources = config.host_policy.resources
+    assert (resources.default_requests.cpu, resources.default_limits.memory) == ("20m", "256Mi")
+    assert (resources.max_requests.cpu, resources.max_limits.memory) == ("1", "4Gi")
+    for bad, needle in [
+        ({"maxLimits": {"memory": "256Mi"}}, "defaultLimits.memory (512Mi) exceeds maxLimits"),
+        ({"defaultRequests": {"cpu": "2"}}, "defaultRequests.cpu (2) exceeds defaultLimits.cpu"),
+        ({"maxLimits": {"cpu": "much"}}, "not a quantity"),
+        ({"ceiling": {"cpu": "1"}}, "Extra inputs are not permitted"),
+    ]:
+        with pytest.raises(ConfigurationError) as err:
+            parse_config(
+                {
+                    "hostPolicy": {"minIsolation": "hardened_container", "resources": bad},
+                    "backends": [backend()],
+                }
+            )
+        assert err.value.entry.startswith("hostPolicy.resources"), err.value.entry
+        assert needle in str(err.value)
+
+
+def test_check_config_refuses_a_spec_above_the_host_ceiling(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    doc = yaml.safe_load((REPO / "examples/config-local.yaml").read_text())
+    doc["hostPolicy"]["resources"] = {"maxLimits": {"memory": "1Gi"}}
+    cfg.write_text(yaml.safe_dump(doc))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "python",
+                "image": "sandbox-operator.dev/python:1",
+                "resources": {"limits": {"memory": "2Gi"}},
+            }
+        )
+    )
+    assert main(["check-config", str(cfg), "--spec", str(spec)]) == 3
+    out = capsys.readouterr().out
+    assert "refused: ResourcesExceedCeiling" in out
+    assert "limits.memory 2Gi > maxLimits.memory 1Gi" in out

@@ -9,6 +9,8 @@ from pydantic import ValidationError
 
 from sandbox_operator.contract import (
     DEFAULT_CAPABILITIES,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_RESOURCE_REQUESTS,
     ISOLATION_LADDER,
     ISOLATION_SCOPE_LADDER,
     REFUSAL_TYPES,
@@ -25,7 +27,11 @@ from sandbox_operator.contract import (
     IsolationScope,
     Lifetime,
     RefusalReason,
+    ResourceExcess,
+    ResourceList,
+    ResourcePolicy,
     ResourceRequirements,
+    ResourcesExceedCeiling,
     SandboxKey,
     SandboxResourceSpec,
     SandboxScopeResourceSpec,
@@ -302,6 +308,10 @@ def test_set_fields_serialize_in_definition_order() -> None:
             {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}}},
             "requests.memory (1Gi) exceeds limits.memory (512Mi)",
         ),
+        (
+            {"resources": {"requests": {"cpu": "1500m"}, "limits": {"cpu": 1}}},
+            "requests.cpu (1500m) exceeds limits.cpu (1)",
+        ),
         ({"resources": {"limits": {"cpu": "lots"}}}, "not a quantity"),
         ({"lifetime": {"ttlSeconds": 60, "idleTimeoutSeconds": 120}}, "idleTimeoutSeconds (120)"),
         ({"lifetime": {"startupTimeoutSeconds": 0}}, "lifetime.startupTimeoutSeconds"),
@@ -337,7 +347,7 @@ def test_quantities() -> None:
     assert parse_quantity("500m") == parse_quantity("0.5")
     assert parse_quantity("1Gi") == 1024**3
     assert parse_quantity("1G") == 10**9
-    assert ResourceRequirements().limits.memory == "512Mi"
+    assert parse_quantity("10m") < parse_quantity("1") < parse_quantity("2")
     assert Lifetime().idle_timeout_seconds <= Lifetime().ttl_seconds
 
 
@@ -361,9 +371,98 @@ def test_host_policy_defaults_and_pin_rule() -> None:
     assert h.selection is Selection.FIXED
     assert h.pinned_backend is None
     assert h.allow_unrestricted_egress is False
+    assert h.resources == ResourcePolicy()
     assert HostPolicy(pinned_backend="acas").pinned_backend == "acas"
     with pytest.raises(ValidationError, match="pinnedBackend is only valid with selection fixed"):
         HostPolicy.model_validate({"selection": "perSpec", "pinnedBackend": "acas"})
+
+
+# --- resources --------------------------------------------------------------------------------
+
+
+def test_a_spec_states_resources_and_leaves_the_rest_unset() -> None:
+    # The model keeps what the spec states; the policy fills the rest at admission, so the
+    # host's defaults can apply (a model default here would look like a stated value).
+    assert spec().resources == ResourceRequirements()
+    assert ResourceRequirements().requests == ResourceList()
+    assert ResourceRequirements().limits == ResourceList()
+    s = spec(resources={"limits": {"memory": "1Gi"}})
+    assert s.resources.limits == ResourceList(memory="1Gi")
+    assert s.resources.requests == ResourceList()
+    assert spec(resources={"limits": {"cpu": 2}}).resources.limits.cpu == "2"
+
+
+def test_built_in_resource_defaults_are_small_requests_under_bounded_limits() -> None:
+    assert ResourceList(cpu="10m", memory="32Mi") == DEFAULT_RESOURCE_REQUESTS
+    assert ResourceList(cpu="1", memory="512Mi") == DEFAULT_RESOURCE_LIMITS
+    # 100 idle sandboxes reserve half of a 2-core node's CPU.
+    assert 100 * parse_quantity(DEFAULT_RESOURCE_REQUESTS.cpu or "") <= 1
+    p = ResourcePolicy()
+    assert p.default_requests == DEFAULT_RESOURCE_REQUESTS
+    assert p.default_limits == DEFAULT_RESOURCE_LIMITS
+    assert p.max_requests == ResourceList() and p.max_limits == ResourceList()
+
+
+def test_host_resource_policy_reads_camel_case_and_completes_partial_defaults() -> None:
+    h = HostPolicy.model_validate(
+        {
+            "resources": {
+                "defaultRequests": {"memory": "64Mi"},
+                "defaultLimits": {"cpu": "500m"},
+                "maxRequests": {"cpu": "1"},
+                "maxLimits": {"cpu": 2, "memory": "2Gi"},
+            }
+        }
+    )
+    r = h.resources
+    assert r.default_requests == ResourceList(cpu="10m", memory="64Mi")
+    assert r.default_limits == ResourceList(cpu="500m", memory="512Mi")
+    assert r.max_requests == ResourceList(cpu="1")
+    assert r.max_limits == ResourceList(cpu="2", memory="2Gi")
+    assert h.to_wire()["resources"]["defaultLimits"] == {"cpu": "500m", "memory": "512Mi"}
+
+
+@pytest.mark.parametrize(
+    "resources, needle",
+    [
+        (
+            {"defaultRequests": {"cpu": "2"}},
+            "defaultRequests.cpu (2) exceeds defaultLimits.cpu (1)",
+        ),
+        (
+            {"defaultRequests": {"memory": "1Gi"}, "defaultLimits": {"memory": "256Mi"}},
+            "defaultRequests.memory (1Gi) exceeds defaultLimits.memory (256Mi)",
+        ),
+        ({"maxLimits": {"cpu": "500m"}}, "defaultLimits.cpu (1) exceeds maxLimits.cpu (500m)"),
+        (
+            {"maxRequests": {"memory": "16Mi"}},
+            "defaultRequests.memory (32Mi) exceeds maxRequests.memory (16Mi)",
+        ),
+        ({"maxLimits": {"cpu": "lots"}}, "not a quantity"),
+        ({"ceiling": {"cpu": "1"}}, "ceiling"),
+    ],
+)
+def test_host_resource_policy_refuses_defaults_above_limits_or_ceilings(
+    resources: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        HostPolicy.model_validate({"resources": resources})
+    text = error_text(exc) + " " + " ".join(error_locs(exc))
+    assert needle in text
+    assert any(loc.startswith("resources") for loc in error_locs(exc))
+
+
+def test_resources_exceed_ceiling_refusal() -> None:
+    excess = ResourceExcess("limits.memory", "4Gi", "maxLimits.memory", "2Gi")
+    refusal = ResourcesExceedCeiling(kind="python", excesses=[excess])
+    assert refusal.reason is RefusalReason.RESOURCES_EXCEED_CEILING
+    assert refusal.reason.value == "ResourcesExceedCeiling"
+    assert refusal.backend is None and refusal.kind == "python"
+    assert refusal.excesses == (excess,)
+    assert "limits.memory 4Gi > maxLimits.memory 2Gi" in refusal.message
+    assert "hostPolicy.resources" in refusal.message and "never clamped" in refusal.message
+    assert REFUSAL_TYPES[RefusalReason.RESOURCES_EXCEED_CEILING] is ResourcesExceedCeiling
+    assert refusal_condition_reason(refusal.reason) is ConditionReason.RESOURCES_EXCEED_CEILING
 
 
 def test_sandbox_key() -> None:

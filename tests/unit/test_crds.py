@@ -224,6 +224,24 @@ def test_defaults_match_the_models() -> None:
     )
 
 
+def test_resources_have_no_crd_defaults_and_the_descriptions_state_them() -> None:
+    # A default here would be stored in every object and look stated, so the host's defaults
+    # could never apply: what is left out stays out, and the descriptions say what it gets.
+    resources = spec_schema(SANDBOX_FILE)["properties"]["resources"]
+    assert all("default" not in node for _, node in walk(resources))
+    assert "10m cpu and 32Mi memory" in resources["description"]
+    assert "1 cpu and 512Mi memory" in resources["description"]
+    assert "ResourcesExceedCeiling" in resources["description"]
+    props = resources["properties"]
+    assert "10m cpu and 32Mi memory" in props["requests"]["description"]
+    assert "capped at the limit" in props["requests"]["description"]
+    assert "1 cpu and 512Mi memory" in props["limits"]["description"]
+    for part in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            node = props[part]["properties"][r]
+            assert node["x-kubernetes-int-or-string"] and node["pattern"], (part, r)
+
+
 def test_status_has_no_defaults_and_conditions_are_a_map() -> None:
     for name in (SANDBOX_FILE, SCOPE_FILE):
         status = root_schema(load(name))["properties"]["status"]

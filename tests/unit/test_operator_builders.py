@@ -3,7 +3,9 @@ conditions. No cluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest, Observation, ObservedPhase, SandboxRef
@@ -18,11 +20,13 @@ from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import (
     ConditionReason,
     Egress,
+    HostPolicy,
     IsolationScope,
     Lifetime,
     SandboxKey,
     SandboxSpec,
 )
+from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import judge
 
@@ -77,8 +81,48 @@ def test_pod_is_hardened():
     assert "emptyDir" in vols[mounts["/workspace"]]
     assert "emptyDir" in vols[mounts["/tmp"]]
     assert all(set(v) == {"name", "emptyDir"} for v in spec["volumes"])  # no hostPath
-    assert c["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
+    assert c["resources"] == {
+        "requests": {"cpu": "10m", "memory": "32Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
     assert c["command"][0] == "/bin/sh"
+
+
+def _container_resources(req: EnsureRequest) -> dict[str, Any]:
+    resources: dict[str, Any] = build_pod(req, backend())["spec"]["containers"][0]["resources"]
+    return resources
+
+
+def test_pod_resources_are_the_resolved_ones() -> None:
+    # The reconciler hands the driver the spec resolved under the host policy.
+    host = HostPolicy.model_validate(
+        {"resources": {"defaultRequests": {"cpu": "50m"}, "defaultLimits": {"memory": "1Gi"}}}
+    )
+    raw = request(resources={"limits": {"cpu": "2"}})
+    resolved = replace(raw, spec=resolve_spec(host, raw.spec))
+    assert _container_resources(resolved) == {
+        "requests": {"cpu": "50m", "memory": "32Mi"},
+        "limits": {"cpu": "2", "memory": "1Gi"},
+    }
+    # What the spec states is what the pod gets.
+    stated = {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}}
+    assert _container_resources(request(resources=stated)) == {
+        "requests": {"cpu": "250m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+
+
+def test_pod_resources_never_lack_limits_or_put_requests_above_them() -> None:
+    # An unresolved spec (only limits, below the default requests) still gets a complete,
+    # consistent pair: the built-in defaults, the requests capped at the stated limits.
+    assert _container_resources(request(resources={"limits": {"cpu": "5m", "memory": "16Mi"}})) == {
+        "requests": {"cpu": "5m", "memory": "16Mi"},
+        "limits": {"cpu": "5m", "memory": "16Mi"},
+    }
+    assert _container_resources(request(resources={"requests": {"memory": "1Gi"}})) == {
+        "requests": {"cpu": "10m", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
 
 
 def test_pod_identity_labels_and_owner():

@@ -28,6 +28,10 @@ from sandbox_operator.contract import (
     OsFamily,
     OsFamilyNotSupported,
     RefusalReason,
+    ResourceExcess,
+    ResourceList,
+    ResourceRequirements,
+    ResourcesExceedCeiling,
     SandboxRefusal,
     SandboxSpec,
     Selection,
@@ -35,14 +39,18 @@ from sandbox_operator.contract import (
     TransferLimitsNotPermitted,
     isolation_rank,
     isolation_scope_rank,
+    parse_quantity,
 )
 from sandbox_operator.policy import (
     BackendProfile,
     check_backend,
     check_call_key,
+    check_resources,
     effective_floor,
     effective_isolation_scope,
     resolve_fixed_backend,
+    resolve_resources,
+    resolve_spec,
     select_backend,
     validate_registration,
 )
@@ -665,3 +673,210 @@ def test_registration_refuses_malformed_sets() -> None:
 def test_registration_warns_about_a_backend_that_refuses_everything() -> None:
     warnings = validate_registration(HostPolicy(), [backend("a"), silent()])
     assert any("declares no egress modes" in w for w in warnings)
+
+
+# --- resources: defaults, capping, spec wins, ceilings ----------------------------------------
+
+
+def rr(requests: dict[str, str], limits: dict[str, str]) -> ResourceRequirements:
+    return ResourceRequirements(requests=ResourceList(**requests), limits=ResourceList(**limits))
+
+
+def host_resources(**resources: Any) -> HostPolicy:
+    return HostPolicy.model_validate({"resources": resources})
+
+
+def test_a_spec_that_names_no_resources_gets_small_requests_under_the_default_limits() -> None:
+    assert resolve_resources(HostPolicy(), spec()) == rr(
+        {"cpu": "10m", "memory": "32Mi"}, {"cpu": "1", "memory": "512Mi"}
+    )
+
+
+@pytest.mark.parametrize(
+    "stated, resolved",
+    [
+        # Only limits: the default requests stay, capped at the stated limits.
+        (
+            {"limits": {"cpu": "5m", "memory": "16Mi"}},
+            rr({"cpu": "5m", "memory": "16Mi"}, {"cpu": "5m", "memory": "16Mi"}),
+        ),
+        (
+            {"limits": {"cpu": "2", "memory": "2Gi"}},
+            rr({"cpu": "10m", "memory": "32Mi"}, {"cpu": "2", "memory": "2Gi"}),
+        ),
+        # One limit stated: the other resource keeps its default limit.
+        (
+            {"limits": {"memory": "20Mi"}},
+            rr({"cpu": "10m", "memory": "20Mi"}, {"cpu": "1", "memory": "20Mi"}),
+        ),
+        # Only requests: the default limits stay, raised to a larger stated request.
+        (
+            {"requests": {"cpu": "2", "memory": "100Mi"}},
+            rr({"cpu": "2", "memory": "100Mi"}, {"cpu": "2", "memory": "512Mi"}),
+        ),
+        # Everything stated: nothing changes.
+        (
+            {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            rr({"cpu": "1", "memory": "1Gi"}, {"cpu": "1", "memory": "1Gi"}),
+        ),
+    ],
+    ids=["limits-below-default-requests", "limits-only", "one-limit", "requests-only", "all"],
+)
+def test_defaults_fill_what_the_spec_leaves_out_and_never_put_requests_above_limits(
+    stated: dict[str, Any], resolved: ResourceRequirements
+) -> None:
+    assert resolve_resources(HostPolicy(), spec(resources=stated)) == resolved
+
+
+def test_host_defaults_fill_the_rest_and_the_spec_wins() -> None:
+    host = host_resources(
+        defaultRequests={"cpu": "50m", "memory": "64Mi"},
+        defaultLimits={"cpu": "500m", "memory": "256Mi"},
+    )
+    assert resolve_resources(host, spec()) == rr(
+        {"cpu": "50m", "memory": "64Mi"}, {"cpu": "500m", "memory": "256Mi"}
+    )
+    # The spec's own values win, field by field; the host fills the others.
+    assert resolve_resources(
+        host, spec(resources={"requests": {"memory": "128Mi"}, "limits": {"cpu": "2"}})
+    ) == rr({"cpu": "50m", "memory": "128Mi"}, {"cpu": "2", "memory": "256Mi"})
+    # A partial host default keeps the built-in value for the other resource.
+    partial = host_resources(defaultLimits={"memory": "1Gi"})
+    assert resolve_resources(partial, spec()) == rr(
+        {"cpu": "10m", "memory": "32Mi"}, {"cpu": "1", "memory": "1Gi"}
+    )
+
+
+def test_resolve_spec_is_idempotent_and_changes_only_resources() -> None:
+    host = host_resources(defaultLimits={"cpu": "500m"})
+    s = spec(egress="allowlist", egressAllow=["pypi.org"], resources={"limits": {"memory": "1Gi"}})
+    once = resolve_spec(host, s)
+    assert once.resources == resolve_resources(host, s)
+    assert once.model_dump(exclude={"resources"}) == s.model_dump(exclude={"resources"})
+    assert resolve_spec(host, once) is once
+    # Resolving under other defaults changes nothing either: everything is stated now.
+    assert resolve_spec(HostPolicy(), once) is once
+
+
+_CPU = st.sampled_from(["1m", "5m", "10m", "100m", "250m", "1", "1500m", "2", "4"])
+_MEM = st.sampled_from(["8Mi", "16Mi", "32Mi", "100M", "256Mi", "512Mi", "1Gi", "2Gi"])
+
+
+@st.composite
+def _resource_lists(draw: st.DrawFn) -> dict[str, str]:
+    out = {}
+    if draw(st.booleans()):
+        out["cpu"] = draw(_CPU)
+    if draw(st.booleans()):
+        out["memory"] = draw(_MEM)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests=_resource_lists(), limits=_resource_lists(), dreq=_CPU, dlim=_CPU)
+def test_resolved_requests_never_exceed_limits_and_stated_values_survive(
+    requests: dict[str, str], limits: dict[str, str], dreq: str, dlim: str
+) -> None:
+    for r in ("cpu", "memory"):
+        if (
+            r in requests
+            and r in limits
+            and parse_quantity(requests[r]) > parse_quantity(limits[r])
+        ):
+            requests[r] = limits[r]  # the model refuses it; that has its own test
+    if parse_quantity(dreq) > parse_quantity(dlim):
+        dreq, dlim = dlim, dreq
+    host = host_resources(defaultRequests={"cpu": dreq}, defaultLimits={"cpu": dlim})
+    s = spec(resources={"requests": requests, "limits": limits})
+    got = resolve_resources(host, s)
+    for r in ("cpu", "memory"):
+        req, lim = getattr(got.requests, r), getattr(got.limits, r)
+        assert req is not None and lim is not None
+        assert parse_quantity(req) <= parse_quantity(lim)
+        if r in requests:
+            assert req == requests[r]
+        if r in limits:
+            assert lim == limits[r]
+    assert resolve_resources(host, resolve_spec(host, s)) == got
+
+
+def test_a_spec_above_the_host_ceiling_is_refused_naming_the_fields() -> None:
+    host = host_resources(maxRequests={"cpu": "500m"}, maxLimits={"cpu": "2", "memory": "2Gi"})
+    check_resources(host, spec())  # the defaults are within the ceilings
+    check_resources(host, spec(resources={"limits": {"cpu": "2", "memory": "2Gi"}}))  # at it
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        check_resources(host, spec(resources={"limits": {"memory": "4Gi"}}))
+    assert exc.value.reason is RefusalReason.RESOURCES_EXCEED_CEILING
+    assert exc.value.excesses == (
+        ResourceExcess("limits.memory", "4Gi", "maxLimits.memory", "2Gi"),
+    )
+    assert exc.value.backend is None and exc.value.kind == "python"
+    assert "limits.memory 4Gi > maxLimits.memory 2Gi" in exc.value.message
+    # A request is held to the tighter ceiling it exceeds; every excess is listed.
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        check_resources(
+            host,
+            spec(resources={"requests": {"cpu": "3"}, "limits": {"cpu": "3", "memory": "3Gi"}}),
+        )
+    assert [e.describe() for e in exc.value.excesses] == [
+        "requests.cpu 3 > maxRequests.cpu 500m",
+        "limits.cpu 3 > maxLimits.cpu 2",
+        "limits.memory 3Gi > maxLimits.memory 2Gi",
+    ]
+    # A request above maxLimits with no limit stated is refused too (its limit would follow it).
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        check_resources(
+            host_resources(maxLimits={"memory": "1Gi"}),
+            spec(resources={"requests": {"memory": "2Gi"}}),
+        )
+    assert exc.value.excesses[0].field == "requests.memory"
+    assert exc.value.excesses[0].ceiling_field == "maxLimits.memory"
+
+
+def test_no_ceiling_by_default() -> None:
+    check_resources(HostPolicy(), spec(resources={"limits": {"cpu": "64", "memory": "256Gi"}}))
+
+
+@pytest.mark.parametrize("selection", [Selection.FIXED, Selection.PER_SPEC])
+def test_select_backend_refuses_above_the_ceiling_before_judging_any_backend(
+    selection: Selection,
+) -> None:
+    host = HostPolicy.model_validate(
+        {"selection": selection.value, "resources": {"maxLimits": {"memory": "1Gi"}}}
+    )
+    # The backend is below the floor too: the host's ceiling is reported, not the backend.
+    backends = [backend("runc", "container"), backend("kata")]
+    with pytest.raises(SandboxRefusal) as exc:
+        select_backend(host, backends, spec(resources={"limits": {"memory": "8Gi"}}))
+    assert type(exc.value) is ResourcesExceedCeiling
+    assert exc.value.backend is None
+
+
+def test_the_admission_carries_the_spec_with_resolved_resources() -> None:
+    host = HostPolicy.model_validate(
+        {
+            "selection": "perSpec",
+            "resources": {"defaultRequests": {"cpu": "20m"}, "defaultLimits": {"memory": "1Gi"}},
+        }
+    )
+    s = spec(resources={"limits": {"cpu": "500m"}})
+    admission = select_backend(host, [backend("kata")], s)
+    assert admission.spec is not None
+    assert admission.spec.resources == rr(
+        {"cpu": "20m", "memory": "32Mi"}, {"cpu": "500m", "memory": "1Gi"}
+    )
+    assert admission.spec == resolve_spec(host, s)
+    assert admission.spec.kind == s.kind and admission.spec.image == s.image
+
+
+def test_the_ceiling_refusal_reaches_the_client_as_its_own_exception() -> None:
+    from sandbox_operator.client import SandboxRefused, SandboxResourcesExceedCeiling
+    from sandbox_operator.client.errors import acquire_error_for
+    from sandbox_operator.contract import ConditionReason, refusal_condition_reason
+
+    reason = ResourcesExceedCeiling.reason
+    condition_reason = refusal_condition_reason(reason)
+    assert condition_reason is ConditionReason.RESOURCES_EXCEED_CEILING
+    error = acquire_error_for(condition_reason.value)
+    assert error is SandboxResourcesExceedCeiling
+    assert issubclass(error, SandboxRefused) and error.refusal_reason is reason

@@ -30,6 +30,7 @@ class ConditionReason(StrEnum):
     EGRESS_NOT_ENFORCED = RefusalReason.EGRESS_NOT_ENFORCED.value
     ISOLATION_SCOPE_NOT_ENFORCED = RefusalReason.ISOLATION_SCOPE_NOT_ENFORCED.value
     CALL_ID_REQUIRED = RefusalReason.CALL_ID_REQUIRED.value
+    RESOURCES_EXCEED_CEILING = RefusalReason.RESOURCES_EXCEED_CEILING.value
     BACKEND_UNAVAILABLE = RefusalReason.BACKEND_UNAVAILABLE.value
     NO_BACKEND_CAN_SERVE = RefusalReason.NO_BACKEND_CAN_SERVE.value
     # Admission and lifecycle.

@@ -33,6 +33,7 @@ class RefusalReason(StrEnum):
     EGRESS_NOT_ENFORCED = "EgressNotEnforced"
     ISOLATION_SCOPE_NOT_ENFORCED = "IsolationScopeNotEnforced"
     CALL_ID_REQUIRED = "CallIdRequired"
+    RESOURCES_EXCEED_CEILING = "ResourcesExceedCeiling"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     NO_BACKEND_CAN_SERVE = "NoBackendCanServe"
 
@@ -301,6 +302,44 @@ class CallIdRequired(SandboxRefusal):
         super().__init__(backend=None, kind=kind, detail=detail, message=message)
 
 
+@dataclass(frozen=True)
+class ResourceExcess:
+    """One resource amount the spec states above the host's ceiling.
+
+    ``field`` is the spec's entry (``requests.cpu``, ``limits.memory``, ...); ``ceiling_field``
+    the host policy's (``maxRequests.cpu``, ``maxLimits.memory``, ...); amounts as written.
+    """
+
+    field: str
+    asked: str
+    ceiling_field: str
+    ceiling: str
+
+    def describe(self) -> str:
+        return f"{self.field} {self.asked} > {self.ceiling_field} {self.ceiling}"
+
+
+class ResourcesExceedCeiling(SandboxRefusal):
+    """The spec asks for more CPU or memory than the host policy allows (``excesses``).
+
+    Refused before any backend is judged (``backend`` is None): the ceilings are the host's
+    (``hostPolicy.resources``), whichever backend would serve. A larger ask is refused, never
+    clamped: a sandbox quietly given less memory than it asked for fails somewhere nobody looks.
+    """
+
+    reason = RefusalReason.RESOURCES_EXCEED_CEILING
+
+    def __init__(self, *, kind: str, excesses: Sequence[ResourceExcess]) -> None:
+        self.excesses = tuple(excesses)
+        listed = "; ".join(e.describe() for e in self.excesses)
+        detail = f"resources above the host's ceilings ({listed})"
+        message = (
+            f"kind {kind!r} asks for more than the host allows: {listed} "
+            "(ceilings from hostPolicy.resources); a larger ask is refused, never clamped"
+        )
+        super().__init__(backend=None, kind=kind, detail=detail, message=message)
+
+
 class BackendUnavailable(SandboxRefusal):
     """The backend passed every check but cannot serve right now (``unavailable_reason``)."""
 
@@ -356,6 +395,7 @@ REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
         EgressNotEnforced,
         IsolationScopeNotEnforced,
         CallIdRequired,
+        ResourcesExceedCeiling,
         BackendUnavailable,
         NoBackendCanServe,
     )

@@ -278,21 +278,50 @@ class ResourceList(ContractModel):
     memory: Quantity | None = Field(default=None, description="Memory, e.g. 256Mi or 1Gi.")
 
 
+#: Names of the resources a ResourceList carries, in the order they are reported.
+RESOURCE_NAMES: Final[tuple[str, ...]] = ("cpu", "memory")
+
+#: Requests a sandbox gets for what neither its spec nor the host policy states. Sized for an idle
+#: sandbox (a sleeping shell holds ~2 MiB, an idle Python ~14 MiB) so that a node is not "full"
+#: of sandboxes that do nothing: 100 of them reserve 1 CPU and 3.2 GiB. Runtime overhead (gVisor's
+#: Sentry, a microVM) belongs in the RuntimeClass's ``overhead``, which Kubernetes adds on top.
+DEFAULT_RESOURCE_REQUESTS: Final = ResourceList(cpu="10m", memory="32Mi")
+#: Limits a sandbox gets for what neither its spec nor the host policy states: what one busy
+#: sandbox may use at most.
+DEFAULT_RESOURCE_LIMITS: Final = ResourceList(cpu="1", memory="512Mi")
+
+
+def _amounts(rl: ResourceList) -> str:
+    return " and ".join(f"{getattr(rl, r)} {r}" for r in RESOURCE_NAMES)
+
+
 class ResourceRequirements(ContractModel):
-    """CPU and memory requests and limits of the sandbox."""
+    """CPU and memory requests and limits of the sandbox, as the spec states them.
+
+    Anything left out is filled at admission from the host policy's defaults (see
+    ``sandbox_operator.policy.resolve_resources``); the pod runs with the resolved values.
+    """
 
     requests: ResourceList = Field(
         default_factory=ResourceList,
-        description="Guaranteed amounts; each at most its limit.",
+        description=(
+            "Amounts reserved for the sandbox on its node; each at most its limit. What is left "
+            "out gets the host's default request (unless configured: "
+            f"{_amounts(DEFAULT_RESOURCE_REQUESTS)}), capped at the limit."
+        ),
     )
     limits: ResourceList = Field(
-        default_factory=lambda: ResourceList(cpu="1", memory="512Mi"),
-        description="Upper bounds the sandbox may not exceed.",
+        default_factory=ResourceList,
+        description=(
+            "Upper bounds the sandbox may not exceed. What is left out gets the host's default "
+            f"limit (unless configured: {_amounts(DEFAULT_RESOURCE_LIMITS)}), raised to a "
+            "larger stated request."
+        ),
     )
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> ResourceRequirements:
-        for resource in ("cpu", "memory"):
+        for resource in RESOURCE_NAMES:
             request = getattr(self.requests, resource)
             limit = getattr(self.limits, resource)
             if (
@@ -416,7 +445,12 @@ class SandboxSpec(ContractModel):
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        description="CPU and memory requests and limits.",
+        description=(
+            "CPU and memory requests and limits. What is left out comes from the host policy "
+            f"(unless configured: requests {_amounts(DEFAULT_RESOURCE_REQUESTS)}, limits "
+            f"{_amounts(DEFAULT_RESOURCE_LIMITS)}); requests never exceed limits, and an ask "
+            "above the host's ceilings is refused (ResourcesExceedCeiling)."
+        ),
     )
     lifetime: Lifetime = Field(
         default_factory=Lifetime,
@@ -490,8 +524,74 @@ class BackendDeclarations(ContractModel):
     )
 
 
+def _fill_from(given: ResourceList, builtin: ResourceList) -> ResourceList:
+    """``given`` with every unset resource taken from ``builtin``."""
+    return ResourceList(
+        **{r: getattr(given, r) or getattr(builtin, r) for r in RESOURCE_NAMES},
+    )
+
+
+def _exceeds(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and parse_quantity(a) > parse_quantity(b)
+
+
+class ResourcePolicy(ContractModel):
+    """The host's resource settings: defaults for what a spec leaves out, and ceilings.
+
+    A default fills only what the spec does not state (the spec wins); a ceiling refuses a larger
+    ask with ``ResourcesExceedCeiling`` (never clamps it). Unset ceilings mean no ceiling.
+    """
+
+    default_requests: ResourceList = Field(
+        default=DEFAULT_RESOURCE_REQUESTS,
+        description="Requests for what a spec leaves out, capped at the sandbox's limits; an "
+        f"unset resource keeps the built-in default ({_amounts(DEFAULT_RESOURCE_REQUESTS)}).",
+    )
+    default_limits: ResourceList = Field(
+        default=DEFAULT_RESOURCE_LIMITS,
+        description="Limits for what a spec leaves out, raised to a larger stated request; an "
+        f"unset resource keeps the built-in default ({_amounts(DEFAULT_RESOURCE_LIMITS)}).",
+    )
+    max_requests: ResourceList = Field(
+        default_factory=ResourceList,
+        description="Largest request a spec may state, per resource; unset: only maxLimits "
+        "bounds requests.",
+    )
+    max_limits: ResourceList = Field(
+        default_factory=ResourceList,
+        description="Largest limit (and so request) a spec may state, per resource; unset: no "
+        "ceiling.",
+    )
+
+    @field_validator("default_requests")
+    @classmethod
+    def _complete_requests(cls, value: ResourceList) -> ResourceList:
+        return _fill_from(value, DEFAULT_RESOURCE_REQUESTS)
+
+    @field_validator("default_limits")
+    @classmethod
+    def _complete_limits(cls, value: ResourceList) -> ResourceList:
+        return _fill_from(value, DEFAULT_RESOURCE_LIMITS)
+
+    @model_validator(mode="after")
+    def _defaults_within_ceilings(self) -> ResourcePolicy:
+        for r in RESOURCE_NAMES:
+            pairs = (
+                ("defaultRequests", self.default_requests, "defaultLimits", self.default_limits),
+                ("defaultLimits", self.default_limits, "maxLimits", self.max_limits),
+                ("defaultRequests", self.default_requests, "maxRequests", self.max_requests),
+            )
+            for low_name, low, high_name, high in pairs:
+                if _exceeds(getattr(low, r), getattr(high, r)):
+                    raise ValueError(
+                        f"{low_name}.{r} ({getattr(low, r)}) exceeds {high_name}.{r} "
+                        f"({getattr(high, r)})"
+                    )
+        return self
+
+
 class HostPolicy(ContractModel):
-    """The host's mandate: the floors and how a backend is chosen."""
+    """The host's mandate: the floors, how a backend is chosen, and the resource defaults."""
 
     min_isolation: IsolationValue = Field(
         default=Isolation.MICROVM,
@@ -514,6 +614,11 @@ class HostPolicy(ContractModel):
     allow_unrestricted_egress: bool = Field(
         default=False,
         description="Whether a spec may ask for unrestricted egress at all.",
+    )
+    resources: ResourcePolicy = Field(
+        default_factory=ResourcePolicy,
+        description="Default requests and limits for what a spec leaves out, and the ceilings "
+        "a spec may ask up to.",
     )
 
     @model_validator(mode="after")

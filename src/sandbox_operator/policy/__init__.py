@@ -16,6 +16,7 @@ from .admission import (
     select_backend,
     validate_registration,
 )
+from .resources import check_resources, resolve_resources, resolve_spec, resource_excesses
 
 __all__ = [
     "HOST",
@@ -27,9 +28,13 @@ __all__ = [
     "EffectiveIsolationScope",
     "check_backend",
     "check_call_key",
+    "check_resources",
     "effective_floor",
     "effective_isolation_scope",
     "resolve_fixed_backend",
+    "resolve_resources",
+    "resolve_spec",
+    "resource_excesses",
     "select_backend",
     "validate_registration",
 ]

@@ -4,6 +4,9 @@ Pure functions over contract models; no Kubernetes, no I/O. The check order is f
 the contract: floor, capabilities, OS family, transfer ceilings, egress, isolation scope. A
 backend that passes all six but is currently unavailable is refused last, with
 ``BackendUnavailable``, so a spec a backend can never serve always gets the permanent reason.
+Before any backend is judged, :func:`select_backend` holds the spec's resources to the host's
+ceilings (``ResourcesExceedCeiling``, see :mod:`sandbox_operator.policy.resources`), and the
+admission it returns carries the spec with its resources resolved.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from sandbox_operator.contract import (
     isolation_scope_rank,
     parse_isolation,
 )
+
+from .resources import check_resources, resolve_spec
 
 #: Where a floor came from, in the order they are reported.
 HOST: Final = "host"
@@ -92,13 +97,19 @@ class EffectiveIsolationScope:
 
 @dataclass(frozen=True)
 class Admission:
-    """A spec admitted onto a backend, with the floor and isolation scope it was judged against."""
+    """A spec admitted onto a backend, with the floor and isolation scope it was judged against.
+
+    ``spec`` is the admitted spec with its resources resolved under the host policy
+    (:func:`~sandbox_operator.policy.resources.resolve_spec`): what the backend driver is given.
+    :func:`select_backend` always sets it.
+    """
 
     backend: BackendProfile
     floor: Isolation
     isolation_scope: IsolationScope
     floor_raised_by: tuple[str, ...] = ()
     isolation_scope_raised_by: tuple[str, ...] = ()
+    spec: SandboxSpec | None = None
 
 
 def effective_floor(
@@ -364,10 +375,15 @@ def select_backend(
 ) -> Admission:
     """Pick the backend that serves ``spec``, or raise the refusal.
 
-    ``fixed``: the pinned (or first) backend, or its own refusal. ``perSpec``: the first
-    registered backend that passes every check; the same spec and backends always give the same
-    backend; when none passes, :class:`NoBackendCanServe` names each backend with its reason.
+    First the host's resource ceilings (:class:`ResourcesExceedCeiling`, whatever the selection,
+    no backend judged). Then ``fixed``: the pinned (or first) backend, or its own refusal.
+    ``perSpec``: the first registered backend that passes every check; the same spec and backends
+    always give the same backend; when none passes, :class:`NoBackendCanServe` names each backend
+    with its reason. The returned :class:`Admission` carries ``spec`` with its resources resolved
+    under ``host`` (pass that spec to the backend).
     """
+    check_resources(host, spec)
+    resolved = resolve_spec(host, spec)
     floor = effective_floor(host, spec, scope_floor=scope_floor)
     scope = effective_isolation_scope(
         host, spec, scope_min_isolation_scope=scope_min_isolation_scope
@@ -389,6 +405,7 @@ def select_backend(
             isolation_scope=scope.isolation_scope,
             floor_raised_by=floor.raised_by,
             isolation_scope_raised_by=scope.raised_by,
+            spec=resolved,
         )
 
     if host.selection is Selection.FIXED:
