@@ -281,7 +281,13 @@ class OperatorSettings(_Model):
     """Operator timings; the defaults suit a real cluster."""
 
     resync_seconds: float = Field(
-        default=10.0, gt=0, le=600, description="How often each live Sandbox is re-checked."
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="The safety-net resync: how often every Sandbox and SandboxScope the "
+        "operator holds is passed over again (jittered by up to 10%). Passes are driven by watch "
+        "events and deadlines; this only catches what a lost watch event would have missed, and "
+        "costs no API call for an object that needs nothing.",
     )
     dispose_timeout_seconds: float = Field(
         default=30.0,

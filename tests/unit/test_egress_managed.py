@@ -479,8 +479,29 @@ def test_check_is_one_read_when_all_is_well() -> None:
     given = run(proxy.ensure("team-a", A))
     cluster.calls.clear()
     cluster.service_reads = 0
-    assert run(proxy.check("team-a", A, given)) == ""
+    # Right after ensure, the Service it applied answers: passes over sandboxes read nothing.
+    for _ in range(5):
+        assert run(proxy.check("team-a", A, given)) == ""
+    assert cluster.service_reads == 0 and cluster.calls == []
+    # Once that is old (no periodic look ran), one read, and it answers the next checks.
+    proxy._seen_service["team-a"] = (0.0, proxy._seen_service["team-a"][1])
+    for _ in range(5):
+        assert run(proxy.check("team-a", A, given)) == ""
     assert cluster.service_reads == 1 and cluster.calls == []
+
+
+def test_the_periodic_look_is_one_read_per_namespace_and_wakes_only_on_change() -> None:
+    cluster = FakeCluster()
+    proxy = managed(cluster)
+    run(proxy.ensure("team-a", A))
+    run(proxy.ensure("team-a", B))
+    woken: list[str] = []
+    cluster.service_reads = 0
+    run(proxy.look_once(woken.append))
+    assert cluster.service_reads == 1 and woken == []  # two sandboxes, one namespace, no change
+    cluster.delete_all()
+    run(proxy.look_once(woken.append))
+    assert woken == ["team-a"]
 
 
 def test_check_restores_a_removed_proxy_at_the_recorded_address() -> None:
@@ -488,6 +509,7 @@ def test_check_restores_a_removed_proxy_at_the_recorded_address() -> None:
     proxy = managed(cluster)
     given = run(proxy.ensure("team-a", A))
     cluster.delete_all()
+    run(proxy.look_once(lambda ns: None))  # the periodic look sees it gone
     assert run(proxy.check("team-a", A, given)) == ""
     assert cluster.objects["Service"]["spec"]["clusterIP"] == given.ip
     assert set(cluster.objects) == {kind for _, kind, _, _ in ep.APPLIED}
@@ -500,6 +522,7 @@ def test_check_reports_a_proxy_that_cannot_have_its_address_back() -> None:
     given = run(proxy.ensure("team-a", A))
     cluster.delete_all()
     cluster.taken = {given.ip}
+    run(proxy.look_once(lambda ns: None))
     problem = run(proxy.check("team-a", A, given))
     assert "could not be restored" in problem and "already allocated" in problem
     assert "Service" not in cluster.objects  # no fresh address behind the sandbox's back

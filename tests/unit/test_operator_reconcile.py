@@ -1,5 +1,9 @@
 """The Sandbox/SandboxScope reconcilers over fake collaborators (no cluster): the flow of
-conditions, the status written only on change, KeyUnclean, terminal reasons and purges."""
+conditions, the status written only on change, KeyUnclean, terminal reasons and purges.
+
+The reconcilers read the in-memory views; here ``sync`` plays the watches (it puts what the
+fake API server holds into the views before each pass), and a pass returns the delay until its
+next deadline instead of raising for kopf to retry."""
 
 from __future__ import annotations
 
@@ -20,14 +24,10 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.config import parse_config
 from sandbox_operator.contract import DisposalCode, DisposalFailure
+from sandbox_operator.reconcile import sandbox as sandbox_reconciler
+from sandbox_operator.reconcile import scope as scope_reconciler
 from sandbox_operator.reconcile.kube import Conflict
-from sandbox_operator.reconcile.runtime import Runtime
-from sandbox_operator.reconcile.sandbox import (
-    DisposalPending,
-    finalize_sandbox,
-    reconcile_sandbox,
-)
-from sandbox_operator.reconcile.scope import purge_scope, reconcile_scope
+from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 
 NS = "ns"
 _rv = itertools.count(1)
@@ -37,6 +37,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.objs: dict[tuple[str, str], dict[str, Any]] = {}
         self.status_writes = 0
+        self.gone: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[tuple[str, str, str]] = []
 
     def add(self, plural: str, name: str, spec: dict[str, Any]) -> None:
@@ -71,6 +72,13 @@ class FakeKube:
                 out.append(copy.deepcopy(obj))
         return out
 
+    async def delete_sandboxes(self, ns, label_selector):
+        want = dict(p.split("=", 1) for p in label_selector.split(","))
+        for (plural, name), obj in list(self.objs.items()):
+            labels = obj["metadata"]["labels"]
+            if plural == "sandboxes" and all(labels.get(k) == v for k, v in want.items()):
+                await self.delete_sandbox(ns, name)
+
     async def patch_status(self, plural, ns, name, status, rv):
         obj = self.objs[(plural, name)]
         if rv and rv != obj["metadata"]["resourceVersion"]:
@@ -85,15 +93,34 @@ class FakeKube:
         self.status_writes += 1
         return copy.deepcopy(obj)
 
-    async def patch_metadata(self, plural, ns, name, labels=None, annotations=None):
-        obj = self.objs[(plural, name)]
+    async def patch_metadata(
+        self, plural, ns, name, labels=None, annotations=None, finalizers=None,
+        resource_version=None,
+    ):  # fmt: skip
+        obj = self.objs.get((plural, name))
+        if obj is None:
+            return None
+        if resource_version and resource_version != obj["metadata"]["resourceVersion"]:
+            raise Conflict(name)
         obj["metadata"]["labels"].update(labels or {})
         obj["metadata"]["annotations"].update(annotations or {})
+        if finalizers is not None:
+            obj["metadata"]["finalizers"] = list(finalizers)
+            if not finalizers and obj["metadata"].get("deletionTimestamp"):
+                self.gone[(plural, name)] = self.objs.pop((plural, name))  # let go
+                return copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(next(_rv))
         return copy.deepcopy(obj)
 
     async def delete_sandbox(self, ns, name):
-        self.objs.pop(("sandboxes", name), None)
+        obj = self.objs.get(("sandboxes", name))
+        if obj is None:
+            return
+        if obj["metadata"].get("finalizers"):
+            obj["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+            obj["metadata"]["resourceVersion"] = str(next(_rv))
+        else:
+            del self.objs[("sandboxes", name)]
 
     async def post_event(self, obj, *, type_, reason, message, action="Reconcile"):
         self.events.append((obj["metadata"]["name"], type_, reason))
@@ -172,6 +199,44 @@ def runtime(floor="hardened_container") -> tuple[Runtime, FakeKube, FakeDriver]:
     kube, driver = FakeKube(), FakeDriver("gvisor")
     rt = Runtime(config=config, kube=kube, drivers={"gvisor": driver})  # type: ignore[arg-type]
     return rt, kube, driver
+
+
+def sync(rt: Runtime, kube: FakeKube) -> None:
+    """Play the watches: the views get what the fake API server holds now."""
+    for (plural, name), obj in kube.objs.items():
+        if plural == "sandboxes":
+            rt.views.drop_sandbox(NS, name)
+            rt.views.put_sandbox(copy.deepcopy(obj))
+        else:
+            rt.views.scopes.remove(NS, name)
+            rt.views.scopes.upsert(copy.deepcopy(obj))
+    for store, plural in ((rt.views.sandboxes, "sandboxes"), (rt.views.scopes, "sandboxscopes")):
+        for ns, name in store.names():
+            if (plural, name) not in kube.objs:
+                if plural == "sandboxes":
+                    rt.views.drop_sandbox(ns, name)
+                else:
+                    store.remove(ns, name)
+                rt.forget(ns, name)
+
+
+async def reconcile_sandbox(rt: Runtime, ns: str, name: str) -> float | None:
+    sync(rt, rt.kube)  # type: ignore[arg-type]
+    return await sandbox_reconciler.reconcile_sandbox(rt, ns, name)
+
+
+async def finalize_sandbox(rt: Runtime, ns: str, name: str) -> float | None:
+    kube: FakeKube = rt.kube  # type: ignore[assignment]
+    obj = kube.objs.get(("sandboxes", name))
+    if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+        await kube.delete_sandbox(ns, name)
+    sync(rt, kube)
+    return await sandbox_reconciler.reconcile_sandbox(rt, ns, name)
+
+
+async def reconcile_scope(rt: Runtime, ns: str, name: str) -> float | None:
+    sync(rt, rt.kube)  # type: ignore[arg-type]
+    return await scope_reconciler.reconcile_scope(rt, ns, name)
 
 
 def cond(kube: FakeKube, name: str, ctype: str, plural: str = "sandboxes") -> dict[str, Any]:
@@ -258,9 +323,9 @@ async def test_failed_disposal_keeps_finalizer_and_makes_key_unclean(world):
     kube.add("sandboxes", "e1", SPEC)
     await reconcile_sandbox(rt, NS, "e1")
     driver.fail_dispose = True
-    kube.objs[("sandboxes", "e1")]["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
-    with pytest.raises(DisposalPending):
-        await finalize_sandbox(rt, NS, "e1")
+    retry = await finalize_sandbox(rt, NS, "e1")
+    assert retry == rt.config.operator.disposal_retry_seconds  # retried later
+    assert FINALIZER in kube.objs[("sandboxes", "e1")]["metadata"]["finalizers"]  # kept
     disposed = cond(kube, "e1", "Disposed")
     assert disposed["reason"] == "DisposalFailed" and "timeout" in disposed["message"]
     kube.add("sandboxes", "e2", SPEC)  # same key, another name
@@ -269,8 +334,7 @@ async def test_failed_disposal_keeps_finalizer_and_makes_key_unclean(world):
     assert "e2" not in driver.pods
     driver.fail_dispose = False
     await finalize_sandbox(rt, NS, "e1")
-    assert cond(kube, "e1", "Disposed")["status"] == "True"
-    await kube.delete_sandbox(NS, "e1")
+    assert ("sandboxes", "e1") not in kube.objs  # disposed: the finalizer let it go
     await reconcile_sandbox(rt, NS, "e2")
     assert cond(kube, "e2", "Admitted")["status"] == "True"
     assert "e2" in driver.pods
@@ -289,10 +353,23 @@ async def test_scope_counts_and_purge_lists_by_labels(world):
     rt.config = rt.config.model_copy(
         update={"operator": rt.config.operator.model_copy(update={"dispose_timeout_seconds": 0.1})}
     )
-    purge = await purge_scope(rt, NS, "conv", attempt=0)
-    assert purge.disposed == 6 and purge.complete
+    scope = kube.objs[("sandboxscopes", "conv")]
+    assert FINALIZER in scope["metadata"]["finalizers"]
+    scope["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    assert await reconcile_scope(rt, NS, "conv") is not None  # requested; waits for members
+    assert all(kube.objs[("sandboxes", f"p{i}")]["metadata"].get("deletionTimestamp")
+               for i in range(5))  # fmt: skip
+    assert "orphan" not in driver.pods  # the leftover went at once
+    for i in range(5):  # each member's deletion event: its finalizer disposes and lets go
+        await finalize_sandbox(rt, NS, f"p{i}")
+    assert await reconcile_scope(rt, NS, "conv") is None
     assert driver.pods == {}
-    assert cond(kube, "conv", "Disposed", "sandboxscopes")["reason"] == "Purged"
+    gone = kube.gone[("sandboxscopes", "conv")]  # recorded, then let go
+    assert gone["metadata"]["finalizers"] == []
+    purge = gone["status"]["lastPurge"]
+    assert purge["disposed"] == 5 and not purge.get("undisposed")
+    disposed = next(c for c in gone["status"]["conditions"] if c["type"] == "Disposed")
+    assert disposed["reason"] == "Purged"
     assert ("conv", "Normal", "Purged") in kube.events
 
 
@@ -325,14 +402,11 @@ def flaky_world(exc: Exception) -> tuple[Runtime, FakeKube, FlakyDriver]:
 
 async def test_transient_ensure_error_leaves_creating_and_retries():
     from sandbox_operator.backends.base import TransientError
-    from sandbox_operator.reconcile.sandbox import EnsurePending
 
     err = TransientError("AzureSandboxes_Create failed (HTTP 503)", retry_after=7.0)
     rt, kube, driver = flaky_world(err)
     kube.add("sandboxes", "a", {**SPEC, "lifetime": {"startupTimeoutSeconds": 30}})
-    with pytest.raises(EnsurePending) as caught:
-        await reconcile_sandbox(rt, NS, "a")
-    assert caught.value.delay == 7.0
+    assert await reconcile_sandbox(rt, NS, "a") == 7.0  # retried after the service's hint
     # admission (and with it the startup clock) was recorded before ensure was called
     at_ensure = driver.seen_at_ensure[0]
     assert [c["reason"] for c in at_ensure["conditions"] if c["type"] == "Admitted"] == ["Admitted"]
@@ -349,24 +423,20 @@ async def test_transient_ensure_error_leaves_creating_and_retries():
 
 
 async def test_unknown_ensure_error_is_reported_by_type_only():
-    from sandbox_operator.reconcile.sandbox import EnsurePending
-
     rt, kube, _ = flaky_world(RuntimeError("https://secret.example/api?token=abc"))
     kube.add("sandboxes", "a", SPEC)
-    with pytest.raises(EnsurePending):
-        await reconcile_sandbox(rt, NS, "a")
+    assert await reconcile_sandbox(rt, NS, "a") == 5.0
     msg = cond(kube, "a", "Ready")["message"]
     assert "RuntimeError" in msg and "secret" not in msg and "token" not in msg
 
 
 async def test_ensure_failing_until_the_deadline_ends_in_startup_timeout():
     from sandbox_operator.backends.base import TransientError
-    from sandbox_operator.reconcile.sandbox import EnsurePending
 
     rt, kube, driver = flaky_world(TransientError("AzureSandboxes_Create failed (HTTP 500)"))
     kube.add("sandboxes", "a", {**SPEC, "lifetime": {"startupTimeoutSeconds": 5}})
-    with pytest.raises(EnsurePending):
-        await reconcile_sandbox(rt, NS, "a")
+    # retried no later than the startup deadline
+    assert (await reconcile_sandbox(rt, NS, "a") or 99) <= 5.1
     # move the recorded admission into the past: the deadline has passed
     for c in kube.objs[("sandboxes", "a")]["status"]["conditions"]:
         c["lastTransitionTime"] = "2000-01-01T00:00:00Z"
@@ -425,6 +495,7 @@ async def test_dispose_gets_what_the_status_recorded_as_serving():
     assert driver.disposed[-1].served_by == ServedBy("Pod", "a", NS)
     await finalize_sandbox(rt, NS, "a")
     assert driver.disposed[-1].name == "a"
+    assert ("sandboxes", "a") not in kube.objs
 
 
 # ---- Ready waits for the egress proxy's admission --------------------------------------------
@@ -507,18 +578,35 @@ async def test_a_proxy_that_never_admits_ends_in_startup_timeout_naming_it():
     assert "a" not in driver.pods  # disposed
 
 
-def test_the_admission_wakes_the_operator_only_while_the_sandbox_starts():
-    from sandbox_operator.reconcile.handlers import _egress_admitted_while_starting as wakes
+async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
+    """The proxy's status.egress.admitted write is a Sandbox event: it wakes the pass at once
+    (no filter to get wrong), and so does any event of the pod a Sandbox owns."""
+    from types import SimpleNamespace
 
-    def status(ready: str, reason: str, admitted: str | None) -> dict[str, Any]:
-        egress = {"since": "2099-01-01T00:00:00Z", "updated": "2099-01-01T00:00:00Z"}
-        if admitted:
-            egress["admitted"] = admitted
-        conditions = [{"type": "Ready", "status": ready, "reason": reason}]
-        return {"conditions": conditions, "egress": egress}
+    from sandbox_operator.reconcile import handlers
 
-    assert wakes(status("False", "Creating", "2099-01-01T00:00:01Z"))
-    assert not wakes(status("False", "Creating", None))
-    assert not wakes(status("True", "Ready", "2099-01-01T00:00:01Z"))
-    assert not wakes(status("False", "StartupTimeout", "2099-01-01T00:00:01Z"))
-    assert not wakes({})
+    rt, _, _ = runtime()
+    woken: list[tuple[str, str]] = []
+    rt.enqueue_sandbox = lambda ns, name, delay=0.0: woken.append((ns, name))  # type: ignore[method-assign]
+    rt.enqueue_scope = lambda ns, name, delay=0.0: None  # type: ignore[method-assign]
+    memo = SimpleNamespace(runtime=rt)
+    body = {
+        "metadata": {"namespace": NS, "name": "a", "uid": "u1", "resourceVersion": "5"},
+        "spec": SPEC,
+        "status": {"egress": {"admitted": "2099-01-01T00:00:01Z"}},
+    }
+    await handlers.sandbox_view(body=body, memo=memo)
+    await handlers.sandbox_event(type="MODIFIED", body=body, memo=memo)
+    assert woken == [(NS, "a")]
+    assert rt.views.sandboxes.get(NS, "a")["status"]["egress"]["admitted"]
+    pod = {
+        "metadata": {
+            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
+            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    await handlers.pod_view(body=pod, memo=memo)
+    await handlers.pod_event(type="DELETED", body=pod, memo=memo)
+    assert woken == [(NS, "a"), (NS, "a")]
+    assert rt.views.pods.get(NS, "sbx-a") is None

@@ -7,7 +7,8 @@ compares them with the Kubernetes calls the operator's code makes.
 {{- define "sandbox-operator.namespacedRules" -}}
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxes]
-  verbs: [get, list, watch, patch, delete]
+  # deletecollection: a scope purge deletes its Sandboxes in one call by label selector.
+  verbs: [get, list, watch, patch, delete, deletecollection]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxscopes]
   verbs: [get, list, watch, patch]
@@ -16,10 +17,11 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, deletecollection]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, create, delete]
+  # watch: the operator reconciles from watched views; deletecollection: scope purges.
+  verbs: [get, list, watch, create, delete, deletecollection]
 - apiGroups: [""]
   resources: [events]
   # list: a pod stuck before its containers exist is explained by the kubelet's events (a node

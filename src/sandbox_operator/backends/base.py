@@ -87,6 +87,10 @@ class Observation:
     # what is still awaited. The operator keeps a sandbox that was never Ready starting (bounded
     # by the startup timeout); one that was Ready stays Ready.
     pending: str = ""
+    # When the driver wants another look even if nothing changes in the watched objects (e.g. a
+    # pod waiting for its pod sandbox, whose kubelet events are read only after a while). The
+    # operator schedules a pass then; None: the watches (and deadlines) suffice.
+    recheck_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -196,3 +200,23 @@ class BackendDriver(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class WatchedDisposal(Protocol):
+    """A driver whose objects the operator watches: disposal is requested without waiting,
+    and the watch event of each deletion brings the operator back to confirm it landed (a
+    runtime-class driver given the operator's views). Other drivers dispose by ``dispose``."""
+
+    @property
+    def watches_disposal(self) -> bool: ...
+
+    async def request_disposal(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Request deletion of what serves the sandbox; return what still exists."""
+        ...
+
+    async def request_conversation_disposal(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> None:
+        """Request deletion of every object of one conversation, in a bounded number of calls."""
+        ...

@@ -33,11 +33,13 @@ Builders are pure (tested without a cluster); :class:`ManagedEgressProxy` applie
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import ipaddress
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +60,11 @@ CONTAINER_NAME = "proxy"
 CONFIG_DIR = "/etc/sandbox-egress"
 CONFIG_FILE = "proxy.yaml"
 #: On each sandbox pod under a managed proxy: the ``ip:port`` it was given (for recovery).
+#: How often the operator looks at each namespace's proxy Service (one GET per namespace that has
+#: one, whatever the number of sandboxes in it): a Service that went away or changed address wakes
+#: that namespace's allowlisted sandboxes, whose passes restore it or report them Failed. Between
+#: looks, `check` answers from the last look, so passes over sandboxes cost no read.
+SERVICE_CHECK_SECONDS = 5.0
 PROXY_ADDRESS_ANNOTATION = f"{lbl.GROUP}/egress-proxy"
 #: On the proxy's pod template: the config file's SHA-256, so a changed config rolls the pod.
 CONFIG_CHECKSUM_ANNOTATION = f"{lbl.GROUP}/config-sha256"
@@ -407,6 +414,10 @@ class ManagedEgressProxy:
         self._core: Any = client.CoreV1Api(api)
         self._rbac: Any = client.RbacAuthorizationV1Api(api)
         self._apps: Any = client.AppsV1Api(api)
+        # The Service as last read or applied, per namespace, for `check`: a pass over every
+        # allowlisted sandbox of a namespace reads it at most once per SERVICE_CHECK_SECONDS.
+        self._seen_service: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._namespaces: set[str] = set()  # where a proxy was ensured or checked
 
     def _apply_call(self, kind: str) -> Callable[..., Any]:
         calls: dict[str, Callable[..., Any]] = {
@@ -521,19 +532,58 @@ class ManagedEgressProxy:
         address = service_address(service)
         if address is None:
             raise ProxyError("the egress proxy Service has no cluster IP", permanent=True)
+        self._seen_service[namespace] = (time.monotonic(), service)
+        self._namespaces.add(namespace)
         return address
+
+    async def _service_for_check(self, namespace: str) -> dict[str, Any] | None:
+        """The namespace's Service as last seen, if seen lately (by ``ensure`` or the periodic
+        look); else read now."""
+        self._namespaces.add(namespace)
+        seen = self._seen_service.get(namespace)
+        if seen is not None and time.monotonic() - seen[0] < 2 * SERVICE_CHECK_SECONDS + 1:
+            return seen[1]
+        service = await self.read_service(namespace)
+        self._seen_service[namespace] = (time.monotonic(), service)
+        return service
+
+    async def look_once(self, changed: Callable[[str], None]) -> None:
+        """Read each known namespace's Service once; call ``changed(namespace)`` where it went
+        away or its address moved since the last look."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        for namespace in sorted(self._namespaces):
+            try:
+                service = await self.read_service(namespace)
+            except ApiException as exc:
+                log.debug("namespace %s: reading the proxy Service: HTTP %s", namespace, exc.status)
+                continue
+            before = self._seen_service.get(namespace)
+            self._seen_service[namespace] = (time.monotonic(), service)
+            if before is None or service_address(before[1]) != service_address(service):
+                changed(namespace)
+
+    async def watch_services(self, changed: Callable[[str], None]) -> None:
+        """Look at every known namespace's Service every ``SERVICE_CHECK_SECONDS``, forever."""
+        while True:
+            await asyncio.sleep(SERVICE_CHECK_SECONDS)
+            try:
+                await self.look_once(changed)
+            except Exception:  # never let the loop die; the next look tries again
+                log.exception("looking at the egress proxy Services failed")
 
     async def check(self, namespace: str, sandbox: SandboxRef, given: ProxyAddress) -> str:
         """Is the proxy still at the address this sandbox was given? "" if so (restoring a
         Service that went away, with that address), else why not, for a Failed condition.
 
-        One GET of the Service when all is well; errors reading it are not the sandbox's
-        failure (the next pass looks again).
+        At most one GET of the Service per namespace every ``SERVICE_CHECK_SECONDS`` when all is
+        well (however many sandboxes of the namespace are passed over); errors reading it are not
+        the sandbox's failure (the next pass looks again).
         """
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            service = await self.read_service(namespace)
+            service = await self._service_for_check(namespace)
         except ApiException as exc:
             log.debug(
                 "namespace %s: reading the egress proxy Service: HTTP %s", namespace, exc.status

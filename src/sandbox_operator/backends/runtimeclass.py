@@ -26,10 +26,10 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
@@ -58,6 +58,11 @@ from sandbox_operator.config import (
     PodSettings,
     RuntimeClassBackendConfig,
 )
+from sandbox_operator.kubecalls import call_json
+
+if TYPE_CHECKING:
+    from sandbox_operator.reconcile.views import Store
+
 from sandbox_operator.contract import (
     ConditionReason,
     DisposalCode,
@@ -103,6 +108,8 @@ MISSING_HANDLER_PATTERNS = (
 #: How long a pod may wait for its pod sandbox before the kubelet's events are read (the normal
 #: path never pays for the list call).
 SANDBOX_EVENTS_AFTER_SECONDS = 3.0
+#: While a pod still waits for its pod sandbox after that, how often its events are read again.
+SANDBOX_EVENTS_EVERY_SECONDS = 5.0
 RUNTIME_HANDLER_MISSING = "RuntimeHandlerMissing"
 
 
@@ -123,13 +130,20 @@ def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
 
 
 def _resources(spec: SandboxSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for part in ("requests", "limits"):
-        rl = getattr(spec.resources, part)
-        values = {k: str(v) for k, v in (("cpu", rl.cpu), ("memory", rl.memory)) if v is not None}
-        if values:
-            out[part] = values
-    return out
+    """Requests and limits of the sandbox container, always both for cpu and memory.
+
+    ``spec`` is expected to carry resources resolved under the host policy (the reconciler passes
+    ``policy.resolve_spec(host, spec)``); whatever is still unset gets the built-in defaults, so a
+    pod never runs without limits or with requests above them. Resolving is idempotent.
+    """
+    from sandbox_operator.contract import HostPolicy
+    from sandbox_operator.policy import resolve_resources
+
+    resolved = resolve_resources(HostPolicy(), spec)
+    return {
+        part: {r: str(getattr(getattr(resolved, part), r)) for r in ("cpu", "memory")}
+        for part in ("requests", "limits")
+    }
 
 
 def container_security_context(pod: PodSettings) -> dict[str, Any]:
@@ -413,6 +427,7 @@ class RuntimeClassDriver:
 
     _proxy_settings: ManagedEgressProxySettings | None = None
     _proxy: ManagedEgressProxy | None = None
+    _proxy_task: asyncio.Task[None] | None = None
 
     def __init__(
         self,
@@ -440,6 +455,39 @@ class RuntimeClassDriver:
         self._node: Any = client.NodeV1Api(api)
         self._dispose_timeout = dispose_timeout
         self._poll = poll_interval
+        # The operator's watched views of its pods and NetworkPolicies (``use_views``). Without
+        # them (tools, tests) every read goes to the API server, as a one-off caller expects.
+        self._pods: Store | None = None
+        self._network_policies: Store | None = None
+
+    async def start(self, notify: Callable[[str, str], None]) -> None:
+        """With a managed egress proxy: look at each namespace's proxy Service periodically
+        (one read per namespace) and wake the allowlisted sandboxes of a namespace whose
+        Service went away or moved (``notify(namespace, sandbox)``)."""
+        if self._proxy is None or self._pods is None:
+            return
+        pods = self._pods
+
+        def changed(namespace: str) -> None:
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                if meta.get("namespace") != namespace:
+                    continue
+                if PROXY_ADDRESS_ANNOTATION not in (meta.get("annotations") or {}):
+                    continue
+                for owner in meta.get("ownerReferences") or []:
+                    if owner.get("kind") == "Sandbox" and owner.get("name"):
+                        notify(namespace, str(owner["name"]))
+
+        self._proxy_task = asyncio.create_task(
+            self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
+        )
+
+    def use_views(self, pods: Store, network_policies: Store) -> None:
+        """Read pods and NetworkPolicies from the operator's watched views from now on, and put
+        what this driver creates into them at once (so the next pass sees its own writes)."""
+        self._pods = pods
+        self._network_policies = network_policies
 
     @property
     def name(self) -> str:
@@ -467,6 +515,8 @@ class RuntimeClassDriver:
     async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        if self._pods is not None:
+            return self._pods.get(namespace, name)
         try:
             pod = await self._core.read_namespaced_pod(name, namespace)
         except ApiException as exc:
@@ -494,7 +544,11 @@ class RuntimeClassDriver:
         # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
         np = build_network_policy(request, self._config, self._proxy_settings)
         try:
-            await self._net.create_namespaced_network_policy(ns, np)
+            if self._network_policies is None:
+                await self._net.create_namespaced_network_policy(ns, np)
+            elif self._network_policies.get(ns, np["metadata"]["name"]) is None:
+                created_np = await call_json(self._net.create_namespaced_network_policy, ns, np)
+                self._network_policies.upsert(created_np)
         except ApiException as exc:
             if exc.status != 409:  # 409: already there (it never changes for a sandbox)
                 raise StartupError(
@@ -503,6 +557,11 @@ class RuntimeClassDriver:
                     f"{_api_message(exc)}",
                 ) from None
         try:
+            if self._pods is not None:
+                created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
+                self._pods.upsert(created_pod)
+                meta = created_pod.get("metadata") or {}
+                return ServedBy("Pod", str(meta.get("name", name)), ns, str(meta.get("uid", "")))
             created = await self._core.create_namespaced_pod(ns, manifest)
             return ServedBy("Pod", created.metadata.name, ns, created.metadata.uid or "")
         except ApiException as exc:
@@ -512,6 +571,10 @@ class RuntimeClassDriver:
                     f"pod was refused by the API server (HTTP {exc.status}): {_api_message(exc)}",
                 ) from None
         existing = await self._read_pod(ns, name)
+        if existing is None and self._pods is not None:
+            # Not in the view yet (created by another replica a moment ago): ask once.
+            with contextlib.suppress(ApiException):
+                existing = self._sanitize(await self._core.read_namespaced_pod(name, ns))
         if existing is None:  # deleted between our create and read: next pass creates it
             return ServedBy("Pod", name, ns, "")
         existing_meta = existing.get("metadata") or {}
@@ -546,12 +609,21 @@ class RuntimeClassDriver:
                     ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
                 )
         observation = classify_pod(pod)
-        if (
-            pod is not None
-            and observation.phase is ObservedPhase.STARTING
-            and awaits_pod_sandbox(pod, datetime.now(UTC))
-        ):
-            observation = await self._check_handler(pod, observation)
+        if pod is not None and observation.phase is ObservedPhase.STARTING:
+            now = datetime.now(UTC)
+            if awaits_pod_sandbox(pod, now):
+                observation = await self._check_handler(pod, observation)
+                if observation.phase is ObservedPhase.STARTING:
+                    # Nothing in the pod's own status will change while the node cannot run
+                    # it: look at the kubelet's events again a little later.
+                    observation = replace(
+                        observation,
+                        recheck_at=now + timedelta(seconds=SANDBOX_EVENTS_EVERY_SECONDS),
+                    )
+            elif observation.created_at is not None:
+                due = observation.created_at + timedelta(seconds=SANDBOX_EVENTS_AFTER_SECONDS)
+                if due > now and awaits_pod_sandbox(pod, due):
+                    observation = replace(observation, recheck_at=due)
         if pod is not None and self._proxy is not None:
             observation = await self._check_proxy(sandbox, pod, observation)
         return observation
@@ -692,6 +764,95 @@ class RuntimeClassDriver:
         if errors:
             raise errors[0]
 
+    # ---- disposal without waiting: the operator's watches say when it landed ----------------
+
+    def _seen_children(self, sandbox: SandboxRef) -> list[BackendObject]:
+        assert self._pods is not None and self._network_policies is not None
+        value = lbl.sandbox_label_value(sandbox.name)
+        ns = sandbox.namespace
+        found = [backend_object("Pod", p) for p in self._pods.select(ns, lbl.SANDBOX_LABEL, value)]
+        found += [
+            backend_object("NetworkPolicy", n)
+            for n in self._network_policies.select(sandbox.namespace, lbl.SANDBOX_LABEL, value)
+        ]
+        recorded = sandbox.served_by
+        if (
+            recorded is not None
+            and recorded.kind == "Pod"
+            and not any(o.kind == "Pod" and o.name == recorded.name for o in found)
+        ):
+            pod = self._pods.get(recorded.namespace or sandbox.namespace, recorded.name)
+            if pod is not None:
+                found.append(backend_object("Pod", pod))
+        backend = self.name
+        return [o for o in found if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
+
+    @property
+    def watches_disposal(self) -> bool:
+        """True when disposal is asked for here and its landing is seen through the watches
+        (``request_disposal``); False: ``dispose`` deletes and waits by polling."""
+        return self._pods is not None
+
+    async def request_disposal(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Delete what serves the sandbox and is not being deleted yet; return what is still
+        there (its deletion requested). No wait, no read: the views say what exists, and the
+        watch event of each deletion brings the operator back.
+
+        Raises :class:`DisposalError` when the API server refuses a deletion.
+        """
+        remaining = self._seen_children(sandbox)
+        for obj in remaining:
+            if not obj.deleting:
+                await self._delete(obj.kind, obj.namespace, obj.name)
+        return remaining
+
+    async def request_conversation_disposal(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> None:
+        """Delete every pod and NetworkPolicy of one conversation on this backend: two calls
+        (``deletecollection`` by label selector), whatever the number of sandboxes."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        selector = lbl.format_selector(
+            {
+                lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
+                lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread_id),
+                lbl.BACKEND_LABEL: self.name,
+            }
+        )
+        try:
+            await call_json(
+                self._core.delete_collection_namespaced_pod, namespace, label_selector=selector
+            )
+            await call_json(
+                self._net.delete_collection_namespaced_network_policy,
+                namespace,
+                label_selector=selector,
+            )
+        except ApiException as exc:
+            raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
+
+    async def _delete(self, kind: str, namespace: str, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            if kind == "Pod":
+                await call_json(self._core.delete_namespaced_pod, name, namespace)
+            else:
+                await call_json(self._net.delete_namespaced_network_policy, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
+        except (TimeoutError, OSError) as exc:
+            raise DisposalError(
+                DisposalFailure(
+                    code=DisposalCode.UNREACHABLE,
+                    detail=f"deleting {kind} {name}: {type(exc).__name__}",
+                    backend=self.name,
+                )
+            ) from None
+
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
         nps = await self._net.list_namespaced_network_policy(namespace, label_selector=selector)
@@ -706,13 +867,37 @@ class RuntimeClassDriver:
         return await self._list(namespace, lbl.scope_selector(scope, thread_id))
 
     async def list_by_key(self, namespace: str, key: SandboxKey) -> list[BackendObject]:
+        if self._pods is not None and self._network_policies is not None:
+            value = lbl.key_value(key)
+            found = [
+                backend_object("Pod", p) for p in self._pods.select(namespace, lbl.KEY_LABEL, value)
+            ]
+            found += [
+                backend_object("NetworkPolicy", n)
+                for n in self._network_policies.select(namespace, lbl.KEY_LABEL, value)
+            ]
+            backend = self.name
+            return [o for o in found if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
         return await self._list(namespace, lbl.key_selector(key))
 
     async def dispose_object(self, obj: BackendObject) -> None:
         await self._delete_and_wait(obj.kind, obj.namespace, obj.name)
 
     async def close(self) -> None:
-        return None
+        task = self._proxy_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._proxy_task = None
+
+
+def _disposal_error(backend: str, what: str, exc: Any) -> DisposalError:
+    status = getattr(exc, "status", None)
+    code = DisposalCode.REFUSED if status in (401, 403) else DisposalCode.UNKNOWN
+    return DisposalError(
+        DisposalFailure(code=code, detail=f"{what}: HTTP {status}", backend=backend)
+    )
 
 
 def _api_message(exc: Any) -> str:

@@ -1,70 +1,70 @@
-"""kopf handlers: the wiring from watch events, timers and deletions to the reconcilers.
+"""kopf wiring: watches feed the views, watch events and deadlines feed the work queues.
 
-Importing this module registers the handlers with kopf's default registry; ``sandbox-operator run``
-imports it and runs kopf. Every handler calls an idempotent reconciler, so create, resume, update,
-timer and pod events all converge on the same status whichever arrives first (or twice).
+Importing this module registers the handlers with kopf's default registry; ``sandbox-operator
+run`` imports it and runs kopf. kopf is used for what it does well (watch streams with
+reconnection, the initial listing of every resource before any handler runs, peering, probes);
+the reconciling itself runs from two deduplicating work queues (``workqueue.py``), so a burst of
+events for one object costs one pass and no object is ever polled.
+
+* ``@kopf.index`` handlers put every Sandbox, SandboxScope, sandbox pod and NetworkPolicy into the
+  in-memory views (kopf holds every other handler until all of them have been listed);
+* ``@kopf.on.event`` handlers drop deleted objects from the views and enqueue what an event
+  concerns: the Sandbox itself, the Sandbox owning a pod, a scope's waiting Sandboxes, the
+  Sandboxes of a key whose earlier holder just went;
+* a safety-net resync re-enqueues everything the views hold every ``resyncSeconds`` (jittered),
+  which costs no API call for a Sandbox that needs nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
 
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.config import load_config
 from sandbox_operator.contract import (
     GROUP,
-    SANDBOX_KIND,
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_PLURAL,
     VERSION,
 )
 from sandbox_operator.reconcile import conditions as cnd
-from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS
-from sandbox_operator.reconcile.runtime import Runtime, make_api_client
+from sandbox_operator.reconcile.kube import Conflict
+from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
 from sandbox_operator.reconcile.sandbox import (
-    DisposalPending,
-    EnsurePending,
-    egress_admitted,
-    finalize_sandbox,
+    CONFLICT_RETRY_SECONDS,
+    ensure_retry_delay,
     reconcile_sandbox,
 )
-from sandbox_operator.reconcile.scope import purge_scope, reconcile_scope, scope_members
+from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS, reconcile_scope
+from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
+from sandbox_operator.reconcile.workqueue import WorkQueue
+
+__all__ = ["CONFIG_ENV", "FINALIZER", "ensure_retry_delay"]
 
 log = logging.getLogger(__name__)
 
-FINALIZER = f"{GROUP}/finalizer"
 CONFIG_ENV = "SANDBOX_OPERATOR_CONFIG"
-RESYNC_ENV = "SANDBOX_OPERATOR_RESYNC_SECONDS"
 
-# kopf fixes timer intervals when handlers are registered, so the resync period is read from the
-# environment here (the CLI sets it from the config's operator.resyncSeconds before importing).
-_RESYNC = float(os.environ.get(RESYNC_ENV, "10"))
-# Unexpected errors (API hiccups) are retried soon; expected waits are handled by the timer.
-_BACKOFF = 5.0
-# A create that failed transiently is retried after _BACKOFF * 2**retry, at most this long
-# (or after the backend's Retry-After, when it is longer and still below this bound).
-_MAX_ENSURE_BACKOFF = 60.0
+#: Concurrent passes per queue. Passes are short (memory reads, then a write or two), so this
+#: bounds in-flight API writes more than CPU.
+SANDBOX_WORKERS = 32
+SCOPE_WORKERS = 4
 
+_MANAGED = {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
 
-def ensure_retry_delay(retry: int, hint: float | None = None) -> float:
-    """Exponential backoff for a transiently failed create: 5, 10, 20, 40, 60, 60, ... s."""
-    delay = min(_MAX_ENSURE_BACKOFF, _BACKOFF * float(2 ** min(max(retry, 0), 10)))
-    if hint is not None:
-        delay = min(_MAX_ENSURE_BACKOFF, max(delay, hint))
-    return delay
-
-
-async def _reconcile_quietly(rt: Runtime, namespace: str, name: str) -> None:
-    """For timers and watch events: a transient create failure is already in the status, and the
-    Sandbox's own handler (or the next resync) retries it."""
-    try:
-        await reconcile_sandbox(rt, namespace, name)
-    except EnsurePending as exc:
-        log.info("sandbox %s/%s: create pending after a transient error: %s", namespace, name, exc)
+#: kopf's default finalizer name (see ``startup``).
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -72,13 +72,57 @@ def _runtime(memo: Any) -> Runtime:
     return rt
 
 
+def _timed(rt: Runtime, kind: str, fn: Any) -> Any:
+    async def run(key: ObjKey) -> float | None:
+        started = time.perf_counter()
+        metrics.IN_FLIGHT.labels(kind).inc()
+        outcome = "ok"
+        try:
+            delay: float | None = await fn(rt, key[0], key[1])
+            if delay is not None:
+                outcome = "requeue"
+            return delay
+        except Conflict:
+            outcome = "conflict"  # a write lost a race: look again soon, on the newer object
+            return CONFLICT_RETRY_SECONDS
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            metrics.IN_FLIGHT.labels(kind).dec()
+            metrics.RECONCILE_SECONDS.labels(kind, outcome).observe(time.perf_counter() - started)
+
+    return run
+
+
+def census(rt: Runtime) -> Iterable[tuple[str, str, int]]:
+    """Sandboxes by Ready reason and backend, from the views (for the metrics scrape)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for obj in rt.views.sandboxes:
+        status = obj.get("status") or {}
+        reason = cnd.reason_of(status, "Ready") or "Pending"
+        counts[(reason, str(status.get("backend") or ""))] += 1
+    return [(reason, backend, n) for (reason, backend), n in counts.items()]
+
+
+async def _resync_forever(rt: Runtime) -> None:
+    """The safety net: every interval (jittered by up to 10%), pass over everything held."""
+    interval = rt.config.operator.resync_seconds
+    while True:
+        await asyncio.sleep(interval * (1 + random.random() * 0.1))
+        for ns, name in rt.views.sandboxes.names():
+            rt.enqueue_sandbox(ns, name)
+        for ns, name in rt.views.scopes.names():
+            rt.enqueue_scope(ns, name)
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # The operator manages its finalizer (runtime.FINALIZER) itself. kopf removes *its own*
+    # finalizer from any object none of its handlers needs one on, so kopf's must never be ours:
+    # it keeps its default marker, which no object carries (no kopf handler asks for one).
+    if settings.persistence.finalizer == FINALIZER:
+        settings.persistence.finalizer = KOPF_FINALIZER
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
@@ -92,11 +136,31 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         for w in warnings:
             log.warning("config: %s", w)
     api = await make_api_client()
-    memo.runtime = await Runtime.start(config, api)
+    rt = await Runtime.start(config, api)
+    rt.sandbox_queue = WorkQueue(
+        _timed(rt, "sandbox", reconcile_sandbox), workers=SANDBOX_WORKERS, name="sandbox"
+    )
+    rt.scope_queue = WorkQueue(
+        _timed(rt, "scope", reconcile_scope), workers=SCOPE_WORKERS, name="scope"
+    )
+    rt.sandbox_queue.start()
+    rt.scope_queue.start()
+    for driver in rt.drivers.values():
+        start = getattr(driver, "start", None)
+        if start is not None:
+            await start(lambda ns, name: rt.enqueue_sandbox(ns, name))
+    metrics.register_sandbox_census(lambda: census(rt))
+    memo.runtime = rt
+    memo.resync_task = asyncio.create_task(_resync_forever(rt), name="resync")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "resync_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     rt = getattr(memo, "runtime", None)
     if rt is not None:
         await rt.close()
@@ -110,97 +174,98 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
     return {name: rt.unavailable.get(name, "available") for name in rt.drivers}
 
 
-# ---- Sandbox -------------------------------------------------------------------------------
-
-
-@kopf.on.resume(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
-@kopf.on.create(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
-@kopf.on.update(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
-async def sandbox_changed(
-    name: str, namespace: str | None, retry: int, memo: Any, **_: Any
-) -> None:
-    try:
-        await reconcile_sandbox(_runtime(memo), namespace or "", name)
-    except EnsurePending as exc:
-        raise kopf.TemporaryError(
-            f"create failed, retrying: {exc}", delay=ensure_retry_delay(retry, exc.delay)
-        ) from None
-
-
-def _settled(status: Any, **_: Any) -> bool:
-    """A terminal sandbox whose disposal landed needs no timer."""
-    ready = cnd.reason_of(status, "Ready")
-    return ready in TERMINAL_REASONS and cnd.is_true(status, "Disposed")
-
-
-@kopf.timer(
-    GROUP,
-    VERSION,
-    SANDBOX_PLURAL,
-    interval=_RESYNC,
-    initial_delay=_RESYNC,
-    when=lambda status, **kw: not _settled(status),
-)
-async def sandbox_resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    await _reconcile_quietly(_runtime(memo), namespace or "", name)
-
-
-def _egress_admitted_while_starting(status: Any, **_: Any) -> bool:
-    """The egress proxy has admitted a sandbox that is not Ready yet (and not ended)."""
-    if not egress_admitted(status) or cnd.is_true(status, "Ready"):
-        return False
-    return cnd.reason_of(status, "Ready") not in TERMINAL_REASONS
-
-
-@kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL, when=_egress_admitted_while_starting)
-async def sandbox_egress_admitted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    """The proxy wrote ``status.egress.admitted``: judge Ready at once. A status change is no
-    update for kopf's change handlers, and the resync timer may be seconds away."""
-    await _reconcile_quietly(_runtime(memo), namespace or "", name)
-
-
-@kopf.on.delete(GROUP, VERSION, SANDBOX_PLURAL, backoff=_BACKOFF)
-async def sandbox_deleted(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    try:
-        await finalize_sandbox(_runtime(memo), namespace or "", name)
-    except DisposalPending as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
-
-
-@kopf.on.event("", "v1", "pods", labels={lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE})
-async def pod_event(body: Any, memo: kopf.Memo, **_: Any) -> None:
-    """A sandbox pod changed: re-judge its Sandbox at once (startup, readiness, death)."""
+def _ns_name(body: Mapping[str, Any]) -> tuple[str, str, str]:
     meta = body.get("metadata") or {}
-    for owner in meta.get("ownerReferences") or []:
-        if owner.get("kind") == SANDBOX_KIND and owner.get("apiVersion", "").startswith(GROUP):
-            await _reconcile_quietly(
-                _runtime(memo), str(meta.get("namespace", "")), str(owner.get("name", ""))
-            )
+    return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
 
 
-# ---- SandboxScope --------------------------------------------------------------------------
+def _wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
+    """Something of a key went away: Sandboxes held back by KeyUnclean may go ahead now."""
+    value = labels.get(lbl.KEY_LABEL)
+    if value:
+        for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, value):
+            if not cnd.is_true(other.get("status"), "Admitted"):
+                rt.enqueue_sandbox(namespace, str(other["metadata"]["name"]))
 
 
-@kopf.on.resume(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
-@kopf.on.create(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
-@kopf.on.update(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
-async def scope_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+# ---- views ------------------------------------------------------------------------------------
+# Every handler here is a coroutine: kopf runs plain functions in a thread pool, and the views and
+# the queues are touched only from the event loop.
+
+
+@kopf.index(GROUP, VERSION, SANDBOX_PLURAL)
+async def sandbox_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.put_sandbox(body)
+
+
+@kopf.index(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
+async def scope_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.scopes.upsert(body)
+
+
+@kopf.index("", "v1", "pods", labels=_MANAGED)
+async def pod_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.pods.upsert(body)
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_MANAGED)
+async def network_policy_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.network_policies.upsert(body)
+
+
+# ---- events -----------------------------------------------------------------------------------
+
+
+@kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL)
+async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
-    await reconcile_scope(rt, namespace or "", name)
+    namespace, name, uid = _ns_name(body)
+    scope_ref = str((body.get("spec") or {}).get("scopeRef") or "")
+    if type == "DELETED":
+        labels = dict((body.get("metadata") or {}).get("labels") or {})
+        rt.views.drop_sandbox(namespace, name, uid)
+        rt.forget(namespace, name)
+        _wake_key(rt, namespace, labels)
+        if scope_ref:
+            rt.enqueue_scope(namespace, scope_ref)
+        return
+    rt.enqueue_sandbox(namespace, name)
+    if scope_ref:
+        rt.enqueue_scope(namespace, scope_ref, COUNT_DEBOUNCE_SECONDS)
+
+
+@kopf.on.event(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
+async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
+    namespace, name, uid = _ns_name(body)
+    if type == "DELETED":
+        rt.views.scopes.remove(namespace, name, uid)
+        rt.purges.pop((namespace, name), None)
+    else:
+        rt.enqueue_scope(namespace, name)
     # Sandboxes that waited for this scope (ScopeNotFound) go ahead now.
-    for sbx in await scope_members(rt, namespace or "", name):
+    for sbx in rt.views.naming_scope(namespace, name):
         if not cnd.is_true(sbx.get("status"), "Admitted"):
-            await _reconcile_quietly(rt, namespace or "", sbx["metadata"]["name"])
+            rt.enqueue_sandbox(namespace, str(sbx["metadata"]["name"]))
 
 
-@kopf.timer(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, interval=max(_RESYNC, 15.0), idle=5.0)
-async def scope_resync(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    await reconcile_scope(_runtime(memo), namespace or "", name)
+@kopf.on.event("", "v1", "pods", labels=_MANAGED)
+async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A sandbox pod changed: re-judge its Sandbox at once (startup, readiness, death)."""
+    _child_event(_runtime(memo), type, body, _runtime(memo).views.pods)
 
 
-@kopf.on.delete(GROUP, VERSION, SANDBOX_SCOPE_PLURAL, backoff=_BACKOFF)
-async def scope_deleted(name: str, namespace: str | None, retry: int, memo: Any, **_: Any) -> None:
-    try:
-        await purge_scope(_runtime(memo), namespace or "", name, attempt=retry)
-    except DisposalPending as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_MANAGED)
+async def network_policy_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        _child_event(_runtime(memo), type, body, _runtime(memo).views.network_policies)
+
+
+def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
+    namespace, name, uid = _ns_name(body)
+    owner = owning_sandbox(body)
+    if type == "DELETED":
+        store.remove(namespace, name, uid)
+        _wake_key(rt, namespace, (body.get("metadata") or {}).get("labels") or {})
+    if owner:
+        rt.enqueue_sandbox(namespace, owner)

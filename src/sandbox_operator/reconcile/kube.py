@@ -127,13 +127,29 @@ class Kube:
         name: str,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
+        *,
+        finalizers: list[str] | None = None,
+        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
+        """Merge labels and annotations in; replace the finalizer list when given (then with
+        ``resource_version`` as a precondition, so a finalizer someone else added meanwhile is
+        never dropped: a 409 raises :class:`Conflict`)."""
         meta: dict[str, Any] = {}
         if labels:
             meta["labels"] = dict(labels)
         if annotations:
             meta["annotations"] = dict(annotations)
+        if finalizers is not None:
+            meta["finalizers"] = list(finalizers)
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         return await self._patch(plural, namespace, name, {"metadata": meta}, status=False)
+
+    async def delete_sandboxes(self, namespace: str, label_selector: str) -> None:
+        """Delete every Sandbox matching the selector in one call (``deletecollection``)."""
+        await self._custom.delete_collection_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOX_PLURAL, label_selector=label_selector
+        )
 
     async def delete_sandbox(self, namespace: str, name: str) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException

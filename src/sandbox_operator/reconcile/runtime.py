@@ -1,7 +1,10 @@
-"""What the handlers share: the validated configuration, the API client, one driver per backend.
+"""What the reconcilers share: the configuration, the API client, one driver per backend, the
+watched views and the work queues.
 
-Nothing here is state that correctness depends on: availability is a cache of a probe (refreshed
-every ``AVAILABILITY_TTL`` seconds), locks only avoid duplicate work inside one process.
+Nothing here is state that correctness depends on beyond one process's lifetime: the views are
+rebuilt from the watches on start, availability is a cache of a probe (refreshed every
+``AVAILABILITY_TTL`` seconds), and the bookkeeping dicts (disposal clocks, create retries) only
+pace retries; a restarted operator starts them afresh and converges all the same.
 """
 
 from __future__ import annotations
@@ -16,11 +19,18 @@ from typing import Any
 from sandbox_operator.backends import build_driver
 from sandbox_operator.backends.base import BackendDriver
 from sandbox_operator.config import OperatorConfig
+from sandbox_operator.contract import GROUP, DisposalFailure
 from sandbox_operator.reconcile.kube import Kube
+from sandbox_operator.reconcile.views import ObjKey, Views
+from sandbox_operator.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 AVAILABILITY_TTL = 30.0
+
+#: The operator's finalizer on Sandboxes and SandboxScopes (the name kopf used before, so
+#: objects created under earlier versions are released the same way).
+FINALIZER = f"{GROUP}/finalizer"
 
 
 async def make_api_client() -> Any:
@@ -31,7 +41,11 @@ async def make_api_client() -> Any:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    return client.ApiClient()
+    from sandbox_operator.metrics import instrument_api_client
+
+    api = client.ApiClient()
+    instrument_api_client(api)  # every request counted in sandbox_operator_api_requests_total
+    return api
 
 
 @dataclass
@@ -39,7 +53,21 @@ class Runtime:
     config: OperatorConfig
     kube: Kube
     drivers: dict[str, BackendDriver]
+    views: Views = field(default_factory=Views)
     unavailable: dict[str, str] = field(default_factory=dict)
+    #: Sandboxes whose scope's purge has deleted their children: a pod gone is no failure.
+    purging: set[ObjKey] = field(default_factory=set)
+    #: When the disposal of a Sandbox was first requested and not seen landed (timeout clock).
+    disposal_started: dict[ObjKey, float] = field(default_factory=dict)
+    #: Transiently failed creates per Sandbox (backoff).
+    ensure_attempts: dict[ObjKey, int] = field(default_factory=dict)
+    #: Scope purges under way: when they started, and how many attempts were made.
+    #: (started or None to start again, attempts made, members at the start, failures so far).
+    purges: dict[ObjKey, tuple[float | None, int, int, tuple[DisposalFailure, ...]]] = field(
+        default_factory=dict
+    )
+    sandbox_queue: WorkQueue[ObjKey] | None = None
+    scope_queue: WorkQueue[ObjKey] | None = None
     _checked_at: float = 0.0
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
@@ -52,6 +80,10 @@ class Runtime:
             for b in config.backends
         }
         rt = cls(config=config, kube=Kube(api), drivers=drivers)
+        for driver in drivers.values():
+            use_views = getattr(driver, "use_views", None)
+            if use_views is not None:
+                use_views(rt.views.pods, rt.views.network_policies)
         await rt.refresh_availability(force=True)
         for name, reason in rt.unavailable.items():
             log.warning("backend %s is unavailable: %s", name, reason)
@@ -81,9 +113,27 @@ class Runtime:
         return lock
 
     def forget(self, namespace: str, name: str) -> None:
-        self._locks.pop((namespace, name), None)
+        """A Sandbox is gone: drop everything kept about it."""
+        key = (namespace, name)
+        self._locks.pop(key, None)
+        self.purging.discard(key)
+        self.disposal_started.pop(key, None)
+        self.ensure_attempts.pop(key, None)
+        if self.sandbox_queue is not None:
+            self.sandbox_queue.forget(key)
+
+    def enqueue_sandbox(self, namespace: str, name: str, delay: float = 0.0) -> None:
+        if self.sandbox_queue is not None:
+            self.sandbox_queue.add((namespace, name), delay)
+
+    def enqueue_scope(self, namespace: str, name: str, delay: float = 0.0) -> None:
+        if self.scope_queue is not None:
+            self.scope_queue.add((namespace, name), delay)
 
     async def close(self) -> None:
+        for queue in (self.sandbox_queue, self.scope_queue):
+            if queue is not None:
+                await queue.stop()
         for driver in self.drivers.values():
             try:
                 await driver.close()

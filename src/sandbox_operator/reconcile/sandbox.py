@@ -1,52 +1,53 @@
-"""Reconcile one Sandbox: resolve its scope, ask the policy, create or observe, write conditions.
+"""Reconcile one Sandbox: read the views, compute the wanted state, write only the difference.
 
-Level-based and idempotent: every pass reads the Sandbox, its SandboxScope and the backend's
-objects afresh and derives the status from them, so any replica (or a restarted one) converges,
-and a pass interrupted anywhere is simply repeated. The status is written only when it changed,
-with the object's resourceVersion as a precondition (a concurrent writer makes us re-read).
-No policy lives here: admission is ``sandbox_operator.policy.select_backend``.
+A pass reads the Sandbox, its SandboxScope and its pod from the in-memory views (``views.py``),
+never from the API server, and asks the pure functions of ``compute.py`` what the status should
+say and whether anything is to be created or disposed. It then makes at most one create or
+disposal request and one status patch (with the object's ``resourceVersion`` as a precondition:
+a concurrent writer makes the pass run again on the newer object). A pass over a Ready,
+unchanged Sandbox makes no API call at all.
+
+Passes are triggered by watch events (the Sandbox, its scope, its pod) and by deadlines the
+previous pass computed (startup timeout, TTL, idle timeout, disposal retry); nothing polls.
+No policy lives here: admission is ``sandbox_operator.policy`` through ``compute.admit``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
     EnsureRequest,
-    Observation,
     ObservedPhase,
     SandboxRef,
     ServedBy,
     StartupError,
     TransientError,
+    WatchedDisposal,
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
     SANDBOX_PLURAL,
     ConditionReason,
     ConditionType,
+    DisposalCode,
     DisposalFailure,
     SandboxKey,
-    SandboxRefusal,
-    SandboxResourceSpec,
-    SandboxScopeResourceSpec,
-    parse_isolation,
 )
-from sandbox_operator.policy import check_call_key, effective_floor, select_backend
+from sandbox_operator.policy import resolve_spec
+from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
-from sandbox_operator.reconcile.kube import Conflict
-from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
-from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.lifecycle import Verdict
+from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +59,21 @@ R = ConditionReason
 #: Reasons reported as Normal events; every other reason is a Warning.
 NORMAL_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISPOSED, R.PURGED})
 
+#: After a write lost a race (409), look again this soon even if no watch event comes.
+CONFLICT_RETRY_SECONDS = 1.0
 
-class EnsurePending(Exception):
-    """Creating the backend objects failed transiently; the status says so (``Creating``) and the
-    handler retries after ``delay`` (the startup deadline still applies on every pass)."""
-
-    def __init__(self, message: str, delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
+# A create that failed transiently is retried after BASE * 2**attempt, at most MAX seconds
+# (or after the backend's Retry-After, when it is longer and still below MAX).
+_ENSURE_BACKOFF = 5.0
+_MAX_ENSURE_BACKOFF = 60.0
 
 
-class DisposalPending(Exception):
-    """Disposal did not land; the finalizer stays and the handler retries after ``delay``."""
-
-    def __init__(self, message: str, delay: float) -> None:
-        super().__init__(message)
-        self.delay = delay
+def ensure_retry_delay(retry: int, hint: float | None = None) -> float:
+    """Exponential backoff for a transiently failed create: 5, 10, 20, 40, 60, 60, ... s."""
+    delay = min(_MAX_ENSURE_BACKOFF, _ENSURE_BACKOFF * float(2 ** min(max(retry, 0), 10)))
+    if hint is not None:
+        delay = min(_MAX_ENSURE_BACKOFF, max(delay, hint))
+    return delay
 
 
 @dataclass
@@ -84,9 +84,8 @@ class Draft:
     values: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        old = self.old
         self.values = {
-            "conditions": [dict(c) for c in old.get("conditions") or []],
+            "conditions": [dict(c) for c in self.old.get("conditions") or []],
             "observedGeneration": self.generation,
         }
 
@@ -112,6 +111,10 @@ class Draft:
         c = cnd.find(self.values["conditions"], ctype)
         return None if c is None else str(c.get("reason"))
 
+    def is_true(self, ctype: str) -> bool:
+        c = cnd.find(self.values["conditions"], ctype)
+        return c is not None and c.get("status") == "True"
+
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = obj.get("metadata") or {}
@@ -121,17 +124,30 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     """Patch the status if it changed; post an Event for each condition whose reason changed.
 
-    Raises :class:`Conflict` when the object changed since it was read.
+    The answer goes into the views at once. Raises :class:`Conflict` when the object changed
+    since it was read.
     """
     meta = _meta(draft.obj)
     patch = cnd.status_patch(draft.old, draft.values)
     if patch is None:
         return False
-    if list(patch) == ["observedGeneration"] and draft.old.get("observedGeneration") is not None:
-        pass  # generation moved on: still worth recording
-    await rt.kube.patch_status(
+    written = await rt.kube.patch_status(
         plural, meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
     )
+    ns, name = str(meta["namespace"]), str(meta["name"])
+    if written is None:
+        # 404: gone while the views still held it (a deletion the watch has not delivered, or
+        # missed across a re-list). Drop it; a later event would bring it back.
+        if plural == SANDBOX_PLURAL:
+            rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
+            rt.forget(ns, name)
+        else:
+            rt.views.scopes.remove(ns, name, str(meta.get("uid") or "") or None)
+        return False
+    if plural == SANDBOX_PLURAL:
+        rt.views.put_sandbox(written)
+    else:
+        rt.views.scopes.upsert(written)
     old_conds = draft.old.get("conditions") or []
     for ctype in (ADMITTED, READY, DISPOSED):
         new = cnd.find(draft.values["conditions"], ctype)
@@ -152,19 +168,6 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     return True
 
 
-def _time(value: Any) -> datetime | None:
-    return cnd.parse_time(value)
-
-
-def _served_by(obs: Observation) -> dict[str, Any] | None:
-    if obs.served_by is None:
-        return None
-    out = {"kind": obs.served_by.kind, "name": obs.served_by.name}
-    if obs.served_by.namespace:
-        out["namespace"] = obs.served_by.namespace
-    return out
-
-
 def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
     """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
     raw = (status or {}).get("servedBy")
@@ -178,7 +181,7 @@ def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
     egress = (status or {}).get("egress")
     if not isinstance(egress, Mapping):
         return None
-    return _time(egress.get("admitted"))
+    return cnd.parse_time(egress.get("admitted"))
 
 
 def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
@@ -198,10 +201,10 @@ def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> Sa
 async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) -> str | None:
     """Why the key is not clean (an earlier sandbox of this key is not disposed yet), or None.
 
-    Found by labels alone: another Sandbox of the key that is being deleted or whose disposal
-    failed, or backend objects of the key that belong to another Sandbox.
+    Found in the views by labels alone: another Sandbox of the key that is being deleted or
+    whose disposal failed, or backend objects of the key that belong to another Sandbox.
     """
-    for other in await rt.kube.list_sandboxes(namespace, lbl.key_selector(key)):
+    for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
         ometa = _meta(other)
         if ometa.get("uid") == uid:
             continue
@@ -221,284 +224,356 @@ async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) ->
     return None
 
 
-async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> None:
-    async with rt.lock(namespace, name):
-        for _ in range(5):
-            try:
-                await _reconcile_once(rt, namespace, name)
-                return
-            except Conflict:
-                continue
-        log.info("sandbox %s/%s: status kept changing under us; next pass retries", namespace, name)
-
-
-async def _dispose_into(
-    rt: Runtime, drivers: list[BackendDriver], ref: SandboxRef, draft: Draft
-) -> DisposalFailure | None:
-    failure: DisposalFailure | None = None
-    for driver in drivers:
-        try:
-            await driver.dispose(ref)
-        except DisposalError as exc:
-            failure = failure or exc.failure
-    if failure is None:
-        draft.cond(DISPOSED, True, R.DISPOSED, "backend objects removed")
-    else:
-        draft.cond(
-            DISPOSED,
-            False,
-            R.DISPOSAL_FAILED,
-            f"disposal failed ({failure.code.value}) on backend {failure.backend}: "
-            f"{failure.detail}",
-        )
-    return failure
-
-
-def _drivers_for(rt: Runtime, status: Mapping[str, Any]) -> list[BackendDriver]:
+def drivers_for(rt: Runtime, status: Mapping[str, Any]) -> list[BackendDriver]:
     backend = status.get("backend")
     if backend in rt.drivers:
         return [rt.drivers[backend]]
     return list(rt.drivers.values())
 
 
-async def _reconcile_once(rt: Runtime, namespace: str, name: str) -> None:
-    obj = await rt.kube.get_sandbox(namespace, name)
-    if obj is None or _meta(obj).get("deletionTimestamp"):
-        return
-    meta = _meta(obj)
-    uid = str(meta.get("uid", ""))
-    draft = Draft(obj)
-    old = draft.old
-    ref = SandboxRef(namespace, name, uid)
-    now = datetime.now(UTC)
-
-    # Terminal: nothing is created again; only a disposal that has not landed is retried.
-    if draft.reason(READY) in TERMINAL_REASONS and not cnd.is_true(old, READY):
-        if not cnd.is_true(old, DISPOSED):
-            await _dispose_into(rt, _drivers_for(rt, old), sandbox_ref(obj), draft)
-            await write_status(rt, SANDBOX_PLURAL, draft)
-        return
-
-    try:
-        spec = SandboxResourceSpec.model_validate(obj.get("spec") or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        msg = f"spec is invalid: {where}: {first['msg']}"
-        draft.cond(ADMITTED, False, R.STARTUP_FAILED, msg)
-        draft.cond(READY, False, R.STARTUP_FAILED, msg)
-        await write_status(rt, SANDBOX_PLURAL, draft)
-        return
-    sandbox_spec = spec.sandbox_spec()
-
-    was_ready = cnd.is_true(old, READY)
-    admitted = cnd.is_true(old, ADMITTED) and old.get("backend") in rt.drivers
-
-    # The scope gives the key (and its floors); it is needed until the objects exist.
-    scope_obj = await rt.kube.get_scope(namespace, spec.scope_ref)
-    scope_spec: SandboxScopeResourceSpec | None = None
-    scope_problem = ""
-    if scope_obj is None:
-        scope_problem = f"SandboxScope {spec.scope_ref!r} not found in namespace {namespace}"
-    elif _meta(scope_obj).get("deletionTimestamp"):
-        scope_problem = f"SandboxScope {spec.scope_ref!r} is being deleted"
-    else:
+async def dispose_into(
+    rt: Runtime, drivers: list[BackendDriver], ref: SandboxRef, draft: Draft
+) -> float | None:
+    """Ask each driver to dispose of the sandbox's objects and record the outcome in
+    ``Disposed``. Returns when to look again (a requested deletion not seen landed yet, or a
+    failed disposal's retry), None once disposed."""
+    failure: DisposalFailure | None = None
+    waiting: list[str] = []
+    key = (ref.namespace, ref.name)
+    for driver in drivers:
         try:
-            scope_spec = SandboxScopeResourceSpec.model_validate(scope_obj.get("spec") or {})
-        except ValidationError:
-            scope_problem = f"SandboxScope {spec.scope_ref!r} has an invalid spec"
+            if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
+                waiting += [f"{o.kind} {o.name}" for o in await driver.request_disposal(ref)]
+            else:
+                await driver.dispose(ref)
+        except DisposalError as exc:
+            failure = failure or exc.failure
+    timeout = rt.config.operator.dispose_timeout_seconds
+    if failure is None and waiting:
+        started = rt.disposal_started.setdefault(key, time.monotonic())
+        elapsed = time.monotonic() - started
+        if elapsed < timeout:
+            if not draft.is_true(DISPOSED):
+                draft.cond(DISPOSED, False, R.DISPOSING, "disposing backend objects")
+            return timeout - elapsed + 0.05
+        failure = DisposalFailure(
+            code=DisposalCode.TIMEOUT,
+            detail=f"{', '.join(waiting[:3])} still present after {timeout:g}s",
+            backend=drivers[0].name if len(drivers) == 1 else "",
+        )
+    rt.disposal_started.pop(key, None)
+    if failure is None:
+        draft.cond(DISPOSED, True, R.DISPOSED, "backend objects removed")
+        return None
+    draft.cond(
+        DISPOSED,
+        False,
+        R.DISPOSAL_FAILED,
+        f"disposal failed ({failure.code.value}) on backend {failure.backend}: {failure.detail}",
+    )
+    return rt.config.operator.disposal_retry_seconds
 
-    key: SandboxKey | None = None
-    if scope_spec is not None:
-        key = spec.key(scope_spec.scope, scope_spec.thread_id)
+
+async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | None:
+    """One pass; returns the seconds until the next deadline (None: wait for a watch event).
+
+    Raises :class:`Conflict` when a write lost a race (the caller looks again soon)."""
+    obj = rt.views.sandboxes.get(namespace, name)
+    if obj is None:
+        rt.forget(namespace, name)
+        return None
+    if _meta(obj).get("deletionTimestamp"):
+        return await finalize_sandbox(rt, obj)
+    if (namespace, name) in rt.purging:
+        return None  # its scope's purge deletes it; the deletion event brings it back
+    return await _reconcile(rt, obj)
+
+
+async def _ensure_metadata(
+    rt: Runtime, obj: dict[str, Any], scope: compute.ScopeResolution, key: SandboxKey | None
+) -> dict[str, Any] | None:
+    """The finalizer, and (once the scope gives the key) the key labels and annotations, in one
+    patch and only when something is missing. Returns the object as it is now."""
+    meta = _meta(obj)
+    name = str(meta["name"])
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if key is not None and scope.spec is not None:
         want_labels = lbl.key_labels(key)
         want_labels[lbl.SANDBOX_LABEL] = lbl.sandbox_label_value(name)
-        want_ann = lbl.key_annotations(key)
         have_labels = meta.get("labels") or {}
+        labels = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
         have_ann = meta.get("annotations") or {}
-        if any(have_labels.get(k) != v for k, v in want_labels.items()) or any(
-            have_ann.get(k) != v for k, v in want_ann.items()
-        ):
-            patched = await rt.kube.patch_metadata(
-                SANDBOX_PLURAL, namespace, name, want_labels, want_ann
-            )
-            if patched is None:
-                return
-            obj = patched
-            draft = Draft(obj)
+        annotations = {k: v for k, v in lbl.key_annotations(key).items() if have_ann.get(k) != v}
+    finalizers = list(meta.get("finalizers") or [])
+    need_finalizer = FINALIZER not in finalizers
+    if not labels and not annotations and not need_finalizer:
+        return obj
+    patched = await rt.kube.patch_metadata(
+        SANDBOX_PLURAL,
+        str(meta["namespace"]),
+        name,
+        labels,
+        annotations,
+        finalizers=[*finalizers, FINALIZER] if need_finalizer else None,
+        resource_version=str(meta.get("resourceVersion") or "") or None,
+    )
+    if patched is None:
+        return None
+    return rt.views.put_sandbox(patched)
 
-    if not admitted:
-        if scope_spec is None:
-            draft.cond(ADMITTED, False, R.SCOPE_NOT_FOUND, scope_problem)
-            draft.cond(READY, False, R.SCOPE_NOT_FOUND, scope_problem)
-            await write_status(rt, SANDBOX_PLURAL, draft)
-            return
+
+async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
+    meta = _meta(obj)
+    namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+    draft = Draft(obj)
+    status = draft.old
+
+    # Terminal: nothing is created again; only a disposal that has not landed is retried.
+    if compute.is_terminal(status):
+        if cnd.is_true(status, DISPOSED):
+            return None
+        requeue = await dispose_into(rt, drivers_for(rt, status), sandbox_ref(obj), draft)
+        await write_status(rt, SANDBOX_PLURAL, draft)
+        return requeue
+
+    parsed = compute.parse_spec(obj)
+    if isinstance(parsed, str):
+        draft.cond(ADMITTED, False, R.STARTUP_FAILED, parsed)
+        draft.cond(READY, False, R.STARTUP_FAILED, parsed)
+        if await write_status(rt, SANDBOX_PLURAL, draft):
+            metrics.ADMISSIONS.labels("refused", R.STARTUP_FAILED.value).inc()
+        return None
+    spec = parsed
+    scope = compute.resolve_scope(
+        rt.views.scopes.get(namespace, spec.scope_ref), spec.scope_ref, namespace
+    )
+    key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
+    fresh = await _ensure_metadata(rt, obj, scope, key)
+    if fresh is None:
+        return None
+    obj = fresh
+    draft = Draft(obj)
+
+    if not cnd.is_true(obj.get("status"), ADMITTED):
         await rt.refresh_availability()
-        floor = effective_floor(
-            rt.config.host_policy, sandbox_spec, scope_floor=scope_spec.min_isolation
-        )
-        try:
-            check_call_key(
-                rt.config.host_policy,
-                sandbox_spec,
-                spec.call_id,
-                scope_min_isolation_scope=scope_spec.min_isolation_scope,
-            )
-            admission = select_backend(
-                rt.config.host_policy,
-                profiles(rt.config, rt.unavailable),
-                sandbox_spec,
-                scope_floor=scope_spec.min_isolation,
-                scope_min_isolation_scope=scope_spec.min_isolation_scope,
-            )
-        except SandboxRefusal as refusal:
-            reason = refusal.reason.value
-            draft.cond(ADMITTED, False, reason, refusal.message)
-            draft.cond(READY, False, reason, refusal.message)
-            draft.set(
-                backend=None,
-                isolation=None,
-                servedBy=None,
-                effectiveFloor=floor.isolation.value,
-            )
-            await write_status(rt, SANDBOX_PLURAL, draft)
-            return
-        backend_name = admission.backend.name
-        draft.set(
-            backend=backend_name,
-            isolation=parse_isolation(admission.backend.isolation).value,
-            effectiveFloor=admission.floor.value,
-            isolationScope=admission.isolation_scope.value,
-        )
-        isolation_scope = admission.isolation_scope
-        admit_msg = (
-            f"admitted to backend {backend_name} (isolation {admission.backend.isolation}, "
-            f"effective floor {admission.floor.value})"
-        )
-    else:
-        backend_name = str(old["backend"])
-        isolation_scope = sandbox_spec.isolation_scope
-        if old.get("isolationScope"):
-            from sandbox_operator.contract import IsolationScope
+    admission = compute.admit(
+        obj,
+        spec,
+        scope,
+        host_policy=rt.config.host_policy,
+        profiles=profiles(rt.config, rt.unavailable),
+        known_backends=tuple(rt.drivers),
+    )
+    if not admission.admitted:
+        return await _apply(rt, obj, draft, compute.refusal_plan(admission), admission)
 
-            isolation_scope = IsolationScope(old["isolationScope"])
-        admit_msg = str((cnd.find(old.get("conditions"), ADMITTED) or {}).get("message", ""))
-
-    driver = rt.drivers[backend_name]
-    ref = sandbox_ref(obj)  # with the recorded servedBy: drivers may look there too
-    obs = await driver.observe(ref)
-
-    if obs.phase is ObservedPhase.ABSENT and not was_ready:
-        if key is None:
-            draft.cond(ADMITTED, False, R.SCOPE_NOT_FOUND, scope_problem)
-            draft.cond(READY, False, R.SCOPE_NOT_FOUND, scope_problem)
-            await write_status(rt, SANDBOX_PLURAL, draft)
-            return
-        unclean = await key_unclean(rt, namespace, key, uid)
-        if unclean:
-            msg = f"refused until the earlier disposal lands: {unclean}"
-            draft.cond(ADMITTED, False, R.KEY_UNCLEAN, msg)
-            draft.cond(READY, False, R.KEY_UNCLEAN, msg)
-            await write_status(rt, SANDBOX_PLURAL, draft)
-            return
-
-    draft.cond(ADMITTED, True, R.ADMITTED, admit_msg)
-    admitted_cond = cnd.find(draft.values["conditions"], ADMITTED) or {}
-    ready_cond = cnd.find(old.get("conditions"), READY) or {}
-    lifetime = sandbox_spec.lifetime
-    annotations = meta.get("annotations") or {}
-
-    def verdict_for(observation: Observation) -> Verdict:
-        return judge(
-            observation,
-            lifetime=lifetime,
-            was_ready=was_ready,
-            ready_since=_time(ready_cond.get("lastTransitionTime")) if was_ready else None,
-            sandbox_created=_time(meta.get("creationTimestamp")),
-            admitted_at=_time(admitted_cond.get("lastTransitionTime")) or now,
-            last_activity=_time(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION)),
-            now=now,
-        )
-
-    verdict = verdict_for(obs)
-    if verdict.create:
-        assert key is not None
-        if not cnd.is_true(draft.old, ADMITTED):
+    assert admission.backend is not None
+    driver = rt.drivers[admission.backend]
+    ref = sandbox_ref(obj)
+    observation = await driver.observe(ref)
+    was_ready = cnd.is_true(obj.get("status"), READY)
+    unclean = None
+    if observation.phase is ObservedPhase.ABSENT and not was_ready and admission.key is not None:
+        unclean = await key_unclean(rt, namespace, admission.key, uid)
+    now = datetime.now(UTC)
+    plan = compute.plan(
+        obj, spec, admission, observation, key_unclean=unclean, scope_problem=scope.problem, now=now
+    )
+    if plan.create:
+        assert admission.key is not None
+        if not cnd.is_true(obj.get("status"), ADMITTED):
             # Record the admission (and so the startup clock) before anything is created: an
             # ensure that fails or never returns must still leave Admitted and a deadline.
-            draft.cond(READY, False, R.CREATING, "creating the sandbox")
-            written = await write_status(rt, SANDBOX_PLURAL, draft)
-            if written:
-                fresh = await rt.kube.get_sandbox(namespace, name)
-                if fresh is None or _meta(fresh).get("uid") != uid:
-                    return
-                obj, draft = fresh, Draft(fresh)
-                draft.cond(ADMITTED, True, R.ADMITTED, admit_msg)
+            await _apply(rt, obj, draft, plan, admission)
+            obj = rt.views.sandboxes.get(namespace, name) or obj
+            if _meta(obj).get("uid") != uid:
+                return None
+            draft = Draft(obj)
         request = EnsureRequest(
             sandbox=ref,
-            key=key,
-            spec=sandbox_spec,
-            isolation_scope=isolation_scope,
-            labels=lbl.object_labels(key, name, backend_name),
-            annotations=lbl.key_annotations(key),
+            key=admission.key,
+            # With the host's default resources filled in (requests under limits).
+            spec=resolve_spec(rt.config.host_policy, spec.sandbox_spec()),
+            isolation_scope=admission.isolation_scope or spec.sandbox_spec().isolation_scope,
+            labels=lbl.object_labels(admission.key, name, admission.backend),
+            annotations=lbl.key_annotations(admission.key),
         )
         try:
             await driver.ensure(request)
         except StartupError as exc:
             if exc.reason == R.KEY_UNCLEAN:
-                draft.cond(ADMITTED, False, R.KEY_UNCLEAN, exc.message)
-                draft.cond(READY, False, R.KEY_UNCLEAN, exc.message)
-                await write_status(rt, SANDBOX_PLURAL, draft)
-                return
+                refused = compute.Admission(False, R.KEY_UNCLEAN, exc.message)
+                return await _apply(rt, obj, draft, compute.refusal_plan(refused), None)
             verdict = Verdict(False, R.STARTUP_FAILED, exc.message, terminal=True, dispose=True)
+            failed = compute.Plan(
+                conditions=(
+                    (ADMITTED, True, R.ADMITTED, admission.message),
+                    (READY, False, verdict.reason, verdict.message),
+                ),
+                fields={"servedBy": None},
+                dispose=True,
+                verdict=verdict,
+            )
+            return await _apply(rt, obj, draft, failed, None)
         except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
             what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
-            retry_after = exc.retry_after if isinstance(exc, TransientError) else None
+            hint = exc.retry_after if isinstance(exc, TransientError) else None
+            attempt = rt.ensure_attempts.get((namespace, name), 0)
+            rt.ensure_attempts[(namespace, name)] = attempt + 1
             log.warning("sandbox %s/%s: creating failed, will retry: %s", namespace, name, what)
-            draft.cond(READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}")
-            draft.set(servedBy=None)
-            await write_status(rt, SANDBOX_PLURAL, draft)
-            raise EnsurePending(what, retry_after) from None
-        else:
-            obs = await driver.observe(ref)
-            verdict = verdict_for(obs)
-            if verdict.create:
-                verdict = Verdict(False, R.CREATING, "creating the sandbox")
-
-    draft.cond(READY, verdict.ready, verdict.reason, verdict.message)
-    draft.set(servedBy=_served_by(obs))
-    if verdict.dispose:
-        target = sandbox_ref(obj, obs.served_by)
-        if await _dispose_into(rt, [driver], target, draft) is not None and target.served_by:
-            # Keep what is still to be disposed on record: the retry needs it, listed or not.
-            draft.set(servedBy=_served_by(Observation(obs.phase, target.served_by)))
-    await write_status(rt, SANDBOX_PLURAL, draft)
-
-
-async def finalize_sandbox(rt: Runtime, namespace: str, name: str) -> None:
-    """Dispose everything that serves the Sandbox; raise :class:`DisposalPending` if that fails."""
-    async with rt.lock(namespace, name):
-        obj = await rt.kube.get_sandbox(namespace, name)
-        if obj is None:
-            return
-        draft = Draft(obj)
-        terminal = draft.reason(READY) in TERMINAL_REASONS and not cnd.is_true(draft.old, READY)
-        if not terminal:
-            draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")
-        if not cnd.is_true(draft.old, DISPOSED):
-            draft.cond(DISPOSED, False, R.DISPOSING, "disposing backend objects")
-        with contextlib.suppress(Conflict):
-            await write_status(rt, SANDBOX_PLURAL, draft)
-        obj = await rt.kube.get_sandbox(namespace, name) or obj
-        draft = Draft(obj)
-        failure = await _dispose_into(rt, _drivers_for(rt, draft.old), sandbox_ref(obj), draft)
-        if failure is not None and not terminal:
-            draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
-        with contextlib.suppress(Conflict):
-            await write_status(rt, SANDBOX_PLURAL, draft)
-        if failure is not None:
-            raise DisposalPending(
-                f"disposal failed ({failure.code.value}): {failure.detail}",
-                rt.config.operator.disposal_retry_seconds,
+            pending = compute.Plan(
+                conditions=(
+                    (ADMITTED, True, R.ADMITTED, admission.message),
+                    (READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}"),
+                ),
+                fields={"servedBy": None},
             )
-    rt.forget(namespace, name)
+            await _apply(rt, obj, draft, pending, None)
+            retry = ensure_retry_delay(attempt, hint)
+            # The startup deadline still applies: never wait past it to find out.
+            deadline = _startup_deadline(rt, namespace, name, spec, now)
+            return min(retry, deadline) if deadline is not None else retry
+        rt.ensure_attempts.pop((namespace, name), None)
+        observation = await driver.observe(ref)
+        plan = compute.plan(
+            obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
+        )
+        if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
+            plan = compute.Plan(
+                conditions=(
+                    (ADMITTED, True, R.ADMITTED, admission.message),
+                    (READY, False, R.CREATING, "creating the sandbox"),
+                ),
+                fields=plan.fields,
+                requeue_after=_startup_deadline(rt, namespace, name, spec, now),
+            )
+
+    if (
+        plan.verdict is not None
+        and plan.verdict.reason == R.FAILED
+        and observation.phase in (ObservedPhase.ABSENT, ObservedPhase.DISPOSING)
+        and await _being_deleted(rt, namespace, name)
+    ):
+        # The pod went first because the Sandbox itself is being deleted (a scope purge, a
+        # collection delete): that is disposal, not failure. Its own deletion event follows.
+        return None
+    return await _apply(rt, obj, draft, plan, admission, observation_ref=ref)
+
+
+def _startup_deadline(
+    rt: Runtime, namespace: str, name: str, spec: Any, now: datetime
+) -> float | None:
+    obj = rt.views.sandboxes.get(namespace, name)
+    if obj is None:
+        return None
+    cond = cnd.find((obj.get("status") or {}).get("conditions"), ADMITTED) or {}
+    admitted_at = cnd.parse_time(cond.get("lastTransitionTime")) or now
+    timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
+    return max(0.0, timeout - (now - admitted_at).total_seconds()) + 0.05
+
+
+async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
+    """Ask the API server once (only on this rare path) whether the Sandbox is being deleted:
+    its pod's deletion can be seen before its own."""
+    if (namespace, name) in rt.purging:
+        return True
+    current = await rt.kube.get_sandbox(namespace, name)
+    if current is None:
+        return True
+    rt.views.put_sandbox(current)
+    return bool(_meta(current).get("deletionTimestamp"))
+
+
+async def _apply(
+    rt: Runtime,
+    obj: Mapping[str, Any],
+    draft: Draft,
+    plan: compute.Plan,
+    admission: compute.Admission | None,
+    observation_ref: SandboxRef | None = None,
+) -> float | None:
+    """Write the plan: its conditions and fields, a disposal if it says so, one status patch."""
+    was_ready = cnd.is_true(obj.get("status"), READY)
+    was_admitted_reason = cnd.reason_of(obj.get("status"), ADMITTED)
+    for ctype, value, reason, message in plan.conditions:
+        draft.cond(ctype, value, reason, message)
+    draft.set(**plan.fields)
+    requeue = plan.requeue_after
+    if plan.dispose:
+        served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
+        target = sandbox_ref(obj, served)
+        backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
+        drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
+        retry = await dispose_into(rt, drivers, target, draft)
+        if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
+            # Keep what is still to be disposed on record: the retry needs it, listed or not.
+            draft.set(servedBy=plan.fields.get("servedBy") or _served(target.served_by))
+        requeue = retry
+    written = await write_status(rt, SANDBOX_PLURAL, draft)
+    if written:
+        _count(obj, draft, admission, was_ready, was_admitted_reason)
+    return requeue
+
+
+def _served(served: ServedBy) -> dict[str, Any]:
+    out = {"kind": served.kind, "name": served.name}
+    if served.namespace:
+        out["namespace"] = served.namespace
+    return out
+
+
+def _count(
+    obj: Mapping[str, Any],
+    draft: Draft,
+    admission: compute.Admission | None,
+    was_ready: bool,
+    was_admitted_reason: str | None,
+) -> None:
+    """Metrics for what this write changed: an admission decided, a sandbox becoming Ready."""
+    reason = draft.reason(ADMITTED)
+    if reason is not None and reason != was_admitted_reason:
+        result = "admitted" if draft.is_true(ADMITTED) else "refused"
+        metrics.ADMISSIONS.labels(result, reason).inc()
+    if draft.is_true(READY) and not was_ready:
+        created = cnd.parse_time(_meta(obj).get("creationTimestamp"))
+        backend = str(draft.values.get("backend") or (obj.get("status") or {}).get("backend"))
+        if created is not None:
+            seconds = (datetime.now(UTC) - created).total_seconds()
+            metrics.READY_LATENCY.labels(backend).observe(max(seconds, 0.0))
+
+
+async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
+    """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
+
+    While disposal is under way or failed, the finalizer stays and the status says so; the pass
+    runs again when a child's deletion is seen, or at the retry deadline.
+    """
+    meta = _meta(obj)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        return None  # never admitted by this operator, or already released
+    draft = Draft(obj)
+    terminal = compute.is_terminal(draft.old)
+    requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
+    if draft.is_true(DISPOSED):
+        remaining = [f for f in finalizers if f != FINALIZER]
+        released = await rt.kube.patch_metadata(
+            SANDBOX_PLURAL,
+            namespace,
+            name,
+            finalizers=remaining,
+            resource_version=str(meta.get("resourceVersion") or "") or None,
+        )
+        if released is not None and (released.get("metadata") or {}).get("finalizers"):
+            rt.views.put_sandbox(released)
+        rt.purging.discard((namespace, name))
+        return None
+    if not terminal:
+        if draft.reason(DISPOSED) == R.DISPOSAL_FAILED:
+            draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
+        else:
+            draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")
+    await write_status(rt, SANDBOX_PLURAL, draft)
+    return requeue

@@ -1,15 +1,21 @@
 """Reconcile a SandboxScope: count its sandboxes; on delete, purge the whole conversation.
 
-The purge finds what to dispose by listing, never by memory: every Sandbox carrying the
-conversation's labels (or naming the scope in ``scopeRef``), and every backend object carrying the
-conversation's labels (pods and NetworkPolicies left behind, remote sessions). So a replica that
-never saw those sandboxes created purges them just as well.
+Members are found in the views by the conversation's labels (and, for Sandboxes not admitted
+yet, by ``spec.scopeRef``), never by an in-memory registry of what this process created, so a
+replica that never saw those sandboxes created purges them just as well.
+
+A purge costs a bounded number of calls per sandbox: the Sandboxes go with one
+``deletecollection`` by the conversation's label selector, and so do the pods and
+NetworkPolicies of every watched backend (two calls per backend). Each Sandbox's own finalizer
+then confirms, from the watch, that its objects are gone and lets it go (one patch, plus a status
+write only when it has to wait). The scope waits, woken by each member's deletion event, until
+every member is gone or the disposal timeout passes, records the purge and lets go.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.base import DisposalError
+from sandbox_operator.backends.base import DisposalError, WatchedDisposal
 from sandbox_operator.contract import (
     SANDBOX_SCOPE_PLURAL,
     ConditionReason,
@@ -28,21 +34,21 @@ from sandbox_operator.contract import (
 )
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
-from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.sandbox import (
+    CONFLICT_RETRY_SECONDS,
     DISPOSED,
     READY,
-    DisposalPending,
     Draft,
-    _drivers_for,
-    sandbox_ref,
     write_status,
 )
+from sandbox_operator.reconcile.views import Obj
 
 log = logging.getLogger(__name__)
 R = ConditionReason
 
-PURGE_CONCURRENCY = 8
+#: Sandbox events wake their scope this much later, so a burst of creates costs one count write.
+COUNT_DEBOUNCE_SECONDS = 1.0
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -50,130 +56,174 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta
 
 
-async def scope_members(rt: Runtime, namespace: str, name: str) -> list[dict[str, Any]]:
-    """Sandboxes of a scope: those that name it, plus those labelled with its conversation."""
-    scope = await rt.kube.get_scope(namespace, name)
-    selector = None
-    if scope is not None:
-        try:
-            spec = SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
-            selector = lbl.scope_selector(spec.scope, spec.thread_id)
-        except ValidationError:
-            selector = None
-    members: dict[str, dict[str, Any]] = {}
-    if selector is not None:
-        for s in await rt.kube.list_sandboxes(namespace, selector):
+def _spec(scope: Mapping[str, Any]) -> SandboxScopeResourceSpec | None:
+    try:
+        return SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
+    except ValidationError:
+        return None
+
+
+def scope_members(rt: Runtime, namespace: str, name: str) -> list[Obj]:
+    """Sandboxes of a scope: those labelled with its conversation, plus those that name it."""
+    scope = rt.views.scopes.get(namespace, name)
+    spec = _spec(scope) if scope is not None else None
+    members: dict[str, Obj] = {}
+    if spec is not None:
+        value = lbl.conversation_value(spec.scope, spec.thread_id)
+        for s in rt.views.sandboxes.select(namespace, lbl.CONVERSATION_LABEL, value):
             members[_meta(s)["name"]] = s
-    for s in await rt.kube.list_sandboxes(namespace):
-        if (s.get("spec") or {}).get("scopeRef") == name:
-            members[_meta(s)["name"]] = s
+    for s in rt.views.naming_scope(namespace, name):
+        members[_meta(s)["name"]] = s
     return list(members.values())
 
 
-async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> None:
-    for _ in range(3):
-        scope = await rt.kube.get_scope(namespace, name)
-        if scope is None or _meta(scope).get("deletionTimestamp"):
-            return
-        members = await scope_members(rt, namespace, name)
-        draft = Draft(scope)
-        draft.set(sandboxCount=len(members))
+async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | None:
+    scope = rt.views.scopes.get(namespace, name)
+    if scope is None:
+        rt.purges.pop((namespace, name), None)
+        return None
+    if _meta(scope).get("deletionTimestamp"):
+        return await purge_scope(rt, scope)
+    await _ensure_finalizer(rt, scope)
+    scope = rt.views.scopes.get(namespace, name) or scope
+    members = scope_members(rt, namespace, name)
+    draft = Draft(scope)
+    draft.set(sandboxCount=len(members))
+    if _spec(scope) is not None:
+        draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
+    else:
         try:
             SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
-            draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
         except ValidationError as exc:
-            draft.cond(READY, False, R.PENDING, f"spec is invalid: {exc.errors()[0]['msg']}")
-        try:
-            await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
-            return
-        except Conflict:
-            continue
+            msg = f"spec is invalid: {exc.errors()[0]['msg']}"
+            draft.cond(READY, False, R.PENDING, msg)
+    await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
+    return None
 
 
-async def purge_scope(rt: Runtime, namespace: str, name: str, attempt: int) -> ScopePurge:
-    """Dispose every sandbox of the scope, record the purge, and decide whether to let it go.
+async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
+    meta = _meta(scope)
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER in finalizers:
+        return
+    patched = await rt.kube.patch_metadata(
+        SANDBOX_SCOPE_PLURAL,
+        str(meta["namespace"]),
+        str(meta["name"]),
+        finalizers=[*finalizers, FINALIZER],
+        resource_version=str(meta.get("resourceVersion") or "") or None,
+    )
+    if patched is not None:
+        rt.views.scopes.upsert(patched)
 
-    Raises :class:`DisposalPending` while something is undisposed and attempts remain.
-    """
-    scope = await rt.kube.get_scope(namespace, name)
-    if scope is None:
-        return ScopePurge()
-    members = await scope_members(rt, namespace, name)
-    sem = asyncio.Semaphore(PURGE_CONCURRENCY)
 
-    async def dispose_member(sbx: Mapping[str, Any]) -> DisposalFailure | None:
-        ref = sandbox_ref(sbx)
-        async with sem:
-            failure: DisposalFailure | None = None
-            for driver in _drivers_for(rt, sbx.get("status") or {}):
-                try:
-                    await driver.dispose(ref)
-                except DisposalError as exc:
-                    failure = failure or exc.failure
-            return failure
-
-    results = await asyncio.gather(*(dispose_member(s) for s in members))
-    undisposed = [f for f in results if f is not None]
-    disposed = len(results) - len(undisposed)
-
-    # Whatever carries the conversation's labels but belongs to no listed Sandbox.
-    member_labels = {lbl.sandbox_label_value(_meta(s)["name"]) for s in members}
-    spec: SandboxScopeResourceSpec | None
-    try:
-        spec = SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
-    except ValidationError:
-        spec = None
+async def _request_purge(
+    rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | None, members: list[Obj]
+) -> list[DisposalFailure]:
+    """Ask for everything of the conversation to go, in collection calls where possible."""
+    failures: list[DisposalFailure] = []
+    for m in members:
+        rt.purging.add((namespace, str(_meta(m)["name"])))
     if spec is not None:
-        orphan_groups: dict[str, list[DisposalFailure]] = {}
-        for driver in rt.drivers.values():
-            try:
-                objects = await driver.list_by_scope(namespace, spec.scope, spec.thread_id)
-            except Exception as exc:
-                undisposed.append(
-                    DisposalFailure(
-                        code=DisposalCode.UNREACHABLE,
-                        detail=f"listing the conversation failed: {type(exc).__name__}",
-                        backend=driver.name,
-                    )
-                )
+        await rt.kube.delete_sandboxes(namespace, lbl.scope_selector(spec.scope, spec.thread_id))
+    conversation = lbl.conversation_value(spec.scope, spec.thread_id) if spec is not None else None
+    for m in members:
+        labels = _meta(m).get("labels") or {}
+        if _meta(m).get("deletionTimestamp") or (
+            conversation is not None and labels.get(lbl.CONVERSATION_LABEL) == conversation
+        ):
+            continue
+        await rt.kube.delete_sandbox(namespace, str(_meta(m)["name"]))
+    if spec is None:
+        return failures
+    member_labels = {lbl.sandbox_label_value(str(_meta(s)["name"])) for s in members}
+    for driver in rt.drivers.values():
+        try:
+            if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
+                await driver.request_conversation_disposal(namespace, spec.scope, spec.thread_id)
                 continue
-            for o in objects:
+            # Remote backends: each member's own finalizer disposes it; here only what carries
+            # the conversation's labels but belongs to no member.
+            for o in await driver.list_by_scope(namespace, spec.scope, spec.thread_id):
                 if o.sandbox_name in member_labels:
                     continue
-                group = orphan_groups.setdefault(o.sandbox_name or o.name, [])
                 try:
                     await driver.dispose_object(o)
                 except DisposalError as exc:
-                    group.append(exc.failure)
-        for failures in orphan_groups.values():
-            if failures:
-                undisposed.append(failures[0])
-            else:
-                disposed += 1
+                    failures.append(exc.failure)
+        except DisposalError as exc:
+            failures.append(exc.failure)
+        except Exception as exc:
+            failures.append(
+                DisposalFailure(
+                    code=DisposalCode.UNREACHABLE,
+                    detail=f"listing the conversation failed: {type(exc).__name__}",
+                    backend=driver.name,
+                )
+            )
+    return failures
 
-    # The Sandbox objects go too; their own finalizers confirm (idempotently) and any whose
-    # disposal failed stays with DisposalFailed and keeps retrying.
-    for s in members:
-        if not _meta(s).get("deletionTimestamp"):
-            await rt.kube.delete_sandbox(namespace, _meta(s)["name"])
-    names = {_meta(s)["name"] for s in members}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + rt.config.operator.dispose_timeout_seconds
-    while names and loop.time() < deadline:
-        left = set()
-        for n in names:
-            if await rt.kube.get_sandbox(namespace, n) is not None:
-                left.add(n)
-        names = left
-        if names:
-            await asyncio.sleep(0.5)
 
+def _leftovers(rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | None) -> int:
+    """Watched objects of the conversation still there (orphans of no member included)."""
+    if spec is None:
+        return 0
+    value = lbl.conversation_value(spec.scope, spec.thread_id)
+    return len(rt.views.by_label(namespace, lbl.CONVERSATION_LABEL, value))
+
+
+async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
+    """Dispose every sandbox of a deleted scope, record the purge, and let the scope go once
+    nothing is left (or the attempts are used up: ``PurgeIncomplete``; undisposed Sandboxes
+    keep their own finalizers and keep retrying)."""
+    meta = _meta(scope)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    key = (namespace, name)
+    if FINALIZER not in (meta.get("finalizers") or []):
+        rt.purges.pop(key, None)
+        return None
+    spec = _spec(scope)
+    members = scope_members(rt, namespace, name)
+    timeout = rt.config.operator.dispose_timeout_seconds
+    started, attempt, initial, failures = rt.purges.get(key, (None, 0, len(members), ()))
+    if started is None:
+        found = await _request_purge(rt, namespace, spec, members)
+        started = time.monotonic()
+        failures = tuple(found)
+        rt.purges[key] = (started, attempt, max(initial, len(members)), failures)
+        initial = max(initial, len(members))
+    leftovers = _leftovers(rt, namespace, spec)
+    elapsed = time.monotonic() - started
+    if (members or leftovers) and elapsed < timeout and not failures:
+        return timeout - elapsed + 0.05  # each member's deletion event comes sooner
+
+    undisposed: list[DisposalFailure] = list(failures)
+    for m in members:
+        failed = cnd.find((m.get("status") or {}).get("conditions"), DISPOSED) or {}
+        undisposed.append(
+            DisposalFailure(
+                code=DisposalCode.TIMEOUT
+                if failed.get("reason") != R.DISPOSAL_FAILED
+                else DisposalCode.UNKNOWN,
+                detail=str(failed.get("message") or f"Sandbox {_meta(m)['name']} still present"),
+                backend=str((m.get("status") or {}).get("backend") or ""),
+            )
+        )
+    if leftovers and not members:
+        undisposed.append(
+            DisposalFailure(
+                code=DisposalCode.TIMEOUT,
+                detail=f"{leftovers} object(s) of the conversation still present",
+                backend="",
+            )
+        )
+    disposed = max(initial - len(members), 0)
     purge = ScopePurge(disposed=disposed, undisposed=tuple(undisposed[:256]))
     draft = Draft(scope)
     draft.set(
         lastPurge=purge.model_dump(mode="json", by_alias=True),
         lastPurgeTime=cnd.now_rfc3339(datetime.now(UTC)),
-        sandboxCount=len(names),
+        sandboxCount=len(members),
     )
     if purge.complete:
         msg = f"purged: {disposed} sandbox(es) disposed"
@@ -193,5 +243,20 @@ async def purge_scope(rt: Runtime, namespace: str, name: str, attempt: int) -> S
         )
     log.info("scope %s/%s: %s", namespace, name, msg)
     if not purge.complete and attempt + 1 < rt.config.operator.scope_purge_attempts:
-        raise DisposalPending(msg, rt.config.operator.disposal_retry_seconds)
-    return purge
+        # Try again from the start after the retry delay (the requests are idempotent).
+        rt.purges[key] = (None, attempt + 1, initial, ())
+        return rt.config.operator.disposal_retry_seconds
+    current = rt.views.scopes.get(namespace, name) or scope
+    cmeta = _meta(current)
+    try:
+        await rt.kube.patch_metadata(
+            SANDBOX_SCOPE_PLURAL,
+            namespace,
+            name,
+            finalizers=[f for f in cmeta.get("finalizers") or [] if f != FINALIZER],
+            resource_version=str(cmeta.get("resourceVersion") or "") or None,
+        )
+    except Conflict:
+        return CONFLICT_RETRY_SECONDS
+    rt.purges.pop(key, None)
+    return None

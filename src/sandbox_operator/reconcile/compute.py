@@ -1,0 +1,338 @@
+"""One Sandbox's pass as pure functions: what it should look like, given what is seen.
+
+The reconciler (``sandbox.py``) gathers the inputs from the in-memory views and the backend
+driver's observation, calls these, and applies the result: at most one create or dispose, then
+one status patch. Nothing here does I/O or knows the API server, so every rule is unit-tested on
+plain values (``tests/unit/test_reconcile_compute.py``).
+
+Two steps, because the second needs the backend the first chose:
+
+1. :func:`admit` — the scope, the spec and the host policy decide whether the Sandbox may run and
+   where (or it already was admitted, which is never decided again);
+2. :func:`plan` — with the chosen backend's observation, the lifetime rules
+   (``lifecycle.judge``) decide the Ready condition, whether to create or dispose, and when the
+   next deadline falls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox_operator.backends.base import Observation, ObservedPhase
+from sandbox_operator.contract import (
+    ConditionReason,
+    ConditionType,
+    HostPolicy,
+    IsolationScope,
+    SandboxKey,
+    SandboxRefusal,
+    SandboxResourceSpec,
+    SandboxScopeResourceSpec,
+    parse_isolation,
+)
+from sandbox_operator.policy import BackendProfile, check_call_key, effective_floor, select_backend
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
+
+ADMITTED = ConditionType.ADMITTED.value
+READY = ConditionType.READY.value
+DISPOSED = ConditionType.DISPOSED.value
+R = ConditionReason
+
+Cond = tuple[str, bool | str, str, str]  # (type, status, reason, message)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    status: Mapping[str, Any] = obj.get("status") or {}
+    return status
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScopeResolution:
+    """The SandboxScope a Sandbox names, as far as it can be used."""
+
+    spec: SandboxScopeResourceSpec | None
+    problem: str = ""  # why it cannot be used, when ``spec`` is None
+
+
+def resolve_scope(
+    scope_obj: Mapping[str, Any] | None, scope_ref: str, namespace: str
+) -> ScopeResolution:
+    if scope_obj is None:
+        return ScopeResolution(
+            None, f"SandboxScope {scope_ref!r} not found in namespace {namespace}"
+        )
+    if _meta(scope_obj).get("deletionTimestamp"):
+        return ScopeResolution(None, f"SandboxScope {scope_ref!r} is being deleted")
+    try:
+        return ScopeResolution(SandboxScopeResourceSpec.model_validate(scope_obj.get("spec") or {}))
+    except ValidationError:
+        return ScopeResolution(None, f"SandboxScope {scope_ref!r} has an invalid spec")
+
+
+def parse_spec(obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
+    """The validated spec, or the message of a ``StartupFailed`` saying which field is wrong."""
+    try:
+        return SandboxResourceSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"spec is invalid: {where}: {first['msg']}"
+
+
+def is_terminal(status: Mapping[str, Any]) -> bool:
+    """Ended (StartupFailed, StartupTimeout, Failed, Expired): nothing is created again."""
+    return cnd.reason_of(status, READY) in TERMINAL_REASONS and not cnd.is_true(status, READY)
+
+
+# ---- step 1: admission --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether the Sandbox may run, where, and what its status says of it."""
+
+    admitted: bool
+    reason: str  # the Admitted condition's reason (a refusal's, or Admitted)
+    message: str
+    backend: str | None = None
+    isolation_scope: IsolationScope | None = None
+    key: SandboxKey | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)  # status fields to set
+    decided_now: bool = False  # a new admission (or refusal), not one recorded earlier
+
+
+def admit(
+    obj: Mapping[str, Any],
+    spec: SandboxResourceSpec,
+    scope: ScopeResolution,
+    *,
+    host_policy: HostPolicy,
+    profiles: Sequence[BackendProfile],
+    known_backends: Sequence[str],
+) -> Admission:
+    """Decide (or recall) the admission. Once Admitted onto a backend this operator still
+    serves, the decision stands: the policy is never asked again for a running sandbox."""
+    status = _status(obj)
+    key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
+    if cnd.is_true(status, ADMITTED) and status.get("backend") in known_backends:
+        isolation_scope = spec.sandbox_spec().isolation_scope
+        if status.get("isolationScope"):
+            isolation_scope = IsolationScope(status["isolationScope"])
+        message = str((cnd.find(status.get("conditions"), ADMITTED) or {}).get("message", ""))
+        return Admission(True, R.ADMITTED, message, str(status["backend"]), isolation_scope, key)
+    if scope.spec is None:
+        return Admission(False, R.SCOPE_NOT_FOUND, scope.problem, decided_now=True)
+    sandbox_spec = spec.sandbox_spec()
+    floor = effective_floor(host_policy, sandbox_spec, scope_floor=scope.spec.min_isolation)
+    try:
+        check_call_key(
+            host_policy,
+            sandbox_spec,
+            spec.call_id,
+            scope_min_isolation_scope=scope.spec.min_isolation_scope,
+        )
+        chosen = select_backend(
+            host_policy,
+            profiles,
+            sandbox_spec,
+            scope_floor=scope.spec.min_isolation,
+            scope_min_isolation_scope=scope.spec.min_isolation_scope,
+        )
+    except SandboxRefusal as refusal:
+        return Admission(
+            False,
+            refusal.reason.value,
+            refusal.message,
+            key=key,
+            fields={
+                "backend": None,
+                "isolation": None,
+                "servedBy": None,
+                "effectiveFloor": floor.isolation.value,
+            },
+            decided_now=True,
+        )
+    backend = chosen.backend.name
+    return Admission(
+        True,
+        R.ADMITTED,
+        f"admitted to backend {backend} (isolation {chosen.backend.isolation}, "
+        f"effective floor {chosen.floor.value})",
+        backend,
+        chosen.isolation_scope,
+        key,
+        fields={
+            "backend": backend,
+            "isolation": parse_isolation(chosen.backend.isolation).value,
+            "effectiveFloor": chosen.floor.value,
+            "isolationScope": chosen.isolation_scope.value,
+        },
+        decided_now=True,
+    )
+
+
+# ---- step 2: plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do in this pass: conditions and fields to write, at most one action, and when
+    to look again (seconds from ``now``; None: only a watch event brings the next pass)."""
+
+    conditions: tuple[Cond, ...] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    create: bool = False
+    dispose: bool = False
+    verdict: Verdict | None = None
+    requeue_after: float | None = None
+
+
+def _time(value: Any) -> datetime | None:
+    return cnd.parse_time(value)
+
+
+def refusal_plan(admission: Admission) -> Plan:
+    return Plan(
+        conditions=(
+            (ADMITTED, False, admission.reason, admission.message),
+            (READY, False, admission.reason, admission.message),
+        ),
+        fields=dict(admission.fields),
+    )
+
+
+def plan(
+    obj: Mapping[str, Any],
+    spec: SandboxResourceSpec,
+    admission: Admission,
+    observation: Observation,
+    *,
+    key_unclean: str | None,
+    scope_problem: str,
+    now: datetime,
+) -> Plan:
+    """The Ready verdict for an admitted Sandbox and what it takes to get there.
+
+    ``key_unclean`` is asked for (and matters) only while nothing exists yet and the Sandbox
+    was never Ready: an earlier sandbox of the same key must be disposed before this one starts.
+    """
+    meta = _meta(obj)
+    status = _status(obj)
+    was_ready = cnd.is_true(status, READY)
+    if observation.phase is ObservedPhase.ABSENT and not was_ready:
+        if admission.key is None:
+            return refusal_plan(Admission(False, R.SCOPE_NOT_FOUND, scope_problem))
+        if key_unclean:
+            msg = f"refused until the earlier disposal lands: {key_unclean}"
+            return refusal_plan(Admission(False, R.KEY_UNCLEAN, msg))
+
+    admitted_cond = cnd.find(status.get("conditions"), ADMITTED) or {}
+    admitted_at = (
+        _time(admitted_cond.get("lastTransitionTime")) if cnd.is_true(status, ADMITTED) else None
+    ) or now
+    ready_cond = cnd.find(status.get("conditions"), READY) or {}
+    lifetime = spec.sandbox_spec().lifetime
+    annotations = meta.get("annotations") or {}
+    ready_since = _time(ready_cond.get("lastTransitionTime")) if was_ready else None
+    last_activity = _time(annotations.get(_LAST_ACTIVITY))
+    verdict = judge(
+        observation,
+        lifetime=lifetime,
+        was_ready=was_ready,
+        ready_since=ready_since,
+        sandbox_created=_time(meta.get("creationTimestamp")),
+        admitted_at=admitted_at,
+        last_activity=last_activity,
+        now=now,
+    )
+    conditions: list[Cond] = [(ADMITTED, True, R.ADMITTED, admission.message)]
+    fields = dict(admission.fields)
+    fields["servedBy"] = served_by_status(observation)
+    if verdict.create:
+        conditions.append((READY, False, R.CREATING, "creating the sandbox"))
+        return Plan(tuple(conditions), fields, create=True, verdict=verdict)
+    conditions.append((READY, verdict.ready, verdict.reason, verdict.message))
+    return Plan(
+        tuple(conditions),
+        fields,
+        dispose=verdict.dispose,
+        verdict=verdict,
+        requeue_after=next_deadline(
+            verdict,
+            observation,
+            lifetime_ttl=lifetime.ttl_seconds,
+            lifetime_idle=lifetime.idle_timeout_seconds,
+            startup_timeout=lifetime.startup_timeout_seconds,
+            sandbox_created=_time(meta.get("creationTimestamp")),
+            admitted_at=admitted_at,
+            ready_since=ready_since if was_ready else observation.ready_at,
+            last_activity=last_activity,
+            now=now,
+        ),
+    )
+
+
+_LAST_ACTIVITY = "sandbox-operator.dev/last-activity"
+
+
+def served_by_status(obs: Observation) -> dict[str, Any] | None:
+    if obs.served_by is None:
+        return None
+    out = {"kind": obs.served_by.kind, "name": obs.served_by.name}
+    if obs.served_by.namespace:
+        out["namespace"] = obs.served_by.namespace
+    return out
+
+
+def next_deadline(
+    verdict: Verdict,
+    observation: Observation,
+    *,
+    lifetime_ttl: float,
+    lifetime_idle: float,
+    startup_timeout: float,
+    sandbox_created: datetime | None,
+    admitted_at: datetime | None,
+    ready_since: datetime | None,
+    last_activity: datetime | None,
+    now: datetime,
+) -> float | None:
+    """Seconds until the verdict could change without any watch event: the startup timeout
+    while starting, TTL or idle timeout while Ready, or when the driver asked to look again.
+    None once terminal (only a failed disposal is retried, by the caller)."""
+    if verdict.terminal:
+        return None
+    candidates: list[datetime] = []
+    if observation.recheck_at is not None:
+        candidates.append(observation.recheck_at)
+    if verdict.ready:
+        if sandbox_created is not None:
+            candidates.append(sandbox_created + timedelta(seconds=lifetime_ttl))
+        idle_from = max(
+            (t for t in (ready_since, observation.ready_at, last_activity) if t is not None),
+            default=None,
+        )
+        if idle_from is not None:
+            candidates.append(idle_from + timedelta(seconds=lifetime_idle))
+    else:
+        started = observation.created_at or admitted_at
+        if started is not None:
+            candidates.append(started + timedelta(seconds=startup_timeout))
+    if not candidates:
+        return None
+    # A little after the deadline, so the pass that runs then sees it passed.
+    return max(0.0, (min(candidates) - now).total_seconds()) + 0.05

@@ -1,0 +1,139 @@
+"""A deduplicating work queue with deadlines, in the manner of client-go's workqueue.
+
+Why not one kopf handler per event: a burst of watch events for one object (its own status
+writes, its pod's phases) should cost one pass, not one per event, and a pass must never run
+twice at once for the same object. Here a key waiting in the queue is queued once however often
+it is added; a key being worked on that is added again is worked on once more afterwards.
+
+Deadlines (startup timeout, TTL, idle timeout, disposal retry) are ``add(key, delay)``: only the
+earliest pending deadline of a key is kept, since the pass it triggers computes the next one.
+Nothing here polls: an idle key with no deadline costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+#: A failing pass is retried after BASE * 2**failures seconds, at most MAX.
+ERROR_BACKOFF_BASE = 0.5
+ERROR_BACKOFF_MAX = 60.0
+
+
+class WorkQueue(Generic[K]):
+    """``handler(key)`` returns the delay until the key's next deadline (or None)."""
+
+    def __init__(
+        self,
+        handler: Callable[[K], Awaitable[float | None]],
+        *,
+        workers: int = 16,
+        name: str = "work",
+    ) -> None:
+        self._handler = handler
+        self._workers = workers
+        self._name = name
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._again: set[K] = set()
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[K, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    @property
+    def pending_deadlines(self) -> int:
+        return len(self._timers)
+
+    def add(self, key: K, delay: float = 0.0) -> None:
+        """Work on ``key`` now, or after ``delay`` seconds (the earliest of its deadlines)."""
+        if delay > 0:
+            self._add_later(key, delay)
+            return
+        if key in self._active:
+            self._again.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._queue.put_nowait(key)
+
+    def forget(self, key: K) -> None:
+        """Drop a key's deadline and error history (the object is gone)."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+        self._failures.pop(key, None)
+
+    def _add_later(self, key: K, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        current = self._timers.get(key)
+        if current is not None and current[0] <= when:
+            return
+        if current is not None:
+            current[1].cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.add(key)
+
+        self._timers[key] = (when, loop.call_at(when, fire))
+
+    def start(self) -> None:
+        for i in range(self._workers):
+            self._tasks.append(asyncio.create_task(self._work(), name=f"{self._name}-worker-{i}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    async def drain(self, within: float = 10.0) -> bool:
+        """Wait until nothing is queued or being worked on (tests, benchmarks)."""
+        deadline = time.monotonic() + within
+        while self._queued or self._active:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            delay: float | None
+            try:
+                delay = await self._handler(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures = self._failures.get(key, 0)
+                self._failures[key] = failures + 1
+                delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2**failures)
+                delay *= 1 + random.random() * 0.1
+                log.exception("%s %s: pass failed; retrying in %.1fs", self._name, key, delay)
+            finally:
+                self._active.discard(key)
+            if key in self._again:
+                self._again.discard(key)
+                self.add(key)
+            if delay is not None:
+                self.add(key, max(delay, 0.001))

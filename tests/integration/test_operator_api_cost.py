@@ -1,0 +1,103 @@
+"""What the operator costs the API server, counted through its own client (``/metrics``).
+
+The operator reconciles from watched views: a Ready, unchanged Sandbox costs no request however
+often it is passed over, and admitting a Sandbox lists nothing (key uniqueness and scope
+membership come from the views). The API-level cluster runs no kubelet, so the test plays the
+kubelet's one part here, through the real API server: it reports the sandbox pod Running and
+Ready on its status subresource (what kwok does for fake nodes).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sandbox_operator import naming
+from tests.fixtures.operator import local_config
+
+pytestmark = pytest.mark.integration
+
+READS = ("get", "list")
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict:
+    out = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def play_kubelet(kit: Any, sandbox: str) -> None:
+    """Report the sandbox's pod Running and Ready, as a kubelet would."""
+    pod = kit.wait_pod(sandbox, timeout=30)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [
+            {
+                "name": "sandbox",
+                "ready": True,
+                "restartCount": 0,
+                "image": pod.spec.containers[0].image,
+                "imageID": "",
+                "state": {"running": {"startedAt": now}},
+            }
+        ],
+    }
+    kit.core.patch_namespaced_pod_status(naming.pod_name(sandbox), kit.ns, {"status": status})
+
+
+def test_a_ready_unchanged_sandbox_costs_nothing_and_admission_lists_nothing(kit, start_operator):
+    # A 1 s safety-net resync: every Sandbox is passed over again and again during the test.
+    op = start_operator(local_config(floor="container", operator={"resyncSeconds": 1}))
+    kit.scope()
+    kit.sandbox("first")
+    kit.wait_condition("first", "Admitted", status="True", timeout=60)
+    kit.wait_pod("first", timeout=30)
+    time.sleep(0.5)
+    if (kit.condition(kit.get("first"), "Ready") or {}).get("reason") != "Ready":
+        play_kubelet(kit, "first")  # no kubelet runs it (an API-level cluster)
+    kit.wait_condition("first", "Ready", reasons=("Ready",), timeout=60)
+
+    # Admission: from create to Admitted and the pod created, no list and no read at all.
+    before = op.api_requests()
+    kit.sandbox("second", agent_dir="agents/second")
+    kit.wait_condition("second", "Admitted", status="True", timeout=60)
+    kit.wait_pod("second", timeout=30)
+    time.sleep(1.5)  # let the passes triggered by its own writes run out
+    admission = delta(op.api_requests(), before)
+    assert not [k for k in admission if k[0] in READS], admission
+    writes = {k: v for k, v in admission.items() if k[0] in WRITES}
+    # One metadata patch (finalizer + key labels), the NetworkPolicy and the pod, the scope's
+    # count, and status patches: Admitted/Creating, then one per change the pod went through on
+    # the way (the Creating message names the pod's state; on a cluster with a node the pod may
+    # also become Ready meanwhile). Nothing per other object, and nothing twice.
+    assert writes.get(("create", "pods")) == 1 and writes.get(("create", "networkpolicies")) == 1
+    assert writes.get(("patch", "sandboxes")) == 1, writes
+    assert writes.get(("patch", "sandboxes/status"), 0) >= 1, writes
+    assert writes.get(("patch", "sandboxscopes/status")) == 1, writes
+    if (kit.condition(kit.get("second"), "Ready") or {}).get("reason") != "Ready":
+        play_kubelet(kit, "second")
+    kit.wait_condition("second", "Ready", reasons=("Ready",), timeout=60)
+
+    # Idle: several resync periods over two Ready sandboxes, zero requests of any kind of ours.
+    time.sleep(1.5)
+    before = op.api_requests()
+    time.sleep(6)
+    # (kopf's long-lived watch streams reconnect every couple of minutes: not per object.)
+    idle = {k: v for k, v in delta(op.api_requests(), before).items() if k[0] != "watch"}
+    assert idle == {}, idle
+    # ... although the operator did pass over them: its reconcile counter moved.
+    passes = sum(
+        v
+        for (name, labels), v in op.metrics().items()
+        if name == "sandbox_operator_reconcile_duration_seconds_count"
+        and dict(labels).get("kind") == "sandbox"
+    )
+    assert passes >= 2 * 4, passes

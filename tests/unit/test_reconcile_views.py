@@ -1,0 +1,148 @@
+"""The watched views (reconcile/views.py) and the work queue (reconcile/workqueue.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.reconcile.views import Views, slim_pod
+from sandbox_operator.reconcile.workqueue import WorkQueue
+
+
+def sbx(name: str, rv: str, labels: dict[str, str] | None = None, **spec: Any) -> Any:
+    return {
+        "apiVersion": "sandbox-operator.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": rv,
+            "labels": labels or {},
+            "annotations": {
+                "sandbox-operator.dev/last-handled-configuration": "x" * 10_000,
+                "kubectl.kubernetes.io/last-applied-configuration": "y" * 10_000,
+                lbl.LAST_ACTIVITY_ANNOTATION: "2099-01-01T00:00:00Z",
+            },
+        },
+        "spec": {"scopeRef": "conv", **spec},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready"}],
+            "egress": {"admitted": "2099-01-01T00:00:00Z", "recent": [{"host": "h"}] * 10},
+        },
+    }
+
+
+def test_a_view_keeps_what_reconciling_reads_and_not_the_bulk() -> None:
+    views = Views()
+    slim = views.put_sandbox(sbx("a", "5"))
+    assert slim["metadata"]["annotations"] == {lbl.LAST_ACTIVITY_ANNOTATION: "2099-01-01T00:00:00Z"}
+    assert slim["status"]["egress"] == {"admitted": "2099-01-01T00:00:00Z"}
+    assert len(repr(slim)) < 1_000
+
+
+def test_an_older_event_never_replaces_a_newer_write() -> None:
+    views = Views()
+    views.put_sandbox(sbx("a", "7", image="new"))
+    views.put_sandbox(sbx("a", "6", image="old"))  # a late watch event
+    assert views.sandboxes.get("ns", "a")["spec"]["image"] == "new"
+    # ... unless it is another object under the same name (deleted and re-created)
+    other = sbx("a", "3", image="recreated")
+    other["metadata"]["uid"] = "uid-other"
+    views.put_sandbox(other)
+    assert views.sandboxes.get("ns", "a")["spec"]["image"] == "recreated"
+
+
+def test_selection_by_label_and_by_scope_ref_follows_changes() -> None:
+    views = Views()
+    key = {lbl.KEY_LABEL: "k1", lbl.CONVERSATION_LABEL: "c1"}
+    views.put_sandbox(sbx("a", "1", key))
+    views.put_sandbox(sbx("b", "1", {lbl.KEY_LABEL: "k2", lbl.CONVERSATION_LABEL: "c1"}))
+    assert [o["metadata"]["name"] for o in views.sandboxes.select("ns", lbl.KEY_LABEL, "k1")] == [
+        "a"
+    ]
+    assert len(views.sandboxes.select("ns", lbl.CONVERSATION_LABEL, "c1")) == 2
+    assert {o["metadata"]["name"] for o in views.naming_scope("ns", "conv")} == {"a", "b"}
+    moved = sbx("a", "2", {lbl.KEY_LABEL: "k3"}, scopeRef="other")
+    views.put_sandbox(moved)
+    assert views.sandboxes.select("ns", lbl.KEY_LABEL, "k1") == []
+    assert [o["metadata"]["name"] for o in views.naming_scope("ns", "conv")] == ["b"]
+    views.drop_sandbox("ns", "b", "uid-b")
+    assert views.naming_scope("ns", "conv") == []
+    assert views.sandboxes.select("ns", lbl.CONVERSATION_LABEL, "c1") == []
+
+
+def test_children_are_found_by_the_sandbox_label() -> None:
+    views = Views()
+    pod = {
+        "metadata": {
+            "name": "sbx-a",
+            "namespace": "ns",
+            "uid": "p",
+            "resourceVersion": "1",
+            "labels": {lbl.SANDBOX_LABEL: "a"},
+            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u"}],
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "sandbox", "image": "i"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    views.pods.upsert(pod)
+    assert [k for k, _ in views.children("ns", "a")] == ["Pod"]
+    assert "containers" not in slim_pod(pod)["spec"]  # only what classify_pod reads
+    views.pods.remove("ns", "sbx-a", "someone-else")  # another object's deletion: kept
+    assert views.children("ns", "a")
+    views.pods.remove("ns", "sbx-a", "p")
+    assert views.children("ns", "a") == []
+
+
+async def test_the_queue_runs_a_key_once_per_burst_and_again_if_added_meanwhile() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(key: str) -> float | None:
+        runs.append(key)
+        if key == "slow":
+            await gate.wait()
+        return None
+
+    q: WorkQueue[str] = WorkQueue(handler, workers=4)
+    q.start()
+    for _ in range(10):
+        q.add("a")
+    q.add("slow")
+    await asyncio.sleep(0.05)
+    q.add("slow")  # while it runs: once more afterwards, not concurrently
+    q.add("slow")
+    assert runs.count("slow") == 1
+    gate.set()
+    assert await q.drain(2)
+    await q.stop()
+    assert runs.count("a") == 1 and runs.count("slow") == 2
+
+
+async def test_deadlines_keep_the_earliest_and_failures_back_off() -> None:
+    runs: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    fail = {"n": 1}
+
+    async def handler(key: str) -> float | None:
+        runs.append((key, loop.time() - t0))
+        if key == "bad" and fail["n"]:
+            fail["n"] -= 1
+            raise RuntimeError("transient")
+        return None
+
+    q: WorkQueue[str] = WorkQueue(handler, workers=2)
+    q.start()
+    q.add("d", 0.5)
+    q.add("d", 0.1)  # earlier: replaces
+    q.add("d", 0.3)  # later than the pending one: ignored
+    q.add("bad")
+    await asyncio.sleep(1.0)
+    await q.stop()
+    d_runs = [t for k, t in runs if k == "d"]
+    assert len(d_runs) == 1 and 0.08 <= d_runs[0] < 0.3
+    bad = [t for k, t in runs if k == "bad"]
+    assert len(bad) == 2 and bad[1] - bad[0] >= 0.45  # retried after the backoff
