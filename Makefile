@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test test-unit test-integration test-e2e lint typecheck crds chart-crds image \
-        cluster-up cluster-down cluster-status images up down clean
+        cluster-up cluster-down cluster-status images up down clean kwok-up kwok-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,15 @@ cluster-status: $(STAMP)
 
 images: $(STAMP)
 	$(PY) hack/cluster.py images
+
+# Fake nodes for scale tests (docs/cluster.md, "Fake nodes: kwok"); the cluster must be up.
+KWOK_NODES ?= 3
+
+kwok-up: $(STAMP)
+	$(PY) hack/cluster.py kwok up --nodes $(KWOK_NODES)
+
+kwok-down: $(STAMP)
+	$(PY) hack/cluster.py kwok down
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
