@@ -361,19 +361,24 @@ class _Request(NamedTuple):
             API_RESPONSE_BYTES.labels(self.verb, self.resource, self.client).inc(n)
 
     def read_at_eof(self, response: Any) -> None:
-        """Count a streamed (not preloaded) body once it has been received to its end.
+        """Count a streamed (not preloaded) body as it is received: sampled every second while
+        it is open (``_Stream``), the rest at its end.
 
         aiohttp's StreamReader counts every byte fed into it (``total_bytes``, after content
-        decoding) and calls ``on_eof`` callbacks at the end of the body. A stream closed before
-        its end (a watch cancelled at shutdown) is not counted.
+        decoding) and calls ``on_eof`` callbacks at the end of the body. What a stream closed
+        before its end (a watch cancelled at shutdown) received since the last sample is lost.
         """
         content = getattr(response, "content", None)
         on_eof = getattr(content, "on_eof", None)
         if content is None or on_eof is None:
             return
+        stream = _Stream(self, content)
+        _LIVE_STREAMS.add(stream)
+        _ensure_sampler()
 
         def done() -> None:
-            _safely(self.read, int(getattr(content, "total_bytes", 0) or 0))
+            _LIVE_STREAMS.discard(stream)
+            _safely(stream.sample)
 
         on_eof(done)
 
@@ -389,6 +394,46 @@ class _Request(NamedTuple):
             self.read(n)
         else:
             self.read_at_eof(response)
+
+
+class _Stream:
+    """A streamed body being received (a watch): its bytes are counted as they arrive (sampled
+    every ``STREAM_SAMPLE_SECONDS``), not all at its end, so a long watch's traffic shows in the
+    interval it flowed in rather than minutes later when the stream closes."""
+
+    def __init__(self, request: _Request, content: Any) -> None:
+        self.request = request
+        self.content = content
+        self.counted = 0
+
+    def sample(self) -> None:
+        total = int(getattr(self.content, "total_bytes", 0) or 0)
+        if total > self.counted:
+            self.request.read(total - self.counted)
+            self.counted = total
+
+
+STREAM_SAMPLE_SECONDS = 1.0
+_LIVE_STREAMS: set[_Stream] = set()
+_sampler: asyncio.Task[None] | None = None
+
+
+def _ensure_sampler() -> None:
+    global _sampler
+    if _sampler is not None and not _sampler.done():
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _sampler = loop.create_task(_sample_streams(), name="metrics-stream-sampler")
+
+
+async def _sample_streams() -> None:
+    while _LIVE_STREAMS:
+        await asyncio.sleep(STREAM_SAMPLE_SECONDS)
+        for stream in list(_LIVE_STREAMS):
+            _safely(stream.sample)
 
 
 def _label(method: str, url: str, query: Any, prefix: str, client: str) -> _Request | None:

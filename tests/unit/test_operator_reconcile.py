@@ -133,6 +133,7 @@ class FakeDriver:
         self.available = True
         self.fail_dispose = False
         self.creates = 0
+        self.message = "m"
 
     async def check_available(self):
         return Availability(self.available, "" if self.available else "RuntimeClass missing")
@@ -152,7 +153,7 @@ class FakeDriver:
         pod = self.pods.get(sandbox.name)
         if pod is None:
             return Observation(ObservedPhase.ABSENT)
-        return Observation(pod["phase"], ServedBy("Pod", sandbox.name, NS), message="m")
+        return Observation(pod["phase"], ServedBy("Pod", sandbox.name, NS), message=self.message)
 
     async def dispose(self, sandbox):
         if self.fail_dispose and sandbox.name in self.pods:
@@ -610,3 +611,29 @@ async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     await handlers.pod_event(type="DELETED", body=pod, memo=memo)
     assert woken == [(NS, "a"), (NS, "a")]
     assert rt.views.pods.get(NS, "sbx-a") is None
+
+
+async def test_starting_progress_is_debounced_but_new_reasons_are_written_at_once(world):
+    rt, kube, driver = world
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")  # admitted, created
+    driver.pods["a"]["phase"] = ObservedPhase.STARTING
+    writes = kube.status_writes
+    # The pod's detail changes right after the last write: not written yet, looked at again soon.
+    driver.message = "ContainerCreating"
+    delay = await reconcile_sandbox(rt, NS, "a")
+    assert kube.status_writes == writes and delay is not None and delay <= 2.1
+    # Later, the same change is written.
+    rt.status_written[(NS, "a")] -= 5
+    await reconcile_sandbox(rt, NS, "a")
+    assert kube.status_writes == writes + 1
+    assert "ContainerCreating" in cond(kube, "a", "Ready")["message"]
+    # A new reason (Ready) never waits.
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["reason"] == "Ready"
+    # One Normal event for admission and creation, one for Ready.
+    assert [e for e in kube.events if e[0] == "a"] == [
+        ("a", "Normal", "Admitted"),
+        ("a", "Normal", "Ready"),
+    ]

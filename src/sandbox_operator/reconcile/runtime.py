@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,12 @@ class Runtime:
     #: (started or None to start again, attempts made, members at the start, failures so far).
     purges: dict[ObjKey, tuple[float | None, int, int, tuple[DisposalFailure, ...]]] = field(
         default_factory=dict
+    )
+    #: When each Sandbox's status was last written (message-only changes are debounced).
+    status_written: dict[ObjKey, float] = field(default_factory=dict)
+    #: Validated specs by Sandbox, stamped with (uid, generation).
+    spec_cache: OrderedDict[ObjKey, tuple[tuple[str, Any], Any]] = field(
+        default_factory=OrderedDict
     )
     sandbox_queue: WorkQueue[ObjKey] | None = None
     scope_queue: WorkQueue[ObjKey] | None = None
@@ -119,6 +126,8 @@ class Runtime:
         self.purging.discard(key)
         self.disposal_started.pop(key, None)
         self.ensure_attempts.pop(key, None)
+        self.spec_cache.pop(key, None)
+        self.status_written.pop(key, None)
         if self.sandbox_queue is not None:
             self.sandbox_queue.forget(key)
 

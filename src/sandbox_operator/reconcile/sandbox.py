@@ -42,6 +42,7 @@ from sandbox_operator.contract import (
     DisposalCode,
     DisposalFailure,
     SandboxKey,
+    SandboxResourceSpec,
 )
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
@@ -58,6 +59,10 @@ R = ConditionReason
 
 #: Reasons reported as Normal events; every other reason is a Warning.
 NORMAL_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISPOSED, R.PURGED})
+
+#: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
+#: status is left alone: the object is about to go).
+DISPOSING_REPORT_AFTER_SECONDS = 2.0
 
 #: After a write lost a race (409), look again this soon even if no watch event comes.
 CONFLICT_RETRY_SECONDS = 1.0
@@ -160,6 +165,13 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
             continue
         if ctype == READY and draft.reason(ADMITTED) == new.get("reason"):
             continue  # a refusal is reported once, on Admitted
+        if (
+            ctype == READY
+            and new.get("reason") == R.CREATING
+            and draft.reason(ADMITTED) == R.ADMITTED
+            and cnd.reason_of(draft.old, ADMITTED) != R.ADMITTED
+        ):
+            continue  # admitted and being created: the Admitted event says both
         reason = str(new.get("reason"))
         type_ = "Normal" if reason in NORMAL_REASONS else "Warning"
         await rt.kube.post_event(
@@ -337,7 +349,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         await write_status(rt, SANDBOX_PLURAL, draft)
         return requeue
 
-    parsed = compute.parse_spec(obj)
+    parsed = _parsed_spec(rt, obj)
     if isinstance(parsed, str):
         draft.cond(ADMITTED, False, R.STARTUP_FAILED, parsed)
         draft.cond(READY, False, R.STARTUP_FAILED, parsed)
@@ -382,9 +394,11 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     )
     if plan.create:
         assert admission.key is not None
-        if not cnd.is_true(obj.get("status"), ADMITTED):
+        if not cnd.is_true(obj.get("status"), ADMITTED) and not _watched(driver):
             # Record the admission (and so the startup clock) before anything is created: an
-            # ensure that fails or never returns must still leave Admitted and a deadline.
+            # ensure that fails or never returns must still leave Admitted and a deadline. (A
+            # watched driver's objects carry their own creation time, which is the startup
+            # clock; its admission is recorded with the first observation, one write less.)
             await _apply(rt, obj, draft, plan, admission)
             obj = rt.views.sandboxes.get(namespace, name) or obj
             if _meta(obj).get("uid") != uid:
@@ -411,11 +425,11 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
                     (ADMITTED, True, R.ADMITTED, admission.message),
                     (READY, False, verdict.reason, verdict.message),
                 ),
-                fields={"servedBy": None},
+                fields={**admission.fields, "servedBy": None},
                 dispose=True,
                 verdict=verdict,
             )
-            return await _apply(rt, obj, draft, failed, None)
+            return await _apply(rt, obj, draft, failed, admission)
         except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
             what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
             hint = exc.retry_after if isinstance(exc, TransientError) else None
@@ -427,9 +441,9 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
                     (ADMITTED, True, R.ADMITTED, admission.message),
                     (READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}"),
                 ),
-                fields={"servedBy": None},
+                fields={**admission.fields, "servedBy": None},
             )
-            await _apply(rt, obj, draft, pending, None)
+            await _apply(rt, obj, draft, pending, admission)
             retry = ensure_retry_delay(attempt, hint)
             # The startup deadline still applies: never wait past it to find out.
             deadline = _startup_deadline(rt, namespace, name, spec, now)
@@ -458,7 +472,60 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         # The pod went first because the Sandbox itself is being deleted (a scope purge, a
         # collection delete): that is disposal, not failure. Its own deletion event follows.
         return None
-    return await _apply(rt, obj, draft, plan, admission, observation_ref=ref)
+    # Progress while starting ("starting: Pending", "starting: ContainerCreating") is written at
+    # most every MESSAGE_DEBOUNCE_SECONDS; what is awaited (the egress proxy) and every new
+    # reason are written at once.
+    debounce = (
+        plan.verdict is not None and plan.verdict.reason == R.CREATING and not observation.pending
+    )
+    return await _apply(rt, obj, draft, plan, admission, debounce=debounce)
+
+
+#: Validated specs kept (least recently used first out): enough for the Sandboxes of a burst,
+#: bounded so that memory does not grow with every idle Sandbox held.
+SPEC_CACHE_SIZE = 2048
+
+
+def _parsed_spec(rt: Runtime, obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
+    """The validated spec, kept per (uid, generation): a spec only changes with its generation,
+    and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
+    meta = _meta(obj)
+    k = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    stamp = (str(meta.get("uid", "")), meta.get("generation"))
+    cached = rt.spec_cache.get(k)
+    if cached is not None and cached[0] == stamp:
+        rt.spec_cache.move_to_end(k)
+        hit: SandboxResourceSpec | str = cached[1]
+        return hit
+    parsed = compute.parse_spec(obj)
+    rt.spec_cache[k] = (stamp, parsed)
+    if len(rt.spec_cache) > SPEC_CACHE_SIZE:
+        rt.spec_cache.popitem(last=False)  # the least recently used
+    return parsed
+
+
+def _watched(driver: BackendDriver) -> bool:
+    return isinstance(driver, WatchedDisposal) and driver.watches_disposal
+
+
+#: A change of a condition's message alone (same status and reason: "starting: Pending", then
+#: "starting: ContainerCreating") is written at most this often per Sandbox; a new reason, status
+#: or field is written at once. A pod passing through states within a second costs one write.
+MESSAGE_DEBOUNCE_SECONDS = 2.0
+
+
+def _message_only(old: Mapping[str, Any], draft: Draft) -> bool:
+    """Whether the draft differs from the old status only in condition messages."""
+    patch = cnd.status_patch(old, draft.values)
+    if not patch or set(patch) != {"conditions"}:
+        return False
+    for new in draft.values["conditions"]:
+        before = cnd.find(old.get("conditions"), str(new.get("type")))
+        if before is None:
+            return False
+        if (before.get("status"), before.get("reason")) != (new.get("status"), new.get("reason")):
+            return False
+    return True
 
 
 def _startup_deadline(
@@ -491,7 +558,8 @@ async def _apply(
     draft: Draft,
     plan: compute.Plan,
     admission: compute.Admission | None,
-    observation_ref: SandboxRef | None = None,
+    *,
+    debounce: bool = False,
 ) -> float | None:
     """Write the plan: its conditions and fields, a disposal if it says so, one status patch."""
     was_ready = cnd.is_true(obj.get("status"), READY)
@@ -510,8 +578,16 @@ async def _apply(
             # Keep what is still to be disposed on record: the retry needs it, listed or not.
             draft.set(servedBy=plan.fields.get("servedBy") or _served(target.served_by))
         requeue = retry
+    meta = _meta(obj)
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    if debounce and _message_only(obj.get("status") or {}, draft):
+        since = time.monotonic() - rt.status_written.get(key, 0.0)
+        if since < MESSAGE_DEBOUNCE_SECONDS:
+            wait = MESSAGE_DEBOUNCE_SECONDS - since + 0.05
+            return wait if requeue is None else min(requeue, wait)
     written = await write_status(rt, SANDBOX_PLURAL, draft)
     if written:
+        rt.status_written[key] = time.monotonic()
         _count(obj, draft, admission, was_ready, was_admitted_reason)
     return requeue
 
@@ -570,8 +646,18 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
             rt.views.put_sandbox(released)
         rt.purging.discard((namespace, name))
         return None
+    failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED
+    if not failed:
+        # Still waiting for the objects to go (their deletion events bring the next pass).
+        # Usually that is a moment away: say "Disposing" only when it takes a while, so a scope
+        # purge costs each Sandbox its finalizer's removal and nothing more.
+        started = rt.disposal_started.get((namespace, name), time.monotonic())
+        elapsed = time.monotonic() - started
+        if elapsed < DISPOSING_REPORT_AFTER_SECONDS:
+            wait = DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05
+            return wait if requeue is None else min(requeue, wait)
     if not terminal:
-        if draft.reason(DISPOSED) == R.DISPOSAL_FAILED:
+        if failed:
             draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
         else:
             draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")

@@ -74,7 +74,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _meta(obj: Mapping[str, Any], *, annotations: bool = True) -> Obj:
+#: The labels a child object (pod, NetworkPolicy) keeps in the views: what selection and the
+#: drivers read. A Sandbox keeps all of its labels (their values are compared with the key's).
+_CHILD_LABELS = frozenset((*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL))
+#: The pod conditions classify_pod reads.
+_POD_CONDITIONS = frozenset({"Ready", "PodScheduled"})
+
+
+def _meta(
+    obj: Mapping[str, Any], *, annotations: bool = True, labels: frozenset[str] | None = None
+) -> Obj:
     meta = obj.get("metadata") or {}
     out: Obj = {
         "name": _s(meta.get("name", "")),
@@ -85,9 +94,9 @@ def _meta(obj: Mapping[str, Any], *, annotations: bool = True) -> Obj:
     for k in ("generation", "creationTimestamp", "deletionTimestamp"):
         if meta.get(k) is not None:
             out[k] = meta[k]
-    labels = meta.get("labels") or {}
-    if labels:
-        out["labels"] = {_s(k): _s(v) for k, v in labels.items()}
+    have = meta.get("labels") or {}
+    if have:
+        out["labels"] = {_s(k): _s(v) for k, v in have.items() if labels is None or k in labels}
     if annotations:
         kept = {
             _s(k): str(v)
@@ -142,6 +151,8 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
             out_status[k] = str(status[k])
     conds = []
     for c in status.get("conditions") or []:
+        if c.get("type") not in _POD_CONDITIONS:
+            continue
         cond = {
             "type": _s(c.get("type", "")),
             "status": _s(c.get("status", "")),
@@ -169,12 +180,12 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
     out_spec: Obj = {}
     if spec.get("nodeName"):
         out_spec["nodeName"] = _s(spec["nodeName"])
-    return {"metadata": _meta(obj), "spec": out_spec, "status": out_status}
+    return {"metadata": _meta(obj, labels=_CHILD_LABELS), "spec": out_spec, "status": out_status}
 
 
 def slim_plain(obj: Mapping[str, Any]) -> Obj:
     """Metadata only (NetworkPolicies: their existence, labels and owners are what counts)."""
-    return {"metadata": _meta(obj, annotations=False)}
+    return {"metadata": _meta(obj, annotations=False, labels=_CHILD_LABELS)}
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
