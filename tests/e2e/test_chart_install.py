@@ -22,9 +22,11 @@ operator/build-image.sh; against another cluster set OPERATOR_IMAGE to an image 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -211,6 +213,48 @@ def release(kubeconfig: str, namespace: str, kubectl: Kubectl) -> Iterator[str]:
     helm(kubeconfig, "uninstall", name, "-n", namespace, "--wait", check=False)
 
 
+def _metrics_of(kubectl: Kubectl, namespace: str, selector: str) -> dict[Any, float]:
+    """Scrape /metrics of the live operator pod (its pod IP is reachable from the node)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pods = json.loads(kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)
+    live = [
+        p for p in pods["items"]
+        if not p["metadata"].get("deletionTimestamp") and p["status"].get("podIP")
+        and _condition(p, "Ready").get("status") == "True"
+    ]  # fmt: skip
+    if len(live) != 1:
+        return {}
+    port = next(
+        c["containerPort"]
+        for c in live[0]["spec"]["containers"][0]["ports"]
+        if c.get("name") == "metrics"
+    )
+    url = f"http://{live[0]['status']['podIP']}:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[Any, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _wait_metrics(
+    kubectl: Kubectl, namespace: str, selector: str, ok: Callable[[dict[Any, float]], Any]
+) -> dict[Any, float]:
+    deadline = time.monotonic() + 60
+    seen: dict[Any, float] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            seen = _metrics_of(kubectl, namespace, selector)
+            if ok(seen):
+                return seen
+        time.sleep(1)
+    names = sorted({k[0] for k in seen})
+    raise AssertionError(f"the operator's /metrics never showed it; metric names: {names}")
+
+
 def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     kubeconfig: str,
     kubectl: Kubectl,
@@ -312,6 +356,16 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     assert "BackendUnavailable" in message, message  # the declared Kata class does not exist
     sandbox_pods = f"{GROUP}/sandbox={name}"
     assert kubectl("get", "pods", "-n", namespace, "-l", sandbox_pods, "-o", "name").stdout == ""
+    # ... and the chart-installed operator's /metrics (the port the chart exposes) counted it.
+    refused = _wait_metrics(
+        kubectl,
+        namespace,
+        selector,
+        lambda m: m.get(("sandbox_operator_admissions_total",
+                         (("reason", "NoBackendCanServe"), ("result", "refused")))),
+    )  # fmt: skip
+    assert refused[("sandbox_operator_sandboxes",
+                    (("backend", ""), ("reason", "NoBackendCanServe")))] >= 1  # fmt: skip
 
     # 3. helm upgrade lowering the floor to hardened_container takes effect: the operator pods
     #    roll onto the new configuration and the same Sandbox becomes Ready, on gVisor.
@@ -351,6 +405,25 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
         kubectl("get", "pods", "-n", namespace, "-l", sandbox_pods, "-o", "json").stdout
     )["items"]
     assert pod["spec"]["runtimeClassName"] == "gvisor"
+    # The new operator pod's /metrics after Ready: the admission, the create->Ready latency,
+    # the census, its reconciles and its API requests (ours and kopf's watches).
+    ready = _wait_metrics(
+        kubectl,
+        namespace,
+        selector,
+        lambda m: m.get(("sandbox_operator_create_to_ready_seconds_count",
+                         (("backend", "gvisor"),))),
+    )  # fmt: skip
+    assert ready[("sandbox_operator_admissions_total",
+                  (("reason", "Admitted"), ("result", "admitted")))] >= 1  # fmt: skip
+    assert ready[("sandbox_operator_sandboxes", (("backend", "gvisor"), ("reason", "Ready")))] >= 1
+    assert any(
+        k[0] == "sandbox_operator_reconcile_duration_seconds_count" and v >= 1
+        for k, v in ready.items()
+    )
+    requests = {dict(k[1])["client"]: v for k, v in ready.items()
+                if k[0] == "sandbox_operator_api_requests_total"}  # fmt: skip
+    assert requests.get("operator") and requests.get("kopf"), requests
     out = kubectl(
         "exec",
         "-n",

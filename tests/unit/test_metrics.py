@@ -746,3 +746,29 @@ def test_cli_runs_on_without_metrics_when_the_port_is_taken(
         assert instrumented == [True]
     finally:
         metrics.stop_metrics_server()
+
+
+async def test_a_streamed_body_is_counted_as_it_arrives_not_only_at_its_end(monkeypatch) -> None:
+    """A watch stream open for minutes shows its bytes in the interval they flowed in."""
+    monkeypatch.setattr(metrics, "STREAM_SAMPLE_SECONDS", 0.05)
+    eof: list[Any] = []
+    content = SimpleNamespace(total_bytes=0, on_eof=eof.append)
+    req = metrics._Request("watch", "sandboxes", "kopf")
+
+    def counted() -> float:
+        return value(
+            "sandbox_operator_api_response_bytes_total",
+            verb="watch",
+            resource="sandboxes",
+            client="kopf",
+        )
+
+    before = counted()
+    req.read_at_eof(SimpleNamespace(content=content))
+    content.total_bytes = 1000
+    await asyncio.sleep(0.2)
+    assert counted() - before == 1000  # while the stream is still open
+    content.total_bytes = 1500
+    eof[0]()  # the end of the body: the rest, once
+    await asyncio.sleep(0.1)
+    assert counted() - before == 1500

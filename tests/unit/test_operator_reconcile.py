@@ -588,7 +588,7 @@ async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
 
     rt, _, _ = runtime()
     woken: list[tuple[str, str]] = []
-    rt.enqueue_sandbox = lambda ns, name, delay=0.0: woken.append((ns, name))  # type: ignore[method-assign]
+    rt.enqueue_sandbox = lambda ns, name, delay=0.0, urgent=False: woken.append((ns, name))  # type: ignore[method-assign]
     rt.enqueue_scope = lambda ns, name, delay=0.0: None  # type: ignore[method-assign]
     memo = SimpleNamespace(runtime=rt)
     body = {

@@ -146,3 +146,27 @@ async def test_deadlines_keep_the_earliest_and_failures_back_off() -> None:
     assert len(d_runs) == 1 and 0.08 <= d_runs[0] < 0.3
     bad = [t for k, t in runs if k == "bad"]
     assert len(bad) == 2 and bad[1] - bad[0] >= 0.45  # retried after the backoff
+
+
+async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(key: str) -> float | None:
+        if key == "first":
+            await gate.wait()
+        runs.append(key)
+        return None
+
+    q: WorkQueue[str] = WorkQueue(handler, workers=1)
+    q.start()
+    q.add("first")
+    await asyncio.sleep(0.05)  # the only worker is busy with "first"
+    for k in ("new-1", "new-2", "ready-1"):
+        q.add(k)
+    q.add("ready-1", urgent=True)  # queued already, now urgent: moves ahead, still runs once
+    q.add("ready-2", urgent=True)
+    gate.set()
+    assert await q.drain(2)
+    await q.stop()
+    assert runs == ["first", "ready-1", "ready-2", "new-1", "new-2"]

@@ -131,9 +131,11 @@ class Runtime:
         if self.sandbox_queue is not None:
             self.sandbox_queue.forget(key)
 
-    def enqueue_sandbox(self, namespace: str, name: str, delay: float = 0.0) -> None:
+    def enqueue_sandbox(
+        self, namespace: str, name: str, delay: float = 0.0, *, urgent: bool = False
+    ) -> None:
         if self.sandbox_queue is not None:
-            self.sandbox_queue.add((namespace, name), delay)
+            self.sandbox_queue.add((namespace, name), delay, urgent=urgent)
 
     def enqueue_scope(self, namespace: str, name: str, delay: float = 0.0) -> None:
         if self.scope_queue is not None:

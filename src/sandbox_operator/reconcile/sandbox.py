@@ -653,6 +653,10 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
         # purge costs each Sandbox its finalizer's removal and nothing more.
         started = rt.disposal_started.get((namespace, name), time.monotonic())
         elapsed = time.monotonic() - started
+        if (namespace, name) in rt.purging:
+            # Its scope's purge: the scope reports it (status.lastPurge); a status write and two
+            # Events per Sandbox of a conversation being purged would only add to the load.
+            return requeue
         if elapsed < DISPOSING_REPORT_AFTER_SECONDS:
             wait = DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05
             return wait if requeue is None else min(requeue, wait)

@@ -12,12 +12,14 @@ loaded yet". Deletions arrive through the ``DELETED`` watch event. Writes the op
 put into the views at once from the API server's answer (``upsert`` keeps the newer
 ``resourceVersion``), so the next pass never acts on its own stale copy.
 
-Only what reconciling needs is kept of each object (a slim projection), so memory stays
-proportional to a few hundred bytes per object rather than the object's full JSON.
+Only what reconciling needs is kept of each object (a slim projection), as compact JSON decoded
+on each read, so memory stays near a few hundred bytes per object rather than the kilobytes of
+its full JSON or of nested Python dicts.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -195,69 +197,138 @@ def _rv(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One object held: its identity, its indexed labels, and the slim copy as compact JSON.
+
+    Why bytes: a slim object as nested dicts costs about 3 KiB of Python objects; its JSON, a
+    few hundred bytes. Reads are rare (a pass reads a handful of objects), so each is decoded on
+    demand, and every reader gets a fresh copy it may change freely."""
+
+    uid: str
+    rv: int
+    indexed: tuple[str | None, ...]  # the values of INDEXED_LABELS, in order (None: absent)
+    data: bytes
+    summary: Any = None
+
+
+def _encode(obj: Obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 @dataclass
 class Store:
-    """One resource's objects by (namespace, name), with label indexes."""
+    """One resource's objects by (namespace, name), with label indexes.
+
+    ``summarize`` keeps a small value per object beside it (e.g. a Sandbox's Ready reason and
+    backend, for the metrics census) that can be read without decoding the object."""
 
     slim: Callable[[Mapping[str, Any]], Obj]
-    items: dict[ObjKey, Obj] = field(default_factory=dict)
-    _by_label: dict[tuple[str, str, str], set[str]] = field(
-        default_factory=lambda: defaultdict(set)
-    )
+    summarize: Callable[[Obj], Any] | None = None
+    items: dict[ObjKey, _Entry] = field(default_factory=dict)
+    # (namespace, label, value) -> the name holding it, or the set of names when several do
+    # (most key and sandbox label values are held by one object: no set for those).
+    _by_label: dict[tuple[str, str, str], str | set[str]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __iter__(self) -> Iterator[Obj]:
-        return iter(list(self.items.values()))
+        return (json.loads(e.data) for e in list(self.items.values()))
+
+    def summaries(self) -> Iterator[Any]:
+        return (e.summary for e in list(self.items.values()))
 
     def get(self, namespace: str, name: str) -> Obj | None:
-        return self.items.get((namespace, name))
+        entry = self.items.get((namespace, name))
+        return None if entry is None else json.loads(entry.data)
+
+    def uid_of(self, namespace: str, name: str) -> str | None:
+        entry = self.items.get((namespace, name))
+        return None if entry is None else entry.uid
 
     def upsert(self, obj: Mapping[str, Any]) -> Obj:
-        """Keep ``obj`` unless the view already holds a newer version of it."""
+        """Keep ``obj`` unless the view already holds a newer version of it; return what the
+        view holds now."""
         slim = self.slim(obj)
         meta = slim["metadata"]
         k = (meta["namespace"], meta["name"])
+        uid = str(meta.get("uid", ""))
+        rv = _rv(slim)
         old = self.items.get(k)
         if old is not None:
-            if old["metadata"].get("uid") == meta.get("uid") and _rv(old) > _rv(slim):
-                return old
+            if old.uid == uid and old.rv > rv:
+                held: Obj = json.loads(old.data)
+                return held
             self._unindex(k, old)
-        self.items[k] = slim
-        self._index(k, slim)
+        labels = meta.get("labels") or {}
+        entry = _Entry(
+            uid=uid,
+            rv=rv,
+            indexed=tuple(labels.get(label) for label in INDEXED_LABELS),
+            data=_encode(slim),
+            summary=self.summarize(slim) if self.summarize is not None else None,
+        )
+        self.items[k] = entry
+        self._index(k, entry)
         return slim
 
     def remove(self, namespace: str, name: str, uid: str | None = None) -> None:
         k = (namespace, name)
         old = self.items.get(k)
-        if old is not None and (uid is None or old["metadata"].get("uid") == uid):
+        if old is not None and (uid is None or old.uid == uid):
             self._unindex(k, old)
             del self.items[k]
 
     def select(self, namespace: str, label: str, value: str) -> list[Obj]:
-        names = self._by_label.get((namespace, label, value)) or ()
-        return [self.items[(namespace, n)] for n in sorted(names) if (namespace, n) in self.items]
+        held = self._by_label.get((namespace, label, value))
+        names = () if held is None else (held,) if isinstance(held, str) else sorted(held)
+        out = (self.items.get((namespace, n)) for n in names)
+        return [json.loads(e.data) for e in out if e is not None]
 
     def names(self) -> Iterable[ObjKey]:
         return list(self.items)
 
-    def _index(self, k: ObjKey, obj: Obj) -> None:
-        labels = obj["metadata"].get("labels") or {}
-        for label in INDEXED_LABELS:
-            if label in labels:
-                self._by_label[(k[0], label, labels[label])].add(k[1])
+    def _index(self, k: ObjKey, entry: _Entry) -> None:
+        for label, value in zip(INDEXED_LABELS, entry.indexed, strict=True):
+            if value is None:
+                continue
+            ix = (k[0], label, value)
+            held = self._by_label.get(ix)
+            if held is None:
+                self._by_label[ix] = k[1]
+            elif isinstance(held, str):
+                if held != k[1]:
+                    self._by_label[ix] = {held, k[1]}
+            else:
+                held.add(k[1])
 
-    def _unindex(self, k: ObjKey, obj: Obj) -> None:
-        labels = obj["metadata"].get("labels") or {}
-        for label in INDEXED_LABELS:
-            if label in labels:
-                ix = (k[0], label, labels[label])
-                names = self._by_label.get(ix)
-                if names is not None:
-                    names.discard(k[1])
-                    if not names:
-                        del self._by_label[ix]
+    def _unindex(self, k: ObjKey, entry: _Entry) -> None:
+        for label, value in zip(INDEXED_LABELS, entry.indexed, strict=True):
+            if value is None:
+                continue
+            ix = (k[0], label, value)
+            held = self._by_label.get(ix)
+            if held is None:
+                continue
+            if isinstance(held, str):
+                if held == k[1]:
+                    del self._by_label[ix]
+                continue
+            held.discard(k[1])
+            if len(held) == 1:
+                self._by_label[ix] = next(iter(held))
+            elif not held:
+                del self._by_label[ix]
+
+
+def sandbox_summary(obj: Obj) -> tuple[str, str]:
+    """(Ready reason, backend) of a Sandbox, for the census metric."""
+    reason = "Pending"
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            reason = _s(cond.get("reason") or "Pending")
+    return reason, _s((obj.get("status") or {}).get("backend") or "")
 
 
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
@@ -273,27 +344,31 @@ class Views:
     """Everything the reconcilers read: Sandboxes, SandboxScopes, the operator's pods and
     NetworkPolicies. ``scope_refs`` maps (namespace, scopeRef) to the Sandboxes naming it."""
 
-    sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox))
+    sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox, sandbox_summary))
     scopes: Store = field(default_factory=lambda: Store(slim_scope))
     pods: Store = field(default_factory=lambda: Store(slim_pod))
     network_policies: Store = field(default_factory=lambda: Store(slim_plain))
     _scope_refs: dict[ObjKey, set[str]] = field(default_factory=lambda: defaultdict(set))
+    _scope_ref_of: dict[ObjKey, str] = field(default_factory=dict)
 
     # ---- Sandboxes and their scopeRef index -------------------------------------------------
 
     def put_sandbox(self, obj: Mapping[str, Any]) -> Obj:
-        meta = obj.get("metadata") or {}
-        old = self.sandboxes.get(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if old is not None:
-            self._unref(old)
         slim = self.sandboxes.upsert(obj)
-        self._ref(slim)
+        meta = slim["metadata"]
+        k = (str(meta["namespace"]), str(meta["name"]))
+        ref = str((slim.get("spec") or {}).get("scopeRef") or "")
+        if self._scope_ref_of.get(k) != ref:
+            self._unref(k)
+            if ref:
+                self._scope_ref_of[k] = ref
+                self._scope_refs[(k[0], ref)].add(k[1])
         return slim
 
     def drop_sandbox(self, namespace: str, name: str, uid: str | None = None) -> None:
-        old = self.sandboxes.get(namespace, name)
-        if old is not None and (uid is None or old["metadata"].get("uid") == uid):
-            self._unref(old)
+        held = self.sandboxes.uid_of(namespace, name)
+        if held is not None and (uid is None or held == uid):
+            self._unref((namespace, name))
         self.sandboxes.remove(namespace, name, uid)
 
     def naming_scope(self, namespace: str, scope: str) -> list[Obj]:
@@ -302,21 +377,14 @@ class Views:
         out = (self.sandboxes.get(namespace, n) for n in sorted(names))
         return [o for o in out if o is not None]
 
-    def _ref(self, obj: Obj) -> None:
-        ref = (obj.get("spec") or {}).get("scopeRef")
+    def _unref(self, k: ObjKey) -> None:
+        ref = self._scope_ref_of.pop(k, None)
         if ref:
-            meta = obj["metadata"]
-            self._scope_refs[(meta["namespace"], str(ref))].add(meta["name"])
-
-    def _unref(self, obj: Obj) -> None:
-        ref = (obj.get("spec") or {}).get("scopeRef")
-        if ref:
-            meta = obj["metadata"]
-            names = self._scope_refs.get((meta["namespace"], str(ref)))
+            names = self._scope_refs.get((k[0], ref))
             if names is not None:
-                names.discard(meta["name"])
+                names.discard(k[1])
                 if not names:
-                    del self._scope_refs[(meta["namespace"], str(ref))]
+                    del self._scope_refs[(k[0], ref)]
 
     # ---- children -----------------------------------------------------------------------------
 

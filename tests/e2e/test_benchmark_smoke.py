@@ -1,0 +1,41 @@
+"""The scale benchmark's ``--smoke`` mode, run by CI so the script cannot rot.
+
+It asserts the run completes and prints its table with every Sandbox Admitted and Ready and the
+idle operator making (almost) no request. Performance figures are never asserted here (they are
+measured by the benchmark itself and kept in docs/performance.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.fixtures.cluster import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_scale_benchmark_smoke(kubeconfig: str) -> None:
+    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    rows = {
+        line[:43].strip(): line[43:].split()
+        for line in proc.stdout.splitlines()
+        if len(line) > 43 and not line.startswith(("[", "-"))
+    }
+    assert rows.get("Admitted / Ready / refused") == ["20", "/", "20", "/", "0"], out[-4000:]
+    idle = next(v for k, v in rows.items() if k.startswith("idle") and "operator requests/s" in k)
+    # Nothing per Sandbox; at most a watch stream reconnecting in the window (kopf's, about one
+    # per kind every two minutes).
+    assert float(idle[0]) < 1.0, out[-4000:]
