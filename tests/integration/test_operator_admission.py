@@ -280,3 +280,25 @@ def test_kopf_peering_lets_only_the_highest_priority_replica_act(kit, start_oper
     assert sorted(p.metadata.name for p in kit.core.list_namespaced_pod(kit.ns).items) == sorted(
         naming.pod_name(n) for n in ("after-high", "while-high")
     )
+
+
+def test_garbage_in_kopf_annotations_neither_stalls_nor_wedges_a_sandbox(kit, start_operator):
+    """kopf's bookkeeping annotations are writable by whoever may annotate a Sandbox (the
+    agent's role may). The operator keeps none and reads none: garbage there changes nothing,
+    and such a Sandbox is admitted and deleted at once (no waiting for a resync)."""
+    start_operator(local_config(floor="container", operator={"resyncSeconds": 3600}))
+    kit.scope()
+    body = kit.sandbox_body("garbled")
+    body["metadata"]["annotations"] = {
+        "kopf.zalando.org/last-handled-configuration": "{not json",
+        "sandbox-operator.dev/last-handled-configuration": "{not json",
+        "sandbox-operator.dev/sandbox_changed": "garbage",
+    }
+    kit.custom.create_namespaced_custom_object(
+        "sandbox-operator.dev", "v1alpha1", kit.ns, "sandboxes", body
+    )
+    kit.wait_condition("garbled", "Admitted", status="True", timeout=30)
+    started = time.monotonic()
+    kit.delete("garbled")
+    kit.wait_gone("garbled", timeout=30)
+    assert time.monotonic() - started < 30

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import logging
 import os
 import random
@@ -63,8 +65,31 @@ SCOPE_WORKERS = 4
 
 _MANAGED = {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
 
+#: kopf's per-object workers alive at once (each leaves 1 s after its object's last event):
+#: room for ~250 new objects per second.
+KOPF_WORKERS = 256
+
 #: kopf's default finalizer name (see ``startup``).
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's memory of "the last handled state", made empty.
+
+    The operator has no change-detecting kopf handlers, so nothing needs remembering between
+    events. kopf's default storage would still, on every event of every object, deep-copy the
+    body to compare it and parse its ``last-handled-configuration`` annotation, which the agent's
+    role may write: a garbage value there made kopf skip that object's handlers. Here nothing is
+    read from or written to the object."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -102,6 +127,26 @@ def census(rt: Runtime) -> Iterable[tuple[str, str, int]]:
     return [(reason, backend, n) for (reason, backend), n in counts.items()]
 
 
+def _trim_memory() -> None:
+    """Return freed memory to the system: after a burst of thousands of objects the heap is
+    mostly free but stays mapped (glibc keeps it); malloc_trim gives it back."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+async def _trim_when_quiet(rt: Runtime) -> None:
+    """Every TRIM_SECONDS, if no pass is queued or running, trim the heap (a few ms)."""
+    while True:
+        await asyncio.sleep(TRIM_SECONDS)
+        queue = rt.sandbox_queue
+        if queue is None or (len(queue) == 0 and not queue.busy):
+            _trim_memory()
+
+
+TRIM_SECONDS = 30.0
+
+
 async def _resync_forever(rt: Runtime) -> None:
     """The safety net: every interval (jittered by up to 10%), pass over everything held."""
     interval = rt.config.operator.resync_seconds
@@ -120,14 +165,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # it keeps its default marker, which no object carries (no kopf handler asks for one).
     if settings.persistence.finalizer == FINALIZER:
         settings.persistence.finalizer = KOPF_FINALIZER
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     # kopf keeps one worker per object that had an event, for idle_timeout after its last one;
-    # a worker limit then caps how many *new* objects per second it can take in (64 workers
-    # idling 5 s each let ~13 Sandboxes/s through). Our handlers only update the views and
-    # enqueue, so workers are cheap: no limit, and they leave soon after their last event.
-    settings.queueing.worker_limit = None
+    # the worker limit caps how many *new* objects per second it can take in (64 workers idling
+    # 5 s each let ~13 Sandboxes/s through). Our handlers only update the views and enqueue, so
+    # workers can leave soon; a limit still bounds memory under a burst of thousands of objects
+    # (each live worker holds a task, a queue and the bodies it has not handled yet).
+    settings.queueing.worker_limit = KOPF_WORKERS
     settings.queueing.idle_timeout = 1.0
     config = getattr(memo, "config", None)
     if config is None:
@@ -154,15 +201,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     metrics.register_sandbox_census(lambda: census(rt))
     memo.runtime = rt
     memo.resync_task = asyncio.create_task(_resync_forever(rt), name="resync")
+    memo.trim_task = asyncio.create_task(_trim_when_quiet(rt), name="trim")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    for attr in ("resync_task", "trim_task"):
+        task = getattr(memo, attr, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     rt = getattr(memo, "runtime", None)
     if rt is not None:
         await rt.close()

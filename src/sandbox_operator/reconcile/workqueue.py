@@ -60,6 +60,11 @@ class WorkQueue(Generic[K]):
         return len(self._queued)
 
     @property
+    def busy(self) -> bool:
+        """Whether a pass is running now."""
+        return bool(self._active)
+
+    @property
     def pending_deadlines(self) -> int:
         return len(self._timers)
 
