@@ -7,6 +7,7 @@ measured by the benchmark itself and kept in docs/performance.md)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -29,11 +30,11 @@ def test_scale_benchmark_smoke(kubeconfig: str) -> None:
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    rows = {
-        line[:43].strip(): line[43:].split()
-        for line in proc.stdout.splitlines()
-        if len(line) > 43 and not line.startswith(("[", "-"))
-    }
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        if len(parts) == 2 and not line.startswith(("[", "-")):
+            rows[parts[0]] = parts[1].split()
     assert rows.get("Admitted / Ready / refused") == ["20", "/", "20", "/", "0"], out[-4000:]
     idle = next(v for k, v in rows.items() if k.startswith("idle") and "operator requests/s" in k)
     # Nothing per Sandbox; at most a watch stream reconnecting in the window (kopf's, about one

@@ -637,3 +637,45 @@ async def test_starting_progress_is_debounced_but_new_reasons_are_written_at_onc
         ("a", "Normal", "Admitted"),
         ("a", "Normal", "Ready"),
     ]
+
+
+class WatchedFake(FakeDriver):
+    """A driver whose disposal the operator watches (like the runtime-class driver)."""
+
+    watches_disposal = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.deletes: list[str] = []
+
+    async def request_disposal(self, sandbox, *, requested=False):
+        pod = self.pods.get(sandbox.name)
+        if pod is None:
+            return []
+        if not requested:
+            self.deletes.append(sandbox.name)
+        return [BackendObject("Pod", sandbox.name, NS, sandbox.name, pod["owner"], deleting=True)]
+
+    async def request_conversation_disposal(self, ns, scope, thread_id):
+        pass
+
+
+async def test_a_purged_sandbox_waits_for_the_collection_delete_and_asks_again_only_after():
+    rt, kube, _ = runtime()
+    driver = WatchedFake("gvisor")
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    rt.purging.add((NS, "a"))  # its scope's purge deleted its objects by collection
+    writes = kube.status_writes
+    assert await finalize_sandbox(rt, NS, "a") is not None  # waits for the deletion event
+    assert driver.deletes == [] and kube.status_writes == writes  # no call of its own
+    # Past the disposal timeout: asked for one by one, and DisposalFailed (retried later).
+    rt.disposal_started[(NS, "a")] -= 3600
+    await finalize_sandbox(rt, NS, "a")
+    assert driver.deletes == ["a"]
+    assert cond(kube, "a", "Disposed")["reason"] == "DisposalFailed"
+    del driver.pods["a"]  # the pod's deletion event
+    await finalize_sandbox(rt, NS, "a")
+    assert ("sandboxes", "a") not in kube.objs

@@ -211,8 +211,11 @@ class WatchedDisposal(Protocol):
     @property
     def watches_disposal(self) -> bool: ...
 
-    async def request_disposal(self, sandbox: SandboxRef) -> list[BackendObject]:
-        """Request deletion of what serves the sandbox; return what still exists."""
+    async def request_disposal(
+        self, sandbox: SandboxRef, *, requested: bool = False
+    ) -> list[BackendObject]:
+        """Request deletion of what serves the sandbox (unless ``requested`` already, by a
+        collection delete); return what still exists."""
         ...
 
     async def request_conversation_disposal(

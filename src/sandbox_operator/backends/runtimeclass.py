@@ -793,14 +793,20 @@ class RuntimeClassDriver:
         (``request_disposal``); False: ``dispose`` deletes and waits by polling."""
         return self._pods is not None
 
-    async def request_disposal(self, sandbox: SandboxRef) -> list[BackendObject]:
+    async def request_disposal(
+        self, sandbox: SandboxRef, *, requested: bool = False
+    ) -> list[BackendObject]:
         """Delete what serves the sandbox and is not being deleted yet; return what is still
         there (its deletion requested). No wait, no read: the views say what exists, and the
-        watch event of each deletion brings the operator back.
+        watch event of each deletion brings the operator back. ``requested``: a collection
+        delete already asked for these (a scope purge), whose effect the views may not show
+        yet; nothing is deleted again, only what remains is returned.
 
         Raises :class:`DisposalError` when the API server refuses a deletion.
         """
         remaining = self._seen_children(sandbox)
+        if requested:
+            return remaining
         for obj in remaining:
             if not obj.deleting:
                 await self._delete(obj.kind, obj.namespace, obj.name)

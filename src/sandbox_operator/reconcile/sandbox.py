@@ -252,10 +252,19 @@ async def dispose_into(
     failure: DisposalFailure | None = None
     waiting: list[str] = []
     key = (ref.namespace, ref.name)
+    # A scope purge asked for this sandbox's objects by collection a moment ago: within the
+    # disposal timeout, only wait for them (the views may not show the deletions yet, and a
+    # delete per object would only meet 404s); after it, ask again one by one.
+    started_at = rt.disposal_started.get(key)
+    requested = key in rt.purging and (
+        started_at is None
+        or time.monotonic() - started_at < rt.config.operator.dispose_timeout_seconds
+    )
     for driver in drivers:
         try:
             if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
-                waiting += [f"{o.kind} {o.name}" for o in await driver.request_disposal(ref)]
+                found = await driver.request_disposal(ref, requested=requested)
+                waiting += [f"{o.kind} {o.name}" for o in found]
             else:
                 await driver.dispose(ref)
         except DisposalError as exc:
@@ -277,6 +286,7 @@ async def dispose_into(
     if failure is None:
         draft.cond(DISPOSED, True, R.DISPOSED, "backend objects removed")
         return None
+    rt.purging.discard(key)  # the collection delete did not do it: from now on, one by one
     draft.cond(
         DISPOSED,
         False,
