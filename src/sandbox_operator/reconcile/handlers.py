@@ -123,7 +123,9 @@ def _timed(rt: Runtime, kind: str, fn: Any) -> Any:
 def census(rt: Runtime) -> Iterable[tuple[str, str, int]]:
     """Sandboxes by Ready reason and backend, from the views' summaries (for the metrics scrape:
     nothing is decoded)."""
-    counts: Counter[tuple[str, str]] = Counter(rt.views.sandboxes.summaries())
+    counts: Counter[tuple[str, str]] = Counter(
+        (summary[0], summary[1]) for summary in rt.views.sandboxes.summaries() if summary
+    )
     return [(reason, backend, n) for (reason, backend), n in counts.items()]
 
 
@@ -234,9 +236,14 @@ def _wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
     """Something of a key went away: Sandboxes held back by KeyUnclean may go ahead now."""
     value = labels.get(lbl.KEY_LABEL)
     if value:
-        for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, value):
-            if not cnd.is_true(other.get("status"), "Admitted"):
-                rt.enqueue_sandbox(namespace, str(other["metadata"]["name"]))
+        for other in rt.views.sandboxes.select_names(namespace, lbl.KEY_LABEL, value):
+            if not _admitted(rt, namespace, other):
+                rt.enqueue_sandbox(namespace, other)
+
+
+def _admitted(rt: Runtime, namespace: str, name: str) -> bool:
+    summary = rt.views.sandboxes.summary_of(namespace, name)
+    return bool(summary and summary[2])
 
 
 # ---- views ------------------------------------------------------------------------------------
@@ -298,9 +305,9 @@ async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
     else:
         rt.enqueue_scope(namespace, name)
     # Sandboxes that waited for this scope (ScopeNotFound) go ahead now.
-    for sbx in rt.views.naming_scope(namespace, name):
-        if not cnd.is_true(sbx.get("status"), "Admitted"):
-            rt.enqueue_sandbox(namespace, str(sbx["metadata"]["name"]))
+    for other in rt.views.naming_scope_names(namespace, name):
+        if not _admitted(rt, namespace, other):
+            rt.enqueue_sandbox(namespace, other)
 
 
 @kopf.on.event("", "v1", "pods", labels=_MANAGED)

@@ -77,6 +77,17 @@ def scope_members(rt: Runtime, namespace: str, name: str) -> list[Obj]:
     return list(members.values())
 
 
+def scope_member_names(rt: Runtime, namespace: str, name: str) -> set[str]:
+    """The names of a scope's Sandboxes (as ``scope_members``), decoding none of them."""
+    scope = rt.views.scopes.get(namespace, name)
+    spec = _spec(scope) if scope is not None else None
+    names: set[str] = set(rt.views.naming_scope_names(namespace, name))
+    if spec is not None:
+        value = lbl.conversation_value(spec.scope, spec.thread_id)
+        names.update(rt.views.sandboxes.select_names(namespace, lbl.CONVERSATION_LABEL, value))
+    return names
+
+
 async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | None:
     scope = rt.views.scopes.get(namespace, name)
     if scope is None:
@@ -86,7 +97,7 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         return await purge_scope(rt, scope)
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
-    members = scope_members(rt, namespace, name)
+    members = scope_member_names(rt, namespace, name)
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
     if _spec(scope) is not None:
@@ -169,7 +180,7 @@ def _leftovers(rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | Non
     if spec is None:
         return 0
     value = lbl.conversation_value(spec.scope, spec.thread_id)
-    return len(rt.views.by_label(namespace, lbl.CONVERSATION_LABEL, value))
+    return rt.views.count_by_label(namespace, lbl.CONVERSATION_LABEL, value)
 
 
 async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
@@ -183,19 +194,21 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         rt.purges.pop(key, None)
         return None
     spec = _spec(scope)
-    members = scope_members(rt, namespace, name)
+    names = scope_member_names(rt, namespace, name)
     timeout = rt.config.operator.dispose_timeout_seconds
-    started, attempt, initial, failures = rt.purges.get(key, (None, 0, len(members), ()))
+    started, attempt, initial, failures = rt.purges.get(key, (None, 0, len(names), ()))
     if started is None:
-        found = await _request_purge(rt, namespace, spec, members)
+        found = await _request_purge(rt, namespace, spec, scope_members(rt, namespace, name))
         started = time.monotonic()
         failures = tuple(found)
-        rt.purges[key] = (started, attempt, max(initial, len(members)), failures)
-        initial = max(initial, len(members))
+        rt.purges[key] = (started, attempt, max(initial, len(names)), failures)
+        initial = max(initial, len(names))
     leftovers = _leftovers(rt, namespace, spec)
     elapsed = time.monotonic() - started
-    if (members or leftovers) and elapsed < timeout and not failures:
-        return timeout - elapsed + 0.05  # each member's deletion event comes sooner
+    if (names or leftovers) and elapsed < timeout and not failures:
+        # Woken by each member's deletion: nothing to decode or write until the last one.
+        return timeout - elapsed + 0.05
+    members = scope_members(rt, namespace, name)
 
     undisposed: list[DisposalFailure] = list(failures)
     for m in members:

@@ -281,10 +281,17 @@ class Store:
             del self.items[k]
 
     def select(self, namespace: str, label: str, value: str) -> list[Obj]:
-        held = self._by_label.get((namespace, label, value))
-        names = () if held is None else (held,) if isinstance(held, str) else sorted(held)
-        out = (self.items.get((namespace, n)) for n in names)
+        out = (self.items.get((namespace, n)) for n in self.select_names(namespace, label, value))
         return [json.loads(e.data) for e in out if e is not None]
+
+    def select_names(self, namespace: str, label: str, value: str) -> list[str]:
+        """The names holding a label value, decoding nothing (counting, enqueueing)."""
+        held = self._by_label.get((namespace, label, value))
+        return [] if held is None else [held] if isinstance(held, str) else sorted(held)
+
+    def summary_of(self, namespace: str, name: str) -> Any:
+        entry = self.items.get((namespace, name))
+        return None if entry is None else entry.summary
 
     def names(self) -> Iterable[ObjKey]:
         return list(self.items)
@@ -322,13 +329,17 @@ class Store:
                 del self._by_label[ix]
 
 
-def sandbox_summary(obj: Obj) -> tuple[str, str]:
-    """(Ready reason, backend) of a Sandbox, for the census metric."""
+def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
+    """(Ready reason, backend, admitted) of a Sandbox: the census metric, and which Sandboxes
+    wait for something (a scope, a key) without decoding them."""
     reason = "Pending"
+    admitted = False
     for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
             reason = _s(cond.get("reason") or "Pending")
-    return reason, _s((obj.get("status") or {}).get("backend") or "")
+        elif cond.get("type") == "Admitted":
+            admitted = cond.get("status") == "True"
+    return reason, _s((obj.get("status") or {}).get("backend") or ""), admitted
 
 
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
@@ -371,6 +382,9 @@ class Views:
             self._unref((namespace, name))
         self.sandboxes.remove(namespace, name, uid)
 
+    def naming_scope_names(self, namespace: str, scope: str) -> list[str]:
+        return sorted(self._scope_refs.get((namespace, scope)) or ())
+
     def naming_scope(self, namespace: str, scope: str) -> list[Obj]:
         """Sandboxes whose ``spec.scopeRef`` names the scope (admitted or not)."""
         names = self._scope_refs.get((namespace, scope)) or ()
@@ -397,6 +411,11 @@ class Views:
             for n in self.network_policies.select(namespace, lbl.SANDBOX_LABEL, value)
         ]
         return out
+
+    def count_by_label(self, namespace: str, label: str, value: str) -> int:
+        return len(self.pods.select_names(namespace, label, value)) + len(
+            self.network_policies.select_names(namespace, label, value)
+        )
 
     def by_label(self, namespace: str, label: str, value: str) -> list[tuple[str, Obj]]:
         out = [("Pod", p) for p in self.pods.select(namespace, label, value)]
