@@ -734,13 +734,7 @@ class RuntimeClassDriver:
                 )
             ) from None
         except (TimeoutError, OSError) as exc:
-            raise DisposalError(
-                DisposalFailure(
-                    code=DisposalCode.UNREACHABLE,
-                    detail=f"deleting {kind} {name}: {type(exc).__name__}",
-                    backend=self.name,
-                )
-            ) from None
+            raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
 
     async def dispose(self, sandbox: SandboxRef) -> None:
         name = naming.pod_name(sandbox.name)
@@ -851,13 +845,7 @@ class RuntimeClassDriver:
                 return
             raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
         except (TimeoutError, OSError) as exc:
-            raise DisposalError(
-                DisposalFailure(
-                    code=DisposalCode.UNREACHABLE,
-                    detail=f"deleting {kind} {name}: {type(exc).__name__}",
-                    backend=self.name,
-                )
-            ) from None
+            raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
@@ -896,6 +884,16 @@ class RuntimeClassDriver:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._proxy_task = None
+
+
+def _unreachable(backend: str, what: str, exc: BaseException) -> DisposalError:
+    return DisposalError(
+        DisposalFailure(
+            code=DisposalCode.UNREACHABLE,
+            detail=f"{what}: {type(exc).__name__}",
+            backend=backend,
+        )
+    )
 
 
 def _disposal_error(backend: str, what: str, exc: Any) -> DisposalError:
