@@ -416,8 +416,3 @@ class Views:
         return len(self.pods.select_names(namespace, label, value)) + len(
             self.network_policies.select_names(namespace, label, value)
         )
-
-    def by_label(self, namespace: str, label: str, value: str) -> list[tuple[str, Obj]]:
-        out = [("Pod", p) for p in self.pods.select(namespace, label, value)]
-        out += [("NetworkPolicy", n) for n in self.network_policies.select(namespace, label, value)]
-        return out
