@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import Observation, ObservedPhase
 from sandbox_operator.contract import (
     ConditionReason,
@@ -248,7 +249,7 @@ def plan(
     lifetime = spec.sandbox_spec().lifetime
     annotations = meta.get("annotations") or {}
     ready_since = _time(ready_cond.get("lastTransitionTime")) if was_ready else None
-    last_activity = _time(annotations.get(_LAST_ACTIVITY))
+    last_activity = _time(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION))
     verdict = judge(
         observation,
         lifetime=lifetime,
@@ -284,9 +285,6 @@ def plan(
             now=now,
         ),
     )
-
-
-_LAST_ACTIVITY = "sandbox-operator.dev/last-activity"
 
 
 def served_by_status(obs: Observation) -> dict[str, Any] | None:

@@ -296,11 +296,14 @@ class Store:
     def names(self) -> Iterable[ObjKey]:
         return list(self.items)
 
-    def _index(self, k: ObjKey, entry: _Entry) -> None:
+    @staticmethod
+    def _index_keys(k: ObjKey, entry: _Entry) -> Iterator[tuple[str, str, str]]:
         for label, value in zip(INDEXED_LABELS, entry.indexed, strict=True):
-            if value is None:
-                continue
-            ix = (k[0], label, value)
+            if value is not None:
+                yield (k[0], label, value)
+
+    def _index(self, k: ObjKey, entry: _Entry) -> None:
+        for ix in self._index_keys(k, entry):
             held = self._by_label.get(ix)
             if held is None:
                 self._by_label[ix] = k[1]
@@ -311,10 +314,7 @@ class Store:
                 held.add(k[1])
 
     def _unindex(self, k: ObjKey, entry: _Entry) -> None:
-        for label, value in zip(INDEXED_LABELS, entry.indexed, strict=True):
-            if value is None:
-                continue
-            ix = (k[0], label, value)
+        for ix in self._index_keys(k, entry):
             held = self._by_label.get(ix)
             if held is None:
                 continue
