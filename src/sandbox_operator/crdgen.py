@@ -26,12 +26,17 @@ from sandbox_operator.contract import (
     SANDBOX_SCOPE_PLURAL,
     SANDBOX_SCOPE_SHORT_NAME,
     SANDBOX_SHORT_NAME,
+    SANDBOX_WARM_POOL_KIND,
+    SANDBOX_WARM_POOL_PLURAL,
+    SANDBOX_WARM_POOL_SHORT_NAME,
     VERSION,
     ConditionType,
     SandboxResourceSpec,
     SandboxResourceStatus,
     SandboxScopeResourceSpec,
     SandboxScopeResourceStatus,
+    SandboxWarmPoolResourceSpec,
+    SandboxWarmPoolResourceStatus,
 )
 
 Schema = dict[str, Any]
@@ -169,6 +174,21 @@ SCOPE_PRINTER_COLUMNS: Final[list[Schema]] = [
 ]
 
 
+POOL_PRINTER_COLUMNS: Final[list[Schema]] = [
+    {"name": "Backend", "type": "string", "jsonPath": ".status.backend"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+    {"name": "Idle", "type": "integer", "jsonPath": ".status.replicas"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Claimed", "type": "integer", "jsonPath": ".status.claimed"},
+    {"name": "Reason", "type": "string", "jsonPath": f"{_READY}.reason"},
+    {"name": "Image", "type": "string", "jsonPath": ".spec.template.image", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+#: The template carries the Sandbox spec's rule on egressAllow.
+POOL_TEMPLATE_RULES: Final[list[Schema]] = [SANDBOX_SPEC_RULES[0]]
+
+
 def _clean_description(text: str) -> str:
     first = text.strip().split("\n\n")[0]
     first = re.sub(r":\w+:`([^`]*)`", r"\1", first)
@@ -298,6 +318,19 @@ def scope_status_schema() -> Schema:
     return status
 
 
+def pool_spec_schema() -> Schema:
+    spec = model_schema(SandboxWarmPoolResourceSpec)
+    _add_rules(spec["properties"]["template"], POOL_TEMPLATE_RULES)
+    return spec
+
+
+def pool_status_schema() -> Schema:
+    status = model_schema(SandboxWarmPoolResourceStatus)
+    _strip_defaults(status)
+    _conditions(status)
+    return status
+
+
 def _crd(
     *,
     kind: str,
@@ -307,6 +340,7 @@ def _crd(
     spec: Schema,
     status: Schema,
     columns: list[Schema],
+    subresources: Schema | None = None,
 ) -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -331,7 +365,7 @@ def _crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources or {"status": {}},
                     "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
@@ -396,9 +430,34 @@ def sandbox_scope_crd() -> Schema:
     )
 
 
+def sandbox_warm_pool_crd() -> Schema:
+    """The SandboxWarmPool CRD as a dict (with the scale subresource)."""
+    return _crd(
+        kind=SANDBOX_WARM_POOL_KIND,
+        plural=SANDBOX_WARM_POOL_PLURAL,
+        short_name=SANDBOX_WARM_POOL_SHORT_NAME,
+        description=(
+            "Pre-started, never-used sandbox pods for one template. A Sandbox admitted onto the "
+            "pool's backend whose pod-shaping spec equals the template takes one of them instead "
+            "of waiting for a new pod; each pod serves one Sandbox only and is disposed with it."
+        ),
+        spec=pool_spec_schema(),
+        status=pool_status_schema(),
+        columns=POOL_PRINTER_COLUMNS,
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
+            },
+        },
+    )
+
+
 def all_crds() -> dict[str, Schema]:
     """File name -> CRD dict, for every CRD this project ships."""
-    crds = (sandbox_crd(), sandbox_scope_crd())
+    crds = (sandbox_crd(), sandbox_scope_crd(), sandbox_warm_pool_crd())
     return {f"{crd['metadata']['name']}.yaml": crd for crd in crds}
 
 

@@ -27,6 +27,12 @@ CALL_LABEL = f"{GROUP}/call"
 KEY_LABEL = f"{GROUP}/key"
 SANDBOX_LABEL = f"{GROUP}/sandbox"
 BACKEND_LABEL = f"{GROUP}/backend"
+#: On a warm pool's pods: the SandboxWarmPool that made the pod (kept after a claim, so the
+#: pool's deny-all NetworkPolicy keeps selecting it and the pool can count its claimed pods).
+POOL_LABEL = f"{GROUP}/pool"
+#: On a warm pool's pods: the digest of the backend and resolved template the pod was made for;
+#: a Sandbox whose admitted spec has the same digest may claim the pod.
+POOL_SHAPE_LABEL = f"{GROUP}/pool-shape"
 
 SCOPE_ANNOTATION = f"{GROUP}/scope"
 THREAD_ANNOTATION = f"{GROUP}/thread-id"
@@ -37,6 +43,9 @@ CALL_ANNOTATION = f"{GROUP}/call-id"
 # operator measures lifetime.idleTimeoutSeconds from the later of it and the time the sandbox
 # became ready.
 LAST_ACTIVITY_ANNOTATION = f"{GROUP}/last-activity"
+
+#: On a pod claimed from a warm pool: when the claim landed (RFC 3339 UTC).
+CLAIMED_AT_ANNOTATION = f"{GROUP}/claimed-at"
 
 # 32 hex characters = 128 bits of SHA-256: collisions are not a practical concern, and the value
 # stays well under the 63-character limit and starts/ends with an alphanumeric character.

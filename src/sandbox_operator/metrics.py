@@ -88,6 +88,12 @@ READY_LATENCY = Histogram(
     ["backend"],
     buckets=READY_BUCKETS,
 )
+WARM_CLAIMS = Counter(
+    "sandbox_operator_warm_pool_claims_total",
+    "Sandboxes that looked for a warm pod, by pool: result warm (served from the pool) or "
+    "exhausted (a pool for the Sandbox's spec had no idle Ready pod; it started cold).",
+    ["pool", "result"],
+)
 API_REQUESTS = Counter(
     "sandbox_operator_api_requests_total",
     "Requests to the Kubernetes API server, by Kubernetes verb, resource (plural[/subresource]), "

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
 SANDBOX_FILE = "sandboxes.sandbox-operator.dev.yaml"
 SCOPE_FILE = "sandboxscopes.sandbox-operator.dev.yaml"
+POOL_FILE = "sandboxwarmpools.sandbox-operator.dev.yaml"
 
 
 @functools.cache
@@ -63,10 +64,10 @@ def rules(node: dict[str, Any]) -> list[str]:
 # --- drift and determinism --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE])
+@pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE, POOL_FILE])
 def test_committed_yaml_matches_the_generator(name: str) -> None:
     generated = crdgen.all_crds()
-    assert set(generated) == {SANDBOX_FILE, SCOPE_FILE}
+    assert set(generated) == {SANDBOX_FILE, SCOPE_FILE, POOL_FILE}
     committed = (CRD_DIR / name).read_text(encoding="utf-8")
     assert committed == crdgen.render(generated[name]), (
         f"crds/{name} is out of date with the contract models: run `make crds` and commit it"

@@ -13,11 +13,15 @@ compares them with the Kubernetes calls the operator's code makes.
   resources: [sandboxscopes]
   verbs: [get, list, watch, patch]
 - apiGroups: [sandbox-operator.dev]
-  resources: [sandboxes/status, sandboxscopes/status]
+  resources: [sandboxwarmpools]
+  verbs: [list, watch, patch]
+- apiGroups: [sandbox-operator.dev]
+  resources: [sandboxes/status, sandboxscopes/status, sandboxwarmpools/status]
   verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete, deletecollection]
+  # patch: claiming a warm pool's idle pod for a Sandbox (labels and owner, one conditional patch).
+  verbs: [get, list, watch, create, patch, delete, deletecollection]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   # watch: the operator reconciles from watched views; deletecollection: scope purges.

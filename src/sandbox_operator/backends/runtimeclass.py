@@ -53,6 +53,7 @@ from sandbox_operator.backends.egress_proxy import (
     proxy_labels,
 )
 from sandbox_operator.backends.owners import owner_reference
+from sandbox_operator.backends.warmpool import WarmPoolPods
 from sandbox_operator.config import (
     ManagedEgressProxySettings,
     PodSettings,
@@ -173,9 +174,19 @@ def build_pod(
     whose ``egressProxy`` is ``managed``), given to the sandbox as a number (an allowlisted
     sandbox resolves no names) and recorded on the pod for recovery.
     """
-    spec = request.spec
+    metadata = _metadata(request, naming.pod_name(request.sandbox.name))
+    return pod_manifest(request.spec, backend, metadata, managed_proxy)
+
+
+def pod_manifest(
+    spec: SandboxSpec,
+    backend: RuntimeClassBackendConfig,
+    metadata: dict[str, Any],
+    managed_proxy: ProxyAddress | None = None,
+) -> dict[str, Any]:
+    """The pod for ``spec`` on ``backend`` with the given metadata: everything of a sandbox pod
+    but who it serves (a Sandbox's pod, or a warm pool's pod made before it serves anyone)."""
     pod = backend.pod
-    name = naming.pod_name(request.sandbox.name)
     work_dir = spec.work_dir
     pod_security: dict[str, Any] = {
         "runAsNonRoot": pod.run_as_non_root,
@@ -241,10 +252,9 @@ def build_pod(
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in pod.tolerations]
-    metadata = _metadata(request, name)
     if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed and proxy_url:
         assert managed_proxy is not None
-        metadata["annotations"][PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
+        metadata.setdefault("annotations", {})[PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -428,6 +438,9 @@ class RuntimeClassDriver:
     _proxy_settings: ManagedEgressProxySettings | None = None
     _proxy: ManagedEgressProxy | None = None
     _proxy_task: asyncio.Task[None] | None = None
+    _warm: WarmPoolPods | None = None
+    _pods: Store | None = None
+    _network_policies: Store | None = None
 
     def __init__(
         self,
@@ -489,6 +502,15 @@ class RuntimeClassDriver:
         self._pods = pods
         self._network_policies = network_policies
 
+    def warm_pool_pods(self) -> WarmPoolPods | None:
+        """The warm pool calls on this backend (only with the operator's views: a pool is
+        counted and claimed from them)."""
+        if self._pods is None or self._network_policies is None:
+            return None
+        if self._warm is None:
+            self._warm = WarmPoolPods(self._api, self._pods, self._network_policies)
+        return self._warm
+
     @property
     def name(self) -> str:
         return self._config.name
@@ -542,20 +564,7 @@ class RuntimeClassDriver:
         manifest = build_pod(request, self._config, address)
         name = manifest["metadata"]["name"]
         # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
-        np = build_network_policy(request, self._config, self._proxy_settings)
-        try:
-            if self._network_policies is None:
-                await self._net.create_namespaced_network_policy(ns, np)
-            elif self._network_policies.get(ns, np["metadata"]["name"]) is None:
-                created_np = await call_json(self._net.create_namespaced_network_policy, ns, np)
-                self._network_policies.upsert(created_np)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: already there (it never changes for a sandbox)
-                raise StartupError(
-                    ConditionReason.STARTUP_FAILED,
-                    f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
-                    f"{_api_message(exc)}",
-                ) from None
+        await self.ensure_network_policy(request)
         try:
             if self._pods is not None:
                 created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
@@ -587,6 +596,42 @@ class RuntimeClassDriver:
             )
         return ServedBy("Pod", name, ns, existing_meta.get("uid", ""))
 
+    async def ensure_network_policy(self, request: EnsureRequest) -> None:
+        """Create the sandbox's NetworkPolicy unless it exists (it never changes for a sandbox).
+
+        Raises :class:`StartupError` when the API server refuses it."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        np = build_network_policy(request, self._config, self._proxy_settings)
+        try:
+            if self._network_policies is None:
+                await self._net.create_namespaced_network_policy(ns, np)
+            elif self._network_policies.get(ns, np["metadata"]["name"]) is None:
+                created_np = await call_json(self._net.create_namespaced_network_policy, ns, np)
+                self._network_policies.upsert(created_np)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: already there
+                raise StartupError(
+                    ConditionReason.STARTUP_FAILED,
+                    f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
+                    f"{_api_message(exc)}",
+                ) from None
+
+    def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
+        """A pod claimed from a warm pool for the sandbox (another name than its own): found in
+        the views by the sandbox label and its owner, even before status.servedBy records it."""
+        if self._pods is None or not sandbox.uid:
+            return None
+        value = lbl.sandbox_label_value(sandbox.name)
+        for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
+            meta = pod.get("metadata") or {}
+            if lbl.POOL_LABEL not in (meta.get("labels") or {}):
+                continue
+            if any(o.get("uid") == sandbox.uid for o in meta.get("ownerReferences") or []):
+                return pod
+        return None
+
     async def observe(self, sandbox: SandboxRef) -> Observation:
         pod = await self._read_pod(sandbox.namespace, naming.pod_name(sandbox.name))
         recorded = sandbox.served_by
@@ -599,6 +644,8 @@ class RuntimeClassDriver:
             and recorded.name != naming.pod_name(sandbox.name)
         ):
             pod = await self._read_pod(recorded.namespace or sandbox.namespace, recorded.name)
+        if pod is None:
+            pod = self._claimed_pod(sandbox)
         if pod is not None and sandbox.uid:
             owners = [
                 o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or []

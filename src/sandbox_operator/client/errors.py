@@ -210,12 +210,23 @@ PENDING_REASONS: frozenset[str] = frozenset(
     }
 )
 
+#: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, and an Event's.
+NOT_SANDBOX_REASONS: frozenset[str] = frozenset(
+    {
+        ConditionReason.FILLING.value,
+        ConditionReason.TEMPLATE_INVALID.value,
+        ConditionReason.POOL_UNSUPPORTED.value,
+        ConditionReason.POOL_EXHAUSTED.value,
+    }
+)
+
 # Every condition reason the contract knows is pending, a refusal or mapped above: a reason added
 # to the contract without a decision here fails at import, not at a caller's first acquire.
 _UNMAPPED = {
     r.value
     for r in ConditionReason
     if r.value not in PENDING_REASONS
+    and r.value not in NOT_SANDBOX_REASONS
     and r.value not in _OTHER_TERMINAL
     and r.value not in {x.value for x in RefusalReason}
 }

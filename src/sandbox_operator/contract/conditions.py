@@ -51,6 +51,13 @@ class ConditionReason(StrEnum):
     # SandboxScope purges.
     PURGED = "Purged"
     PURGE_INCOMPLETE = "PurgeIncomplete"
+    # SandboxWarmPools (Ready=False while the pool has fewer ready idle pods than wanted, or
+    # cannot serve its template; a template the policy refuses carries the refusal's reason).
+    FILLING = "Filling"
+    TEMPLATE_INVALID = "TemplateInvalid"
+    POOL_UNSUPPORTED = "PoolUnsupported"
+    # A Sandbox served cold although a warm pool for its spec exists (an Event, not a condition).
+    POOL_EXHAUSTED = "PoolExhausted"
 
 
 def refusal_condition_reason(reason: RefusalReason) -> ConditionReason:

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from .conditions import ConditionStatus
-from .enums import IsolationScope
+from .enums import Egress, IsolationScope, OsFamily
 from .models import (
     KEY_MAX_LENGTH,
+    CapabilitySet,
     ContractModel,
+    EgressHost,
     IsolationValue,
+    ResourceRequirements,
     SandboxKey,
     SandboxSpec,
     ScopePurge,
@@ -29,6 +33,13 @@ SANDBOX_SHORT_NAME: Final = "sbx"
 SANDBOX_SCOPE_KIND: Final = "SandboxScope"
 SANDBOX_SCOPE_PLURAL: Final = "sandboxscopes"
 SANDBOX_SCOPE_SHORT_NAME: Final = "sbxs"
+SANDBOX_WARM_POOL_KIND: Final = "SandboxWarmPool"
+SANDBOX_WARM_POOL_PLURAL: Final = "sandboxwarmpools"
+SANDBOX_WARM_POOL_SHORT_NAME: Final = "sbxwp"
+#: ``status.servedFrom`` of a Sandbox whose pod was created for it (no warm pool served it).
+SERVED_FROM_COLD: Final = "cold"
+#: Most idle pods one SandboxWarmPool may keep.
+WARM_POOL_MAX_REPLICAS: Final = 1000
 #: Most conditions a status holds.
 CONDITIONS_MAX_ITEMS: Final = 16
 
@@ -224,6 +235,15 @@ class SandboxResourceStatus(ContractModel):
     served_by: ServedBy | None = Field(
         default=None, description="The Kubernetes object or remote resource serving it."
     )
+    served_from: str | None = Field(
+        default=None,
+        max_length=KEY_MAX_LENGTH + 16,
+        description=(
+            "Where the serving pod came from: 'cold' (created for this sandbox) or "
+            "'SandboxWarmPool/<name>' (a pre-started, never-used pod of that pool, claimed at "
+            "admission)."
+        ),
+    )
     egress: EgressSummary | None = Field(
         default=None,
         description=(
@@ -278,4 +298,111 @@ class SandboxScopeResourceStatus(ContractModel):
     )
     last_purge_time: datetime | None = Field(
         default=None, description="When the last purge finished."
+    )
+
+
+# ---- SandboxWarmPool --------------------------------------------------------------------------
+
+#: The fields of a Sandbox spec that decide its admission and shape its pod: what a warm pool's
+#: template holds. Everything else of a Sandbox (lifetime, transfer limits, declared outputs, the
+#: key) is the claiming Sandbox's own and does not touch the pod.
+WARM_POOL_TEMPLATE_FIELDS: Final = (
+    "kind",
+    "image",
+    "work_dir",
+    "requires",
+    "min_isolation",
+    "requires_os_family",
+    "egress",
+    "egress_allow",
+    "resources",
+)
+
+
+def _template_field(name: str) -> Any:
+    """The Sandbox spec's own field definition (type, constraints, description), reused."""
+    return copy.deepcopy(SandboxSpec.model_fields[name])
+
+
+class WarmPoolTemplate(ContractModel):
+    """What the pool's pods are made for: the admission- and pod-shaping fields of a Sandbox spec,
+    with the same meaning, constraints and defaults."""
+
+    kind: str = _template_field("kind")
+    image: str = _template_field("image")
+    work_dir: str = _template_field("work_dir")
+    requires: CapabilitySet = _template_field("requires")
+    min_isolation: IsolationValue | None = _template_field("min_isolation")
+    requires_os_family: OsFamily | None = _template_field("requires_os_family")
+    egress: Egress = _template_field("egress")
+    egress_allow: tuple[EgressHost, ...] = _template_field("egress_allow")
+    resources: ResourceRequirements = _template_field("resources")
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The Sandbox spec this template stands for (everything else at its default), validated
+        exactly as a Sandbox's spec is."""
+        data = {name: getattr(self, name) for name in self.model_fields_set}
+        return SandboxSpec(**data)
+
+
+class SandboxWarmPoolResourceSpec(ContractModel):
+    """spec of a SandboxWarmPool: the template its pods are made for and how many to keep."""
+
+    template: WarmPoolTemplate = Field(
+        description=(
+            "The Sandbox spec fields the pool's pods are made for. A Sandbox is served from the "
+            "pool when it is admitted onto the pool's backend and these fields of its spec, with "
+            "the host's resource defaults filled in, equal the template's."
+        ),
+    )
+    replicas: int = Field(
+        default=0,
+        ge=0,
+        le=WARM_POOL_MAX_REPLICAS,
+        description=(
+            "Idle, never-used pods to keep started (the scale subresource: kubectl scale and a "
+            "HorizontalPodAutoscaler set it)."
+        ),
+    )
+    max_creating: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Most pod creations in flight at once while the pool fills or refills.",
+    )
+
+
+class SandboxWarmPoolResourceStatus(ContractModel):
+    """status of a SandboxWarmPool, written by the operator."""
+
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        max_length=CONDITIONS_MAX_ITEMS,
+        description="Ready: every wanted idle pod is started (or why the pool serves nothing).",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed from."
+    )
+    backend: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Backend the policy chose for the template (none when it is refused).",
+    )
+    replicas: int = Field(default=0, ge=0, description="Idle pods of the pool (started or not).")
+    ready_replicas: int = Field(default=0, ge=0, description="Idle pods that are Ready to claim.")
+    claimed: int = Field(
+        default=0, ge=0, description="Pods claimed from the pool whose Sandboxes still hold them."
+    )
+    selector: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Label selector of the pool's idle pods (the scale subresource's selector).",
+    )
+    shape: str | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Digest of the backend and the template as resolved under the host policy; a pod of "
+            "the pool serves a Sandbox whose resolved spec has the same digest."
+        ),
     )

@@ -17,7 +17,7 @@ Two steps, because the second needs the backend the first chose:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -245,6 +245,10 @@ def plan(
     admitted_at = (
         _time(admitted_cond.get("lastTransitionTime")) if cnd.is_true(status, ADMITTED) else None
     ) or now
+    if observation.ready_at is not None and observation.ready_at < admitted_at:
+        # A pod started before this Sandbox was admitted (a warm pool's) serves it from the
+        # admission on: its idle clock does not start earlier.
+        observation = replace(observation, ready_at=admitted_at)
     ready_cond = cnd.find(status.get("conditions"), READY) or {}
     lifetime = spec.sandbox_spec().lifetime
     annotations = meta.get("annotations") or {}

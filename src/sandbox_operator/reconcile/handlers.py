@@ -38,10 +38,12 @@ from sandbox_operator.contract import (
     GROUP,
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_PLURAL,
+    SANDBOX_WARM_POOL_PLURAL,
     VERSION,
 )
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
+from sandbox_operator.reconcile.pool import reconcile_pool
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
 from sandbox_operator.reconcile.sandbox import (
     CONFLICT_RETRY_SECONDS,
@@ -49,7 +51,7 @@ from sandbox_operator.reconcile.sandbox import (
     reconcile_sandbox,
 )
 from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS, reconcile_scope
-from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
+from sandbox_operator.reconcile.views import ObjKey, owning_sandbox, pool_of
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
 __all__ = ["CONFIG_ENV", "FINALIZER", "ensure_retry_delay"]
@@ -62,6 +64,7 @@ CONFIG_ENV = "SANDBOX_OPERATOR_CONFIG"
 #: bounds in-flight API writes more than CPU.
 SANDBOX_WORKERS = 32
 SCOPE_WORKERS = 4
+POOL_WORKERS = 4
 
 _MANAGED = {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
 
@@ -158,6 +161,8 @@ async def _resync_forever(rt: Runtime) -> None:
             rt.enqueue_sandbox(ns, name)
         for ns, name in rt.views.scopes.names():
             rt.enqueue_scope(ns, name)
+        for ns, name in rt.views.pools.names():
+            rt.enqueue_pool(ns, name)
 
 
 @kopf.on.startup()
@@ -194,8 +199,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     rt.scope_queue = WorkQueue(
         _timed(rt, "scope", reconcile_scope), workers=SCOPE_WORKERS, name="scope"
     )
+    rt.pool_queue = WorkQueue(_timed(rt, "pool", reconcile_pool), workers=POOL_WORKERS, name="pool")
     rt.sandbox_queue.start()
     rt.scope_queue.start()
+    rt.pool_queue.start()
     for driver in rt.drivers.values():
         start = getattr(driver, "start", None)
         if start is not None:
@@ -261,6 +268,11 @@ async def scope_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _runtime(memo).views.scopes.upsert(body)
 
 
+@kopf.index(GROUP, VERSION, SANDBOX_WARM_POOL_PLURAL)
+async def pool_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.pools.upsert(body)
+
+
 @kopf.index("", "v1", "pods", labels=_MANAGED)
 async def pod_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _runtime(memo).views.pods.upsert(body)
@@ -310,6 +322,16 @@ async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
             rt.enqueue_sandbox(namespace, other)
 
 
+@kopf.on.event(GROUP, VERSION, SANDBOX_WARM_POOL_PLURAL)
+async def pool_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
+    namespace, name, uid = _ns_name(body)
+    if type == "DELETED":
+        rt.views.pools.remove(namespace, name, uid)
+        return
+    rt.enqueue_pool(namespace, name)
+
+
 @kopf.on.event("", "v1", "pods", labels=_MANAGED)
 async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A sandbox pod changed: re-judge its Sandbox at once (startup, readiness, death)."""
@@ -330,3 +352,17 @@ def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
         _wake_key(rt, namespace, (body.get("metadata") or {}).get("labels") or {})
     if owner:
         rt.enqueue_sandbox(namespace, owner, urgent=True)
+    pool = pool_of(body)
+    if pool:  # a pool's pod started, was claimed or went: the pool counts (and refills) again
+        for pool_name in _pools_labelled(rt, namespace, pool):
+            rt.enqueue_pool(namespace, pool_name)
+
+
+def _pools_labelled(rt: Runtime, namespace: str, value: str) -> list[str]:
+    """The pools whose pods carry this pool label value (the name itself, but for a long or
+    dotted name, which is shortened)."""
+    return [
+        name
+        for ns, name in rt.views.pools.names()
+        if ns == namespace and lbl.sandbox_label_value(name) == value
+    ]

@@ -73,8 +73,11 @@ class Runtime:
     spec_cache: OrderedDict[ObjKey, tuple[tuple[str, Any], Any]] = field(
         default_factory=OrderedDict
     )
+    #: Warm pool pods a pass of this process is claiming right now (skipped by other passes).
+    claiming: set[ObjKey] = field(default_factory=set)
     sandbox_queue: WorkQueue[ObjKey] | None = None
     scope_queue: WorkQueue[ObjKey] | None = None
+    pool_queue: WorkQueue[ObjKey] | None = None
     _checked_at: float = 0.0
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
@@ -141,8 +144,12 @@ class Runtime:
         if self.scope_queue is not None:
             self.scope_queue.add((namespace, name), delay)
 
+    def enqueue_pool(self, namespace: str, name: str, delay: float = 0.0) -> None:
+        if self.pool_queue is not None:
+            self.pool_queue.add((namespace, name), delay)
+
     async def close(self) -> None:
-        for queue in (self.sandbox_queue, self.scope_queue):
+        for queue in (self.sandbox_queue, self.scope_queue, self.pool_queue):
             if queue is not None:
                 await queue.stop()
         for driver in self.drivers.values():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +48,7 @@ from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import Verdict
+from sandbox_operator.reconcile.pool import claim_warm_pod, served_from
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 
 log = logging.getLogger(__name__)
@@ -424,22 +425,31 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
             annotations=lbl.key_annotations(admission.key),
         )
         try:
+            claim = await claim_warm_pod(rt, request, admission.backend)
+        except StartupError as exc:  # the Sandbox's NetworkPolicy was refused
+            return await _apply(rt, obj, draft, _startup_failed(admission, exc.message), admission)
+        origin = {"servedFrom": served_from(claim)}
+        if claim.served_by is not None:
+            observation = await driver.observe(replace(ref, served_by=claim.served_by))
+            plan = compute.plan(
+                obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
+            )
+            plan = replace(plan, fields={**plan.fields, **origin})
+            return await _apply(rt, obj, draft, plan, admission)
+        if claim.exhausted:
+            await rt.kube.post_event(
+                obj,
+                type_="Normal",
+                reason=R.POOL_EXHAUSTED,
+                message=f"no idle pod in warm pool {', '.join(claim.exhausted)}; starting cold",
+            )
+        try:
             await driver.ensure(request)
         except StartupError as exc:
             if exc.reason == R.KEY_UNCLEAN:
                 refused = compute.Admission(False, R.KEY_UNCLEAN, exc.message)
                 return await _apply(rt, obj, draft, compute.refusal_plan(refused), None)
-            verdict = Verdict(False, R.STARTUP_FAILED, exc.message, terminal=True, dispose=True)
-            failed = compute.Plan(
-                conditions=(
-                    (ADMITTED, True, R.ADMITTED, admission.message),
-                    (READY, False, verdict.reason, verdict.message),
-                ),
-                fields={**admission.fields, "servedBy": None},
-                dispose=True,
-                verdict=verdict,
-            )
-            return await _apply(rt, obj, draft, failed, admission)
+            return await _apply(rt, obj, draft, _startup_failed(admission, exc.message), admission)
         except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
             what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
             hint = exc.retry_after if isinstance(exc, TransientError) else None
@@ -472,6 +482,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
                 fields=plan.fields,
                 requeue_after=_startup_deadline(rt, namespace, name, spec, now),
             )
+        plan = replace(plan, fields={**plan.fields, **origin})
 
     if (
         plan.verdict is not None
@@ -489,6 +500,20 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         plan.verdict is not None and plan.verdict.reason == R.CREATING and not observation.pending
     )
     return await _apply(rt, obj, draft, plan, admission, debounce=debounce)
+
+
+def _startup_failed(admission: compute.Admission, message: str) -> compute.Plan:
+    """Admitted, but what serves it could not be created: terminal, and disposed."""
+    verdict = Verdict(False, R.STARTUP_FAILED, message, terminal=True, dispose=True)
+    return compute.Plan(
+        conditions=(
+            (ADMITTED, True, R.ADMITTED, admission.message),
+            (READY, False, verdict.reason, verdict.message),
+        ),
+        fields={**admission.fields, "servedBy": None},
+        dispose=True,
+        verdict=verdict,
+    )
 
 
 #: Validated specs kept (least recently used first out): enough for the Sandboxes of a burst,

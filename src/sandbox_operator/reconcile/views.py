@@ -46,7 +46,13 @@ _KEPT_ANNOTATIONS = frozenset(
 )
 
 #: Labels indexed for selection (key uniqueness, conversations, sandbox membership).
-INDEXED_LABELS = (lbl.KEY_LABEL, lbl.CONVERSATION_LABEL, lbl.SANDBOX_LABEL)
+INDEXED_LABELS = (
+    lbl.KEY_LABEL,
+    lbl.CONVERSATION_LABEL,
+    lbl.SANDBOX_LABEL,
+    lbl.POOL_LABEL,
+    lbl.POOL_SHAPE_LABEL,
+)
 
 #: Status fields of a Sandbox or SandboxScope that the operator writes or reads.
 _SANDBOX_STATUS = (
@@ -57,8 +63,19 @@ _SANDBOX_STATUS = (
     "effectiveFloor",
     "isolationScope",
     "servedBy",
+    "servedFrom",
 )
 _SCOPE_STATUS = ("conditions", "observedGeneration", "sandboxCount", "lastPurge", "lastPurgeTime")
+_POOL_STATUS = (
+    "conditions",
+    "observedGeneration",
+    "backend",
+    "replicas",
+    "readyReplicas",
+    "claimed",
+    "selector",
+    "shape",
+)
 
 
 def _s(value: Any) -> str:
@@ -141,6 +158,17 @@ def slim_scope(obj: Mapping[str, Any]) -> Obj:
         "metadata": _meta(obj),
         "spec": _plain(obj.get("spec") or {}),
         "status": {k: _plain(status[k]) for k in _SCOPE_STATUS if k in status},
+    }
+
+
+def slim_pool(obj: Mapping[str, Any]) -> Obj:
+    status = obj.get("status") or {}
+    return {
+        "apiVersion": str(obj.get("apiVersion", "")),
+        "kind": str(obj.get("kind", "SandboxWarmPool")),
+        "metadata": _meta(obj, annotations=False),
+        "spec": _plain(obj.get("spec") or {}),
+        "status": {k: _plain(status[k]) for k in _POOL_STATUS if k in status},
     }
 
 
@@ -342,6 +370,12 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     return reason, _s((obj.get("status") or {}).get("backend") or ""), admitted
 
 
+def pool_of(obj: Mapping[str, Any]) -> str | None:
+    """The warm pool a pod or NetworkPolicy was made by (its pool label), idle or claimed."""
+    value = ((obj.get("metadata") or {}).get("labels") or {}).get(lbl.POOL_LABEL)
+    return str(value) if value else None
+
+
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
     """The name of the Sandbox that owns a pod or NetworkPolicy (its controller reference)."""
     for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
@@ -357,6 +391,7 @@ class Views:
 
     sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox, sandbox_summary))
     scopes: Store = field(default_factory=lambda: Store(slim_scope))
+    pools: Store = field(default_factory=lambda: Store(slim_pool))
     pods: Store = field(default_factory=lambda: Store(slim_pod))
     network_policies: Store = field(default_factory=lambda: Store(slim_plain))
     _scope_refs: dict[ObjKey, set[str]] = field(default_factory=lambda: defaultdict(set))

@@ -1,0 +1,231 @@
+"""Warm pool pods on a runtime-class backend: made before anyone asks, claimed by one Sandbox.
+
+A pool pod is a sandbox pod like any other (same hardened manifest, ``pod_manifest``) made for a
+template rather than a Sandbox. While idle it is owned by its SandboxWarmPool, carries the pool
+and shape labels and no key, and the pool's NetworkPolicy denies it all traffic. A claim is one
+metadata patch with the pod's ``resourceVersion`` as precondition: the Sandbox's key labels,
+sandbox label and annotations go on, and the Sandbox replaces the pool as owner. Two claimers of
+one pod cannot both win (the loser gets 409); a pod never goes back to a pool.
+
+The pool's deny-all NetworkPolicy selects every pod with the pool label, claimed ones too: policies
+add up, so a claimed pod gets exactly what its Sandbox's own policy allows, and there is no moment
+at which a pool pod is selected by no policy at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import EnsureRequest, ServedBy, TransientError
+from sandbox_operator.config import RuntimeClassBackendConfig
+from sandbox_operator.contract import API_VERSION, SANDBOX_WARM_POOL_KIND, SandboxSpec
+from sandbox_operator.kubecalls import call_json
+from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
+
+#: Pool pods are named ``sbx-wp-<pool>-<random>`` (the API server picks the random part): the
+#: ``sbx-`` prefix keeps them sandbox pods to the agent exec policy once claimed.
+POOL_POD_PREFIX = f"{SANDBOX_OBJECT_PREFIX}wp-"
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The SandboxWarmPool a pod is made for."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def pool_owner(pool: PoolRef) -> dict[str, Any]:
+    """The pool as the controlling owner of its idle pods and its NetworkPolicy: deleting the
+    pool lets the garbage collector delete them."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SANDBOX_WARM_POOL_KIND,
+        "name": pool.name,
+        "uid": pool.uid,
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def pool_labels(pool: str, backend: str) -> dict[str, str]:
+    return {
+        lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
+        lbl.POOL_LABEL: lbl.sandbox_label_value(pool),
+        lbl.BACKEND_LABEL: backend,
+    }
+
+
+def pool_network_policy_name(pool: str) -> str:
+    return f"{POOL_POD_PREFIX}{slug(pool, 50)}"
+
+
+def build_pool_network_policy(pool: PoolRef, backend: str) -> dict[str, Any]:
+    """Deny all ingress and egress to every pod of the pool (idle or claimed)."""
+    labels = pool_labels(pool.name, backend)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": pool_network_policy_name(pool.name),
+            "namespace": pool.namespace,
+            "labels": labels,
+            "ownerReferences": [pool_owner(pool)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {lbl.POOL_LABEL: labels[lbl.POOL_LABEL]}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [],
+        },
+    }
+
+
+def build_pool_pod(
+    pool: PoolRef, spec: SandboxSpec, backend: RuntimeClassBackendConfig, shape: str
+) -> dict[str, Any]:
+    """An idle pod of the pool: the sandbox pod for ``spec`` (resolved under the host policy),
+    owned by the pool, named by the API server."""
+    from sandbox_operator.backends.runtimeclass import pod_manifest
+
+    labels = pool_labels(pool.name, backend.name)
+    labels[lbl.POOL_SHAPE_LABEL] = shape
+    metadata: dict[str, Any] = {
+        "generateName": f"{POOL_POD_PREFIX}{slug(pool.name, 40)}-",
+        "namespace": pool.namespace,
+        "labels": labels,
+        "annotations": {},
+        "ownerReferences": [pool_owner(pool)],
+    }
+    return pod_manifest(spec, backend, metadata)
+
+
+def claim_patch(
+    pod: Mapping[str, Any], request: EnsureRequest, now: datetime | None = None
+) -> dict[str, Any]:
+    """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
+    unchanged since it was seen (its resourceVersion)."""
+    from sandbox_operator.backends.owners import owner_reference
+
+    meta = pod.get("metadata") or {}
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "metadata": {
+            "resourceVersion": str(meta.get("resourceVersion", "")),
+            "labels": dict(request.labels),
+            "annotations": {**request.annotations, lbl.CLAIMED_AT_ANNOTATION: stamp},
+            # Replaces the pool: the Sandbox alone owns the pod from now on.
+            "ownerReferences": [owner_reference(request.sandbox)],
+        }
+    }
+
+
+def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
+    """Whether a pool pod is still unclaimed (owned by its pool, no sandbox label) and not being
+    deleted. ``pool_uid``: owned by that very pool."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp") or lbl.SANDBOX_LABEL in (meta.get("labels") or {}):
+        return False
+    owners = meta.get("ownerReferences") or []
+    return any(
+        o.get("kind") == SANDBOX_WARM_POOL_KIND and (pool_uid is None or o.get("uid") == pool_uid)
+        for o in owners
+    )
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+class WarmPoolPods:
+    """The API calls of warm pools on one runtime-class backend (the driver's API objects and
+    views: every answer goes into the views at once)."""
+
+    def __init__(self, api: Any, pods: Any, network_policies: Any) -> None:
+        from kubernetes_asyncio import client
+
+        self._core: Any = client.CoreV1Api(api)
+        self._net: Any = client.NetworkingV1Api(api)
+        self._pods = pods
+        self._network_policies = network_policies
+
+    async def ensure_network_policy(self, pool: PoolRef, backend: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        np = build_pool_network_policy(pool, backend)
+        if self._network_policies.get(pool.namespace, np["metadata"]["name"]) is not None:
+            return
+        try:
+            created = await call_json(
+                self._net.create_namespaced_network_policy, pool.namespace, np
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            raise TransientError(
+                f"creating the pool's NetworkPolicy failed (HTTP {exc.status})"
+            ) from None
+        self._network_policies.upsert(created)
+
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        ns = str(manifest["metadata"]["namespace"])
+        created: dict[str, Any] = await call_json(self._core.create_namespaced_pod, ns, manifest)
+        self._pods.upsert(created)
+        return created
+
+    async def delete(self, pod: Mapping[str, Any]) -> bool:
+        """Delete an idle pod only if it is still as seen (not claimed meanwhile). False: it
+        changed (or went) first."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        meta = pod.get("metadata") or {}
+        body = {
+            "preconditions": {
+                "uid": meta.get("uid"),
+                "resourceVersion": str(meta.get("resourceVersion", "")),
+            }
+        }
+        try:
+            await call_json(
+                self._core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def claim(self, pod: Mapping[str, Any], request: EnsureRequest) -> ServedBy | None:
+        """Give ``pod`` to the Sandbox of ``request``; None when another claim (or a deletion)
+        changed the pod first."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        meta = pod.get("metadata") or {}
+        try:
+            claimed = await call_json(
+                self._core.patch_namespaced_pod,
+                meta["name"],
+                meta["namespace"],
+                claim_patch(pod, request),
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return None
+            raise
+        self._pods.upsert(claimed)
+        cmeta = claimed.get("metadata") or {}
+        return ServedBy(
+            "Pod", str(cmeta.get("name")), str(cmeta.get("namespace")), cmeta.get("uid", "")
+        )

@@ -1,0 +1,410 @@
+"""SandboxWarmPools: keep pre-started, never-used pods for one template, and hand one to a
+Sandbox at admission.
+
+Two parts, both reading the watched views only:
+
+* :func:`reconcile_pool` keeps a pool at its ``replicas`` idle pods. The template is judged by the
+  same policy as a Sandbox with that spec (a refusal makes the pool create nothing and report the
+  very refusal); the pods are made for the backend the policy chose, labelled with the digest of
+  that backend and the resolved template (:func:`shape_of`). Pods of another shape (the template
+  or the host policy changed) are replaced; a failed idle pod is deleted and replaced; at most
+  ``maxCreating`` pods are starting at once.
+* :func:`claim_warm_pod` runs in the Sandbox's pass once it is admitted and nothing serves it
+  yet: an idle, Ready pod of the same shape in its namespace is claimed atomically (see
+  ``backends/warmpool.py``); when a matching pool has none to give, the Sandbox starts cold, and
+  an Event and a metric say so. Never a refusal.
+
+The policy decides before any of this: a pod is only ever claimed by a Sandbox already admitted
+onto the pod's backend, and "same shape" means the pod was made for exactly the spec fields that
+shape a pod (``WARM_POOL_TEMPLATE_FIELDS``, resources as resolved under the host policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
+from sandbox_operator.backends.base import EnsureRequest, ServedBy, TransientError
+from sandbox_operator.backends.warmpool import (
+    PoolRef,
+    WarmPoolPods,
+    build_pool_pod,
+    is_idle,
+    is_ready,
+)
+from sandbox_operator.config import profiles
+from sandbox_operator.contract import (
+    SANDBOX_WARM_POOL_KIND,
+    SANDBOX_WARM_POOL_PLURAL,
+    ConditionReason,
+    ConditionType,
+    Egress,
+    HostPolicy,
+    SandboxRefusal,
+    SandboxSpec,
+    SandboxWarmPoolResourceSpec,
+)
+from sandbox_operator.policy import BackendProfile, resolve_spec, select_backend
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+READY = ConditionType.READY.value
+R = ConditionReason
+
+#: How many idle pods a claim tries before it gives up and starts cold (each try that loses a
+#: race to another claimer costs one request).
+CLAIM_ATTEMPTS = 3
+
+#: Waiting reasons of an idle pod that are reported on the pool (the pod is left as it is: a new
+#: one would meet the same problem).
+_STUCK_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
+# ---- pure ---------------------------------------------------------------------------------------
+
+
+def shape_of(backend: str, spec: SandboxSpec) -> str:
+    """Digest of what a pod is made of: the backend and the pod-shaping fields of ``spec`` as
+    resolved under the host policy (``policy.resolve_spec``). Equal digests: interchangeable
+    pods."""
+    resources = spec.resources
+    shape = {
+        "backend": backend,
+        "kind": spec.kind,
+        "image": spec.image,
+        "workDir": spec.work_dir,
+        "egress": spec.egress.value,
+        "egressAllow": sorted(spec.egress_allow),
+        "requests": [resources.requests.cpu, resources.requests.memory],
+        "limits": [resources.limits.cpu, resources.limits.memory],
+    }
+    raw = json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class TemplateJudgement:
+    """What the policy says of a pool's template: the backend and shape, or why not."""
+
+    backend: str | None
+    shape: str | None
+    spec: SandboxSpec | None
+    reason: str
+    message: str
+
+
+def judge_template(
+    raw_spec: Mapping[str, Any],
+    *,
+    host_policy: HostPolicy,
+    backend_profiles: Sequence[BackendProfile],
+    pool_backends: frozenset[str],
+) -> TemplateJudgement:
+    """Admit the template exactly as a Sandbox with that spec would be (no scope: the host's
+    floors only), then check the chosen backend can keep warm pods."""
+    try:
+        pool_spec = SandboxWarmPoolResourceSpec.model_validate(dict(raw_spec))
+        spec = pool_spec.template.sandbox_spec()
+    except ValueError as exc:
+        return TemplateJudgement(None, None, None, R.TEMPLATE_INVALID, _first_error(exc))
+    try:
+        chosen = select_backend(host_policy, backend_profiles, spec)
+    except SandboxRefusal as refusal:
+        return TemplateJudgement(None, None, None, refusal.reason.value, refusal.message)
+    backend = chosen.backend.name
+    if backend not in pool_backends:
+        return TemplateJudgement(
+            backend,
+            None,
+            None,
+            R.POOL_UNSUPPORTED,
+            f"backend {backend} cannot keep warm pods (only runtime-class backends can)",
+        )
+    if spec.egress is Egress.ALLOWLIST:
+        return TemplateJudgement(
+            backend,
+            None,
+            None,
+            R.POOL_UNSUPPORTED,
+            "allowlist egress is not served from warm pools yet; such Sandboxes start cold",
+        )
+    resolved = resolve_spec(host_policy, spec)
+    return TemplateJudgement(
+        backend, shape_of(backend, resolved), resolved, R.READY, f"admitted to backend {backend}"
+    )
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"template is invalid: {where}: {first.get('msg', '')}"[:500]
+    return f"template is invalid: {exc}"[:500]
+
+
+@dataclass
+class PoolPlan:
+    """What one pass does to a pool: pods to create and delete, the status to write."""
+
+    create: int = 0
+    delete: list[dict[str, Any]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    condition: tuple[bool, str, str] = (False, R.FILLING.value, "")
+
+
+def plan_pool(
+    pool: Mapping[str, Any], judgement: TemplateJudgement, pods: Sequence[dict[str, Any]]
+) -> PoolPlan:
+    """Given the pool, the judgement of its template and every pod carrying its label, decide
+    the pods to create and delete and what the status says."""
+    meta = pool.get("metadata") or {}
+    spec = pool.get("spec") or {}
+    uid = str(meta.get("uid", ""))
+    wanted = int(spec.get("replicas") or 0)
+    max_creating = int(spec.get("maxCreating") or 5)
+    idle = [p for p in pods if is_idle(p, uid)]
+    claimed = [
+        p
+        for p in pods
+        if lbl.SANDBOX_LABEL in ((p.get("metadata") or {}).get("labels") or {})
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    plan = PoolPlan()
+    plan.status = {
+        "backend": judgement.backend,
+        "shape": judgement.shape,
+        "selector": lbl.format_selector(
+            {
+                lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
+                lbl.POOL_LABEL: lbl.sandbox_label_value(str(meta.get("name", ""))),
+            }
+        ),
+        "claimed": len(claimed),
+    }
+    if judgement.shape is None:
+        plan.delete = list(idle)
+        plan.status.update(replicas=0, readyReplicas=0)
+        plan.condition = (False, judgement.reason, judgement.message)
+        return plan
+    current = [p for p in idle if _labels(p).get(lbl.POOL_SHAPE_LABEL) == judgement.shape]
+    plan.delete = [p for p in idle if p not in current]  # another shape: replaced
+    failed = [p for p in current if _phase(p) in ("Failed", "Succeeded")]
+    plan.delete += failed
+    live = [p for p in current if p not in failed]
+    ready = [p for p in live if is_ready(p)]
+    starting = [p for p in live if not is_ready(p)]
+    if len(live) > wanted:
+        # Scale down: starting pods first (nobody can claim them yet), then the newest.
+        surplus = len(live) - wanted
+        order = starting[::-1] + sorted(ready, key=_created, reverse=True)
+        plan.delete += order[:surplus]
+    else:
+        plan.create = max(0, min(wanted - len(live), max_creating - len(starting)))
+    kept_ready = [p for p in ready if p not in plan.delete]
+    plan.status.update(replicas=min(len(live), wanted), readyReplicas=len(kept_ready))
+    stuck = sorted({r for p in starting if (r := _waiting_reason(p)) in _STUCK_REASONS})
+    if len(kept_ready) >= wanted:
+        plan.condition = (True, R.READY.value, f"{wanted} idle pods ready")
+    elif stuck:
+        plan.condition = (
+            False,
+            R.FILLING.value,
+            f"{len(kept_ready)} of {wanted} idle pods ready; pods cannot start: {', '.join(stuck)}",
+        )
+    else:
+        plan.condition = (False, R.FILLING.value, f"{len(kept_ready)} of {wanted} idle pods ready")
+    return plan
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (pod.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def _waiting_reason(pod: Mapping[str, Any]) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return str(waiting["reason"])
+    return ""
+
+
+# ---- the pool's pass ----------------------------------------------------------------------------
+
+
+def pool_pods_api(rt: Runtime, backend: str) -> WarmPoolPods | None:
+    """The warm pool calls of a backend that can keep warm pods (None: it cannot)."""
+    driver = rt.drivers.get(backend)
+    make = getattr(driver, "warm_pool_pods", None)
+    return make() if make is not None else None
+
+
+def _pool_backends(rt: Runtime) -> frozenset[str]:
+    return frozenset(n for n, d in rt.drivers.items() if getattr(d, "warm_pool_pods", None))
+
+
+async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None:
+    pool = rt.views.pools.get(namespace, name)
+    if pool is None:
+        return None
+    meta = pool.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None  # the garbage collector deletes its idle pods and NetworkPolicy
+    await rt.refresh_availability()
+    judgement = judge_template(
+        pool.get("spec") or {},
+        host_policy=rt.config.host_policy,
+        backend_profiles=profiles(rt.config, rt.unavailable),
+        pool_backends=_pool_backends(rt),
+    )
+    pods = rt.views.pods.select(namespace, lbl.POOL_LABEL, lbl.sandbox_label_value(name))
+    plan = plan_pool(pool, judgement, pods)
+    ref = PoolRef(namespace, name, str(meta.get("uid", "")))
+    api = pool_pods_api(rt, judgement.backend) if judgement.backend else None
+    any_api = api or next((a for b in rt.drivers if (a := pool_pods_api(rt, b)) is not None), None)
+    for pod in plan.delete:
+        if any_api is not None:
+            await any_api.delete(pod)
+    requeue: float | None = None
+    if plan.create and api is not None and judgement.spec is not None and judgement.shape:
+        driver_config = rt.drivers[str(judgement.backend)].config  # type: ignore[attr-defined]
+        try:
+            await api.ensure_network_policy(ref, str(judgement.backend))
+            for _ in range(plan.create):
+                await api.create(
+                    build_pool_pod(ref, judgement.spec, driver_config, judgement.shape)
+                )
+        except TransientError as exc:
+            log.warning("pool %s/%s: %s", namespace, name, exc.message)
+            requeue = 5.0
+        except Exception as exc:  # an API refusal of the pod (quota, admission policy, ...)
+            message = (
+                f"creating a pool pod failed: {type(exc).__name__} {getattr(exc, 'status', '')}"
+            )
+            plan.condition = (False, R.FILLING.value, message.strip())
+            requeue = 10.0
+    await _write_pool_status(rt, pool, plan)
+    return requeue
+
+
+async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPlan) -> None:
+    meta = pool.get("metadata") or {}
+    old = pool.get("status") or {}
+    gen = meta.get("generation")
+    ok, reason, message = plan.condition
+    conditions = cnd.set_condition(
+        [dict(c) for c in old.get("conditions") or []],
+        READY,
+        "True" if ok else "False",
+        reason,
+        message,
+        int(gen) if gen is not None else None,
+    )
+    values = {**plan.status, "conditions": conditions, "observedGeneration": gen}
+    patch = cnd.status_patch(old, values)
+    if patch is None:
+        return
+    written = await rt.kube.patch_status(
+        SANDBOX_WARM_POOL_PLURAL,
+        str(meta["namespace"]),
+        str(meta["name"]),
+        patch,
+        meta.get("resourceVersion"),
+    )
+    if written is None:
+        rt.views.pools.remove(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid")))
+    else:
+        rt.views.pools.upsert(written)
+
+
+# ---- a Sandbox's claim --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of looking for a warm pod: the pod claimed and its pool, or (no pod) the
+    matching pools that had none to give."""
+
+    served_by: ServedBy | None = None
+    pool: str | None = None
+    exhausted: tuple[str, ...] = ()
+
+
+def _matching_pools(rt: Runtime, namespace: str, shape: str) -> list[str]:
+    """Pools in the namespace whose status says they make pods of this shape."""
+    out = []
+    for ns, name in rt.views.pools.names():
+        if ns != namespace:
+            continue
+        pool = rt.views.pools.get(ns, name)
+        if pool is not None and (pool.get("status") or {}).get("shape") == shape:
+            out.append(name)
+    return sorted(out)
+
+
+async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> Claim:
+    """Claim an idle, Ready pod of the request's shape for its Sandbox, if a pool has one.
+
+    ``request.spec`` is the admitted spec resolved under the host policy. Candidates come from
+    the views, in random order (so concurrent claims spread over the pool); one this process is
+    claiming right now is skipped; a claim that loses a race tries the next."""
+    api = pool_pods_api(rt, backend)
+    if api is None or request.spec.egress is Egress.ALLOWLIST:
+        return Claim()
+    shape = shape_of(backend, request.spec)
+    ns = request.sandbox.namespace
+    candidates = [
+        p
+        for p in rt.views.pods.select(ns, lbl.POOL_SHAPE_LABEL, shape)
+        if is_idle(p)
+        and is_ready(p)
+        and (ns, str(p["metadata"]["name"])) not in rt.claiming
+        and _labels(p).get(lbl.BACKEND_LABEL) == backend
+    ]
+    random.shuffle(candidates)
+    if candidates:
+        # The Sandbox's own NetworkPolicy before the pod is its: by the time the claim lands
+        # (and Ready is reported), what the Sandbox was admitted to reach is in force. Until
+        # then the pool's deny-all policy holds the pod.
+        await rt.drivers[backend].ensure_network_policy(request)  # type: ignore[attr-defined]
+    for pod in candidates[:CLAIM_ATTEMPTS]:
+        pod_key = (ns, str(pod["metadata"]["name"]))
+        rt.claiming.add(pod_key)
+        try:
+            served = await api.claim(pod, request)
+        finally:
+            rt.claiming.discard(pod_key)
+        if served is not None:
+            pool = _labels(pod).get(lbl.POOL_LABEL, "")
+            metrics.WARM_CLAIMS.labels(pool, "warm").inc()
+            return Claim(served, pool)
+    pools = _matching_pools(rt, ns, shape)
+    for pool in pools:
+        metrics.WARM_CLAIMS.labels(pool, "exhausted").inc()
+    return Claim(exhausted=tuple(pools))
+
+
+def served_from(claim: Claim) -> str:
+    from sandbox_operator.contract import SERVED_FROM_COLD
+
+    return f"{SANDBOX_WARM_POOL_KIND}/{claim.pool}" if claim.pool else SERVED_FROM_COLD
