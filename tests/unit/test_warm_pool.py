@@ -13,12 +13,13 @@ from sandbox_operator.backends.base import (
     EnsureRequest,
     Observation,
     ObservedPhase,
+    PoolRef,
     SandboxRef,
     ServedBy,
 )
+from sandbox_operator.backends.egress_proxy import PROXY_ADDRESS_ANNOTATION
 from sandbox_operator.backends.warmpool import (
     POOL_POD_PREFIX,
-    PoolRef,
     build_pool_network_policy,
     build_pool_pod,
     claim_patch,
@@ -168,12 +169,14 @@ def test_a_refused_template_carries_the_refusal_a_sandbox_gets() -> None:
     assert j.shape is None and j.backend is None
 
 
-def test_a_backend_that_cannot_keep_pods_and_allowlist_egress_are_unsupported() -> None:
-    assert judge({**TEMPLATE, "minIsolation": "microvm"}, frozenset({"gvisor"})).reason == (
-        "PoolUnsupported"
-    )
+def test_a_backend_that_cannot_keep_pods_is_unsupported() -> None:
+    j = judge({**TEMPLATE, "minIsolation": "microvm"}, frozenset({"gvisor"}))
+    assert (j.backend, j.reason, j.shape) == ("remote", "PoolUnsupported", None)
+    # An allowlist template is served like any other (its pods go through the egress proxy);
+    # its allowlist is part of the shape.
     allow = judge({**TEMPLATE, "egress": "allowlist", "egressAllow": ["pypi.org"]})
-    assert allow.reason == "PoolUnsupported" and allow.shape is None
+    other = judge({**TEMPLATE, "egress": "allowlist", "egressAllow": ["example.com"]})
+    assert allow.reason == "Ready" and allow.shape not in (None, other.shape)
 
 
 def test_an_invalid_template_names_the_field() -> None:
@@ -345,6 +348,9 @@ class FakePoolDriver:
     async def ensure_network_policy(self, req: EnsureRequest) -> None:
         self.network_policies.append(req.sandbox.name)
 
+    def pool_pod_current(self, pod: dict[str, Any]) -> bool:
+        return pod["metadata"].get("annotations", {}).get(PROXY_ADDRESS_ANNOTATION) != "stale"
+
 
 def claim_world(lose: int = 0) -> tuple[Runtime, FakePoolDriver, str]:
     rt = Runtime(config=CONFIG, kube=None, drivers={})  # type: ignore[arg-type]
@@ -389,13 +395,17 @@ async def test_no_candidate_costs_no_call_and_reports_no_pool_when_none_matches(
     assert driver.network_policies == [] and driver.warm.claims == []
 
 
-async def test_allowlist_sandboxes_and_other_backends_never_claim() -> None:
+async def test_other_backends_and_stale_pods_are_never_claimed() -> None:
     rt, driver, shape = claim_world()
-    rt.views.pods.upsert(pod(shape))
-    spec = SandboxSpec(**TEMPLATE, egress="allowlist", egress_allow=["pypi.org"])
-    assert (await pools.claim_warm_pod(rt, request(spec=spec), "gvisor")).served_by is None
+    stale = pod(shape)
+    stale["metadata"]["annotations"] = {PROXY_ADDRESS_ANNOTATION: "stale"}  # the proxy moved
+    rt.views.pods.upsert(stale)
     assert (await pools.claim_warm_pod(rt, request(), "runc")).served_by is None
+    assert (await pools.claim_warm_pod(rt, request(), "gvisor")).served_by is None
     assert driver.warm.claims == []
+    # The pool replaces a stale idle pod like one of another shape.
+    plan = pools.plan_pool(pool_obj(replicas=1), judge(TEMPLATE), [stale], driver.pool_pod_current)
+    assert plan.delete == [stale] and plan.create == 1
 
 
 # ---- a pod older than its Sandbox -------------------------------------------------------------
@@ -453,6 +463,9 @@ async def test_a_sandbox_pass_serves_from_the_pool_or_cold_and_says_which() -> N
 
         async def ensure_network_policy(self, req: EnsureRequest) -> None:
             self.network_policies.append(req.sandbox.name)
+
+        def pool_pod_current(self, pod: dict[str, Any]) -> bool:
+            return True
 
         async def observe(self, sandbox: SandboxRef) -> Observation:
             if sandbox.served_by is not None and sandbox.served_by.name in self.warm.claims:

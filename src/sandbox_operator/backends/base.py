@@ -64,6 +64,16 @@ class SandboxRef:
 
 
 @dataclass(frozen=True)
+class PoolRef:
+    """A SandboxWarmPool, as the owner of the pods it keeps (and of the namespace's egress proxy
+    while its allowlist pods wait to be claimed)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class EnsureRequest:
     """Everything a driver needs to create (or find) the objects that serve a sandbox."""
 

@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.base import SandboxRef
+from sandbox_operator.backends.base import PoolRef, SandboxRef
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.config import ManagedEgressProxySettings
 
@@ -157,7 +157,7 @@ def proxy_labels() -> dict[str, str]:
     }
 
 
-def sandbox_field_manager(sandbox: SandboxRef) -> str:
+def sandbox_field_manager(sandbox: SandboxRef | PoolRef) -> str:
     return f"{FIELD_MANAGER}/{sandbox.uid}"
 
 
@@ -329,7 +329,7 @@ def build_objects(
     ]
 
 
-def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef) -> dict[str, Any]:
+def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
     """``obj`` with the Sandbox's ownerReference (what the common manager applies)."""
     out: dict[str, Any] = json.loads(json.dumps(obj))
     if sandbox.uid:
@@ -337,7 +337,7 @@ def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef) -> dict[str, Any]:
     return out
 
 
-def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef) -> dict[str, Any]:
+def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
     """Only the Sandbox's ownerReference: what the Sandbox's own field manager applies."""
     meta = obj["metadata"]
     return {
@@ -475,10 +475,11 @@ class ManagedEgressProxy:
         return recorded_address([self._api.sanitize_for_serialization(p) for p in pods.items])
 
     async def ensure(
-        self, namespace: str, sandbox: SandboxRef, *, want: ProxyAddress | None = None
+        self, namespace: str, sandbox: SandboxRef | PoolRef, *, want: ProxyAddress | None = None
     ) -> ProxyAddress:
         """Apply the namespace's proxy objects with ``sandbox`` among their owners; return the
-        Service's address.
+        Service's address. (A SandboxWarmPool owns them too while it keeps allowlist pods: each
+        pod is given the address before any Sandbox claims it.)
 
         A missing Service is created with the address recorded on the namespace's sandbox pods
         (or ``want``), so running sandboxes keep working. If that address cannot be had back, a
@@ -535,6 +536,14 @@ class ManagedEgressProxy:
         self._seen_service[namespace] = (time.monotonic(), service)
         self._namespaces.add(namespace)
         return address
+
+    def seen_address(self, namespace: str) -> ProxyAddress | None:
+        """The namespace's proxy address as last seen (by ``ensure`` or the periodic look), if
+        seen lately; None when not seen lately (nothing is read here)."""
+        seen = self._seen_service.get(namespace)
+        if seen is None or time.monotonic() - seen[0] > 2 * SERVICE_CHECK_SECONDS + 1:
+            return None
+        return service_address(seen[1])
 
     async def _service_for_check(self, namespace: str) -> dict[str, Any] | None:
         """The namespace's Service as last seen, if seen lately (by ``ensure`` or the periodic

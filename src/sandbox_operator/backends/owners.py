@@ -9,23 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox_operator.backends.base import SandboxRef
-from sandbox_operator.contract import API_VERSION, SANDBOX_KIND
+from sandbox_operator.backends.base import PoolRef, SandboxRef
+from sandbox_operator.contract import API_VERSION, SANDBOX_KIND, SANDBOX_WARM_POOL_KIND
 
 
-def owner_reference(sandbox: SandboxRef, *, controller: bool = True) -> dict[str, Any]:
-    """``sandbox`` as an owner.
+def owner_reference(sandbox: SandboxRef | PoolRef, *, controller: bool = True) -> dict[str, Any]:
+    """``sandbox`` (or a SandboxWarmPool) as an owner.
 
     ``controller=True`` (a sandbox's own pod and NetworkPolicy): the Sandbox controls the object
     and its deletion waits for the object (foreground deletion). ``controller=False`` (the
     namespace's egress proxy objects, shared by every allowlist Sandbox there): one owner among
     several, which neither controls nor blocks; the object goes when its last owner is gone.
+
+    A pool controls its idle pods without blocking its own deletion: deleting a pool never waits
+    for its pods (the garbage collector deletes them after it).
     """
+    pool = isinstance(sandbox, PoolRef)
     return {
         "apiVersion": API_VERSION,
-        "kind": SANDBOX_KIND,
+        "kind": SANDBOX_WARM_POOL_KIND if pool else SANDBOX_KIND,
         "name": sandbox.name,
         "uid": sandbox.uid,
         "controller": controller,
-        "blockOwnerDeletion": controller,
+        "blockOwnerDeletion": controller and not pool,
     }

@@ -40,6 +40,7 @@ from sandbox_operator.backends.base import (
     EnsureRequest,
     Observation,
     ObservedPhase,
+    PoolRef,
     SandboxRef,
     ServedBy,
     StartupError,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from sandbox_operator.reconcile.views import Store
 
 from sandbox_operator.contract import (
+    SANDBOX_WARM_POOL_KIND,
     ConditionReason,
     DisposalCode,
     DisposalFailure,
@@ -491,6 +493,8 @@ class RuntimeClassDriver:
                 for owner in meta.get("ownerReferences") or []:
                     if owner.get("kind") == "Sandbox" and owner.get("name"):
                         notify(namespace, str(owner["name"]))
+                    elif owner.get("kind") == SANDBOX_WARM_POOL_KIND and self.on_pool_change:
+                        self.on_pool_change(namespace, str(owner.get("name", "")))
 
         self._proxy_task = asyncio.create_task(
             self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
@@ -501,6 +505,37 @@ class RuntimeClassDriver:
         what this driver creates into them at once (so the next pass sees its own writes)."""
         self._pods = pods
         self._network_policies = network_policies
+
+    #: Called with (namespace, pool) when an idle pod of that pool was given a proxy address
+    #: that is no longer the namespace's proxy (the operator then replaces the pod).
+    on_pool_change: Callable[[str, str], None] | None = None
+
+    async def pool_proxy(self, pool: PoolRef, spec: SandboxSpec) -> ProxyAddress | None:
+        """For an allowlist template on a backend whose egress proxy the operator runs: the
+        namespace's proxy, applied with the pool among its owners, and its address (given to
+        each pod the pool makes). None otherwise.
+
+        Raises :class:`TransientError` or :class:`StartupError` as ``ensure`` does."""
+        if spec.egress is not Egress.ALLOWLIST or self._proxy is None:
+            return None
+        try:
+            return await self._proxy.ensure(pool.namespace, pool)
+        except ProxyError as exc:
+            if exc.permanent:
+                raise StartupError(ConditionReason.STARTUP_FAILED, exc.message) from None
+            raise TransientError(exc.message) from None
+
+    def pool_pod_current(self, pod: Mapping[str, Any]) -> bool:
+        """Whether an idle pool pod can serve as it is: a pod given a managed proxy's address is
+        current only while the namespace's proxy Service is seen at that very address."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if given is None:
+            return True
+        if self._proxy is None:
+            return False
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        return self._proxy.seen_address(namespace) == given
 
     def warm_pool_pods(self) -> WarmPoolPods | None:
         """The warm pool calls on this backend (only with the operator's views: a pool is

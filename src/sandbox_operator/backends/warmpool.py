@@ -15,14 +15,15 @@ at which a pool pod is selected by no policy at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.base import EnsureRequest, ServedBy, TransientError
+from sandbox_operator.backends.base import EnsureRequest, PoolRef, ServedBy, TransientError
+from sandbox_operator.backends.egress_proxy import ProxyAddress
+from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.config import RuntimeClassBackendConfig
-from sandbox_operator.contract import API_VERSION, SANDBOX_WARM_POOL_KIND, SandboxSpec
+from sandbox_operator.contract import SANDBOX_WARM_POOL_KIND, SandboxSpec
 from sandbox_operator.kubecalls import call_json
 from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
 
@@ -31,26 +32,10 @@ from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
 POOL_POD_PREFIX = f"{SANDBOX_OBJECT_PREFIX}wp-"
 
 
-@dataclass(frozen=True)
-class PoolRef:
-    """The SandboxWarmPool a pod is made for."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
 def pool_owner(pool: PoolRef) -> dict[str, Any]:
     """The pool as the controlling owner of its idle pods and its NetworkPolicy: deleting the
     pool lets the garbage collector delete them."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SANDBOX_WARM_POOL_KIND,
-        "name": pool.name,
-        "uid": pool.uid,
-        "controller": True,
-        "blockOwnerDeletion": False,
-    }
+    return owner_reference(pool)
 
 
 def pool_labels(pool: str, backend: str) -> dict[str, str]:
@@ -87,10 +72,15 @@ def build_pool_network_policy(pool: PoolRef, backend: str) -> dict[str, Any]:
 
 
 def build_pool_pod(
-    pool: PoolRef, spec: SandboxSpec, backend: RuntimeClassBackendConfig, shape: str
+    pool: PoolRef,
+    spec: SandboxSpec,
+    backend: RuntimeClassBackendConfig,
+    shape: str,
+    managed_proxy: ProxyAddress | None = None,
 ) -> dict[str, Any]:
     """An idle pod of the pool: the sandbox pod for ``spec`` (resolved under the host policy),
-    owned by the pool, named by the API server."""
+    owned by the pool, named by the API server. ``managed_proxy``: the namespace's egress proxy
+    address, for an allowlist template on a backend whose proxy the operator runs."""
     from sandbox_operator.backends.runtimeclass import pod_manifest
 
     labels = pool_labels(pool.name, backend.name)
@@ -102,7 +92,7 @@ def build_pool_pod(
         "annotations": {},
         "ownerReferences": [pool_owner(pool)],
     }
-    return pod_manifest(spec, backend, metadata)
+    return pod_manifest(spec, backend, metadata, managed_proxy)
 
 
 def claim_patch(
@@ -110,8 +100,6 @@ def claim_patch(
 ) -> dict[str, Any]:
     """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
     unchanged since it was seen (its resourceVersion)."""
-    from sandbox_operator.backends.owners import owner_reference
-
     meta = pod.get("metadata") or {}
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {

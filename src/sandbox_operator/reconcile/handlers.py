@@ -204,6 +204,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     rt.scope_queue.start()
     rt.pool_queue.start()
     for driver in rt.drivers.values():
+        if hasattr(driver, "on_pool_change"):
+            driver.on_pool_change = lambda ns, name: rt.enqueue_pool(ns, name)
         start = getattr(driver, "start", None)
         if start is not None:
             await start(lambda ns, name: rt.enqueue_sandbox(ns, name))

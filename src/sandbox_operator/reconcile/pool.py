@@ -25,15 +25,20 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
-from sandbox_operator.backends.base import EnsureRequest, ServedBy, TransientError
-from sandbox_operator.backends.warmpool import (
+from sandbox_operator.backends.base import (
+    EnsureRequest,
     PoolRef,
+    ServedBy,
+    StartupError,
+    TransientError,
+)
+from sandbox_operator.backends.warmpool import (
     WarmPoolPods,
     build_pool_pod,
     is_idle,
@@ -45,7 +50,6 @@ from sandbox_operator.contract import (
     SANDBOX_WARM_POOL_PLURAL,
     ConditionReason,
     ConditionType,
-    Egress,
     HostPolicy,
     SandboxRefusal,
     SandboxSpec,
@@ -131,14 +135,6 @@ def judge_template(
             R.POOL_UNSUPPORTED,
             f"backend {backend} cannot keep warm pods (only runtime-class backends can)",
         )
-    if spec.egress is Egress.ALLOWLIST:
-        return TemplateJudgement(
-            backend,
-            None,
-            None,
-            R.POOL_UNSUPPORTED,
-            "allowlist egress is not served from warm pools yet; such Sandboxes start cold",
-        )
     resolved = resolve_spec(host_policy, spec)
     return TemplateJudgement(
         backend, shape_of(backend, resolved), resolved, R.READY, f"admitted to backend {backend}"
@@ -165,10 +161,15 @@ class PoolPlan:
 
 
 def plan_pool(
-    pool: Mapping[str, Any], judgement: TemplateJudgement, pods: Sequence[dict[str, Any]]
+    pool: Mapping[str, Any],
+    judgement: TemplateJudgement,
+    pods: Sequence[dict[str, Any]],
+    current: Callable[[Mapping[str, Any]], bool] = lambda _pod: True,
 ) -> PoolPlan:
     """Given the pool, the judgement of its template and every pod carrying its label, decide
-    the pods to create and delete and what the status says."""
+    the pods to create and delete and what the status says. ``current(pod)``: whether an idle
+    pod can still serve as it is (the backend's word: e.g. its egress proxy address is still the
+    namespace's); a pod that cannot is replaced like one of another shape."""
     meta = pool.get("metadata") or {}
     spec = pool.get("spec") or {}
     uid = str(meta.get("uid", ""))
@@ -198,11 +199,13 @@ def plan_pool(
         plan.status.update(replicas=0, readyReplicas=0)
         plan.condition = (False, judgement.reason, judgement.message)
         return plan
-    current = [p for p in idle if _labels(p).get(lbl.POOL_SHAPE_LABEL) == judgement.shape]
-    plan.delete = [p for p in idle if p not in current]  # another shape: replaced
-    failed = [p for p in current if _phase(p) in ("Failed", "Succeeded")]
+    shaped = [
+        p for p in idle if _labels(p).get(lbl.POOL_SHAPE_LABEL) == judgement.shape and current(p)
+    ]
+    plan.delete = [p for p in idle if p not in shaped]  # another shape, or stale: replaced
+    failed = [p for p in shaped if _phase(p) in ("Failed", "Succeeded")]
     plan.delete += failed
-    live = [p for p in current if p not in failed]
+    live = [p for p in shaped if p not in failed]
     ready = [p for p in live if is_ready(p)]
     starting = [p for p in live if not is_ready(p)]
     if len(live) > wanted:
@@ -278,7 +281,9 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
         pool_backends=_pool_backends(rt),
     )
     pods = rt.views.pods.select(namespace, lbl.POOL_LABEL, lbl.sandbox_label_value(name))
-    plan = plan_pool(pool, judgement, pods)
+    driver: Any = rt.drivers.get(judgement.backend or "")
+    current = getattr(driver, "pool_pod_current", None)
+    plan = plan_pool(pool, judgement, pods, current or (lambda _pod: True))
     ref = PoolRef(namespace, name, str(meta.get("uid", "")))
     api = pool_pods_api(rt, judgement.backend) if judgement.backend else None
     any_api = api or next((a for b in rt.drivers if (a := pool_pods_api(rt, b)) is not None), None)
@@ -287,16 +292,20 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
             await any_api.delete(pod)
     requeue: float | None = None
     if plan.create and api is not None and judgement.spec is not None and judgement.shape:
-        driver_config = rt.drivers[str(judgement.backend)].config  # type: ignore[attr-defined]
         try:
             await api.ensure_network_policy(ref, str(judgement.backend))
+            address = await driver.pool_proxy(ref, judgement.spec)
             for _ in range(plan.create):
-                await api.create(
-                    build_pool_pod(ref, judgement.spec, driver_config, judgement.shape)
+                manifest = build_pool_pod(
+                    ref, judgement.spec, driver.config, judgement.shape, address
                 )
+                await api.create(manifest)
         except TransientError as exc:
             log.warning("pool %s/%s: %s", namespace, name, exc.message)
             requeue = 5.0
+        except StartupError as exc:  # the egress proxy's objects were refused (RBAC, ...)
+            plan.condition = (False, R.FILLING.value, exc.message)
+            requeue = 30.0
         except Exception as exc:  # an API refusal of the pod (quota, admission policy, ...)
             message = (
                 f"creating a pool pod failed: {type(exc).__name__} {getattr(exc, 'status', '')}"
@@ -369,8 +378,9 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
     the views, in random order (so concurrent claims spread over the pool); one this process is
     claiming right now is skipped; a claim that loses a race tries the next."""
     api = pool_pods_api(rt, backend)
-    if api is None or request.spec.egress is Egress.ALLOWLIST:
+    if api is None:
         return Claim()
+    driver: Any = rt.drivers[backend]
     shape = shape_of(backend, request.spec)
     ns = request.sandbox.namespace
     candidates = [
@@ -380,13 +390,14 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
         and is_ready(p)
         and (ns, str(p["metadata"]["name"])) not in rt.claiming
         and _labels(p).get(lbl.BACKEND_LABEL) == backend
+        and driver.pool_pod_current(p)
     ]
     random.shuffle(candidates)
     if candidates:
         # The Sandbox's own NetworkPolicy before the pod is its: by the time the claim lands
         # (and Ready is reported), what the Sandbox was admitted to reach is in force. Until
         # then the pool's deny-all policy holds the pod.
-        await rt.drivers[backend].ensure_network_policy(request)  # type: ignore[attr-defined]
+        await driver.ensure_network_policy(request)
     for pod in candidates[:CLAIM_ATTEMPTS]:
         pod_key = (ns, str(pod["metadata"]["name"]))
         rt.claiming.add(pod_key)
