@@ -1032,6 +1032,7 @@ class Burst:
     ready: int
     all_ready: float  # seconds from the first POST to the last Ready seen
     lat: list[float]  # per object: POST -> Ready
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the burst
 
 
 @dataclass
@@ -1174,9 +1175,23 @@ class RealNode:
             180 + 2 * len(boxes),
         )
 
+    def cpu_now(self) -> dict[str, float]:
+        """CPU seconds so far of the operator and the local cluster's processes."""
+        pids = component_pids()
+        if self.op is not None:
+            pids["operator"] = self.op.pid
+        out = {n: cpu_seconds(pid) for n, pid in pids.items()}
+        return {n: v for n, v in out.items() if v is not None}
+
+    def cpu_since(self, before: dict[str, float]) -> dict[str, float]:
+        after = self.cpu_now()
+        return {n: after[n] - before[n] for n in after if n in before}
+
     async def sandbox_burst(self, rt: str) -> tuple[Burst, dict[str, Any] | None]:
         """A burst of Sandboxes; also the pod the operator made for the first (the template)."""
+        before = self.cpu_now()
         boxes, t0 = await self.sandboxes(rt, self.args.burst, self.args.real_timeout)
+        cpu = self.cpu_since(before)
         ready = [b.ready for b in boxes if b.ready]
         burst = Burst(
             "Sandboxes",
@@ -1185,6 +1200,7 @@ class RealNode:
             len(ready),
             (max(ready) - t0) if ready and len(ready) == len(boxes) else math.nan,
             [b.ready - b.posted for b in boxes if b.ready and b.posted],
+            cpu,
         )
         template = None
         if boxes:
@@ -1209,6 +1225,7 @@ class RealNode:
             if code != 201:
                 say(f"  bare pod {name}: HTTP {code} {str(obj)[:200]}")
 
+        before = self.cpu_now()
         t0 = time.monotonic()
         await gather_limited(self.args.concurrency, [functools.partial(post, n) for n in names])
         await wait_until(
@@ -1216,6 +1233,7 @@ class RealNode:
             lambda: all(k in pods and pods[k].ready for k in keys),
             self.args.real_timeout,
         )
+        cpu = self.cpu_since(before)
         lats = [r - posted[k[1]] for k in keys if k in pods and (r := pods[k].ready)]
         ready = [r for k in keys if k in pods and (r := pods[k].ready)]
         burst = Burst(
@@ -1225,6 +1243,7 @@ class RealNode:
             len(ready),
             (max(ready) - t0) if ready and len(ready) == len(names) else math.nan,
             lats,
+            cpu,
         )
         paths = [f"/api/v1/namespaces/{self.ns}/pods/{n}" for n in names]
         await delete_all(self.kube, paths, 32)
@@ -1465,6 +1484,23 @@ def real_tables(bursts: list[Burst], idles: list[Idle]) -> str:
                 rows.append([f"{rt}: ratio Sandboxes / bare pods", "", f(ratio, 2), "", ""])
         out.append("burst on the real node (rounds: median of the all-Ready times)")
         out.append(table(["", "Ready", "all Ready (s)", "p50 (s)", "p90 (s)"], rows))
+        # Where the time goes: CPU seconds each process spent during a burst (median of the
+        # rounds), Sandboxes against bare pods; the node's two cores are shared by all of them.
+        groups = [
+            [b for b in bursts if b.runtime == rt and b.what == what]
+            for rt in dict.fromkeys(b.runtime for b in bursts)
+            for what in ("Sandboxes", "bare pods")
+        ]
+        groups = [g for g in groups if g]
+        names = sorted({n for b in bursts for n in b.cpu})
+        if names:
+            cpu_rows = [
+                [n] + [f(statistics.median(b.cpu.get(n, 0.0) for b in g), 2) for g in groups]
+                for n in names
+            ]
+            heads = [""] + [f"{g[0].runtime}: {g[0].what}" for g in groups]
+            out.append("CPU seconds per burst (median of the rounds)")
+            out.append(table(heads, cpu_rows))
     if idles:
         mib = 1024 * 1024
         rows = [
