@@ -46,6 +46,9 @@ LAST_ACTIVITY_ANNOTATION = f"{GROUP}/last-activity"
 
 #: On a pod claimed from a warm pool: when the claim landed (RFC 3339 UTC).
 CLAIMED_AT_ANNOTATION = f"{GROUP}/claimed-at"
+#: On a warm pool's pods: the pool's name (the pool label holds it shortened when it is long), so
+#: a claimed pod still says where it came from after its owner became the Sandbox.
+POOL_NAME_ANNOTATION = f"{GROUP}/pool-name"
 
 # 32 hex characters = 128 bits of SHA-256: collisions are not a practical concern, and the value
 # stays well under the 63-character limit and starts/ends with an alphanumeric character.

@@ -24,6 +24,7 @@ from sandbox_operator.backends.warmpool import (
     build_pool_pod,
     claim_patch,
     is_idle,
+    pod_origin,
 )
 from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract import (
@@ -253,6 +254,15 @@ def test_pods_that_cannot_start_are_reported_not_churned() -> None:
     assert "ImagePullBackOff" in plan.condition[2]
 
 
+def test_the_origin_is_read_off_the_pod() -> None:
+    p = pod("s" * 32, claimed_by="box")
+    assert pod_origin(p) == "SandboxWarmPool/p"  # the pool label, when no annotation
+    p["metadata"]["annotations"] = {lbl.POOL_NAME_ANNOTATION: "a-long.pool.name"}
+    assert pod_origin(p) == "SandboxWarmPool/a-long.pool.name"
+    del p["metadata"]["labels"][lbl.POOL_LABEL]
+    assert pod_origin(p) == "cold"
+
+
 def test_idle_means_owned_by_the_pool_unclaimed_and_not_deleting() -> None:
     p = pod("s" * 32)
     assert is_idle(p) and is_idle(p, "pool-uid") and not is_idle(p, "other-pool")
@@ -328,9 +338,14 @@ class FakeWarmPods:
         if self.lose > 0:
             self.lose -= 1
             return None
-        claimed = dict(pod)
-        claimed["metadata"] = {**pod["metadata"], **claim_patch(pod, req)["metadata"]}
-        claimed["metadata"]["resourceVersion"] = "8"
+        # As the API server applies the merge patch: maps merge, lists are replaced.
+        patch = claim_patch(pod, req)["metadata"]
+        meta = dict(pod["metadata"])
+        for k in ("labels", "annotations"):
+            meta[k] = {**(meta.get(k) or {}), **patch[k]}
+        meta["ownerReferences"] = patch["ownerReferences"]
+        meta["resourceVersion"] = "8"
+        claimed = {**pod, "metadata": meta}
         self.rt.views.pods.upsert(claimed)
         return ServedBy("Pod", name, NS, "pod-uid")
 
@@ -369,13 +384,14 @@ async def test_a_claim_takes_an_idle_ready_pod_of_the_shape_after_the_network_po
     rt.views.pods.upsert(good)
     claim = await pools.claim_warm_pod(rt, request(), "gvisor")
     assert claim.served_by is not None and claim.served_by.name == good["metadata"]["name"]
-    assert claim.pool == "p" and pools.served_from(claim) == "SandboxWarmPool/p"
+    assert claim.pool == "p"
+    claimed = rt.views.pods.get(NS, good["metadata"]["name"])
+    assert claimed is not None and pod_origin(claimed) == "SandboxWarmPool/p"
     assert driver.warm.claims == [good["metadata"]["name"]]
     assert driver.network_policies == ["box"]
     # The claimed pod is no longer idle in the views: the next claim finds nothing.
     again = await pools.claim_warm_pod(rt, request("box2"), "gvisor")
     assert again.served_by is None and again.exhausted == ("p",)
-    assert pools.served_from(again) == "cold"
 
 
 async def test_a_claim_that_loses_a_race_tries_another_pod() -> None:
@@ -391,7 +407,7 @@ async def test_no_candidate_costs_no_call_and_reports_no_pool_when_none_matches(
     rt, driver, _shape = claim_world()
     rt.views.pools.remove(NS, "p")
     claim = await pools.claim_warm_pod(rt, request(), "gvisor")
-    assert claim == pools.Claim() and pools.served_from(claim) == "cold"
+    assert claim == pools.Claim()
     assert driver.network_policies == [] and driver.warm.claims == []
 
 
@@ -469,7 +485,11 @@ async def test_a_sandbox_pass_serves_from_the_pool_or_cold_and_says_which() -> N
 
         async def observe(self, sandbox: SandboxRef) -> Observation:
             if sandbox.served_by is not None and sandbox.served_by.name in self.warm.claims:
-                return Observation(ObservedPhase.READY, sandbox.served_by, ready_at=None)
+                pod = rt.views.pods.get(NS, sandbox.served_by.name)
+                assert pod is not None
+                return Observation(
+                    ObservedPhase.READY, sandbox.served_by, served_from=pod_origin(pod)
+                )
             return await super().observe(sandbox)
 
     driver = PoolDriver()

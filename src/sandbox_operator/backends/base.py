@@ -101,6 +101,10 @@ class Observation:
     # pod waiting for its pod sandbox, whose kubelet events are read only after a while). The
     # operator schedules a pass then; None: the watches (and deadlines) suffice.
     recheck_at: datetime | None = None
+    # Where the serving object came from (``status.servedFrom``): "cold" (made for this sandbox)
+    # or "SandboxWarmPool/<name>" (claimed from a warm pool). None: the driver does not say
+    # (then "cold" is reported once something serves it).
+    served_from: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from sandbox_operator.backends.egress_proxy import (
     proxy_labels,
 )
 from sandbox_operator.backends.owners import owner_reference
-from sandbox_operator.backends.warmpool import WarmPoolPods
+from sandbox_operator.backends.warmpool import WarmPoolPods, pod_origin
 from sandbox_operator.config import (
     ManagedEgressProxySettings,
     PodSettings,
@@ -691,6 +691,8 @@ class RuntimeClassDriver:
                     ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
                 )
         observation = classify_pod(pod)
+        if pod is not None:
+            observation = replace(observation, served_from=pod_origin(pod))
         if pod is not None and observation.phase is ObservedPhase.STARTING:
             now = datetime.now(UTC)
             if awaits_pod_sandbox(pod, now):

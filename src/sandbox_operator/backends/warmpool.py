@@ -23,7 +23,7 @@ from sandbox_operator.backends.base import EnsureRequest, PoolRef, ServedBy, Tra
 from sandbox_operator.backends.egress_proxy import ProxyAddress
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.config import RuntimeClassBackendConfig
-from sandbox_operator.contract import SANDBOX_WARM_POOL_KIND, SandboxSpec
+from sandbox_operator.contract import SANDBOX_WARM_POOL_KIND, SERVED_FROM_COLD, SandboxSpec
 from sandbox_operator.kubecalls import call_json
 from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
 
@@ -89,10 +89,22 @@ def build_pool_pod(
         "generateName": f"{POOL_POD_PREFIX}{slug(pool.name, 40)}-",
         "namespace": pool.namespace,
         "labels": labels,
-        "annotations": {},
+        "annotations": {lbl.POOL_NAME_ANNOTATION: pool.name},
         "ownerReferences": [pool_owner(pool)],
     }
     return pod_manifest(spec, backend, metadata, managed_proxy)
+
+
+def pod_origin(pod: Mapping[str, Any]) -> str:
+    """``status.servedFrom`` for a Sandbox served by ``pod``: the pool that made it, or cold.
+    Read off the pod itself, so it is right whoever (whichever replica, before or after a
+    restart) reports it."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if lbl.POOL_LABEL not in labels:
+        return SERVED_FROM_COLD
+    name = (meta.get("annotations") or {}).get(lbl.POOL_NAME_ANNOTATION) or labels[lbl.POOL_LABEL]
+    return f"{SANDBOX_WARM_POOL_KIND}/{name}"
 
 
 def claim_patch(

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import Observation, ObservedPhase
 from sandbox_operator.contract import (
+    SERVED_FROM_COLD,
     ConditionReason,
     ConditionType,
     HostPolicy,
@@ -267,6 +268,9 @@ def plan(
     conditions: list[Cond] = [(ADMITTED, True, R.ADMITTED, admission.message)]
     fields = dict(admission.fields)
     fields["servedBy"] = served_by_status(observation)
+    if observation.served_by is not None:
+        # Observed, not remembered: a restarted operator reports it the same.
+        fields["servedFrom"] = observation.served_from or SERVED_FROM_COLD
     if verdict.create:
         conditions.append((READY, False, R.CREATING, "creating the sandbox"))
         return Plan(tuple(conditions), fields, create=True, verdict=verdict)

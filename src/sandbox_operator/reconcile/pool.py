@@ -46,7 +46,6 @@ from sandbox_operator.backends.warmpool import (
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
-    SANDBOX_WARM_POOL_KIND,
     SANDBOX_WARM_POOL_PLURAL,
     ConditionReason,
     ConditionType,
@@ -413,9 +412,3 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
     for pool in pools:
         metrics.WARM_CLAIMS.labels(pool, "exhausted").inc()
     return Claim(exhausted=tuple(pools))
-
-
-def served_from(claim: Claim) -> str:
-    from sandbox_operator.contract import SERVED_FROM_COLD
-
-    return f"{SANDBOX_WARM_POOL_KIND}/{claim.pool}" if claim.pool else SERVED_FROM_COLD

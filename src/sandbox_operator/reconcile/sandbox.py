@@ -48,7 +48,7 @@ from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import Verdict
-from sandbox_operator.reconcile.pool import claim_warm_pod, served_from
+from sandbox_operator.reconcile.pool import claim_warm_pod
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 
 log = logging.getLogger(__name__)
@@ -428,13 +428,11 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
             claim = await claim_warm_pod(rt, request, admission.backend)
         except StartupError as exc:  # the Sandbox's NetworkPolicy was refused
             return await _apply(rt, obj, draft, _startup_failed(admission, exc.message), admission)
-        origin = {"servedFrom": served_from(claim)}
         if claim.served_by is not None:
             observation = await driver.observe(replace(ref, served_by=claim.served_by))
             plan = compute.plan(
                 obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
             )
-            plan = replace(plan, fields={**plan.fields, **origin})
             return await _apply(rt, obj, draft, plan, admission)
         if claim.exhausted:
             await rt.kube.post_event(
@@ -482,7 +480,6 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
                 fields=plan.fields,
                 requeue_after=_startup_deadline(rt, namespace, name, spec, now),
             )
-        plan = replace(plan, fields={**plan.fields, **origin})
 
     if (
         plan.verdict is not None

@@ -41,6 +41,7 @@ _KEPT_ANNOTATIONS = frozenset(
         lbl.AGENT_DIR_ANNOTATION,
         lbl.CALL_ANNOTATION,
         lbl.LAST_ACTIVITY_ANNOTATION,
+        lbl.POOL_NAME_ANNOTATION,
         f"{GROUP}/egress-proxy",
     }
 )
