@@ -3,6 +3,7 @@ bound, replace, scale down), the claim patch, and the claim itself over fake col
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -331,12 +332,21 @@ class FakeWarmPods:
         self.rt = rt
         self.lose = lose  # the first `lose` claims lose a race
         self.claims: list[str] = []
+        self.conflicts = 0
 
     async def claim(self, pod: dict[str, Any], req: EnsureRequest) -> ServedBy | None:
         name = pod["metadata"]["name"]
         self.claims.append(name)
+        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
         if self.lose > 0:
             self.lose -= 1
+            return None
+        held = self.rt.views.pods.get(NS, name)
+        if (
+            held is None
+            or held["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"]
+        ):
+            self.conflicts += 1  # the precondition fails: 409
             return None
         # As the API server applies the merge patch: maps merge, lists are replaced.
         patch = claim_patch(pod, req)["metadata"]
@@ -361,6 +371,7 @@ class FakePoolDriver:
         return self.warm
 
     async def ensure_network_policy(self, req: EnsureRequest) -> None:
+        await asyncio.sleep(0)
         self.network_policies.append(req.sandbox.name)
 
     def pool_pod_current(self, pod: dict[str, Any]) -> bool:
@@ -401,6 +412,20 @@ async def test_a_claim_that_loses_a_race_tries_another_pod() -> None:
     claim = await pools.claim_warm_pod(rt, request(), "gvisor")
     assert claim.served_by is not None and len(driver.warm.claims) == 2
     assert claim.served_by.name == driver.warm.claims[1]
+
+
+async def test_concurrent_claims_in_one_process_never_race_for_a_pod() -> None:
+    rt, driver, shape = claim_world()
+    for _ in range(6):
+        rt.views.pods.upsert(pod(shape))
+    claims = await asyncio.gather(
+        *(pools.claim_warm_pod(rt, request(f"box{i}"), "gvisor") for i in range(8))
+    )
+    served = [c.served_by.name for c in claims if c.served_by is not None]
+    assert len(served) == 6 and len(set(served)) == 6
+    assert driver.warm.conflicts == 0 and len(driver.warm.claims) == 6
+    assert sum(1 for c in claims if c.exhausted == ("p",)) == 2
+    assert rt.claiming == set()
 
 
 async def test_no_candidate_costs_no_call_and_reports_no_pool_when_none_matches() -> None:

@@ -66,6 +66,12 @@ SANDBOX_WORKERS = 32
 SCOPE_WORKERS = 4
 POOL_WORKERS = 4
 
+#: A pool looks at its pods at most this long after one of them changed (and at most once per
+#: this long while they keep changing): a burst of claims costs the pool one pass (one status
+#: write, one round of refills) per interval instead of one per claim, and leaves the API server
+#: to the claims first.
+POOL_EVENT_DELAY_SECONDS = 1.0
+
 _MANAGED = {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
 
 #: kopf's per-object workers alive at once (each leaves 1 s after its object's last event):
@@ -357,7 +363,7 @@ def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
     pool = pool_of(body)
     if pool:  # a pool's pod started, was claimed or went: the pool counts (and refills) again
         for pool_name in _pools_labelled(rt, namespace, pool):
-            rt.enqueue_pool(namespace, pool_name)
+            rt.enqueue_pool(namespace, pool_name, POOL_EVENT_DELAY_SECONDS)
 
 
 def _pools_labelled(rt: Runtime, namespace: str, value: str) -> list[str]:

@@ -373,41 +373,58 @@ def _matching_pools(rt: Runtime, namespace: str, shape: str) -> list[str]:
 async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> Claim:
     """Claim an idle, Ready pod of the request's shape for its Sandbox, if a pool has one.
 
-    ``request.spec`` is the admitted spec resolved under the host policy. Candidates come from
-    the views, in random order (so concurrent claims spread over the pool); one this process is
-    claiming right now is skipped; a claim that loses a race tries the next."""
+    ``request.spec`` is the admitted spec resolved under the host policy. A candidate is picked
+    from the views at random (so claims spread over the pool) and reserved in this process before
+    anything is awaited, so concurrent passes never race for one pod; a claim that still loses a
+    race (another replica, a deletion) picks a fresh candidate, at most ``CLAIM_ATTEMPTS`` times.
+    """
     api = pool_pods_api(rt, backend)
     if api is None:
         return Claim()
     driver: Any = rt.drivers[backend]
     shape = shape_of(backend, request.spec)
     ns = request.sandbox.namespace
-    candidates = [
-        p
-        for p in rt.views.pods.select(ns, lbl.POOL_SHAPE_LABEL, shape)
-        if is_idle(p)
-        and is_ready(p)
-        and (ns, str(p["metadata"]["name"])) not in rt.claiming
-        and _labels(p).get(lbl.BACKEND_LABEL) == backend
-        and driver.pool_pod_current(p)
-    ]
-    random.shuffle(candidates)
-    if candidates:
-        # The Sandbox's own NetworkPolicy before the pod is its: by the time the claim lands
-        # (and Ready is reported), what the Sandbox was admitted to reach is in force. Until
-        # then the pool's deny-all policy holds the pod.
-        await driver.ensure_network_policy(request)
-    for pod in candidates[:CLAIM_ATTEMPTS]:
+
+    def reserve() -> dict[str, Any] | None:
+        """A fresh candidate, reserved (no await between looking and reserving)."""
+        candidates = [
+            p
+            for p in rt.views.pods.select(ns, lbl.POOL_SHAPE_LABEL, shape)
+            if is_idle(p)
+            and is_ready(p)
+            and (ns, str(p["metadata"]["name"])) not in rt.claiming
+            and _labels(p).get(lbl.BACKEND_LABEL) == backend
+            and driver.pool_pod_current(p)
+        ]
+        if not candidates:
+            return None
+        pod = random.choice(candidates)
+        rt.claiming.add((ns, str(pod["metadata"]["name"])))
+        return pod
+
+    pod = reserve()
+    policy_ready = False
+    attempts = 0
+    while pod is not None:
         pod_key = (ns, str(pod["metadata"]["name"]))
-        rt.claiming.add(pod_key)
         try:
-            served = await api.claim(pod, request)
+            if not policy_ready:
+                # The Sandbox's own NetworkPolicy before the pod is its: by the time the claim
+                # lands (and Ready is reported), what the Sandbox was admitted to reach is in
+                # force. Until then the pool's deny-all policy holds the pod.
+                await driver.ensure_network_policy(request)
+                policy_ready = True
+            # The view may have moved on while we waited: claim what it holds now.
+            current = rt.views.pods.get(*pod_key)
+            served = await api.claim(current, request) if current and is_idle(current) else None
         finally:
             rt.claiming.discard(pod_key)
         if served is not None:
             pool = _labels(pod).get(lbl.POOL_LABEL, "")
             metrics.WARM_CLAIMS.labels(pool, "warm").inc()
             return Claim(served, pool)
+        attempts += 1
+        pod = reserve() if attempts < CLAIM_ATTEMPTS else None
     pools = _matching_pools(rt, ns, shape)
     for pool in pools:
         metrics.WARM_CLAIMS.labels(pool, "exhausted").inc()
