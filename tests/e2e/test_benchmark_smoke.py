@@ -40,3 +40,30 @@ def test_scale_benchmark_smoke(kubeconfig: str) -> None:
     # Nothing per Sandbox; at most a watch stream reconnecting in the window (kopf's, about one
     # per kind every two minutes).
     assert float(idle[0]) < 1.0, out[-4000:]
+
+
+def test_warm_pool_benchmark_smoke(kubeconfig: str) -> None:
+    """benchmarks/warm_pool.py --smoke (runc, 3 of each, a burst of 3): it completes, every
+    Sandbox and bare pod is Ready, the warm ones (and the burst) were all served from the pool
+    and the cold ones were not. No latency is asserted."""
+    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "warm_pool.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) >= 2 and not line.startswith(("[", "-", " ")):
+            rows[parts[0]] = parts[1:]
+    # Ready, served from pool, p50, p90, max
+    assert rows.get("runc: warm", [])[:2] == ["3/3", "3/3"], out[-4000:]
+    assert rows.get("runc: cold", [])[:2] == ["3/3", "0/3"], out[-4000:]
+    assert rows.get("runc: bare pod", [])[:2] == ["3/3", "n/a"], out[-4000:]
+    assert rows.get("runc: 3 Sandboxes", [])[:2] == ["3/3", "3/3"], out[-4000:]
