@@ -298,11 +298,17 @@ def sandbox_spec_schema() -> Schema:
     return spec
 
 
-def sandbox_status_schema() -> Schema:
-    status = model_schema(SandboxResourceStatus)
+def status_schema(model: type[BaseModel]) -> Schema:
+    """A status: no defaults (the operator writes every field it means), conditions as a map
+    keyed by type."""
+    status = model_schema(model)
     _strip_defaults(status)
     _conditions(status)
     return status
+
+
+def sandbox_status_schema() -> Schema:
+    return status_schema(SandboxResourceStatus)
 
 
 def scope_spec_schema() -> Schema:
@@ -312,10 +318,7 @@ def scope_spec_schema() -> Schema:
 
 
 def scope_status_schema() -> Schema:
-    status = model_schema(SandboxScopeResourceStatus)
-    _strip_defaults(status)
-    _conditions(status)
-    return status
+    return status_schema(SandboxScopeResourceStatus)
 
 
 def pool_spec_schema() -> Schema:
@@ -325,10 +328,7 @@ def pool_spec_schema() -> Schema:
 
 
 def pool_status_schema() -> Schema:
-    status = model_schema(SandboxWarmPoolResourceStatus)
-    _strip_defaults(status)
-    _conditions(status)
-    return status
+    return status_schema(SandboxWarmPoolResourceStatus)
 
 
 def _crd(
