@@ -333,8 +333,10 @@ async def wait_until(
     limit: float,
     progress: Callable[[], str] | None = None,
     every: float = 10,
+    poll: float = 0.2,
 ) -> bool:
-    """Poll ``done`` until true or ``limit`` seconds; print ``progress()`` every ``every`` s."""
+    """Poll ``done`` (every ``poll`` s) until true or ``limit`` seconds; print ``progress()``
+    every ``every`` s."""
     start = time.monotonic()
     last = start
     while not done():
@@ -345,7 +347,7 @@ async def wait_until(
         if progress is not None and now - last >= every:
             say(f"  {what}: {progress()} ({now - start:.0f}s)")
             last = now
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(poll)
     return True
 
 
@@ -1537,9 +1539,10 @@ def real_tables(bursts: list[Burst], idles: list[Idle]) -> str:
 # main
 
 
-async def leftovers(kube: Kube) -> list[str]:
+async def leftovers(kube: Kube, bench: str = "scale") -> list[str]:
+    """Namespaces an earlier run of benchmark ``bench`` left (labelled BENCH_LABEL=bench)."""
     code, obj = await kube.request(
-        "GET", "/api/v1/namespaces", params={"labelSelector": f"{BENCH_LABEL}=scale"}
+        "GET", "/api/v1/namespaces", params={"labelSelector": f"{BENCH_LABEL}={bench}"}
     )
     if code != 200:
         return []
@@ -1548,6 +1551,54 @@ async def leftovers(kube: Kube) -> list[str]:
         for i in obj.get("items", [])
         if not i["metadata"].get("deletionTimestamp")
     ]
+
+
+def delete_run_namespaces(kubeconfig: str, names: Iterable[str], bench: str) -> None:
+    """Delete this run's namespaces that still exist (finalizers stripped: the operator may be
+    gone), best effort, within 300 s; stop every operator subprocess first."""
+
+    async def go() -> None:
+        kube = Kube(kubeconfig, 16)
+        try:
+            live = set(await leftovers(kube, bench))
+            gone = [n for n in dict.fromkeys(names) if n in live]
+            if gone:
+                await strip_and_delete(kube, gone)
+        finally:
+            await kube.aclose()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 300))
+    except Exception as exc:  # cleanup is best effort; say what is left
+        say(f"cleanup failed ({type(exc).__name__}: {exc}): run the benchmark with --cleanup")
+
+
+def stop_operators(operators: Iterable[Any] | None = None) -> None:
+    """Stop the operator subprocesses (this script's, or the given ones), best effort."""
+    for op in OPERATORS if operators is None else operators:
+        with contextlib.suppress(Exception):
+            op.stop()
+
+
+def run_cleaning_up(run: Callable[[], Awaitable[None]], cleanup: Callable[[bool], None]) -> int:
+    """Run the benchmark's coroutine; on the way out (done, failed, Ctrl-C or SIGTERM) call
+    ``cleanup(interrupted)``. The exit status: 0 when it ran to its end."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C cleans up too, also when started with SIGINT ignored (a background job of a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ok = False
+    try:
+        asyncio.run(run())  # type: ignore[arg-type]
+        ok = True
+    except KeyboardInterrupt:
+        say("interrupted: cleaning up")
+    finally:
+        cleanup(not ok)
+    return 0 if ok else 1
 
 
 async def amain(
@@ -1596,31 +1647,10 @@ async def amain(
 
 def final_cleanup(kubeconfig: str, state: dict[str, Any], interrupted: bool) -> None:
     """Stop any operator still running; after an interruption or error also delete the
-    namespaces of this run (their objects' finalizers stripped: the operator may be gone);
-    bring kwok down if this run started it."""
-
-    async def go() -> None:
-        kube = Kube(kubeconfig, 16)
-        try:
-            names = list(dict.fromkeys(state.get("namespaces", [])))
-            code, obj = await kube.request(
-                "GET", "/api/v1/namespaces", params={"labelSelector": f"{BENCH_LABEL}=scale"}
-            )
-            live = {i["metadata"]["name"] for i in obj.get("items", [])} if code == 200 else set()
-            names = [n for n in names if n in live]
-            if names:
-                await strip_and_delete(kube, names)
-        finally:
-            await kube.aclose()
-
-    for op in OPERATORS:
-        with contextlib.suppress(Exception):
-            op.stop()
+    namespaces of this run; bring kwok down if this run started it."""
+    stop_operators()
     if interrupted:
-        try:
-            asyncio.run(asyncio.wait_for(go(), 300))
-        except Exception as exc:  # cleanup is best effort; say what is left
-            say(f"cleanup failed ({type(exc).__name__}: {exc}): run benchmarks/scale.py --cleanup")
+        delete_run_namespaces(kubeconfig, state.get("namespaces", []), "scale")
     if state.get("started_kwok") and not state.get("keep_kwok"):
         with contextlib.suppress(Exception):
             cluster_py("kwok", "down", timeout=300)
@@ -1669,22 +1699,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["KUBECONFIG"] = kubeconfig
     local = Path(kubeconfig).resolve() == LOCAL_KUBECONFIG.resolve()
     state: dict[str, Any] = {"keep_kwok": args.keep_kwok}
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C cleans up too, also when started with SIGINT ignored (a background job of a script).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    ok = False
-    try:
-        asyncio.run(amain(args, kubeconfig, local, state))
-        ok = True
-    except KeyboardInterrupt:
-        say("interrupted: cleaning up")
-    finally:
-        final_cleanup(kubeconfig, state, interrupted=not ok)
-    return 0 if ok else 1
+    return run_cleaning_up(
+        lambda: amain(args, kubeconfig, local, state),
+        lambda interrupted: final_cleanup(kubeconfig, state, interrupted),
+    )
 
 
 if __name__ == "__main__":

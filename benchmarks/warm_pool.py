@@ -101,12 +101,10 @@ import functools
 import math
 import os
 import secrets
-import signal
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,12 +129,18 @@ from benchmarks.scale import (  # noqa: E402
     component_pids,
     cpu_seconds,
     delete_all,
+    delete_run_namespaces,
     f,
     gather_limited,
+    leftovers,
     parse_metrics,
     pct,
+    run_cleaning_up,
+    stop_operators,
+    strip_and_delete,
     table,
 )
+from benchmarks.scale import wait_until as scale_wait_until  # noqa: E402
 from tests.fixtures.cluster import LOCAL_KUBECONFIG  # noqa: E402
 from tests.fixtures.operator import OperatorProcess  # noqa: E402
 
@@ -156,25 +160,9 @@ def say(msg: str) -> None:
     print(f"[warm-pool {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-async def wait_until(
-    what: str,
-    done: Callable[[], bool],
-    limit: float,
-    progress: Callable[[], str] | None = None,
-    every: float = 15,
-) -> bool:
-    """Poll ``done`` until true or ``limit`` seconds; print ``progress()`` every ``every`` s."""
-    start = last = time.monotonic()
-    while not done():
-        now = time.monotonic()
-        if now - start > limit:
-            say(f"  {what}: not reached in {limit:.0f}s" + (f" ({progress()})" if progress else ""))
-            return False
-        if progress is not None and now - last >= every:
-            say(f"  {what}: {progress()} ({now - start:.0f}s)")
-            last = now
-        await asyncio.sleep(0.02)
-    return True
+#: Waits poll often: the one-at-a-time loop moves on as soon as the pool is full again (the
+#: figures come from watch timestamps, not from these polls).
+wait_until = functools.partial(scale_wait_until, every=15, poll=0.02)
 
 
 # --------------------------------------------------------------------------------------------
@@ -844,37 +832,6 @@ async def teardown(kube: Kube, namespaces: list[str], op: OperatorProcess | None
     await strip_and_delete(kube, namespaces)
 
 
-async def strip_and_delete(kube: Kube, namespaces: list[str]) -> None:
-    patches = []
-    for ns in namespaces:
-        for plural in PLURALS:
-            with contextlib.suppress(httpx.HTTPError):
-                code, obj = await kube.request("GET", path(ns, plural))
-                if code == 200:
-                    patches += [
-                        path(ns, plural, i["metadata"]["name"])
-                        for i in obj["items"]
-                        if i["metadata"].get("finalizers")
-                    ]
-
-    async def strip(p: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await kube.request(
-                "PATCH",
-                p,
-                {"metadata": {"finalizers": None}},
-                content_type="application/merge-patch+json",
-            )
-
-    if patches:
-        say(f"cleanup: removing finalizers from {len(patches)} object(s)")
-        await gather_limited(32, [functools.partial(strip, p) for p in patches])
-    for ns in namespaces:
-        with contextlib.suppress(httpx.HTTPError):
-            await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
-    say(f"cleanup: namespace(s) {', '.join(namespaces)} deleted")
-
-
 # --------------------------------------------------------------------------------------------
 # Tables
 
@@ -1013,19 +970,6 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
 # main
 
 
-async def leftovers(kube: Kube) -> list[str]:
-    code, obj = await kube.request(
-        "GET", "/api/v1/namespaces", params={"labelSelector": f"{BENCH_LABEL}={BENCH}"}
-    )
-    if code != 200:
-        return []
-    return [
-        i["metadata"]["name"]
-        for i in obj.get("items", [])
-        if not i["metadata"].get("deletionTimestamp")
-    ]
-
-
 async def sample_load(out: list[float]) -> None:
     """This machine's 1-min load average every 5 s (the cluster's, when it is the local one)."""
     while True:
@@ -1037,7 +981,7 @@ async def sample_load(out: list[float]) -> None:
 async def amain(args: argparse.Namespace, kubeconfig: str, state: dict[str, Any]) -> None:
     kube = Kube(kubeconfig, max(args.burst, 8) + 8)
     try:
-        old = await leftovers(kube)
+        old = await leftovers(kube, BENCH)
         if old:
             say(f"deleting namespaces an earlier run left: {', '.join(old)}")
             await strip_and_delete(kube, old)
@@ -1077,29 +1021,10 @@ async def amain(args: argparse.Namespace, kubeconfig: str, state: dict[str, Any]
 
 def final_cleanup(kubeconfig: str, state: dict[str, Any], interrupted: bool) -> None:
     """Stop any operator still running; after an interruption or error also delete this run's
-    namespace (its objects' finalizers stripped: the operator may be gone)."""
-
-    async def go() -> None:
-        kube = Kube(kubeconfig, 16)
-        try:
-            code, obj = await kube.request(
-                "GET", "/api/v1/namespaces", params={"labelSelector": f"{BENCH_LABEL}={BENCH}"}
-            )
-            live = {i["metadata"]["name"] for i in obj.get("items", [])} if code == 200 else set()
-            names = [n for n in dict.fromkeys(state.get("namespaces", [])) if n in live]
-            if names:
-                await strip_and_delete(kube, names)
-        finally:
-            await kube.aclose()
-
-    for op in OPERATORS:
-        with contextlib.suppress(Exception):
-            op.stop()
+    namespace."""
+    stop_operators(OPERATORS)
     if interrupted:
-        try:
-            asyncio.run(asyncio.wait_for(go(), 300))
-        except Exception as exc:  # cleanup is best effort; say what is left
-            say(f"cleanup failed ({type(exc).__name__}: {exc}): run with --cleanup")
+        delete_run_namespaces(kubeconfig, state.get("namespaces", []), BENCH)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1124,22 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
     kubeconfig = os.environ.get("KUBECONFIG") or str(LOCAL_KUBECONFIG)
     os.environ["KUBECONFIG"] = kubeconfig
     state: dict[str, Any] = {}
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C cleans up too, also when started with SIGINT ignored (a background job of a script).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    ok = False
-    try:
-        asyncio.run(amain(args, kubeconfig, state))
-        ok = True
-    except KeyboardInterrupt:
-        say("interrupted: cleaning up")
-    finally:
-        final_cleanup(kubeconfig, state, interrupted=not ok)
-    return 0 if ok else 1
+    return run_cleaning_up(
+        lambda: amain(args, kubeconfig, state),
+        lambda interrupted: final_cleanup(kubeconfig, state, interrupted),
+    )
 
 
 if __name__ == "__main__":
