@@ -125,7 +125,21 @@ def test_an_allowlist_pool_serves_through_the_operators_proxy(
     assert sandbox_uid in {r.uid for r in service.metadata.owner_references or []}
     kit.delete("allow", SANDBOX_WARM_POOL_PLURAL)
     kit.wait_gone("allow", SANDBOX_WARM_POOL_PLURAL, timeout=60)
-    time.sleep(5)  # the garbage collector's turn
+    # Deleting the pool deletes its idle pods (the garbage collector) and leaves the claimed one
+    # to its Sandbox.
+    wait_for(
+        lambda: all(
+            p.metadata.deletion_timestamp is not None
+            for p in kit.pods(f"{lbl.POOL_LABEL}=allow")
+            if p.metadata.name != served
+        ),
+        60,
+        "the pool's idle pods deleted",
+    )
+    claimed = core_v1.read_namespaced_pod(served, ns)
+    assert claimed.metadata.deletion_timestamp is None
+    assert [o.uid for o in claimed.metadata.owner_references or []] == [sandbox_uid]
+    time.sleep(5)  # the garbage collector's turn for the proxy objects
     service = core_v1.read_namespaced_service("sandbox-egress-proxy", ns)
     assert service.spec.cluster_ip == cluster_ip
     (again,), _ = probe_in_pod(core_v1, ns, served, [first])

@@ -690,3 +690,39 @@ def test_judge_keeps_pending_starting_before_ready_and_ready_after() -> None:
     assert "egress proxy" in late.message
     after = judge(obs, lifetime=Lifetime(), was_ready=True, **kw)
     assert after.ready and after.reason is ConditionReason.READY
+
+
+def test_concurrent_restores_in_one_namespace_never_race_for_the_address() -> None:
+    """The Service goes away; every allowlisted sandbox of the namespace is woken at once and
+    restores it. Two creates racing for the recorded address would have the second refused (422,
+    the IP is allocated), which reads as a permanent loss: restores take turns instead."""
+    cluster = FakeCluster()
+    proxy = managed(cluster)
+    given = run(proxy.ensure("team-a", A))
+    run(proxy.ensure("team-a", B))
+    cluster.delete_all()
+    plain = cluster.patcher
+
+    def in_flight(kind: str) -> Any:
+        patch = plain(kind)
+
+        async def slow(name: str, namespace: str, body: dict, **kw: Any) -> dict:
+            existed = kind in cluster.objects
+            await asyncio.sleep(0.01)  # the request is in flight
+            if kind == "Service" and not existed and kind in cluster.objects:
+                raise _api_error(422, "provided IP is already allocated")
+            return await patch(name, namespace, body, **kw)
+
+        return slow
+
+    cluster.patcher = in_flight  # type: ignore[method-assign]
+    run(proxy.look_once(lambda ns: None))
+
+    async def both() -> list[str]:
+        return list(
+            await asyncio.gather(proxy.check("team-a", A, given), proxy.check("team-a", B, given))
+        )
+
+    assert run(both()) == ["", ""]
+    assert cluster.objects["Service"]["spec"]["clusterIP"] == given.ip
+    assert cluster.owner_uids("Service") == {"uid-a", "uid-b"}

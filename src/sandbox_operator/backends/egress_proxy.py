@@ -418,6 +418,11 @@ class ManagedEgressProxy:
         # allowlisted sandbox of a namespace reads it at most once per SERVICE_CHECK_SECONDS.
         self._seen_service: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._namespaces: set[str] = set()  # where a proxy was ensured or checked
+        # One ensure at a time per namespace: the allowlisted sandboxes of a namespace whose
+        # Service went away are all woken at once, and two restores racing to create the Service
+        # with the recorded address would have the API server refuse the second (422: the IP is
+        # allocated), which reads as a permanent loss. In turn, each sees the one before it.
+        self._ensuring: dict[str, asyncio.Lock] = {}
 
     def _apply_call(self, kind: str) -> Callable[..., Any]:
         calls: dict[str, Callable[..., Any]] = {
@@ -475,6 +480,15 @@ class ManagedEgressProxy:
         return recorded_address([self._api.sanitize_for_serialization(p) for p in pods.items])
 
     async def ensure(
+        self, namespace: str, sandbox: SandboxRef | PoolRef, *, want: ProxyAddress | None = None
+    ) -> ProxyAddress:
+        """Apply the namespace's proxy objects with ``sandbox`` among their owners; return the
+        Service's address (see ``_ensure``). One at a time per namespace."""
+        lock = self._ensuring.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            return await self._ensure(namespace, sandbox, want=want)
+
+    async def _ensure(
         self, namespace: str, sandbox: SandboxRef | PoolRef, *, want: ProxyAddress | None = None
     ) -> ProxyAddress:
         """Apply the namespace's proxy objects with ``sandbox`` among their owners; return the
