@@ -60,6 +60,7 @@ def build_pool_network_policy(pool: PoolRef, backend: str) -> dict[str, Any]:
             "name": pool_network_policy_name(pool.name),
             "namespace": pool.namespace,
             "labels": labels,
+            "annotations": {lbl.POOL_NAME_ANNOTATION: pool.name},
             "ownerReferences": [pool_owner(pool)],
         },
         "spec": {
@@ -99,12 +100,18 @@ def pod_origin(pod: Mapping[str, Any]) -> str:
     """``status.servedFrom`` for a Sandbox served by ``pod``: the pool that made it, or cold.
     Read off the pod itself, so it is right whoever (whichever replica, before or after a
     restart) reports it."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if lbl.POOL_LABEL not in labels:
-        return SERVED_FROM_COLD
-    name = (meta.get("annotations") or {}).get(lbl.POOL_NAME_ANNOTATION) or labels[lbl.POOL_LABEL]
-    return f"{SANDBOX_WARM_POOL_KIND}/{name}"
+    name = pool_name_of(pod)
+    return f"{SANDBOX_WARM_POOL_KIND}/{name}" if name else SERVED_FROM_COLD
+
+
+def pool_name_of(obj: Mapping[str, Any]) -> str | None:
+    """The warm pool a pod or NetworkPolicy was made by, idle or claimed: its pool-name
+    annotation (the pool label, which holds a long name shortened, for an object without one)."""
+    meta = obj.get("metadata") or {}
+    label = (meta.get("labels") or {}).get(lbl.POOL_LABEL)
+    if not label:
+        return None
+    return str((meta.get("annotations") or {}).get(lbl.POOL_NAME_ANNOTATION) or label)
 
 
 def claim_patch(

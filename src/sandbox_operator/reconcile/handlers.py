@@ -33,6 +33,7 @@ import kopf
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
+from sandbox_operator.backends.warmpool import pool_name_of
 from sandbox_operator.config import load_config
 from sandbox_operator.contract import (
     GROUP,
@@ -51,7 +52,7 @@ from sandbox_operator.reconcile.sandbox import (
     reconcile_sandbox,
 )
 from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS, reconcile_scope
-from sandbox_operator.reconcile.views import ObjKey, owning_sandbox, pool_of
+from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
 __all__ = ["CONFIG_ENV", "FINALIZER", "ensure_retry_delay"]
@@ -360,17 +361,6 @@ def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
         _wake_key(rt, namespace, (body.get("metadata") or {}).get("labels") or {})
     if owner:
         rt.enqueue_sandbox(namespace, owner, urgent=True)
-    pool = pool_of(body)
+    pool = pool_name_of(body)
     if pool:  # a pool's pod started, was claimed or went: the pool counts (and refills) again
-        for pool_name in _pools_labelled(rt, namespace, pool):
-            rt.enqueue_pool(namespace, pool_name, POOL_EVENT_DELAY_SECONDS)
-
-
-def _pools_labelled(rt: Runtime, namespace: str, value: str) -> list[str]:
-    """The pools whose pods carry this pool label value (the name itself, but for a long or
-    dotted name, which is shortened)."""
-    return [
-        name
-        for ns, name in rt.views.pools.names()
-        if ns == namespace and lbl.sandbox_label_value(name) == value
-    ]
+        rt.enqueue_pool(namespace, pool, POOL_EVENT_DELAY_SECONDS)

@@ -371,12 +371,6 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     return reason, _s((obj.get("status") or {}).get("backend") or ""), admitted
 
 
-def pool_of(obj: Mapping[str, Any]) -> str | None:
-    """The warm pool a pod or NetworkPolicy was made by (its pool label), idle or claimed."""
-    value = ((obj.get("metadata") or {}).get("labels") or {}).get(lbl.POOL_LABEL)
-    return str(value) if value else None
-
-
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
     """The name of the Sandbox that owns a pod or NetworkPolicy (its controller reference)."""
     for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
