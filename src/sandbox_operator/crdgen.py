@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from sandbox_operator.contract import (
     API_VERSION,
     GROUP,
+    RESOURCE_NAMES,
     SANDBOX_KIND,
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_KIND,
@@ -37,6 +38,16 @@ from sandbox_operator.contract import (
     SandboxScopeResourceStatus,
     SandboxWarmPoolResourceSpec,
     SandboxWarmPoolResourceStatus,
+)
+from sandbox_operator.contract.models import (
+    DRIVE_LETTER_PATTERN,
+    IP_LITERAL_PATTERN,
+    LOOPBACK_SUFFIX,
+    METADATA_HOSTS,
+    POSIX_SYSTEM_WORK_DIR_PATTERN,
+    UNNORMALISED_WORK_DIR_PATTERN,
+    WINDOWS_ALIAS_WORK_DIR_PATTERN,
+    WINDOWS_SYSTEM_WORK_DIR_PATTERN,
 )
 
 Schema = dict[str, Any]
@@ -122,6 +133,30 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
 #: Immutable key fields of a Sandbox spec.
 SANDBOX_IMMUTABLE_FIELDS: Final = ("scopeRef", "agentDir", "callId")
 
+#: Sandbox spec fields that may change after creation: the lifetime (extending a TTL or an idle
+#: timeout is judged on the next pass). Every other field decided the admission or shapes the pod.
+SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime"})
+
+
+def _fixed_after_creation(field: str) -> Schema:
+    """A transition rule on the spec object: ``field`` keeps its value, and is neither added nor
+    removed. On the spec rather than the field, because a rule on the field itself is not run
+    when the field appears or goes away."""
+    return _rule(
+        f"has(self.{field}) == has(oldSelf.{field}) && "
+        f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+        f"{field} cannot change after creation: the sandbox was admitted and started with the "
+        "spec it was created with; create a new Sandbox instead (only lifetime may be edited)",
+        field_path=f".{field}",
+    )
+
+
+def sandbox_spec_transition_rules(spec: Schema) -> list[Schema]:
+    """One :func:`_fixed_after_creation` rule per spec field admission or the pod depends on."""
+    fixed = set(spec["properties"]) - SANDBOX_MUTABLE_FIELDS - set(SANDBOX_IMMUTABLE_FIELDS)
+    return [_fixed_after_creation(name) for name in sorted(fixed)]
+
+
 #: Rules on nested objects, keyed by their type in the contract.
 TRANSFER_LIMITS_RULES: Final[list[Schema]] = [
     _rule(
@@ -130,11 +165,89 @@ TRANSFER_LIMITS_RULES: Final[list[Schema]] = [
         field_path=".maxBytesPerFile",
     )
 ]
-#: Relative output paths: no '.' or '..' segment (the pattern already refuses the rest).
+#: Relative output paths: no '.' or '..' segment, no drive letter (the pattern already refuses
+#: the rest: a leading '/', backslashes, control and glob characters).
 RELATIVE_PATH_RULES: Final[list[Schema]] = [
     _rule(
-        "!self.matches('(^|/)[.][.]?(/|$)')",
-        "must be relative to workDir without '.' or '..' segments",
+        f"!self.matches('(^|/)[.][.]?(/|$)') && !self.matches(r'{DRIVE_LETTER_PATTERN}')",
+        "must be relative to workDir: no '.' or '..' segments, no drive letter",
+    ),
+]
+
+#: The model's static workDir rules (``work_dir_problem``), the same expressions in RE2.
+WORK_DIR_RULES: Final[list[Schema]] = [
+    _rule(
+        f"!self.matches(r'{UNNORMALISED_WORK_DIR_PATTERN}')",
+        "workDir must be a normalised path: no empty, '.' or '..' segments",
+    ),
+    _rule(
+        f"!self.matches(r'{WINDOWS_ALIAS_WORK_DIR_PATTERN}')",
+        "workDir uses a Windows spelling that names another directory (a ':' after the drive, a "
+        "short name like PROGRA~1, or a segment ending in '.' or ' ')",
+    ),
+    _rule(
+        f"!self.matches(r'{POSIX_SYSTEM_WORK_DIR_PATTERN}') && "
+        f"!self.matches(r'{WINDOWS_SYSTEM_WORK_DIR_PATTERN}')",
+        "workDir must not be a root or system directory (/, /proc, /sys, /dev, /etc, /boot, "
+        "/run, /var/run, a drive root, C:\\Windows, C:\\Program Files, ...); use a directory "
+        "of the workload's own, e.g. /workspace",
+    ),
+]
+
+_METADATA_LIST: Final = "[" + ", ".join(f"'{h}'" for h in METADATA_HOSTS) + "]"
+
+#: The model's static egressAllow entry rules (``egress_host_problem``).
+EGRESS_HOST_RULES: Final[list[Schema]] = [
+    _rule(
+        "self.contains('.')",
+        "egressAllow entries must be fully qualified host names: a single label (metadata, "
+        "localhost) is resolved through the proxy's search domains",
+    ),
+    _rule(
+        f"!self.matches(r'{IP_LITERAL_PATTERN}')",
+        "egressAllow entries must be host names, not IP literals",
+    ),
+    _rule(
+        f"!(self in {_METADATA_LIST}) && !self.endsWith('{LOOPBACK_SUFFIX}')",
+        "egressAllow entries must not name a cloud metadata or loopback host",
+    ),
+    _rule(
+        f"!self.startsWith('*.') || !{_METADATA_LIST}.exists(m, m.endsWith(self.substring(1)))",
+        "egressAllow wildcard would allow a cloud metadata host",
+    ),
+]
+
+
+def _request_within_limit(resource: str) -> Schema:
+    requests, limits = f"self.requests.{resource}", f"self.limits.{resource}"
+    return _rule(
+        f"!has(self.requests) || !has(self.limits) || !has({requests}) || !has({limits}) || "
+        f"!isQuantity(string({requests})) || !isQuantity(string({limits})) || "
+        f"quantity(string({requests})).compareTo(quantity(string({limits}))) <= 0",
+        f"requests.{resource} must not exceed limits.{resource}",
+        field_path=f".requests.{resource}",
+    )
+
+
+#: Requests never above limits (Kubernetes quantity comparison, as ``parse_quantity`` does).
+RESOURCES_RULES: Final[list[Schema]] = [_request_within_limit(r) for r in RESOURCE_NAMES]
+
+#: No two declared outputs land under one name (``name``, else ``path``).
+DECLARED_OUTPUTS_RULES: Final[list[Schema]] = [
+    _rule(
+        "self.all(o, self.exists_one(p, (has(p.name) ? p.name : p.path) == "
+        "(has(o.name) ? o.name : o.path)))",
+        "declaredOutputs land two artifacts under the same name (name, or path when unset)",
+    )
+]
+
+#: Rules on the object holding workDir and requiresOsFamily (a Sandbox spec, a pool template).
+WORKLOAD_RULES: Final[list[Schema]] = [
+    _rule(
+        "!has(self.requiresOsFamily) || self.requiresOsFamily != 'posix' || "
+        f"!has(self.workDir) || !self.workDir.matches(r'{DRIVE_LETTER_PATTERN}')",
+        "workDir is a Windows path, but requiresOsFamily is posix",
+        field_path=".workDir",
     )
 ]
 LIFETIME_RULES: Final[list[Schema]] = [
@@ -187,6 +300,16 @@ POOL_PRINTER_COLUMNS: Final[list[Schema]] = [
 
 #: The template carries the Sandbox spec's rule on egressAllow.
 POOL_TEMPLATE_RULES: Final[list[Schema]] = [SANDBOX_SPEC_RULES[0]]
+
+
+def _add_workload_rules(node: Schema) -> None:
+    """The rules a Sandbox spec and a pool template share: workDir, egressAllow entries,
+    resources, and workDir against requiresOsFamily."""
+    props = node["properties"]
+    _add_rules(node, WORKLOAD_RULES)
+    _add_rules(props["workDir"], WORK_DIR_RULES)
+    _add_rules(props["egressAllow"]["items"], EGRESS_HOST_RULES)
+    _add_rules(props["resources"], RESOURCES_RULES)
 
 
 def _clean_description(text: str) -> str:
@@ -242,9 +365,13 @@ class _Converter:
         if "items" in node:
             node["items"] = self.convert(node["items"])
         if node.get("x-kubernetes-int-or-string"):
-            # Exactly the shape the API server accepts for int-or-string.
+            # Exactly the shape the API server accepts for int-or-string; the branches' bounds
+            # move to the node (minimum binds only an integer, maxLength only a string).
+            for branch in node["anyOf"]:
+                for bound in ("minimum", "maxLength"):
+                    if bound in branch:
+                        node[bound] = branch[bound]
             node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-            node["maxLength"] = 64
         # Defaults of enum sets in ladder order: deterministic whatever the hash seed.
         items_enum = node.get("items", {}).get("enum")
         if isinstance(node.get("default"), list) and items_enum:
@@ -287,6 +414,7 @@ def _add_rules(node: Schema, rules: list[Schema]) -> None:
 def sandbox_spec_schema() -> Schema:
     spec = model_schema(SandboxResourceSpec)
     _add_rules(spec, SANDBOX_SPEC_RULES)
+    _add_rules(spec, sandbox_spec_transition_rules(spec))
     for name in SANDBOX_IMMUTABLE_FIELDS:
         _add_rules(spec["properties"][name], [_immutable(name)])
     for name in ("filesIn", "filesOut"):
@@ -295,6 +423,8 @@ def sandbox_spec_schema() -> Schema:
     output = spec["properties"]["declaredOutputs"]["items"]
     for name in ("path", "name"):
         _add_rules(output["properties"][name], RELATIVE_PATH_RULES)
+    _add_rules(spec["properties"]["declaredOutputs"], DECLARED_OUTPUTS_RULES)
+    _add_workload_rules(spec)
     return spec
 
 
@@ -324,6 +454,7 @@ def scope_status_schema() -> Schema:
 def pool_spec_schema() -> Schema:
     spec = model_schema(SandboxWarmPoolResourceSpec)
     _add_rules(spec["properties"]["template"], POOL_TEMPLATE_RULES)
+    _add_workload_rules(spec["properties"]["template"])
     return spec
 
 

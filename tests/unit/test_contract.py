@@ -579,3 +579,168 @@ def test_every_refusal_reason_is_a_condition_reason_and_has_a_type() -> None:
         assert needed in values
     for value in values:
         assert value[0].isupper() and value.isalnum()
+
+
+# --- static bounds (issue 13): what the CRD carries as patterns and CEL ------------------------
+
+
+def key(**kw: object) -> SandboxResourceSpec:
+    return SandboxResourceSpec.model_validate(
+        {"scopeRef": "conv", "agentDir": "agent", "kind": "python", "image": "python:1", **kw}
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"agentDir": "a\x07b"}, "agentDir"),
+        ({"agentDir": "\x00"}, "agentDir"),
+        ({"isolationScope": "call", "callId": "c\n1"}, "callId"),
+        ({"callId": "\x7f"}, "callId"),
+    ],
+)
+def test_sandbox_key_parts_refuse_control_characters(kw: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        key(**kw)
+    assert f"{field} must not contain control characters" in error_text(exc)
+
+
+@pytest.mark.parametrize("kw", [{"scope": "t\x00"}, {"threadId": "a\tb"}])
+def test_scope_key_parts_refuse_control_characters(kw: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="must not contain control characters"):
+        SandboxScopeResourceSpec.model_validate({"scope": "s", "threadId": "t", **kw})
+
+
+@pytest.mark.parametrize(
+    "work_dir",
+    [
+        "/",
+        "/proc",
+        "/proc/self",
+        "/sys/",
+        "/dev",
+        "/etc",
+        "/etc/ssl",
+        "/boot",
+        "/run",
+        "/var/run",
+        "/var/run/secrets",
+        "C:\\",
+        "C:\\Windows",
+        "c:/windows/System32",
+        "D:\\Program Files",
+        "C:\\Program Files (x86)\\x",
+        "C:\\ProgramData",
+    ],
+)
+def test_work_dir_under_a_system_directory_is_refused(work_dir: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(workDir=work_dir)
+    assert "root or system directory" in error_text(exc)
+    assert error_locs(exc) == ["workDir"]
+
+
+@pytest.mark.parametrize(
+    "work_dir, needle",
+    [
+        ("/w/../etc", "normalised"),
+        ("/w/./x", "normalised"),
+        ("//etc", "normalised"),
+        ("C:\\w\\..\\Windows", "normalised"),
+        ("C:\\PROGRA~1", "Windows spelling"),
+        ("C:\\Windows.", "Windows spelling"),
+        ("C:\\work ", "Windows spelling"),
+        ("C:\\w:stream", "Windows spelling"),
+        ("/w\x1b", "control characters"),
+    ],
+)
+def test_work_dir_must_be_normalised_and_plain(work_dir: str, needle: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(workDir=work_dir)
+    assert needle in error_text(exc)
+
+
+@pytest.mark.parametrize(
+    "work_dir", ["/workspace", "/workspace/", "/procs", "/var/runner", "/etc2", "/tmp", "C:\\work"]
+)
+def test_work_dir_neighbours_of_system_directories_are_fine(work_dir: str) -> None:
+    assert spec(workDir=work_dir).work_dir == work_dir
+
+
+def test_a_windows_work_dir_contradicts_requires_os_family_posix() -> None:
+    with pytest.raises(ValidationError, match="is a Windows path, but requiresOsFamily is posix"):
+        spec(workDir="C:\\work", requiresOsFamily="posix")
+    assert spec(workDir="C:\\work", requiresOsFamily="windows").work_dir == "C:\\work"
+
+
+@pytest.mark.parametrize("field", ["path", "name"])
+@pytest.mark.parametrize("value", ["*", "**/*", "out/*.png", "a?.txt", "[ab].txt"])
+def test_declared_outputs_refuse_globs(field: str, value: str) -> None:
+    entry = {"path": "a.png", "mediaType": "image/png", field: value}
+    with pytest.raises(ValidationError) as exc:
+        spec(requires=["exec", "files_out"], declaredOutputs=[entry])
+    assert "glob characters" in error_text(exc)
+    assert error_locs(exc) == [f"declaredOutputs.0.{field}"]
+
+
+@pytest.mark.parametrize(
+    "host, needle",
+    [
+        ("169.254.169.254", "IP literal"),
+        ("10.0.0.1", "IP literal"),
+        ("0x7f.0x1", "IP literal"),
+        ("1.2.3.04", "IP literal"),
+        ("2130706433", "single-label"),
+        ("metadata", "single-label"),
+        ("instance-data", "single-label"),
+        ("localhost", "single-label"),
+        ("metadata.google.internal", "metadata or loopback"),
+        ("metadata.goog", "metadata or loopback"),
+        ("instance-data.ec2.internal", "metadata or loopback"),
+        ("app.localhost", "metadata or loopback"),
+        ("*.internal", "would allow a cloud metadata name"),
+        ("*.google.internal", "would allow a cloud metadata name"),
+        ("*.goog", "would allow a cloud metadata name"),
+    ],
+)
+def test_egress_allow_refuses_ip_literals_and_metadata_names(host: str, needle: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(egress="allowlist", egressAllow=["pypi.org", host])
+    assert needle in error_text(exc)
+    assert error_locs(exc) == ["egressAllow.1"]
+
+
+@pytest.mark.parametrize("host", ["::1", "[fd00:ec2::254]", "fe80::1%eth0", "[2001:db8::1]"])
+def test_egress_allow_refuses_ipv6_literals(host: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(egress="allowlist", egressAllow=[host])
+    assert error_locs(exc) == ["egressAllow.0"]
+
+
+@pytest.mark.parametrize(
+    "host", ["pypi.org", "*.pythonhosted.org", "1a.2b", "x.0xzz", "metadata.example.com"]
+)
+def test_egress_allow_neighbours_are_fine(host: str) -> None:
+    assert spec(egress="allowlist", egressAllow=[host]).egress_allow == (host,)
+
+
+@pytest.mark.parametrize("image", ["py\x0b:1", "py\u00a0:1", "py\x85:1", "py\x01:1", "py\u3000"])
+def test_image_refuses_every_kind_of_space_and_control(image: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(image=image)
+    assert error_locs(exc) == ["image"]
+
+
+@pytest.mark.parametrize("value", [-1, 2**63, "1" * 65, "-1", "1e3", "1m\n", "1\n", "1Ki\n"])
+def test_quantities_out_of_kubernetes_range_are_refused(value: object) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(resources={"limits": {"cpu": value}})
+    assert error_locs(exc) == ["resources.limits.cpu"]
+
+
+def test_quantities_compare_as_kubernetes_does() -> None:
+    # Rounded up to a nano, capped at 2^63-1: the API server's quantity() agrees.
+    assert parse_quantity("0.0000000001") == parse_quantity("0.000000001")
+    assert parse_quantity("9" * 30 + "P") == parse_quantity("8" * 30 + "P") == 2**63 - 1
+    assert spec(resources={"limits": {"cpu": 2**63 - 1}}).resources.limits.cpu == str(2**63 - 1)
+    spec(resources={"requests": {"cpu": "9" * 30}, "limits": {"cpu": "8" * 30}})

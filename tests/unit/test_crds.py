@@ -285,7 +285,14 @@ def evaluate(rule: str, value: Any, old: Any = None) -> bool:
 
 
 def spec_rules_pass(spec: dict[str, Any]) -> bool:
-    return all(evaluate(r, spec) for r in rules(spec_schema(SANDBOX_FILE)))
+    """The rules a create is checked against (transition rules run on updates only)."""
+    return all(evaluate(r, spec) for r in rules(spec_schema(SANDBOX_FILE)) if "oldSelf" not in r)
+
+
+def spec_transition_rules_pass(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    spec_rules = [r for r in rules(spec_schema(SANDBOX_FILE)) if "oldSelf" in r]
+    assert spec_rules
+    return all(evaluate(r, new, old) for r in spec_rules)
 
 
 BASE: dict[str, Any] = {
@@ -350,6 +357,26 @@ def test_immutability_transition_rules() -> None:
 
 
 @pytest.mark.parametrize(
+    ("change", "allowed"),
+    [
+        ({}, True),
+        ({"lifetime": {"ttlSeconds": 60}}, True),
+        ({"image": "py:2"}, False),
+        ({"egress": "unrestricted"}, False),
+        ({"requires": ["exec"]}, False),
+        ({"minIsolation": "microvm"}, False),  # added
+        ({"filesOut": {"maxBytesPerFile": 2, "maxTotalBytes": 2, "maxFiles": 1}}, False),
+    ],
+)
+def test_only_the_lifetime_may_change_after_creation(change: dict[str, Any], allowed: bool) -> None:
+    old = {**BASE, "lifetime": {"ttlSeconds": 30}}
+    assert spec_transition_rules_pass({**old, **change}, old) == allowed
+    # A field present at creation cannot be removed either.
+    with_floor = {**old, "minIsolation": "vm"}
+    assert not spec_transition_rules_pass(old, with_floor)
+
+
+@pytest.mark.parametrize(
     "path, ok", [("a.png", True), ("out/a.png", True), ("a/../b", False), ("./a", False)]
 )
 def test_output_path_rule(path: str, ok: bool) -> None:
@@ -370,3 +397,106 @@ def test_nested_object_rules() -> None:
     assert not evaluate(
         lifetime_rule, {"startupTimeoutSeconds": 1, "ttlSeconds": 10, "idleTimeoutSeconds": 11}
     )
+
+
+# --- issue 13: the constraints the models hold, carried into every CRD that holds the field ---
+
+
+def workload_node(where: str) -> dict[str, Any]:
+    """The Sandbox spec or the SandboxWarmPool template: both hold the workload fields."""
+    if where == "sandbox":
+        return spec_schema(SANDBOX_FILE)
+    template: dict[str, Any] = spec_schema(POOL_FILE)["properties"]["template"]
+    return template
+
+
+@pytest.mark.parametrize("where", ["sandbox", "template"])
+def test_workload_fields_carry_the_models_static_rules(where: str) -> None:
+    node = workload_node(where)
+    props = node["properties"]
+    assert len(rules(props["workDir"])) == len(crdgen.WORK_DIR_RULES), where
+    assert props["egressAllow"]["x-kubernetes-list-type"] == "set", where
+    assert len(rules(props["egressAllow"]["items"])) == len(crdgen.EGRESS_HOST_RULES), where
+    resource_rules = rules(props["resources"])
+    assert [
+        ("quantity(" in r and f"requests.{n}" in r)
+        for r, n in zip(resource_rules, ("cpu", "memory"), strict=True)
+    ] == [True, True]
+    for part in ("requests", "limits"):
+        for name in ("cpu", "memory"):
+            quantity = props["resources"]["properties"][part]["properties"][name]
+            assert quantity["minimum"] == 0 and quantity["maxLength"] == 64, (where, part, name)
+    assert any("requiresOsFamily" in r for r in rules(node)), where
+    assert "\\x00-\\x1f" in props["workDir"]["pattern"]
+
+
+def test_key_parts_and_outputs_refuse_control_characters_and_globs_by_pattern() -> None:
+    import re
+
+    sandbox = spec_schema(SANDBOX_FILE)["properties"]
+    scope = spec_schema(SCOPE_FILE)["properties"]
+    for node in (sandbox["agentDir"], sandbox["callId"], scope["scope"], scope["threadId"]):
+        assert re.search(node["pattern"], "a\x07") is None
+        assert re.search(node["pattern"], "agent-1 é") is not None
+    output = sandbox["declaredOutputs"]
+    assert rules(output) == [crdgen.DECLARED_OUTPUTS_RULES[0]["rule"]]
+    for field in ("path", "name"):
+        pattern = output["items"]["properties"][field]["pattern"]
+        for bad in ("*", "a/*.png", "a?", "[a]", "a\tb", "a\\b", "/a"):
+            assert re.search(pattern, bad) is None, (field, bad)
+        assert re.search(pattern, "out/a.png") is not None
+
+
+WORK_DIRS = [
+    "/workspace",
+    "/workspace/",
+    "/procs",
+    "/proc",
+    "/proc/1",
+    "/var/run",
+    "/var/runner",
+    "/",
+    "/w/../etc",
+    "//etc",
+    "/a/./b",
+    "C:\\work",
+    "C:\\",
+    "C:\\Windows",
+    "c:/program files (x86)/x",
+    "C:\\PROGRA~1",
+    "C:\\work.",
+    "C:\\a:b",
+]
+
+
+@pytest.mark.parametrize("work_dir", WORK_DIRS)
+def test_work_dir_rules_and_the_model_agree(work_dir: str) -> None:
+    from sandbox_operator.contract.models import work_dir_problem
+
+    node = spec_schema(SANDBOX_FILE)["properties"]["workDir"]
+    cel_ok = all(evaluate(r, work_dir) for r in rules(node))
+    assert cel_ok == (work_dir_problem(work_dir) is None)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "pypi.org",
+        "*.pythonhosted.org",
+        "1a.2b",
+        "169.254.169.254",
+        "0x7f.0x1",
+        "metadata",
+        "metadata.google.internal",
+        "instance-data.ec2.internal",
+        "a.localhost",
+    ],
+)
+def test_egress_host_rules_and_the_model_agree(host: str) -> None:
+    from sandbox_operator.contract.models import egress_host_problem
+
+    items = spec_schema(SANDBOX_FILE)["properties"]["egressAllow"]["items"]
+    # The wildcard rule needs CEL's strings extension (substring), which cel-python lacks; the
+    # integration test (tests/integration/test_crd_agreement.py) runs it on the API server.
+    plain = [r for r in rules(items) if "substring" not in r]
+    assert all(evaluate(r, host) for r in plain) == (egress_host_problem(host) is None)

@@ -81,7 +81,7 @@ def sandbox(
     return {
         "metadata": {"name": name, "uid": f"uid-{name}"},
         "spec": {"egress": egress, "egressAllow": list(allow)},
-        "status": {"servedBy": {"kind": "Pod", "name": name}},
+        "status": {"servedBy": {"kind": "Pod", "name": name}, "admittedEgressAllow": list(allow)},
     }
 
 
@@ -132,6 +132,28 @@ async def test_table_follows_allowlist_sandboxes() -> None:
     items.clear()
     await c.sync_once()
     assert c.proxy.table.ids() == []
+
+
+async def test_table_enforces_the_admitted_allowlist_not_the_live_spec() -> None:
+    items = [sandbox("a", allow=("a.test",))]
+    c = controller(items, {"a": "10.244.0.7"})
+
+    async def verdicts() -> tuple[DecisionReason, DecisionReason]:
+        await c.sync_once()
+        assert c.proxy is not None
+        entry = c.proxy.table.get("ns/a")
+        assert entry is not None
+        return entry.check("a.test", 443, [443]), entry.check("evil.test", 443, [443])
+
+    allowed, denied = DecisionReason.ALLOWED, DecisionReason.HOST_NOT_ALLOWED
+    assert await verdicts() == (allowed, denied)
+    # An edit of the spec after admission (older objects, without the CRD's transition rules)
+    # is not what the proxy enforces.
+    items[0]["spec"]["egressAllow"] = ["evil.test"]
+    assert await verdicts() == (allowed, denied)
+    # No admitted allowlist recorded: nothing is allowed, rather than whatever the spec says.
+    del items[0]["status"]["admittedEgressAllow"]
+    assert await verdicts() == (denied, denied)
 
 
 async def test_events_folded_and_rate_limited() -> None:

@@ -48,6 +48,7 @@ from sandbox_operator.policy import (
     check_resources,
     effective_floor,
     effective_isolation_scope,
+    limit_ceilings,
     resolve_fixed_backend,
     resolve_resources,
     resolve_spec,
@@ -633,6 +634,13 @@ def test_registration_fixed_refuses_a_resolved_backend_below_the_floor() -> None
     )
 
 
+@pytest.mark.parametrize("name", ["kata\n", "Kata", "-kata", "k" * 64])
+def test_registration_refuses_a_backend_name_that_is_not_a_dns_label(name: str) -> None:
+    with pytest.raises(ConfigurationError) as exc:
+        validate_registration(HostPolicy(), [backend(name)])
+    assert exc.value.entry == "backends[0].name"
+
+
 def test_registration_fixed_refuses_an_unknown_rung() -> None:
     with pytest.raises(ConfigurationError) as exc:
         validate_registration(HostPolicy(min_isolation=Isolation.NONE), [backend("old", "process")])
@@ -833,8 +841,82 @@ def test_a_spec_above_the_host_ceiling_is_refused_naming_the_fields() -> None:
     assert exc.value.excesses[0].ceiling_field == "maxLimits.memory"
 
 
-def test_no_ceiling_by_default() -> None:
-    check_resources(HostPolicy(), spec(resources={"limits": {"cpu": "64", "memory": "256Gi"}}))
+def test_no_configured_ceiling_by_default_only_the_built_in_one() -> None:
+    # The host policy sets no ceiling; the built-in one (8 CPU, 16Gi) is what bounds a spec.
+    check_resources(HostPolicy(), spec(resources={"limits": {"cpu": "8", "memory": "16Gi"}}))
+    with pytest.raises(ResourcesExceedCeiling):
+        check_resources(HostPolicy(), spec(resources={"limits": {"cpu": "64", "memory": "256Gi"}}))
+    # A host that configures a ceiling gets exactly it.
+    check_resources(
+        host_resources(maxLimits={"cpu": "64", "memory": "256Gi"}),
+        spec(resources={"limits": {"cpu": "64", "memory": "256Gi"}}),
+    )
+
+
+@pytest.mark.parametrize(
+    "resources, fields",
+    [
+        ({"limits": {"cpu": 10**18}}, ["limits.cpu"]),
+        ({"limits": {"memory": str(10**18)}}, ["limits.memory"]),
+        ({"requests": {"cpu": "1000000000000000000"}}, ["requests.cpu"]),
+        (
+            {"requests": {"memory": "1Pi"}, "limits": {"cpu": "9", "memory": "1Pi"}},
+            ["requests.memory", "limits.cpu", "limits.memory"],
+        ),
+    ],
+)
+def test_an_unconfigured_host_refuses_absurd_resources_with_the_built_in_ceiling(
+    resources: dict[str, Any], fields: list[str]
+) -> None:
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        select_backend(HostPolicy(), [backend()], spec(resources=resources))
+    assert [e.field for e in exc.value.excesses] == fields
+    assert all(e.built_in for e in exc.value.excesses)
+    assert all(e.ceiling_field.startswith("maxLimits.") for e in exc.value.excesses)
+    assert "built-in; set hostPolicy.resources.maxLimits to change it" in exc.value.message
+
+
+def test_the_built_in_ceiling_follows_a_larger_default_limit() -> None:
+    host = host_resources(defaultLimits={"cpu": "32", "memory": "64Gi"})
+    assert limit_ceilings(host) == (
+        ResourceList(cpu="32", memory="64Gi"),
+        frozenset({"cpu", "memory"}),
+    )
+    check_resources(host, spec(resources={"limits": {"cpu": "32", "memory": "64Gi"}}))
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        check_resources(host, spec(resources={"limits": {"cpu": "33"}}))
+    assert exc.value.excesses[0].ceiling == "32" and exc.value.excesses[0].built_in
+    # A configured ceiling is never built in, per resource.
+    ceilings, built_in = limit_ceilings(host_resources(maxLimits={"memory": "1Gi"}))
+    assert ceilings == ResourceList(cpu="8", memory="1Gi") and built_in == {"cpu"}
+    with pytest.raises(ResourcesExceedCeiling) as exc:
+        check_resources(
+            host_resources(maxLimits={"memory": "1Gi"}),
+            spec(resources={"limits": {"memory": "2Gi"}}),
+        )
+    assert not exc.value.excesses[0].built_in
+    assert "built-in" not in exc.value.message
+
+
+# --- a Windows workDir asks for the windows OS family ------------------------------------------
+
+
+def test_a_windows_work_dir_on_a_posix_backend_is_refused_as_an_os_family() -> None:
+    with pytest.raises(OsFamilyNotSupported) as exc:
+        check(backend(), spec(workDir="C:\\work"))
+    assert exc.value.requested is OsFamily.WINDOWS and exc.value.work_dir == "C:\\work"
+    assert "workDir 'C:\\\\work' is a windows path" in exc.value.message
+    # A backend that declares nothing refuses it too (the path asks for a family).
+    with pytest.raises(OsFamilyNotSupported):
+        check(backend(declarations=declared(os_families=frozenset())), spec(workDir="D:/w"))
+    # Served where windows is declared; a posix path asks for nothing.
+    windows = backend(declarations=declared(os_families=frozenset({OsFamily.WINDOWS})))
+    check(windows, spec(workDir="C:\\work"))
+    check(windows, spec(workDir="/workspace"))
+    # A stated family is reported as stated, without the workDir.
+    with pytest.raises(OsFamilyNotSupported) as exc:
+        check(backend(), spec(workDir="C:\\work", requiresOsFamily="windows"))
+    assert exc.value.work_dir is None and "workDir" not in exc.value.message
 
 
 @pytest.mark.parametrize("selection", [Selection.FIXED, Selection.PER_SPEC])

@@ -152,7 +152,11 @@ class CapabilityNotSupported(SandboxRefusal):
 
 
 class OsFamilyNotSupported(SandboxRefusal):
-    """The spec asks for an OS family (``requested``) the backend does not declare."""
+    """The spec asks for an OS family (``requested``) the backend does not declare.
+
+    ``work_dir`` is set when the spec states no family and its workDir (a Windows path) is what
+    asks for one.
+    """
 
     reason = RefusalReason.OS_FAMILY_NOT_SUPPORTED
 
@@ -163,14 +167,17 @@ class OsFamilyNotSupported(SandboxRefusal):
         kind: str,
         requested: OsFamily,
         declared: Iterable[OsFamily],
+        work_dir: str | None = None,
     ) -> None:
         self.requested = requested
         self.declared = _sorted_by_definition(declared, OsFamily)
+        self.work_dir = work_dir
         declared_text = _names(self.declared, empty="no OS family")
-        detail = f"requires OS family {requested.value} (declares {declared_text})"
+        why = f" (workDir {work_dir!r} is a {requested.value} path)" if work_dir else ""
+        detail = f"requires OS family {requested.value}{why} (declares {declared_text})"
         message = (
             f"backend {backend!r} cannot serve kind {kind!r}: the spec requires OS family "
-            f"{requested.value} and the backend declares {declared_text}"
+            f"{requested.value}{why} and the backend declares {declared_text}"
         )
         super().__init__(backend=backend, kind=kind, detail=detail, message=message)
 
@@ -308,15 +315,20 @@ class ResourceExcess:
 
     ``field`` is the spec's entry (``requests.cpu``, ``limits.memory``, ...); ``ceiling_field``
     the host policy's (``maxRequests.cpu``, ``maxLimits.memory``, ...); amounts as written.
+    ``built_in`` is True when the host policy sets no such ceiling and the built-in one applied.
     """
 
     field: str
     asked: str
     ceiling_field: str
     ceiling: str
+    built_in: bool = False
 
     def describe(self) -> str:
-        return f"{self.field} {self.asked} > {self.ceiling_field} {self.ceiling}"
+        text = f"{self.field} {self.asked} > {self.ceiling_field} {self.ceiling}"
+        if self.built_in:
+            text += " (built-in; set hostPolicy.resources.maxLimits to change it)"
+        return text
 
 
 class ResourcesExceedCeiling(SandboxRefusal):

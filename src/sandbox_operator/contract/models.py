@@ -7,10 +7,11 @@ Invalid values and invalid combinations raise at construction, and the error nam
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import Annotated, Any, Final
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -47,6 +48,14 @@ DECLARED_OUTPUTS_MAX_ITEMS: Final = 64
 HOST_MAX_LENGTH: Final = 253
 #: Longest relative output path.
 PATH_MAX_LENGTH: Final = 1024
+
+#: A string without C0 control characters or DEL (key parts, workDir, output paths). A pattern,
+#: not only a validator, so the CRD carries it and the API server refuses such a spec with a 422
+#: instead of the operator failing it after it was accepted. The same text is a Python and an RE2
+#: (Go, the API server's) expression.
+NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]*$"
+#: As :data:`NO_CONTROL_PATTERN`, and not empty.
+NON_EMPTY_NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]+$"
 
 
 class ContractModel(BaseModel):
@@ -125,19 +134,28 @@ class TransferLimits(ContractModel):
 #: The default ceilings, also what a backend that declares no limits is held to.
 DEFAULT_TRANSFER_LIMITS: Final = TransferLimits()
 
-#: A relative path: no leading '/', no empty segments, no backslashes ('.'/'..' checked apart).
-RELATIVE_PATH_PATTERN: Final = r"^[^/\\]+(/[^/\\]+)*$"
+#: A literal relative path: no leading '/', no empty segments, no backslashes, no control
+#: characters and no glob characters ('*', '?', '['): a declared output names one file, never a
+#: pattern ('.'/'..' segments and drive letters are checked apart, by CEL in the CRD).
+RELATIVE_PATH_PATTERN: Final = r"^[^/\\*?\[\x00-\x1f\x7f]+(/[^/\\*?\[\x00-\x1f\x7f]+)*$"
+#: A path that starts with a drive letter (``C:``): absolute on Windows, never relative.
+DRIVE_LETTER_PATTERN: Final = r"^[A-Za-z]:"
 
 _SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+_GLOB = re.compile(r"[*?\[]")
 
 
 def _check_relative_path(value: str, what: str) -> str:
     if not value:
         raise ValueError(f"{what} must not be empty")
-    if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+    if value.startswith("/") or re.match(DRIVE_LETTER_PATTERN, value):
         raise ValueError(f"{what} {value!r} must be relative to workDir, not absolute")
     if _SEGMENT_FORBIDDEN.search(value):
         raise ValueError(f"{what} {value!r} must not contain backslashes or control characters")
+    if _GLOB.search(value):
+        raise ValueError(
+            f"{what} {value!r} must be a literal path: glob characters (*, ?, [) are not allowed"
+        )
     for segment in value.split("/"):
         if segment in ("", ".", ".."):
             raise ValueError(f"{what} {value!r} must not contain empty, '.' or '..' segments")
@@ -241,19 +259,39 @@ _SUFFIX: Final[dict[str, Decimal]] = {
 }
 
 
+#: Longest quantity string (the CRD's maxLength, so the API server and the model agree).
+QUANTITY_MAX_LENGTH: Final = 64
+#: Largest amount Kubernetes represents: a larger quantity is capped to it (apimachinery's
+#: ``ParseQuantity``), so ``10^30`` and ``10^31`` compare equal on the API server.
+QUANTITY_MAX: Final = Decimal(2**63 - 1)
+#: Kubernetes rounds a quantity up to a whole nano unit.
+_NANO: Final = Decimal("1e-9")
+
+
 def parse_quantity(value: str) -> Decimal:
-    """Value of a Kubernetes quantity in the subset this API accepts (e.g. ``500m``, ``1Gi``)."""
-    match = _QUANTITY_RE.match(value)
+    """Value of a Kubernetes quantity in the subset this API accepts (e.g. ``500m``, ``1Gi``).
+
+    Capped at :data:`QUANTITY_MAX` and rounded up to a nano unit exactly as the API server's
+    ``quantity()`` does, so a comparison here (requests <= limits) agrees with the CRD's CEL rule.
+    """
+    match = _QUANTITY_RE.fullmatch(value)  # not .match: "$" also matches before a final "\n"
     if match is None:
         raise ValueError(f"{value!r} is not a quantity like 500m, 2, 256Mi or 1Gi")
     number = value[: len(value) - len(match.group(2) or "")]
-    return Decimal(number) * _SUFFIX[match.group(2) or ""]
+    with localcontext() as ctx:
+        ctx.prec = 2 * QUANTITY_MAX_LENGTH + 32  # exact for every string the pattern admits
+        amount = min(Decimal(number) * _SUFFIX[match.group(2) or ""], QUANTITY_MAX)
+        return amount.quantize(_NANO, rounding=ROUND_CEILING)
 
 
 def _quantity_input(value: object) -> object:
     if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= QUANTITY_MAX:
+            raise ValueError(f"{value} is not a quantity: an integer amount is 0 to 2^63-1")
         value = str(value)
     if isinstance(value, str):
+        if len(value) > QUANTITY_MAX_LENGTH:
+            raise ValueError(f"a quantity is at most {QUANTITY_MAX_LENGTH} characters")
         parse_quantity(value)
     return value
 
@@ -264,7 +302,10 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "maxLength": 64}],
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "maxLength": QUANTITY_MAX_LENGTH},
+            ],
             "pattern": QUANTITY_PATTERN,
         }
     ),
@@ -289,6 +330,11 @@ DEFAULT_RESOURCE_REQUESTS: Final = ResourceList(cpu="10m", memory="32Mi")
 #: Limits a sandbox gets for what neither its spec nor the host policy states: what one busy
 #: sandbox may use at most.
 DEFAULT_RESOURCE_LIMITS: Final = ResourceList(cpu="1", memory="512Mi")
+#: Ceilings for a resource the host policy sets no ``maxLimits`` for (raised to the host's default
+#: limit when that is larger): so an unconfigured host still refuses a spec asking 10^18 CPUs,
+#: which the API server and the scheduler would otherwise take (the pod just never schedules).
+#: A host that wants larger sandboxes says so in ``hostPolicy.resources.maxLimits``.
+DEFAULT_RESOURCE_CEILING: Final = ResourceList(cpu="8", memory="16Gi")
 
 
 def _amounts(rl: ResourceList) -> str:
@@ -367,10 +413,57 @@ class Lifetime(ContractModel):
         return self
 
 
+#: An image reference: no whitespace or control characters.
+IMAGE_PATTERN: Final = r"^[^\x00-\x20\x7f-\x9f\p{Z}]+$"
+
 HOST_PATTERN: Final = (
     r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
 )
 KIND_PATTERN: Final = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+
+#: A host whose last label is all digits or ``0x`` hex is an IPv4 literal in one of the forms
+#: resolvers accept (``169.254.169.254``, ``0x7f.1``); IPv6 literals never match HOST_PATTERN.
+IP_LITERAL_PATTERN: Final = r"(^|\.)([0-9]+|0x[0-9a-f]*)$"
+#: Names of cloud metadata services (and loopback): reaching one hands a sandbox the node's
+#: credentials, so no allowlist may name one, or a wildcard that covers one. Single-label names
+#: ("metadata", "instance-data", "localhost") are refused by the two-label rule already.
+METADATA_HOSTS: Final[tuple[str, ...]] = (
+    "metadata.google.internal",
+    "metadata.goog",
+    "instance-data.ec2.internal",
+)
+#: The reserved top-level domain that always means loopback (RFC 6761).
+LOOPBACK_SUFFIX: Final = ".localhost"
+
+
+def egress_host_problem(host: str) -> str | None:
+    """Why ``host`` may not be an egressAllow entry, or None.
+
+    Static rules, the same everywhere (the CRD carries them as CEL): an entry names a host by a
+    fully qualified name, never an IP literal (a literal bypasses every name the host trusts and is
+    how metadata endpoints are reached) and never a metadata or loopback name. The egress proxy
+    still refuses such addresses after resolving; this refuses the ask before anything runs.
+    """
+    if "." not in host:
+        return (
+            f"{host!r} is a single-label name, resolved through the proxy's search domains "
+            "(e.g. 'metadata', 'localhost'); name the host in full, e.g. pypi.org"
+        )
+    if re.search(IP_LITERAL_PATTERN, host):
+        return f"{host!r} is an IP literal; name the host, e.g. pypi.org"
+    if host in METADATA_HOSTS or host.endswith(LOOPBACK_SUFFIX):
+        return f"{host!r} is a cloud metadata or loopback name"
+    if host.startswith("*.") and any(m.endswith(host[1:]) for m in METADATA_HOSTS):
+        return f"{host!r} would allow a cloud metadata name"
+    return None
+
+
+def _check_egress_host(value: str) -> str:
+    problem = egress_host_problem(value)
+    if problem is not None:
+        raise ValueError(f"egressAllow entry {problem}")
+    return value
+
 
 EgressHost = Annotated[
     str,
@@ -378,9 +471,64 @@ EgressHost = Annotated[
         min_length=1,
         max_length=HOST_MAX_LENGTH,
         pattern=HOST_PATTERN,
-        description="A lower-case host name; a leading '*.' allows any subdomain.",
+        description=(
+            "A lower-case, fully qualified host name; a leading '*.' allows any subdomain. Not an "
+            "IP literal, a single label, or a cloud metadata or loopback name."
+        ),
     ),
+    AfterValidator(_check_egress_host),
 ]
+
+#: Top directories of a posix guest a workDir may not be at or under: the kernel's and the
+#: runtime's (mounting a work volume there breaks the guest or hands it host state), and the root.
+POSIX_SYSTEM_DIRS: Final[tuple[str, ...]] = ("proc", "sys", "dev", "etc", "boot", "run", "var/run")
+#: Top directories of a Windows guest a workDir may not be at or under (case-insensitive), and the
+#: drive root.
+WINDOWS_SYSTEM_DIRS: Final[tuple[str, ...]] = (
+    "windows",
+    "program files",
+    "program files (x86)",
+    "programdata",
+    "system volume information",
+    "$recycle.bin",
+    "recovery",
+)
+#: workDir at or under a posix system directory, or the root itself.
+POSIX_SYSTEM_WORK_DIR_PATTERN: Final = (
+    r"^/(" + "|".join(re.escape(d) for d in POSIX_SYSTEM_DIRS) + r")?(/|$)"
+)
+#: workDir at or under a Windows system directory, or a drive root (any case, either separator).
+WINDOWS_SYSTEM_WORK_DIR_PATTERN: Final = (
+    r"(?i)^[a-z]:[\\/]("
+    + "|".join(re.escape(d).replace("\\ ", " ") for d in WINDOWS_SYSTEM_DIRS)
+    + r")?([\\/]|$)"
+)
+#: A '.' or '..' segment, or an empty one ('//'): a workDir is compared as written, so it must be
+#: normalised (``/w/../etc`` is ``/etc``).
+UNNORMALISED_WORK_DIR_PATTERN: Final = r"([\\/]\.\.?([\\/]|$)|[\\/][\\/])"
+#: Windows spellings that name another directory than they seem to: a ':' after the drive (an
+#: alternate stream), an 8.3 short name (``PROGRA~1``), a segment ending in '.' or ' ' (dropped).
+WINDOWS_ALIAS_WORK_DIR_PATTERN: Final = r"^[A-Za-z]:(.*:|.*~[0-9]|.*[. ]([\\/]|$))"
+
+
+def work_dir_problem(value: str) -> str | None:
+    """Why ``value`` may not be a workDir, or None. Static rules, carried into the CRD as CEL."""
+    if re.search(UNNORMALISED_WORK_DIR_PATTERN, value):
+        return f"workDir {value!r} must be a normalised path: no empty, '.' or '..' segments"
+    if re.search(WINDOWS_ALIAS_WORK_DIR_PATTERN, value):
+        return (
+            f"workDir {value!r} uses a Windows spelling that names another directory (a ':' "
+            "after the drive, a short name like PROGRA~1, or a segment ending in '.' or ' ')"
+        )
+    if re.search(POSIX_SYSTEM_WORK_DIR_PATTERN, value) or re.search(
+        WINDOWS_SYSTEM_WORK_DIR_PATTERN, value
+    ):
+        return (
+            f"workDir {value!r} is a root or system directory (/, /proc, /sys, /dev, /etc, /boot, "
+            r"/run, /var/run, C:\, C:\Windows, C:\Program Files, ...); use a directory of the "
+            "workload's own, e.g. /workspace"
+        )
+    return None
 
 
 class SandboxSpec(ContractModel):
@@ -394,15 +542,20 @@ class SandboxSpec(ContractModel):
     image: str = Field(
         min_length=1,
         max_length=512,
-        pattern=r"^\S+$",
+        # No whitespace (any Unicode space) and no control character, spelled as a class RE2 (the
+        # API server) and Rust (pydantic) read alike: their \S disagree on \v and Unicode spaces.
+        pattern=IMAGE_PATTERN,
         description="Container image (or remote image reference) the sandbox runs.",
     )
     work_dir: str = Field(
         default="/workspace",
         min_length=1,
-        pattern=r"^(/|[A-Za-z]:[\\/])",
+        pattern=r"^(/|[A-Za-z]:[\\/])[^\x00-\x1f\x7f]*$",
         max_length=PATH_MAX_LENGTH,
-        description="Absolute working directory in the guest; declared outputs are under it.",
+        description=(
+            "Absolute, normalised working directory in the guest; declared outputs are under it. "
+            "Not a root or system directory (/proc, /etc, C:\\Windows, ...)."
+        ),
     )
     requires: CapabilitySet = Field(
         default=DEFAULT_CAPABILITIES,
@@ -428,6 +581,8 @@ class SandboxSpec(ContractModel):
     egress_allow: tuple[EgressHost, ...] = Field(
         default=(),
         max_length=EGRESS_ALLOW_MAX_ITEMS,
+        # A set in the CRD (x-kubernetes-list-type: set), so a duplicate is a 422 there too.
+        json_schema_extra={"uniqueItems": True},
         description="Hosts reachable under egress allowlist; everything else is denied.",
     )
     files_in: TransferLimits = Field(
@@ -449,7 +604,8 @@ class SandboxSpec(ContractModel):
             "CPU and memory requests and limits. What is left out comes from the host policy "
             f"(unless configured: requests {_amounts(DEFAULT_RESOURCE_REQUESTS)}, limits "
             f"{_amounts(DEFAULT_RESOURCE_LIMITS)}); requests never exceed limits, and an ask "
-            "above the host's ceilings is refused (ResourcesExceedCeiling)."
+            "above the host's ceilings (unless configured: "
+            f"{_amounts(DEFAULT_RESOURCE_CEILING)}) is refused (ResourcesExceedCeiling)."
         ),
     )
     lifetime: Lifetime = Field(
@@ -466,6 +622,9 @@ class SandboxSpec(ContractModel):
             raise ValueError(f"workDir {value!r} must be an absolute path")
         if _KEY_PART_FORBIDDEN.search(value):
             raise ValueError("workDir must not contain control characters")
+        problem = work_dir_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -476,6 +635,12 @@ class SandboxSpec(ContractModel):
             )
         if len(set(self.egress_allow)) != len(self.egress_allow):
             raise ValueError("egressAllow lists a host more than once")
+        if self.requires_os_family is OsFamily.POSIX and re.match(
+            DRIVE_LETTER_PATTERN, self.work_dir
+        ):
+            raise ValueError(
+                f"workDir {self.work_dir!r} is a Windows path, but requiresOsFamily is posix"
+            )
         if self.declared_outputs:
             if Capability.FILES_OUT not in self.requires:
                 raise ValueError(
@@ -539,7 +704,9 @@ class ResourcePolicy(ContractModel):
     """The host's resource settings: defaults for what a spec leaves out, and ceilings.
 
     A default fills only what the spec does not state (the spec wins); a ceiling refuses a larger
-    ask with ``ResourcesExceedCeiling`` (never clamps it). Unset ceilings mean no ceiling.
+    ask with ``ResourcesExceedCeiling`` (never clamps it). An unset ``maxLimits`` entry means the
+    built-in :data:`DEFAULT_RESOURCE_CEILING` (or the default limit, when larger); an unset
+    ``maxRequests`` entry means only the limit ceiling bounds requests.
     """
 
     default_requests: ResourceList = Field(
@@ -559,8 +726,9 @@ class ResourcePolicy(ContractModel):
     )
     max_limits: ResourceList = Field(
         default_factory=ResourceList,
-        description="Largest limit (and so request) a spec may state, per resource; unset: no "
-        "ceiling.",
+        description="Largest limit (and so request) a spec may state, per resource; unset: the "
+        f"built-in ceiling ({_amounts(DEFAULT_RESOURCE_CEILING)}), or the default limit when "
+        "that is larger.",
     )
 
     @field_validator("default_requests")

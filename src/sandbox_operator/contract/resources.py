@@ -12,7 +12,10 @@ from pydantic import Field, field_validator, model_validator
 from .conditions import ConditionStatus
 from .enums import Egress, IsolationScope, OsFamily
 from .models import (
+    EGRESS_ALLOW_MAX_ITEMS,
     KEY_MAX_LENGTH,
+    NO_CONTROL_PATTERN,
+    NON_EMPTY_NO_CONTROL_PATTERN,
     CapabilitySet,
     ContractModel,
     EgressHost,
@@ -162,23 +165,28 @@ class SandboxResourceSpec(SandboxSpec):
     agent_dir: str = Field(
         min_length=1,
         max_length=KEY_MAX_LENGTH,
+        pattern=NON_EMPTY_NO_CONTROL_PATTERN,
         description="Agent the sandbox belongs to (part of the sandbox key). Immutable.",
     )
     call_id: str = Field(
         default="",
         max_length=KEY_MAX_LENGTH,
+        pattern=NO_CONTROL_PATTERN,
         description="Call the sandbox serves; required iff isolationScope is call. Immutable.",
     )
 
-    @field_validator("agent_dir")
+    # Before the pattern (which the CRD carries), so a person gets the specific reason.
+    @field_validator("agent_dir", mode="before")
     @classmethod
-    def _agent_dir_clean(cls, value: str) -> str:
-        return _check_key_part(value, "agentDir")
+    def _agent_dir_clean(cls, value: object) -> object:
+        return _check_key_part(value, "agentDir") if isinstance(value, str) else value
 
-    @field_validator("call_id")
+    @field_validator("call_id", mode="before")
     @classmethod
-    def _call_id_clean(cls, value: str) -> str:
-        return _check_key_part(value, "callId", allow_empty=True)
+    def _call_id_clean(cls, value: object) -> object:
+        if isinstance(value, str):
+            return _check_key_part(value, "callId", allow_empty=True)
+        return value
 
     @model_validator(mode="after")
     def _call_id_iff_call_scope(self) -> SandboxResourceSpec:
@@ -244,6 +252,14 @@ class SandboxResourceStatus(ContractModel):
             "admission)."
         ),
     )
+    admitted_egress_allow: tuple[EgressHost, ...] | None = Field(
+        default=None,
+        max_length=EGRESS_ALLOW_MAX_ITEMS,
+        description=(
+            "The egressAllow hosts judged at admission (allowlist sandboxes only): what the "
+            "egress proxy enforces, whatever the spec says later."
+        ),
+    )
     egress: EgressSummary | None = Field(
         default=None,
         description=(
@@ -259,11 +275,13 @@ class SandboxScopeResourceSpec(ContractModel):
     scope: str = Field(
         min_length=1,
         max_length=KEY_MAX_LENGTH,
+        pattern=NON_EMPTY_NO_CONTROL_PATTERN,
         description="Tenant or scope of the conversation (part of the sandbox key). Immutable.",
     )
     thread_id: str = Field(
         min_length=1,
         max_length=KEY_MAX_LENGTH,
+        pattern=NON_EMPTY_NO_CONTROL_PATTERN,
         description="Conversation thread (part of the sandbox key). Immutable.",
     )
     min_isolation: IsolationValue | None = Field(
@@ -275,9 +293,12 @@ class SandboxScopeResourceSpec(ContractModel):
         description="Least separation for this conversation; raises the host's, never lowers it.",
     )
 
-    @field_validator("scope", "thread_id")
+    # Before the pattern (which the CRD carries), so a person gets the specific reason.
+    @field_validator("scope", "thread_id", mode="before")
     @classmethod
-    def _clean(cls, value: str, info: Any) -> str:
+    def _clean(cls, value: object, info: Any) -> object:
+        if not isinstance(value, str):
+            return value
         return _check_key_part(value, "scope" if info.field_name == "scope" else "threadId")
 
 

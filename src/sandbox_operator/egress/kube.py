@@ -1,13 +1,14 @@
 """The proxy's Kubernetes side, for a proxy that serves one namespace.
 
 :class:`KubeEgressController` keeps an :class:`EgressProxy`'s sandbox table in step with the
-``egress: allowlist`` Sandboxes of one namespace (id ``namespace/name``, the Sandbox's
-``spec.egressAllow``, the IP of the pod named in ``status.servedBy``), and posts the proxy's
-decisions as Kubernetes Events on the Sandbox they concern, rate-limited per Sandbox: repeats of
-the same (verdict, reason, host, port) are folded into one Event with a count, at most ``burst``
-Events per Sandbox per ``interval`` seconds, and what could not be posted is counted in the next
-Event's message. Events carry the decision's one-line summary (verdict, method, host:port, the
-address used, reason): nothing secret (no path, query or credential ever reaches a record).
+``egress: allowlist`` Sandboxes of one namespace (id ``namespace/name``, the allowlist that
+admission judged, ``status.admittedEgressAllow``, the IP of the pod named in ``status.servedBy``),
+and posts the proxy's decisions as Kubernetes Events on the Sandbox they concern, rate-limited per
+Sandbox: repeats of the same (verdict, reason, host, port) are folded into one Event with a count,
+at most ``burst`` Events per Sandbox per ``interval`` seconds, and what could not be posted is
+counted in the next Event's message. Events carry the decision's one-line summary (verdict, method,
+host:port, the address used, reason): nothing secret (no path, query or credential ever reaches a
+record).
 
 It also keeps ``status.egress`` of each such Sandbox (contract ``EgressSummary``): totals per
 verdict since the controller started, and the newest decisions with time, verdict, reason,
@@ -356,6 +357,9 @@ class KubeEgressController:
             if served.get("kind") != "Pod" or not served.get("name"):
                 continue
             sandbox_id = f"{self.namespace}/{meta.get('name')}"
+            # What admission judged, never the live spec: an edit after admission (refused by
+            # the CRD's transition rules, but older objects predate them) is not enforced.
+            allow = (obj.get("status") or {}).get("admittedEgressAllow") or []
             try:
                 pod = await self.core.read_namespaced_pod(served["name"], self.namespace)
             except Exception:
@@ -365,7 +369,7 @@ class KubeEgressController:
                 continue
             self._uids[sandbox_id] = str(meta.get("uid", ""))
             out[sandbox_id] = SandboxEgress.model_validate(
-                {"id": sandbox_id, "allow": spec.get("egressAllow") or [], "sourceIPs": [ip]}
+                {"id": sandbox_id, "allow": allow, "sourceIPs": [ip]}
             )
         self._present = present
         return out

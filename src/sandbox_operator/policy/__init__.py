@@ -16,7 +16,13 @@ from .admission import (
     select_backend,
     validate_registration,
 )
-from .resources import check_resources, resolve_resources, resolve_spec, resource_excesses
+from .resources import (
+    check_resources,
+    limit_ceilings,
+    resolve_resources,
+    resolve_spec,
+    resource_excesses,
+)
 
 __all__ = [
     "HOST",
@@ -31,6 +37,7 @@ __all__ = [
     "check_resources",
     "effective_floor",
     "effective_isolation_scope",
+    "limit_ceilings",
     "resolve_fixed_backend",
     "resolve_resources",
     "resolve_spec",

@@ -31,6 +31,7 @@ from sandbox_operator.contract import (
     IsolationScope,
     IsolationScopeNotEnforced,
     NoBackendCanServe,
+    OsFamily,
     OsFamilyNotSupported,
     SandboxRefusal,
     SandboxSpec,
@@ -43,6 +44,7 @@ from sandbox_operator.contract import (
     isolation_scope_rank,
     parse_isolation,
 )
+from sandbox_operator.contract.models import DRIVE_LETTER_PATTERN
 
 from .resources import check_resources, resolve_spec
 
@@ -166,6 +168,16 @@ def check_call_key(
         raise CallIdRequired(kind=spec.kind, raised_by=scope.raised_by)
 
 
+def required_os_family(spec: SandboxSpec) -> OsFamily | None:
+    """The OS family ``spec`` needs: the one it states, else ``windows`` when its workDir is a
+    Windows path (``C:\\work``), else None (a posix-looking path is also valid on Windows)."""
+    if spec.requires_os_family is not None:
+        return spec.requires_os_family
+    if re.match(DRIVE_LETTER_PATTERN, spec.work_dir):
+        return OsFamily.WINDOWS
+    return None
+
+
 def _transfer_excesses(spec: SandboxSpec, ceiling: TransferLimits) -> list[TransferExcess]:
     excesses: list[TransferExcess] = []
     for direction, asked in (("filesIn", spec.files_in), ("filesOut", spec.files_out)):
@@ -218,13 +230,16 @@ def check_backend(
             backend=name, kind=kind, missing=missing, declared=declared.capabilities
         )
 
-    # 3. OS family: silence refuses only a spec that asks.
-    if spec.requires_os_family is not None and spec.requires_os_family not in declared.os_families:
+    # 3. OS family: silence refuses only a spec that asks. A drive-letter workDir asks for
+    #    windows: on a posix guest it is a relative directory named "C:" (or a mount that fails).
+    family = required_os_family(spec)
+    if family is not None and family not in declared.os_families:
         raise OsFamilyNotSupported(
             backend=name,
             kind=kind,
-            requested=spec.requires_os_family,
+            requested=family,
             declared=declared.os_families,
+            work_dir=spec.work_dir if spec.requires_os_family is None else None,
         )
 
     # 4. Transfer ceilings: a bigger ask is refused, never clamped.
@@ -290,7 +305,7 @@ def validate_registration(host: HostPolicy, backends: Sequence[BackendProfile]) 
         raise ConfigurationError("backends", "no backends are registered")
     seen: dict[str, int] = {}
     for index, backend in enumerate(backends):
-        if not BACKEND_NAME_PATTERN.match(backend.name):
+        if not BACKEND_NAME_PATTERN.fullmatch(backend.name):
             raise ConfigurationError(
                 f"backends[{index}].name",
                 f"backend name {backend.name!r} must be a DNS label "

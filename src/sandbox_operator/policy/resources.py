@@ -9,7 +9,10 @@ ask. Per resource (cpu, memory):
 * request: the spec's; else the host's default request, capped at the limit.
 
 So requests never exceed limits, and every sandbox has both for both resources. A stated amount
-above the host's ceiling is refused with :class:`ResourcesExceedCeiling`, never clamped.
+above the host's ceiling is refused with :class:`ResourcesExceedCeiling`, never clamped. A host
+that sets no ``maxLimits`` for a resource still has one: the built-in
+:data:`~sandbox_operator.contract.models.DEFAULT_RESOURCE_CEILING` (8 CPU, 16Gi), raised to the
+host's default limit when that is larger (see :func:`limit_ceilings`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
     parse_quantity,
 )
+from sandbox_operator.contract.models import DEFAULT_RESOURCE_CEILING
 
 
 def _larger(a: str, b: str) -> str:
@@ -77,22 +81,48 @@ def resolve_spec(host: HostPolicy, spec: SandboxSpec) -> SandboxSpec:
     return spec.model_copy(update={"resources": resolved})
 
 
+def limit_ceilings(host: HostPolicy) -> tuple[ResourceList, frozenset[str]]:
+    """The limit ceilings in force under ``host``, and the resources whose ceiling is built in.
+
+    ``maxLimits`` where the host sets it; otherwise the built-in ceiling, raised to the host's
+    default limit when that is larger (a host handing out 32 CPUs by default means sandboxes that
+    large, and a spec stating what it would get anyway is not refused).
+    """
+    policy = host.resources
+    ceilings: dict[str, str] = {}
+    built_in: set[str] = set()
+    for r in RESOURCE_NAMES:
+        configured: str | None = getattr(policy.max_limits, r)
+        if configured is not None:
+            ceilings[r] = configured
+            continue
+        default_limit = getattr(policy.default_limits, r)
+        built: str | None = getattr(DEFAULT_RESOURCE_CEILING, r)
+        assert default_limit is not None and built is not None
+        ceilings[r] = _larger(built, default_limit)
+        built_in.add(r)
+    return ResourceList.model_validate(ceilings), frozenset(built_in)
+
+
 def resource_excesses(host: HostPolicy, spec: SandboxSpec) -> list[ResourceExcess]:
     """Every amount ``spec`` states above the host's ceilings, requests first.
 
     A request is held to ``maxRequests`` and ``maxLimits`` (it can never exceed its limit), and
-    reported against the tighter one it exceeds; a limit to ``maxLimits``. The host's defaults are
-    validated against the ceilings when the policy is built, so only stated amounts can exceed.
+    reported against the tighter one it exceeds; a limit to ``maxLimits`` (or, unset, the built-in
+    ceiling: :func:`limit_ceilings`). The host's defaults are validated against the ceilings when
+    the policy is built (and the built-in ceiling never falls below them), so only stated amounts
+    can exceed.
     """
     policy = host.resources
+    max_limits, built_in = limit_ceilings(host)
     excesses: list[ResourceExcess] = []
     for part, stated, ceilings in (
         (
             "requests",
             spec.resources.requests,
-            (("maxRequests", policy.max_requests), ("maxLimits", policy.max_limits)),
+            (("maxRequests", policy.max_requests), ("maxLimits", max_limits)),
         ),
-        ("limits", spec.resources.limits, (("maxLimits", policy.max_limits),)),
+        ("limits", spec.resources.limits, (("maxLimits", max_limits),)),
     ):
         for r in RESOURCE_NAMES:
             asked: str | None = getattr(stated, r)
@@ -106,13 +136,22 @@ def resource_excesses(host: HostPolicy, spec: SandboxSpec) -> list[ResourceExces
             ]
             if exceeded:
                 _, name, ceiling = min(exceeded)
-                excesses.append(ResourceExcess(f"{part}.{r}", asked, f"{name}.{r}", ceiling))
+                excesses.append(
+                    ResourceExcess(
+                        f"{part}.{r}",
+                        asked,
+                        f"{name}.{r}",
+                        ceiling,
+                        built_in=name == "maxLimits" and r in built_in,
+                    )
+                )
     return excesses
 
 
 def check_resources(host: HostPolicy, spec: SandboxSpec) -> None:
     """Refuse ``spec`` with :class:`ResourcesExceedCeiling` when it states an amount above the
-    host's ceilings (``hostPolicy.resources.maxRequests`` / ``maxLimits``).
+    host's ceilings (``hostPolicy.resources.maxRequests`` / ``maxLimits``, or the built-in
+    ceiling where the host sets none).
 
     Runs before any backend is judged: the ceilings are the host's, whichever backend serves.
     """
