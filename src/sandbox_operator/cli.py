@@ -97,6 +97,24 @@ def _default_priority() -> int:
     return 100 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 10000
 
 
+def _peering_identity() -> str | None:
+    """The operator's identity in the peering object: the pod's, when it runs in one.
+
+    The priority is derived from the pod name, so it survives a container restart; the identity
+    must too. kopf's own identity is made anew by each process (user, host, start time, random),
+    so a container restarted after a SIGKILL would find its dead predecessor's record, with its
+    own priority, still within its lifetime, and pause itself until that ran out (up to 60 s).
+    With the pod's identity the record is its own: ignored, then overwritten by the first
+    keep-alive. One container per pod, so two live processes never share it. Outside a pod
+    (no ``POD_NAME``) kopf's per-process identity stays, so two processes on one host still
+    see each other."""
+    pod = os.environ.get("POD_NAME")
+    if not pod:
+        return None
+    namespace = os.environ.get("POD_NAMESPACE")
+    return f"{namespace}/{pod}" if namespace else pod
+
+
 def _load_yaml(path: str) -> Any:
     with open(path) as fh:
         return yaml.safe_load(fh)
@@ -208,6 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         standalone=True if args.standalone else None,
         priority=args.priority if args.priority is not None else _default_priority(),
         peering_name=args.peering,
+        identity=_peering_identity(),  # type: ignore[arg-type]  # kopf does not export Identity
         liveness_endpoint=liveness,
         memo=kopf.Memo(config=config),
     )

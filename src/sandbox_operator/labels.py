@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 GROUP = "sandbox-operator.dev"
@@ -44,11 +45,44 @@ CALL_ANNOTATION = f"{GROUP}/call-id"
 # became ready.
 LAST_ACTIVITY_ANNOTATION = f"{GROUP}/last-activity"
 
+#: A last-activity stamp at most this far ahead of the operator's clock is taken as "now" (the
+#: client's clock may run a little ahead); one further ahead is ignored, not believed: it would
+#: put off the idle timeout (and a year-9999 stamp overflowed the deadline arithmetic).
+LAST_ACTIVITY_MAX_SKEW_SECONDS = 60.0
+
+#: The API server's limit on the total size of an object's annotations (keys plus values).
+ANNOTATIONS_LIMIT_BYTES = 256 * 1024
+
 #: On a pod claimed from a warm pool: when the claim landed (RFC 3339 UTC).
 CLAIMED_AT_ANNOTATION = f"{GROUP}/claimed-at"
 #: On a warm pool's pods: the pool's name (the pool label holds it shortened when it is long), so
 #: a claimed pod still says where it came from after its owner became the Sandbox.
 POOL_NAME_ANNOTATION = f"{GROUP}/pool-name"
+
+
+def read_last_activity(value: object, now: datetime) -> datetime | None:
+    """The last-activity annotation's time, read defensively: anyone who may annotate a Sandbox
+    may write it. Garbage, a time that cannot be compared or computed with, or one more than
+    LAST_ACTIVITY_MAX_SKEW_SECONDS ahead of ``now`` -> None (no activity recorded); a little
+    ahead -> ``now``. Always timezone-aware UTC."""
+    if not isinstance(value, str) or not value or len(value) > 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        parsed = parsed.astimezone(UTC)
+        if parsed > now + timedelta(seconds=LAST_ACTIVITY_MAX_SKEW_SECONDS):
+            return None
+    except (ValueError, OverflowError, TypeError):
+        return None
+    return min(parsed, now)
+
+
+def annotations_size(annotations: Mapping[str, str] | None) -> int:
+    """The size the API server counts against ANNOTATIONS_LIMIT_BYTES (keys plus values)."""
+    return sum(len(str(k).encode()) + len(str(v).encode()) for k, v in (annotations or {}).items())
+
 
 # 32 hex characters = 128 bits of SHA-256: collisions are not a practical concern, and the value
 # stays well under the 63-character limit and starts/ends with an alphanumeric character.

@@ -177,3 +177,50 @@ def test_expired_and_failed_are_terminal_with_disposal_and_no_deadline() -> None
     assert gone.verdict is not None and gone.verdict.reason == "Failed" and gone.dispose
     assert compute.is_terminal({"conditions": [{"type": "Ready", "status": "False",
                                                 "reason": "Failed"}]})  # fmt: skip
+
+
+ALLOWLIST_CONFIG, _ = parse_config(
+    {
+        "hostPolicy": {"minIsolation": "hardened_container", "selection": "perSpec"},
+        "backends": [
+            {
+                "name": "gvisor",
+                "type": "runtimeClass",
+                "runtimeClassName": "gvisor",
+                "isolation": "hardened_container",
+                "declarations": {"egressModes": ["closed", "allowlist"]},
+            }
+        ],
+    }
+)
+ALLOWLIST_SPEC = {**SPEC, "egress": "allowlist", "egressAllow": ["pypi.org", "*.example.com"]}
+
+
+def admit_allowlist(obj: Any) -> compute.Admission:
+    spec = SandboxResourceSpec.model_validate(obj["spec"])
+    return compute.admit(
+        obj,
+        spec,
+        compute.resolve_scope(SCOPE, spec.scope_ref, "ns"),
+        host_policy=ALLOWLIST_CONFIG.host_policy,
+        profiles=profiles(ALLOWLIST_CONFIG),
+        known_backends=("gvisor",),
+    )
+
+
+def test_admission_records_the_allowlist_it_judged() -> None:
+    a = admit_allowlist(sandbox(ALLOWLIST_SPEC))
+    assert a.admitted and a.decided_now
+    assert a.fields["admittedEgressAllow"] == ["pypi.org", "*.example.com"]
+    # Closed egress records none.
+    assert "admittedEgressAllow" not in admit_allowlist(sandbox()).fields
+
+
+def test_an_admitted_allowlist_is_recorded_once_and_never_rewritten_from_the_spec() -> None:
+    # Admitted before the field existed: recorded once from the spec.
+    a = admit_allowlist(sandbox(ALLOWLIST_SPEC, admitted_status(NOW)))
+    assert not a.decided_now and a.fields == {"admittedEgressAllow": ["pypi.org", "*.example.com"]}
+    # Recorded already: a later spec (an edit the CRD would refuse) changes nothing.
+    status = {**admitted_status(NOW), "admittedEgressAllow": ["pypi.org"]}
+    edited = {**ALLOWLIST_SPEC, "egressAllow": ["evil.example"]}
+    assert admit_allowlist(sandbox(edited, status)).fields == {}

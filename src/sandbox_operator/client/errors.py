@@ -124,6 +124,13 @@ class SandboxScopeNotFound(SandboxAcquireError):
     reason_value = "ScopeNotFound"
 
 
+class SandboxScopeConflict(SandboxAcquireError):
+    """The ``scopeRef`` names a SandboxScope whose scope and threadId an older SandboxScope in
+    the namespace already holds (one conversation, one SandboxScope); the message names it."""
+
+    reason_value = "ScopeConflict"
+
+
 class SandboxGone(SandboxAcquireError):
     """The Sandbox (or its SandboxScope) was deleted, expired or is being disposed while waited on.
 
@@ -191,6 +198,7 @@ _OTHER_TERMINAL: dict[str, type[SandboxAcquireError]] = {
     "Failed": SandboxFailed,
     "KeyUnclean": SandboxKeyUnclean,
     "ScopeNotFound": SandboxScopeNotFound,
+    "ScopeConflict": SandboxScopeConflict,
     "Expired": SandboxGone,
     "Disposing": SandboxGone,
     "Disposed": SandboxGone,

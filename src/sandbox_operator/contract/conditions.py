@@ -35,6 +35,10 @@ class ConditionReason(StrEnum):
     NO_BACKEND_CAN_SERVE = RefusalReason.NO_BACKEND_CAN_SERVE.value
     # Admission and lifecycle.
     SCOPE_NOT_FOUND = "ScopeNotFound"
+    # A SandboxScope (Ready=False) whose scope and threadId an older SandboxScope in the
+    # namespace already holds, and the Sandboxes naming it (Admitted=False): one conversation,
+    # one SandboxScope.
+    SCOPE_CONFLICT = "ScopeConflict"
     ADMITTED = "Admitted"
     PENDING = "Pending"
     CREATING = "Creating"

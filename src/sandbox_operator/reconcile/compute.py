@@ -29,6 +29,7 @@ from sandbox_operator.contract import (
     SERVED_FROM_COLD,
     ConditionReason,
     ConditionType,
+    Egress,
     HostPolicy,
     IsolationScope,
     SandboxKey,
@@ -68,17 +69,32 @@ class ScopeResolution:
 
     spec: SandboxScopeResourceSpec | None
     problem: str = ""  # why it cannot be used, when ``spec`` is None
+    reason: str = R.SCOPE_NOT_FOUND  # the refusal's reason, when ``spec`` is None
 
 
 def resolve_scope(
-    scope_obj: Mapping[str, Any] | None, scope_ref: str, namespace: str
+    scope_obj: Mapping[str, Any] | None,
+    scope_ref: str,
+    namespace: str,
+    *,
+    conversation_holder: str | None = None,
 ) -> ScopeResolution:
+    """``conversation_holder``: the older SandboxScope that holds the conversation this one
+    names (``Views.conversation_holder``): this one cannot be used while that one exists."""
     if scope_obj is None:
         return ScopeResolution(
             None, f"SandboxScope {scope_ref!r} not found in namespace {namespace}"
         )
     if _meta(scope_obj).get("deletionTimestamp"):
         return ScopeResolution(None, f"SandboxScope {scope_ref!r} is being deleted")
+    if conversation_holder is not None:
+        return ScopeResolution(
+            None,
+            f"SandboxScope {scope_ref!r} is refused: SandboxScope {conversation_holder!r} "
+            "already holds its scope and threadId in this namespace (one conversation, one "
+            f"SandboxScope); use scopeRef {conversation_holder!r}",
+            R.SCOPE_CONFLICT,
+        )
     try:
         return ScopeResolution(SandboxScopeResourceSpec.model_validate(scope_obj.get("spec") or {}))
     except ValidationError:
@@ -135,9 +151,17 @@ def admit(
         if status.get("isolationScope"):
             isolation_scope = IsolationScope(status["isolationScope"])
         message = str((cnd.find(status.get("conditions"), ADMITTED) or {}).get("message", ""))
-        return Admission(True, R.ADMITTED, message, str(status["backend"]), isolation_scope, key)
+        return Admission(
+            True,
+            R.ADMITTED,
+            message,
+            str(status["backend"]),
+            isolation_scope,
+            key,
+            fields=_backfill_admitted_allow(spec, status),
+        )
     if scope.spec is None:
-        return Admission(False, R.SCOPE_NOT_FOUND, scope.problem, decided_now=True)
+        return Admission(False, scope.reason, scope.problem, decided_now=True)
     sandbox_spec = spec.sandbox_spec()
     floor = effective_floor(host_policy, sandbox_spec, scope_floor=scope.spec.min_isolation)
     try:
@@ -182,9 +206,28 @@ def admit(
             "isolation": parse_isolation(chosen.backend.isolation).value,
             "effectiveFloor": chosen.floor.value,
             "isolationScope": chosen.isolation_scope.value,
+            **admitted_allow(spec),
         },
         decided_now=True,
     )
+
+
+def admitted_allow(spec: SandboxResourceSpec) -> dict[str, Any]:
+    """``status.admittedEgressAllow`` for a new admission: the hosts the policy just judged,
+    which the egress proxy enforces from then on (never the live spec)."""
+    if spec.egress is not Egress.ALLOWLIST:
+        return {}
+    return {"admittedEgressAllow": list(spec.egress_allow)}
+
+
+def _backfill_admitted_allow(
+    spec: SandboxResourceSpec, status: Mapping[str, Any]
+) -> dict[str, Any]:
+    """An allowlist Sandbox admitted before ``admittedEgressAllow`` existed gets it recorded
+    once, from its spec (immutable since its CRD carried the transition rules)."""
+    if "admittedEgressAllow" in status:
+        return {}
+    return admitted_allow(spec)
 
 
 # ---- step 2: plan ---------------------------------------------------------------------------
@@ -254,7 +297,9 @@ def plan(
     lifetime = spec.sandbox_spec().lifetime
     annotations = meta.get("annotations") or {}
     ready_since = _time(ready_cond.get("lastTransitionTime")) if was_ready else None
-    last_activity = _time(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION))
+    # Anyone who may annotate the Sandbox may write it: garbage or a stamp from the future is
+    # ignored, one a little ahead is now (labels.read_last_activity).
+    last_activity = lbl.read_last_activity(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION), now)
     verdict = judge(
         observation,
         lifetime=lifetime,

@@ -102,6 +102,31 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+class NoProgress(kopf.ProgressStorage):
+    """kopf's per-handler progress (retries, start times), kept nowhere.
+
+    kopf keeps it in ``status.kopf`` and in annotations (``kopf.zalando.org/<handler id>``) for
+    its change-detecting handlers, and parses it back as JSON: annotations the agent's role may
+    write. The operator has none of those handlers (its watch and index handlers keep no
+    progress), so this storage makes sure none is ever read from or written to an object, even
+    if one is added: garbage there can never stall a Sandbox or its deletion."""
+
+    def fetch(self, *, key: Any, body: Any) -> Any:
+        return None
+
+    def store(self, *, key: Any, record: Any, body: Any, patch: Any) -> None:
+        return None
+
+    def purge(self, *, key: Any, body: Any, patch: Any) -> None:
+        return None
+
+    def touch(self, *, body: Any, patch: Any, value: str | None) -> None:
+        return None
+
+    def clear(self, *, essence: Any) -> Any:
+        return essence
+
+
 def _runtime(memo: Any) -> Runtime:
     rt: Runtime = memo.runtime
     return rt
@@ -180,6 +205,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if settings.persistence.finalizer == FINALIZER:
         settings.persistence.finalizer = KOPF_FINALIZER
     settings.persistence.diffbase_storage = NoDiffBase()
+    settings.persistence.progress_storage = NoProgress()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
@@ -320,15 +346,21 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
 async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
     namespace, name, uid = _ns_name(body)
+    # Other SandboxScopes of its conversation: one refused (ScopeConflict) while this one held
+    # it may hold it now, and its Sandboxes go ahead.
+    peers = [n for n in rt.views.conversation_scopes(namespace, name) if n != name]
     if type == "DELETED":
         rt.views.scopes.remove(namespace, name, uid)
         rt.purges.pop((namespace, name), None)
     else:
         rt.enqueue_scope(namespace, name)
-    # Sandboxes that waited for this scope (ScopeNotFound) go ahead now.
-    for other in rt.views.naming_scope_names(namespace, name):
-        if not _admitted(rt, namespace, other):
-            rt.enqueue_sandbox(namespace, other)
+    for scope in (name, *peers):
+        if scope != name:
+            rt.enqueue_scope(namespace, scope)
+        # Sandboxes that waited for this scope (ScopeNotFound, ScopeConflict) go ahead now.
+        for other in rt.views.naming_scope_names(namespace, scope):
+            if not _admitted(rt, namespace, other):
+                rt.enqueue_sandbox(namespace, other)
 
 
 @kopf.on.event(GROUP, VERSION, SANDBOX_WARM_POOL_PLURAL)

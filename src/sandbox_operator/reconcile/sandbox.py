@@ -50,6 +50,7 @@ from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import Verdict
 from sandbox_operator.reconcile.pool import claim_warm_pod
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
+from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,12 @@ async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) ->
             continue
         name = ometa.get("name")
         if ometa.get("deletionTimestamp"):
+            if FINALIZER not in (ometa.get("finalizers") or []):
+                # Let go by the operator (what served it is disposed) or never taken on, and held
+                # only by finalizers of someone else's: nothing of it is left to wait for. (Its
+                # key labels may even be another key's: anyone who may create it could set them.)
+                # Backend objects it left behind, if any, are found below by their own labels.
+                continue
             return f"Sandbox {name} with the same key is still being disposed"
         if cnd.reason_of(other.get("status"), DISPOSED) == R.DISPOSAL_FAILED:
             return f"disposal of Sandbox {name} with the same key failed and has not landed yet"
@@ -330,20 +337,65 @@ async def _ensure_metadata(
         annotations = {k: v for k, v in lbl.key_annotations(key).items() if have_ann.get(k) != v}
     finalizers = list(meta.get("finalizers") or [])
     need_finalizer = FINALIZER not in finalizers
+    if annotations and not _annotations_fit(meta, annotations):
+        # The key annotations are for people; an object whose annotations (anyone who may create
+        # it may fill them) leave no room for them goes without, rather than every patch of
+        # ours being refused (422) and the Sandbox never served nor let go.
+        annotations = {}
     if not labels and not annotations and not need_finalizer:
         return obj
-    patched = await rt.kube.patch_metadata(
-        SANDBOX_PLURAL,
-        str(meta["namespace"]),
-        name,
-        labels,
-        annotations,
-        finalizers=[*finalizers, FINALIZER] if need_finalizer else None,
-        resource_version=str(meta.get("resourceVersion") or "") or None,
-    )
+
+    async def patch(annotations: dict[str, str]) -> dict[str, Any] | None:
+        return await rt.kube.patch_metadata(
+            SANDBOX_PLURAL,
+            str(meta["namespace"]),
+            name,
+            labels,
+            annotations,
+            finalizers=[*finalizers, FINALIZER] if need_finalizer else None,
+            resource_version=str(meta.get("resourceVersion") or "") or None,
+        )
+
+    try:
+        patched = await patch(annotations)
+    except Exception as exc:
+        if not annotations or getattr(exc, "status", None) != 422:
+            raise
+        if not labels and not need_finalizer:
+            return obj
+        log.warning(
+            "sandbox %s/%s: its annotations leave no room for the key annotations; "
+            "labelled without them",
+            meta["namespace"],
+            name,
+        )
+        patched = await patch({})
     if patched is None:
         return None
     return rt.views.put_sandbox(patched)
+
+
+def _annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool:
+    """Whether merging ``adding`` into the object's annotations keeps them within the API server's
+    limit (the views keep the annotations' size when it is large: ``views.ANNOTATIONS_SIZE``)."""
+    size = int(meta.get(ANNOTATIONS_SIZE) or 0)
+    if not size:
+        return True
+    have = meta.get("annotations") or {}
+    replaced = {k: have[k] for k in adding if k in have}
+    growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
+    return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES
+
+
+def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
+    """Something of a key went away: Sandboxes held back by KeyUnclean may go ahead now."""
+    value = labels.get(lbl.KEY_LABEL)
+    if not value:
+        return
+    for other in rt.views.sandboxes.select_names(namespace, lbl.KEY_LABEL, value):
+        summary = rt.views.sandboxes.summary_of(namespace, other)
+        if not (summary and summary[2]):  # not admitted (yet)
+            rt.enqueue_sandbox(namespace, other)
 
 
 async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
@@ -369,7 +421,10 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         return None
     spec = parsed
     scope = compute.resolve_scope(
-        rt.views.scopes.get(namespace, spec.scope_ref), spec.scope_ref, namespace
+        rt.views.scopes.get(namespace, spec.scope_ref),
+        spec.scope_ref,
+        namespace,
+        conversation_holder=rt.views.conversation_holder(namespace, spec.scope_ref),
     )
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
     fresh = await _ensure_metadata(rt, obj, scope, key)
@@ -675,7 +730,10 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
             resource_version=str(meta.get("resourceVersion") or "") or None,
         )
         if released is not None and (released.get("metadata") or {}).get("finalizers"):
+            # Still held, by finalizers of someone else's: no DELETED event will come for a while,
+            # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
+            wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
         rt.purging.discard((namespace, name))
         return None
     failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED

@@ -1,15 +1,23 @@
-"""Reconcile a SandboxScope: count its sandboxes; on delete, purge the whole conversation.
+"""Reconcile a SandboxScope: count its sandboxes; on delete, purge what it owns.
 
-Members are found in the views by the conversation's labels (and, for Sandboxes not admitted
-yet, by ``spec.scopeRef``), never by an in-memory registry of what this process created, so a
-replica that never saw those sandboxes created purges them just as well.
+One conversation (scope + threadId) has one SandboxScope per namespace: the oldest SandboxScope
+naming it holds it, a later one is refused (``Ready=False, ScopeConflict``, naming the holder) and
+so are the Sandboxes naming that one, until the holder is gone (``Views.conversation_holder``).
 
-A purge costs a bounded number of calls per sandbox: the Sandboxes go with one
-``deletecollection`` by the conversation's label selector, and so do the pods and
-NetworkPolicies of every watched backend (two calls per backend). Each Sandbox's own finalizer
-then confirms, from the watch, that its objects are gone and lets it go (one patch, plus a status
-write only when it has to wait). The scope waits, woken by each member's deletion event, until
-every member is gone or the disposal timeout passes, records the purge and lets go.
+A scope owns the Sandboxes whose ``spec.scopeRef`` names it, found in the views (never by an
+in-memory registry of what this process created, so a replica that never saw those sandboxes
+created purges them just as well), and nothing else: a Sandbox of another SandboxScope with the
+same scope and threadId carries the same conversation labels, so the labels alone never decide.
+
+A purge costs a bounded number of calls per sandbox. When this scope is the only one naming its
+conversation (the usual case) everything with the conversation's labels is its own: the
+Sandboxes go with one ``deletecollection`` by the conversation's label selector, and so do the
+pods and NetworkPolicies of every watched backend (two calls per backend, orphans included).
+When another SandboxScope names the same conversation, each member is deleted by name and its
+own finalizer disposes what carries its sandbox label. Each Sandbox's own finalizer confirms,
+from the watch, that its objects are gone and lets it go (one patch, plus a status write only
+when it has to wait). The scope waits, woken by each member's deletion event, until every member
+is gone or the disposal timeout passes, records the purge and lets go.
 """
 
 from __future__ import annotations
@@ -64,28 +72,28 @@ def _spec(scope: Mapping[str, Any]) -> SandboxScopeResourceSpec | None:
 
 
 def scope_members(rt: Runtime, namespace: str, name: str) -> list[Obj]:
-    """Sandboxes of a scope: those labelled with its conversation, plus those that name it."""
-    scope = rt.views.scopes.get(namespace, name)
-    spec = _spec(scope) if scope is not None else None
-    members: dict[str, Obj] = {}
-    if spec is not None:
-        value = lbl.conversation_value(spec.scope, spec.thread_id)
-        for s in rt.views.sandboxes.select(namespace, lbl.CONVERSATION_LABEL, value):
-            members[_meta(s)["name"]] = s
-    for s in rt.views.naming_scope(namespace, name):
-        members[_meta(s)["name"]] = s
-    return list(members.values())
+    """The Sandboxes a scope owns: those whose ``spec.scopeRef`` names it."""
+    return rt.views.naming_scope(namespace, name)
 
 
 def scope_member_names(rt: Runtime, namespace: str, name: str) -> set[str]:
     """The names of a scope's Sandboxes (as ``scope_members``), decoding none of them."""
-    scope = rt.views.scopes.get(namespace, name)
-    spec = _spec(scope) if scope is not None else None
-    names: set[str] = set(rt.views.naming_scope_names(namespace, name))
-    if spec is not None:
-        value = lbl.conversation_value(spec.scope, spec.thread_id)
-        names.update(rt.views.sandboxes.select_names(namespace, lbl.CONVERSATION_LABEL, value))
-    return names
+    return set(rt.views.naming_scope_names(namespace, name))
+
+
+def owns_conversation(rt: Runtime, namespace: str, name: str) -> bool:
+    """Whether the scope is the only SandboxScope naming its conversation, so that everything
+    carrying the conversation's labels is its own (and may go by collection)."""
+    return rt.views.conversation_scopes(namespace, name) == [name]
+
+
+def conflict_message(spec: SandboxScopeResourceSpec, holder: str) -> str:
+    return (
+        f"SandboxScope {holder!r} already holds scope {spec.scope!r} threadId "
+        f"{spec.thread_id!r} in this namespace (one conversation, one SandboxScope): this one "
+        f"is refused, and so are its Sandboxes, while {holder!r} exists; delete this one and "
+        f"use {holder!r}, or give this one another threadId"
+    )
 
 
 async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | None:
@@ -100,7 +108,11 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
     members = scope_member_names(rt, namespace, name)
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
-    if _spec(scope) is not None:
+    spec = _spec(scope)
+    holder = rt.views.conversation_holder(namespace, name)
+    if spec is not None and holder is not None:
+        draft.cond(READY, False, R.SCOPE_CONFLICT, conflict_message(spec, holder))
+    elif spec is not None:
         draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
     else:
         try:
@@ -129,12 +141,24 @@ async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
 
 
 async def _request_purge(
-    rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | None, members: list[Obj]
+    rt: Runtime,
+    namespace: str,
+    spec: SandboxScopeResourceSpec | None,
+    members: list[Obj],
+    *,
+    whole_conversation: bool,
 ) -> list[DisposalFailure]:
-    """Ask for everything of the conversation to go, in collection calls where possible."""
+    """Ask for everything the scope owns to go: with ``whole_conversation`` (no other scope
+    names it) everything of the conversation, in collection calls where possible; else each
+    member by name (its finalizer disposes its own objects)."""
     failures: list[DisposalFailure] = []
     for m in members:
         rt.purging.add((namespace, str(_meta(m)["name"])))
+    if not whole_conversation:
+        for m in members:
+            if not _meta(m).get("deletionTimestamp"):
+                await rt.kube.delete_sandbox(namespace, str(_meta(m)["name"]))
+        return failures
     if spec is not None:
         await rt.kube.delete_sandboxes(namespace, lbl.scope_selector(spec.scope, spec.thread_id))
     conversation = lbl.conversation_value(spec.scope, spec.thread_id) if spec is not None else None
@@ -175,9 +199,13 @@ async def _request_purge(
     return failures
 
 
-def _leftovers(rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | None) -> int:
-    """Watched objects of the conversation still there (orphans of no member included)."""
-    if spec is None:
+def _leftovers(
+    rt: Runtime, namespace: str, spec: SandboxScopeResourceSpec | None, whole_conversation: bool
+) -> int:
+    """Watched objects of the conversation still there (orphans of no member included), when
+    the purge asked for the whole conversation (else each member's finalizer waits for its
+    own objects, and the others' are not this scope's to wait for)."""
+    if spec is None or not whole_conversation:
         return 0
     value = lbl.conversation_value(spec.scope, spec.thread_id)
     return rt.views.count_by_label(namespace, lbl.CONVERSATION_LABEL, value)
@@ -195,15 +223,17 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         return None
     spec = _spec(scope)
     names = scope_member_names(rt, namespace, name)
+    whole = owns_conversation(rt, namespace, name)
     timeout = rt.config.operator.dispose_timeout_seconds
     started, attempt, initial, failures = rt.purges.get(key, (None, 0, len(names), ()))
     if started is None:
-        found = await _request_purge(rt, namespace, spec, scope_members(rt, namespace, name))
+        members = scope_members(rt, namespace, name)
+        found = await _request_purge(rt, namespace, spec, members, whole_conversation=whole)
         started = time.monotonic()
         failures = tuple(found)
         rt.purges[key] = (started, attempt, max(initial, len(names)), failures)
         initial = max(initial, len(names))
-    leftovers = _leftovers(rt, namespace, spec)
+    leftovers = _leftovers(rt, namespace, spec, whole)
     elapsed = time.monotonic() - started
     if (names or leftovers) and elapsed < timeout and not failures:
         # Woken by each member's deletion: nothing to decode or write until the last one.

@@ -46,6 +46,12 @@ _KEPT_ANNOTATIONS = frozenset(
     }
 )
 
+#: In a view's metadata: the size of the object's annotations (``labels.annotations_size``), kept
+#: only from ANNOTATIONS_SIZE_KEPT_FROM bytes on (below, any patch of ours fits).
+ANNOTATIONS_SIZE = "annotationsSize"
+ANNOTATIONS_SIZE_KEPT_FROM = 64 * 1024
+
+
 #: Labels indexed for selection (key uniqueness, conversations, sandbox membership).
 INDEXED_LABELS = (
     lbl.KEY_LABEL,
@@ -118,13 +124,17 @@ def _meta(
     if have:
         out["labels"] = {_s(k): _s(v) for k, v in have.items() if labels is None or k in labels}
     if annotations:
-        kept = {
-            _s(k): str(v)
-            for k, v in (meta.get("annotations") or {}).items()
-            if k in _KEPT_ANNOTATIONS
-        }
+        have_annotations = meta.get("annotations") or {}
+        kept = {_s(k): str(v) for k, v in have_annotations.items() if k in _KEPT_ANNOTATIONS}
         if kept:
             out["annotations"] = kept
+        # How much of the API server's annotation limit is used, when it is a fair share: a
+        # metadata patch that would take the object over the limit is refused (422) as a whole.
+        rough = sum(len(k) + len(v) for k, v in have_annotations.items())  # chars <= bytes
+        if rough * 4 > ANNOTATIONS_SIZE_KEPT_FROM:
+            size = lbl.annotations_size(have_annotations)
+            if size > ANNOTATIONS_SIZE_KEPT_FROM:
+                out[ANNOTATIONS_SIZE] = size
     if meta.get("finalizers"):
         out["finalizers"] = [_s(f) for f in meta["finalizers"]]
     owners = meta.get("ownerReferences") or []
@@ -254,6 +264,9 @@ class Store:
 
     slim: Callable[[Mapping[str, Any]], Obj]
     summarize: Callable[[Obj], Any] | None = None
+    #: The (label, value) pairs to index an object under; default: its labels. (A SandboxScope
+    #: is indexed under the conversation its spec names, which no label of its own carries.)
+    index_of: Callable[[Obj], Mapping[str, str]] | None = None
     items: dict[ObjKey, _Entry] = field(default_factory=dict)
     # (namespace, label, value) -> the name holding it, or the set of names when several do
     # (most key and sandbox label values are held by one object: no set for those).
@@ -290,7 +303,7 @@ class Store:
                 held: Obj = json.loads(old.data)
                 return held
             self._unindex(k, old)
-        labels = meta.get("labels") or {}
+        labels = self.index_of(slim) if self.index_of is not None else meta.get("labels") or {}
         entry = _Entry(
             uid=uid,
             rv=rv,
@@ -358,6 +371,21 @@ class Store:
                 del self._by_label[ix]
 
 
+def scope_conversation(obj: Obj) -> dict[str, str]:
+    """A SandboxScope's index: the conversation label value of its spec's scope and threadId."""
+    spec = obj.get("spec") or {}
+    scope, thread = spec.get("scope"), spec.get("threadId")
+    if isinstance(scope, str) and isinstance(thread, str) and scope and thread:
+        return {lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread)}
+    return {}
+
+
+def _age_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """Older first: creation time (RFC 3339 UTC, so string order is time order), then name."""
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp") or "9999"), str(meta.get("name") or ""))
+
+
 def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     """(Ready reason, backend, admitted) of a Sandbox: the census metric, and which Sandboxes
     wait for something (a scope, a key) without decoding them."""
@@ -385,7 +413,7 @@ class Views:
     NetworkPolicies. ``scope_refs`` maps (namespace, scopeRef) to the Sandboxes naming it."""
 
     sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox, sandbox_summary))
-    scopes: Store = field(default_factory=lambda: Store(slim_scope))
+    scopes: Store = field(default_factory=lambda: Store(slim_scope, index_of=scope_conversation))
     pools: Store = field(default_factory=lambda: Store(slim_pool))
     pods: Store = field(default_factory=lambda: Store(slim_pod))
     network_policies: Store = field(default_factory=lambda: Store(slim_plain))
@@ -429,6 +457,32 @@ class Views:
                 names.discard(k[1])
                 if not names:
                     del self._scope_refs[(k[0], ref)]
+
+    # ---- conversations: one SandboxScope each -------------------------------------------------
+
+    def conversation_scopes(self, namespace: str, scope: str) -> list[str]:
+        """The SandboxScopes whose spec names the same scope and threadId as ``scope`` does
+        (itself included; empty when it is not held or names none)."""
+        entry = self.scopes.items.get((namespace, scope))
+        if entry is None:
+            return []
+        value = entry.indexed[INDEXED_LABELS.index(lbl.CONVERSATION_LABEL)]
+        if value is None:
+            return []
+        return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
+
+    def conversation_holder(self, namespace: str, scope: str) -> str | None:
+        """The older SandboxScope holding the conversation that ``scope`` names, when that is
+        not ``scope`` itself: the oldest of those naming it (by creation, then name) holds it,
+        also while it is being deleted (its purge may still dispose the conversation's objects
+        by its labels); the others are refused (``ScopeConflict``) until it is gone."""
+        names = self.conversation_scopes(namespace, scope)
+        if len(names) < 2:
+            return None
+        held = (self.scopes.get(namespace, n) for n in names)
+        oldest = min((o for o in held if o is not None), key=_age_key)
+        holder = str(oldest["metadata"]["name"])
+        return None if holder == scope else holder
 
     # ---- children -----------------------------------------------------------------------------
 
