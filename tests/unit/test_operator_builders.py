@@ -419,3 +419,65 @@ def test_only_a_pod_waiting_for_its_sandbox_for_a_while_has_its_events_read():
     assert not awaits_pod_sandbox(pod(10, node=""), now)  # not scheduled: nothing to ask
     assert not awaits_pod_sandbox(pod(10, phase="Running"), now)
     assert not awaits_pod_sandbox(pod(10, waiting="ImagePullBackOff"), now)
+
+
+NO_DNS = {
+    "dnsPolicy": "None",
+    "dnsConfig": {
+        "nameservers": ["127.0.0.1"],
+        "options": [
+            {"name": "use-vc"},
+            {"name": "timeout", "value": "1"},
+            {"name": "attempts", "value": "1"},
+        ],
+    },
+}
+
+
+def _dns(pod: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in pod["spec"].items() if k in ("dnsPolicy", "dnsConfig")}
+
+
+def test_a_sandbox_that_may_reach_no_resolver_fails_lookups_inside_the_pod() -> None:
+    """Closed sandboxes (and allowlisted ones given the proxy as a number) ask only the pod's own
+    loopback, over TCP: refused at once by a RST, never an ICMP error the node rate-limits (which
+    made every other lookup under the deny-all policy wait 5 s). Warm pool pods are built by the
+    same function, so a pool with a closed template gets the same."""
+    from sandbox_operator.backends.base import PoolRef
+    from sandbox_operator.backends.egress_proxy import ProxyAddress
+    from sandbox_operator.backends.warmpool import build_pool_pod
+    from sandbox_operator.config import EgressProxySettings
+
+    assert _dns(build_pod(request(), backend())) == NO_DNS
+    pool_pod = build_pool_pod(PoolRef("ns", "p", "u"), request().spec, backend(), "s" * 32)
+    assert _dns(pool_pod) == NO_DNS
+    allow = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
+    managed = backend().model_copy(update={"egress_proxy": EgressProxySettings(managed=True)})
+    assert _dns(build_pod(allow, managed, ProxyAddress("10.96.12.34", 3129))) == NO_DNS
+    assert _dns(build_pod(allow, managed)) == NO_DNS  # no proxy yet: nothing to resolve either
+    for url in ("http://10.96.0.9:3128", "http://[fd00::9]:3128"):
+        by_number = backend().model_copy(
+            update={"egress_proxy": EgressProxySettings(url=url, port=3128)}
+        )
+        assert _dns(build_pod(allow, by_number)) == NO_DNS, url
+    assert _dns(build_pod(allow, backend())) == NO_DNS  # allowlist without a proxy: closed
+    # The manifest is built fresh each time (no shared lists a caller could mutate).
+    first = build_pod(request(), backend())
+    first["spec"]["dnsConfig"]["options"].clear()
+    assert _dns(build_pod(request(), backend())) == NO_DNS
+
+
+def test_sandboxes_that_need_a_resolver_keep_the_clusters() -> None:
+    """Unrestricted sandboxes, and allowlisted ones whose (external) proxy is given by name,
+    which they must resolve themselves, keep the cluster's resolver."""
+    from sandbox_operator.config import EgressProxySettings
+
+    unrestricted = request(egress=Egress.UNRESTRICTED)
+    assert _dns(build_pod(unrestricted, backend())) == {"dnsPolicy": "ClusterFirst"}
+    by_name = backend().model_copy(
+        update={"egress_proxy": EgressProxySettings(url="http://egress-proxy:3128", port=3128)}
+    )
+    allow = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
+    assert _dns(build_pod(allow, by_name)) == {"dnsPolicy": "ClusterFirst"}
+    # The same backend's closed sandboxes still fail lookups inside the pod.
+    assert _dns(build_pod(request(), by_name)) == NO_DNS

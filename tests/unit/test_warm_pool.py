@@ -154,6 +154,14 @@ def test_the_shape_is_the_backend_and_the_resolved_pod_shaping_fields() -> None:
         assert pools.shape_of("gvisor", other) != pools.shape_of("gvisor", base), change
 
 
+def test_a_new_pod_template_version_changes_every_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Idle pods an older operator made (e.g. closed pods with cluster DNS) must not be claimed.
+    spec = resolve_spec(CONFIG.host_policy, SandboxSpec(kind="shell", image="busybox"))
+    before = pools.shape_of("gvisor", spec)
+    monkeypatch.setattr(pools, "POD_TEMPLATE_VERSION", pools.POD_TEMPLATE_VERSION + 1)
+    assert pools.shape_of("gvisor", spec) != before
+
+
 def test_a_template_is_admitted_like_a_sandbox_with_that_spec() -> None:
     j = judge(TEMPLATE)
     assert (j.backend, j.reason) == ("gvisor", "Ready")

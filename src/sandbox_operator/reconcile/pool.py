@@ -38,6 +38,7 @@ from sandbox_operator.backends.base import (
     StartupError,
     TransientError,
 )
+from sandbox_operator.backends.runtimeclass import POD_TEMPLATE_VERSION
 from sandbox_operator.backends.warmpool import (
     WarmPoolPods,
     build_pool_pod,
@@ -83,6 +84,7 @@ def shape_of(backend: str, spec: SandboxSpec) -> str:
     pods."""
     resources = spec.resources
     shape = {
+        "podTemplate": POD_TEMPLATE_VERSION,
         "backend": backend,
         "kind": spec.kind,
         "image": spec.image,
