@@ -63,6 +63,9 @@ class FakeKube:
     async def get_scope(self, ns, name):
         return copy.deepcopy(self.objs.get(("sandboxscopes", name)))
 
+    async def get_pod(self, ns, name):
+        return copy.deepcopy(self.objs.get(("pods", name)))
+
     async def list_sandboxes(self, ns, label_selector=None):
         out = []
         want = dict(p.split("=", 1) for p in label_selector.split(",")) if label_selector else {}
@@ -497,6 +500,37 @@ async def test_dispose_gets_what_the_status_recorded_as_serving():
     await finalize_sandbox(rt, NS, "a")
     assert driver.disposed[-1].name == "a"
     assert ("sandboxes", "a") not in kube.objs
+
+
+async def test_a_ready_sandbox_whose_pod_the_views_lack_is_read_not_failed():
+    """After a peering pause kopf lists every kind again, the Sandboxes before the pods: a
+    standby taking over can see a Ready Sandbox before its pod. The pod is read once from the
+    API server and put into the view; the Sandbox is neither failed nor disposed."""
+    rt, kube, _ = runtime()
+    driver = RecordingDriver("gvisor")
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    driver.pods["a"]["phase"] = ObservedPhase.READY
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["status"] == "True"
+    # Out of the driver's sight (its views), still on the API server.
+    kube.objs[("pods", "a")] = {
+        "metadata": {"name": "a", "namespace": NS, "uid": "pod-uid", "resourceVersion": "7"},
+        "status": {"phase": "Running"},
+    }
+    held = driver.pods.pop("a")
+    delay = await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["status"] == "True"
+    assert not driver.disposed
+    assert rt.views.pods.get(NS, "a") is not None  # put into the view
+    assert delay is not None and delay < 1  # and looked at again at once
+    # Once the view holds it, it is not read again: the view's word stands.
+    driver.pods["a"] = held
+    del kube.objs[("pods", "a")]
+    await reconcile_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["status"] == "True"
 
 
 # ---- Ready waits for the egress proxy's admission --------------------------------------------

@@ -61,6 +61,20 @@ class Kube:
     async def get_scope(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(SANDBOX_SCOPE_PLURAL, namespace, name)
 
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod as JSON, None when there is none: only to confirm the views before a Ready
+        sandbox is taken for lost (the runtime-class driver makes every other pod call)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from sandbox_operator.kubecalls import call_json
+
+        try:
+            return await call_json(self._core.read_namespaced_pod, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def list_sandboxes(
         self, namespace: str, label_selector: str | None = None
     ) -> list[dict[str, Any]]:

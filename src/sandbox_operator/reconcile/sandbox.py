@@ -69,6 +69,10 @@ DISPOSING_REPORT_AFTER_SECONDS = 2.0
 #: After a write lost a race (409), look again this soon even if no watch event comes.
 CONFLICT_RETRY_SECONDS = 1.0
 
+#: After the views were found to lack a pod that exists (put into them from the API server),
+#: look again this soon.
+VIEW_RECHECK_SECONDS = 0.2
+
 # A create that failed transiently is retried after BASE * 2**attempt, at most MAX seconds
 # (or after the backend's Retry-After, when it is longer and still below MAX).
 _ENSURE_BACKOFF = 5.0
@@ -545,6 +549,18 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         # The pod went first because the Sandbox itself is being deleted (a scope purge, a
         # collection delete): that is disposal, not failure. Its own deletion event follows.
         return None
+    if (
+        plan.verdict is not None
+        and plan.verdict.reason == R.FAILED
+        and observation.phase is ObservedPhase.ABSENT
+        and observation.detail_reason != "Foreign"  # a pod under its name, not its own: judged
+        and await _serving_pod_exists(rt, namespace, obj)
+    ):
+        # The views lacked a pod that exists: after a peering pause kopf lists every kind again,
+        # each on its own (the Sandboxes before the pods), so a standby that takes over can see
+        # a Ready Sandbox before its pod. Never failed and disposed on the views' word alone:
+        # the pod is in the view now, look again.
+        return VIEW_RECHECK_SECONDS
     # Progress while starting ("starting: Pending", "starting: ContainerCreating") is written at
     # most every MESSAGE_DEBOUNCE_SECONDS; what is awaited (the egress proxy) and every new
     # reason are written at once.
@@ -625,6 +641,23 @@ def _startup_deadline(
     admitted_at = cnd.parse_time(cond.get("lastTransitionTime")) or now
     timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
     return max(0.0, timeout - (now - admitted_at).total_seconds()) + 0.05
+
+
+async def _serving_pod_exists(rt: Runtime, namespace: str, obj: Mapping[str, Any]) -> bool:
+    """Whether the pod the status names as serving the sandbox exists after all, though the
+    observation found none: in the view by now (it arrived meanwhile), or on the API server
+    (asked once, only on this rare path; then put into the view)."""
+    served = (obj.get("status") or {}).get("servedBy") or {}
+    if served.get("kind") != "Pod" or not served.get("name"):
+        return False
+    pod_ns, pod_name = str(served.get("namespace") or namespace), str(served["name"])
+    if rt.views.pods.get(pod_ns, pod_name) is not None:
+        return True
+    pod = await rt.kube.get_pod(pod_ns, pod_name)
+    if pod is None:
+        return False
+    rt.views.pods.upsert(pod)
+    return True
 
 
 async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
