@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.reconcile.views import Views, slim_pod
@@ -119,6 +122,41 @@ async def test_the_queue_runs_a_key_once_per_burst_and_again_if_added_meanwhile(
     assert await q.drain(2)
     await q.stop()
     assert runs.count("a") == 1 and runs.count("slow") == 2
+
+
+async def test_a_failing_pass_logs_one_traceback_then_one_line_per_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unavailable(Exception):
+        status = 503
+
+    failures: dict[str, BaseException] = {
+        "bug": RuntimeError("a fault of ours"),
+        "away": ConnectionRefusedError("connection refused"),
+        "busy": Unavailable(),
+    }
+    runs: dict[str, int] = {}
+
+    async def handler(key: str) -> float | None:
+        runs[key] = runs.get(key, 0) + 1
+        if runs[key] <= 2:
+            raise failures[key]
+        return None
+
+    q: WorkQueue[str] = WorkQueue(handler, workers=3)
+    caplog.set_level(logging.WARNING, logger="sandbox_operator.reconcile.workqueue")
+    q.start()
+    for key in failures:
+        q.add(key)
+    await asyncio.sleep(2.0)  # two failures each (backoff 0.5 s, then 1 s), then a success
+    await q.stop()
+    assert runs == {"bug": 3, "away": 3, "busy": 3}
+    traced = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert len(traced) == 1 and " bug: " in traced[0]
+    lines = [r.getMessage() for r in caplog.records if not r.exc_info]
+    assert sum("away" in m for m in lines) == 2 and sum("busy" in m for m in lines) == 2
+    assert any("ConnectionRefusedError, 1 in a row" in m for m in lines)
+    assert any("RuntimeError, 2 in a row" in m for m in lines)
 
 
 async def test_deadlines_keep_the_earliest_and_failures_back_off() -> None:

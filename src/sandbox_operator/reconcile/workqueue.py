@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+import aiohttp
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
@@ -32,6 +34,20 @@ K = TypeVar("K", bound=Hashable)
 #: A failing pass is retried after BASE * 2**failures seconds, at most MAX.
 ERROR_BACKOFF_BASE = 0.5
 ERROR_BACKOFF_MAX = 60.0
+
+
+#: HTTP statuses of an API server that is overloaded or on its way back: retried, not news.
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a pass failed because the API server could not be reached or answered "later"
+    (connection refused or reset, a timeout, 429 or 5xx), rather than because of a fault of
+    ours worth a traceback."""
+    if isinstance(exc, (ConnectionError, TimeoutError, aiohttp.ClientConnectionError)):
+        return True
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and status in TRANSIENT_STATUSES
 
 
 class WorkQueue(Generic[K]):
@@ -142,12 +158,24 @@ class WorkQueue(Generic[K]):
                 self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 failures = self._failures.get(key, 0)
                 self._failures[key] = failures + 1
                 delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2**failures)
                 delay *= 1 + random.random() * 0.1
-                log.exception("%s %s: pass failed; retrying in %.1fs", self._name, key, delay)
+                if failures or is_transient(exc):
+                    # An API server that is away fails every pass of every key: one line each,
+                    # not a traceback each (a 12 s outage made thousands of lines).
+                    log.warning(
+                        "%s %s: pass failed (%s, %d in a row); retrying in %.1fs",
+                        self._name,
+                        key,
+                        type(exc).__name__,
+                        failures + 1,
+                        delay,
+                    )
+                else:
+                    log.exception("%s %s: pass failed; retrying in %.1fs", self._name, key, delay)
             finally:
                 self._active.discard(key)
             if key in self._again:
