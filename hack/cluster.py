@@ -5,12 +5,18 @@
                                             start (idempotent: a running cluster is left alone;
                                             --clean: wipe the state of a stopped cluster first)
     hack/cluster.py down [--wipe]           stop every process it started, by pid; --wipe: state
-    hack/cluster.py status                  what runs, where the kubeconfig and logs are
+    hack/cluster.py status                  what runs, where the kubeconfig and logs are, and
+                                            whether the machine could run a microVM (vmx/svm
+                                            and /dev/kvm, or only a paravirtual /dev/kvm)
     hack/cluster.py images                  build the images (and import them if containerd runs)
     hack/cluster.py kubeconfig              print the kubeconfig path
     hack/cluster.py kwok up [--nodes 3]     fake nodes for scale tests: start kwok, create the
                                             nodes and RuntimeClass `kwok` (cluster must be up)
     hack/cluster.py kwok down               delete them and stop kwok (`down` does it too)
+    hack/cluster.py restart NAME [--kill]   stop one control-plane process (kube-apiserver,
+                                            etcd, kube-controller-manager, kube-scheduler) and
+                                            start it as `up` does; --kill: SIGKILL, a crash
+                                            (fault tests: the API server restarted mid-burst)
 
 Levels: `api` = etcd, kube-apiserver, kube-controller-manager; `node` (the default) adds
 kube-scheduler, containerd (runc and gVisor handlers, CNI bridge), a kubelet and kube-proxy,
@@ -1277,6 +1283,7 @@ def cmd_up(level: str, clean: bool = False) -> None:
             ensure_runtime_classes()
         (STATE / "level").write_text(level)
     say(f"cluster is up (level {level}) in {time.monotonic() - T0:.0f}s")
+    say(f"machine: {machine_virtualisation().line}")
     print(f"\nexport KUBECONFIG={KUBECONFIG}")
     print(f"kubectl: {bins.kube('kubectl')}")
     print(f"logs:    {LOGS}/")
@@ -1614,6 +1621,39 @@ def cmd_kwok_down() -> None:
     say("kwok is down")
 
 
+#: What `restart` may restart: processes whose command line needs nothing but the binaries and
+#: the node's address, so the restarted one is exactly what `up` starts.
+RESTARTABLE: dict[str, Callable[[Bins, str], Proc]] = {
+    "kube-apiserver": apiserver_proc,
+    "etcd": lambda bins, ip: etcd_proc(bins),
+    "kube-controller-manager": lambda bins, ip: kcm_proc(bins),
+    "kube-scheduler": lambda bins, ip: scheduler_proc(bins),
+}
+
+
+def cmd_restart(name: str, kill: bool = False) -> float:
+    """Stop one running control-plane process (SIGTERM, or SIGKILL with `kill`) and start it
+    again as `up` does. Returns the outage: seconds from the signal until it is healthy again."""
+    with state_lock():
+        record = read_pidfile(PIDS / f"{name}.json")
+        if not record or not pid_alive(record):
+            raise StepFailed(f"restart {name}", "it does not run: `hack/cluster.py up` first")
+        proc = RESTARTABLE[name](binary_paths(), node_ip())
+        started = time.monotonic()
+        if kill:
+            say(f"killing {name} (pid {record['pid']})")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(record["pid"]), signal.SIGKILL)
+            wait_for(f"{name} gone", lambda: not pid_alive(record), 10)
+        else:
+            stop_record(name, record)
+        start(proc)
+        outage = time.monotonic() - started
+    pid = (read_pidfile(proc.pidfile) or {}).get("pid")
+    say(f"{name} restarted (pid {record['pid']} -> {pid}): down for {outage:.1f}s")
+    return outage
+
+
 ORDER = [
     "kube-router",
     "kube-proxy",
@@ -1707,6 +1747,98 @@ def cmd_down(wipe: bool) -> None:
     say("cluster is down")
 
 
+# --------------------------------------------------------------------------------------------
+# What the machine can virtualise: whether a microVM runtime (Kata, Firecracker) could run here.
+# The local cluster runs none (runc = container, gvisor = hardened_container); this says why not,
+# or that one could be added (docs/cluster.md, "A microVM RuntimeClass").
+
+#: CPU flags of hardware virtualisation in /proc/cpuinfo: Intel VT-x, AMD-V.
+HW_VIRT_FLAGS = ("vmx", "svm")
+#: Kernel modules that say which /dev/kvm this is: PVM (paravirtual: no hardware virtualisation,
+#: guests need a PVM-enabled kernel) vs KVM on VT-x / AMD-V.
+PVM_MODULE = "kvm_pvm"
+HW_KVM_MODULES = ("kvm_intel", "kvm_amd")
+#: What the local cluster offers instead of a microVM, said in every line.
+LOCAL_RUNGS = "this cluster runs runc = container and gvisor = hardened_container, no microVM"
+
+
+@dataclass(frozen=True)
+class Virtualisation:
+    """What this machine offers a microVM runtime. ``kind``: ``hardware`` (vmx/svm and
+    /dev/kvm), ``paravirtual`` (/dev/kvm without vmx/svm, e.g. PVM, which stock guest kernels
+    cannot boot on), ``no-kvm`` (vmx/svm but no /dev/kvm), ``none``, or ``unknown`` (not an x86
+    CPU: its /proc/cpuinfo has no flags to tell). ``line``: that, said in one line."""
+
+    kind: str
+    line: str
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str] | None:
+    """The x86 CPU flags in /proc/cpuinfo text; None when there is no `flags` line (not x86)."""
+    flags: set[str] = set()
+    seen = False
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            seen = True
+            flags.update(value.split())
+    return frozenset(flags) if seen else None
+
+
+def detect_virtualisation(
+    cpuinfo: str, kvm_device: bool, modules: frozenset[str] = frozenset()
+) -> Virtualisation:
+    """Judge the machine from the text of /proc/cpuinfo, whether /dev/kvm exists and the loaded
+    kernel modules (/sys/module). Pure, so it is tested on made-up machines: a /dev/kvm alone does
+    not mean a microVM can boot (a PVM device has one and runs only PVM-built guest kernels)."""
+    flags = cpu_flags(cpuinfo)
+    hw = sorted(set(HW_VIRT_FLAGS) & (flags or frozenset()))
+    if hw and kvm_device:
+        return Virtualisation(
+            "hardware",
+            f"hardware virtualisation ({'/'.join(hw)} in /proc/cpuinfo) and /dev/kvm: a Kata or "
+            f"Firecracker RuntimeClass could be added (docs/cluster.md); {LOCAL_RUNGS}",
+        )
+    if hw:
+        return Virtualisation(
+            "no-kvm",
+            f"hardware virtualisation ({'/'.join(hw)}) but no /dev/kvm (kvm module not loaded "
+            f"or the device not passed in), so no microVM can start; {LOCAL_RUNGS}",
+        )
+    if kvm_device and flags is None and PVM_MODULE not in modules:
+        known = sorted(set(HW_KVM_MODULES) & modules)
+        return Virtualisation(
+            "unknown",
+            "/dev/kvm present, but /proc/cpuinfo has no x86 flags to tell hardware from "
+            f"paravirtual virtualisation (modules: {', '.join(known) or 'none known'}); "
+            f"{LOCAL_RUNGS}",
+        )
+    if kvm_device:
+        pvm = f"; {PVM_MODULE} loaded" if PVM_MODULE in modules else ""
+        return Virtualisation(
+            "paravirtual",
+            f"only a paravirtual /dev/kvm (no vmx/svm in /proc/cpuinfo{pvm}): stock Kata or "
+            f"Firecracker guest kernels cannot boot on it; {LOCAL_RUNGS}",
+        )
+    return Virtualisation(
+        "none",
+        f"no hardware virtualisation (no vmx/svm) and no /dev/kvm; {LOCAL_RUNGS}",
+    )
+
+
+def machine_virtualisation() -> Virtualisation:
+    """:func:`detect_virtualisation` for this machine."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    try:
+        modules = frozenset(os.listdir("/sys/module"))
+    except OSError:
+        modules = frozenset()
+    return detect_virtualisation(cpuinfo, Path("/dev/kvm").is_char_device(), modules)
+
+
 def cmd_status() -> int:
     rc = 0
     probes = {
@@ -1722,6 +1854,7 @@ def cmd_status() -> int:
     level = (STATE / "level").read_text() if (STATE / "level").exists() else "none"
     print(f"state:      {STATE} (last level brought up: {level})")
     print(f"kubeconfig: {KUBECONFIG}")
+    print(f"machine:    {machine_virtualisation().line}")
     for name in reversed(ORDER):
         record = read_pidfile(PIDS / f"{name}.json")
         alive = bool(record and pid_alive(record))
@@ -1801,6 +1934,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     kwok_up.add_argument("--nodes", type=int, default=3, help="number of fake nodes (default 3)")
     kwok_sub.add_parser("down", help="delete the fake nodes and RuntimeClass kwok, stop kwok")
+    restart = sub.add_parser("restart", help="restart one control-plane process (fault tests)")
+    restart.add_argument("name", choices=sorted(RESTARTABLE))
+    restart.add_argument("--kill", action="store_true", help="SIGKILL (a crash), not SIGTERM")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -1819,6 +1955,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_kwok_up(args.nodes)
         elif args.cmd == "kwok":
             cmd_kwok_down()
+        elif args.cmd == "restart":
+            cmd_restart(args.name, args.kill)
     except StepFailed as exc:
         say(f"FAILED at step: {exc.step}: {exc.detail}")
         if exc.log is not None:
