@@ -43,7 +43,7 @@ down:
 # The whole suite: static checks, unit tests, then integration and e2e tests against a real
 # cluster (the fixtures bring the local one up unless KUBECONFIG points at one).
 test: $(STAMP) lint typecheck
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=30
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
