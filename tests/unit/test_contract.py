@@ -738,6 +738,15 @@ def test_quantities_out_of_kubernetes_range_are_refused(value: object) -> None:
     assert error_locs(exc) == ["resources.limits.cpu"]
 
 
+def test_a_whole_float_quantity_is_its_integer_as_on_the_api_server() -> None:
+    # The API server stores limits.memory 3.0 as 3 and refuses 1.5 and 1e20 (not an int64).
+    assert spec(resources={"limits": {"memory": 3.0}}).resources.limits.memory == "3"
+    for value in (1.5, 1e20, -2.0):
+        with pytest.raises(ValidationError) as exc:
+            spec(resources={"limits": {"memory": value}})
+        assert error_locs(exc) == ["resources.limits.memory"]
+
+
 def test_quantities_compare_as_kubernetes_does() -> None:
     # Rounded up to a nano, capped at 2^63-1: the API server's quantity() agrees.
     assert parse_quantity("0.0000000001") == parse_quantity("0.000000001")

@@ -285,6 +285,9 @@ def parse_quantity(value: str) -> Decimal:
 
 
 def _quantity_input(value: object) -> object:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        # The API server stores a whole JSON number (3.0) within int64 as the integer (3).
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value <= QUANTITY_MAX:
             raise ValueError(f"{value} is not a quantity: an integer amount is 0 to 2^63-1")
