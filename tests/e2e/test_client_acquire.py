@@ -145,8 +145,9 @@ async def test_scope_deleted_while_waiting_raises_promptly(
 ) -> None:
     operator()
     scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="deleted")
-    # Unschedulable: the sandbox stays on its way until the scope goes.
-    stuck = spec(resources={"requests": {"cpu": "64", "memory": "16Mi"}, "limits": {"cpu": "64"}})
+    # Unschedulable on this 2-core node (within the host's ceiling of 8 CPU): the sandbox stays
+    # on its way until the scope goes.
+    stuck = spec(resources={"requests": {"cpu": "8", "memory": "16Mi"}, "limits": {"cpu": "8"}})
     task = asyncio.ensure_future(aclient.acquire(scope_ref, "agents/stuck", stuck, timeout=120))
     await asyncio.sleep(3)
     assert not task.done()

@@ -118,12 +118,13 @@ def test_missing_image_is_startup_failed(kit, start_operator):
 def test_startup_timeout(kit, start_operator):
     start_operator(only("runc", "runc", "container"))
     kit.scope()
-    # Nothing on this node can satisfy the request, so the pod stays Pending.
+    # Nothing on this 2-core node can satisfy the request (within the host's ceiling of 8 CPU),
+    # so the pod stays Pending.
     kit.sandbox(
         "toobig",
         resources={
-            "requests": {"cpu": "64", "memory": "16Mi"},
-            "limits": {"cpu": "64", "memory": "128Mi"},
+            "requests": {"cpu": "8", "memory": "16Mi"},
+            "limits": {"cpu": "8", "memory": "128Mi"},
         },
         lifetime={"startupTimeoutSeconds": 6, "ttlSeconds": 600, "idleTimeoutSeconds": 300},
     )

@@ -97,8 +97,11 @@ async def test_status_egress_is_stored_and_kept_beside_the_operators_status(
     kit.sandbox("closed1")  # egress closed: never in the table, never summarised
     operator = Kube(async_api)  # the operator's own status writer (merge patches)
     served = {"servedBy": {"kind": "Pod", "name": POD, "namespace": namespace}}
+    # What admission records of an allowlist sandbox: the hosts the proxy enforces.
+    admitted_allow = {"s1": {"admittedEgressAllow": ["allowed.test"]}, "closed1": {}}
     for name in ("s1", "closed1"):
-        assert await operator.patch_status("sandboxes", namespace, name, served, None)
+        status = {**served, **admitted_allow[name]}
+        assert await operator.patch_status("sandboxes", namespace, name, status, None)
 
     controller = KubeEgressController(async_api, namespace, summary_interval=0.5)
     config = ProxyConfig.model_validate(
