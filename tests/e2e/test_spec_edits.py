@@ -12,20 +12,27 @@ from tests.fixtures.spec_edits import CREATED_WITH, assert_every_fixed_field_is_
 pytestmark = pytest.mark.e2e
 
 
-def runc_only():
+def only(runtime_class: str, isolation: str):
     backend = {
-        "name": "runc",
+        "name": runtime_class,
         "type": "runtimeClass",
-        "runtimeClassName": "runc",
-        "isolation": "container",
+        "runtimeClassName": runtime_class,
+        "isolation": isolation,
         "declarations": DECLARATIONS,
         "pod": {"terminationGracePeriodSeconds": 1},
     }
-    return local_config(floor="container", selection="fixed", pinned="runc", backends=[backend])
+    return local_config(
+        floor="container", selection="fixed", pinned=runtime_class, backends=[backend]
+    )
 
 
-def test_a_ready_sandbox_refuses_spec_edits_and_takes_lifetime_edits(kit, start_operator):
-    start_operator(runc_only())
+@pytest.mark.parametrize(
+    ("runtime_class", "isolation"), [("runc", "container"), ("gvisor", "hardened_container")]
+)
+def test_a_ready_sandbox_refuses_spec_edits_and_takes_lifetime_edits(
+    kit, start_operator, runtime_class, isolation
+):
+    start_operator(only(runtime_class, isolation))
     kit.scope()
     kit.sandbox("s", **CREATED_WITH)
     ready = kit.wait_condition("s", reasons=("Ready",), status="True", timeout=90)
