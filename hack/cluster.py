@@ -47,7 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -1631,6 +1631,10 @@ RESTARTABLE: dict[str, Callable[[Bins, str], Proc]] = {
 }
 
 
+#: Starts `restart` tries (2 s apart) when the new process exits while coming up.
+RESTART_ATTEMPTS = 5
+
+
 def cmd_restart(name: str, kill: bool = False) -> float:
     """Stop one running control-plane process (SIGTERM, or SIGKILL with `kill`) and start it
     again as `up` does. Returns the outage: seconds from the signal until it is healthy again."""
@@ -1647,7 +1651,10 @@ def cmd_restart(name: str, kill: bool = False) -> float:
             wait_for(f"{name} gone", lambda: not pid_alive(record), 10)
         else:
             stop_record(name, record)
-        start(proc)
+        # The leader of a killed Go process is a zombie while its other threads still close
+        # their files: its port can be held a moment longer, and a start then exits at once
+        # ("bind: address already in use"; seen in a CI run). Started again until it binds.
+        start(replace(proc, attempts=max(proc.attempts, RESTART_ATTEMPTS)))
         outage = time.monotonic() - started
     pid = (read_pidfile(proc.pidfile) or {}).get("pid")
     say(f"{name} restarted (pid {record['pid']} -> {pid}): down for {outage:.1f}s")

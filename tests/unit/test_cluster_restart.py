@@ -92,3 +92,5 @@ def test_restart_stops_the_recorded_process_and_starts_what_up_starts(
     assert verb == "start"
     up = cluster.apiserver_proc(cluster.binary_paths(), cluster.node_ip())
     assert (proc.name, proc.argv, proc.fingerprint) == (up.name, up.argv, up.fingerprint)
+    # A start that exits at once (its port still held by the killed process) is tried again.
+    assert proc.attempts >= cluster.RESTART_ATTEMPTS > 1
