@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.fixtures.operator import DECLARATIONS, REPO, local_config
+from tests.fixtures.faults import runc_config
+from tests.fixtures.operator import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -25,22 +26,7 @@ READY_WITHIN = 20.0
 
 
 def runc_only():
-    return local_config(
-        floor="container",
-        selection="fixed",
-        pinned="runc",
-        backends=[
-            {
-                "name": "runc",
-                "type": "runtimeClass",
-                "runtimeClassName": "runc",
-                "isolation": "container",
-                "declarations": DECLARATIONS,
-                "pod": {"terminationGracePeriodSeconds": 1},
-            }
-        ],
-        operator={"resyncSeconds": 30},
-    )
+    return runc_config(resyncSeconds=30)
 
 
 def _peering_object(kit, kubectl) -> None:

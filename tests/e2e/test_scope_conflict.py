@@ -13,28 +13,13 @@ import time
 import pytest
 
 from sandbox_operator import naming
-from tests.fixtures.operator import DECLARATIONS, local_config
+from tests.fixtures.faults import runc_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def runc_only():
-    return local_config(
-        floor="container",
-        selection="fixed",
-        pinned="runc",
-        backends=[
-            {
-                "name": "runc",
-                "type": "runtimeClass",
-                "runtimeClassName": "runc",
-                "isolation": "container",
-                "declarations": DECLARATIONS,
-                "pod": {"terminationGracePeriodSeconds": 1},
-            }
-        ],
-        operator={"resyncSeconds": 30},
-    )
+    return runc_config(resyncSeconds=30)
 
 
 def _conflict_setup(kit):
