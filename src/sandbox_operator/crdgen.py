@@ -128,14 +128,27 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
         "declaredOutputs has more entries than filesOut.maxFiles",
         field_path=".declaredOutputs",
     ),
+    _rule(
+        "!has(self.suspended) || !self.suspended || has(self.storage)",
+        "suspended needs storage: without a work volume, suspending would lose the sandbox's "
+        "files (delete the Sandbox instead)",
+        field_path=".suspended",
+    ),
+    _rule(
+        "!has(self.lifetime) || !has(self.lifetime.idleAction) || "
+        "self.lifetime.idleAction != 'suspend' || has(self.storage)",
+        "lifetime.idleAction suspend needs storage",
+        field_path=".lifetime.idleAction",
+    ),
 ]
 
 #: Immutable key fields of a Sandbox spec.
 SANDBOX_IMMUTABLE_FIELDS: Final = ("scopeRef", "agentDir", "callId")
 
 #: Sandbox spec fields that may change after creation: the lifetime (extending a TTL or an idle
-#: timeout is judged on the next pass). Every other field decided the admission or shapes the pod.
-SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime"})
+#: timeout is judged on the next pass) and suspended (suspend and resume). Every other field
+#: decided the admission or shapes the pod.
+SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime", "suspended"})
 
 
 def _fixed_after_creation(field: str) -> Schema:
@@ -146,7 +159,8 @@ def _fixed_after_creation(field: str) -> Schema:
         f"has(self.{field}) == has(oldSelf.{field}) && "
         f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
         f"{field} cannot change after creation: the sandbox was admitted and started with the "
-        "spec it was created with; create a new Sandbox instead (only lifetime may be edited)",
+        "spec it was created with; create a new Sandbox instead (only lifetime and suspended "
+        "may be edited)",
         field_path=f".{field}",
     )
 
@@ -273,6 +287,7 @@ SANDBOX_PRINTER_COLUMNS: Final[list[Schema]] = [
     {"name": "Reason", "type": "string", "jsonPath": f"{_READY}.reason"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.backend"},
     {"name": "Isolation", "type": "string", "jsonPath": ".status.isolation"},
+    {"name": "Suspended", "type": "string", "jsonPath": ".status.suspendedBy"},
     {"name": "Kind", "type": "string", "jsonPath": ".spec.kind", "priority": 1},
     {"name": "Floor", "type": "string", "jsonPath": ".status.effectiveFloor", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

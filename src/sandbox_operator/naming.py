@@ -84,3 +84,10 @@ def pod_name(sandbox: str) -> str:
 
 def network_policy_name(sandbox: str) -> str:
     return pod_name(sandbox)
+
+
+def work_volume_name(sandbox: str) -> str:
+    """The PersistentVolumeClaim holding a Sandbox's work directory (``spec.storage``): the pod's
+    name plus ``-work``, so the same key always names the same claim (and an earlier sandbox's
+    claim not yet gone holds the key back)."""
+    return f"{pod_name(sandbox)}-work"

@@ -120,11 +120,13 @@ def test_sandbox_printer_columns() -> None:
     (version,) = load(SANDBOX_FILE)["spec"]["versions"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert default == ["Ready", "Reason", "Backend", "Isolation", "Age"]
+    assert default == ["Ready", "Reason", "Backend", "Isolation", "Suspended", "Age"]
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert columns["Backend"]["jsonPath"] == ".status.backend"
     assert columns["Isolation"]["jsonPath"] == ".status.isolation"
+    # Why it is suspended (spec or idle), empty while it is not.
+    assert columns["Suspended"]["jsonPath"] == ".status.suspendedBy"
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",

@@ -146,6 +146,42 @@ class SandboxSpecConflict(SandboxAcquireError):
     reason_value = "SpecConflict"
 
 
+class SandboxSuspended(SandboxAcquireError):
+    """The Sandbox is suspended (its compute stopped, its work volume kept) and was not resumed:
+    ``resume()`` it, or ``acquire`` it (which resumes)."""
+
+    reason_value = "Suspended"
+
+
+class SandboxNotSuspendable(SandboxClientError, ValueError):
+    """The Sandbox cannot be suspended: it declares no ``spec.storage``, so suspending would lose
+    its work directory (dispose it instead). ``sandbox`` and ``namespace`` name it."""
+
+    def __init__(self, *, sandbox: str, namespace: str, message: str = "") -> None:
+        self.sandbox = sandbox
+        self.namespace = namespace
+        self.message = scrub(message) or "it declares no spec.storage (nothing would be kept)"
+        super().__init__(f"sandbox {namespace}/{sandbox} cannot be suspended: {self.message}")
+
+
+class SandboxNotSuspendedInTime(SandboxClientError, TimeoutError):
+    """A ``suspend(wait=True)`` whose deadline passed before the operator reported the Sandbox
+    ``Suspended``; ``last_reason`` is the last Ready reason seen. The spec still says suspended:
+    the operator suspends it when it gets there."""
+
+    def __init__(
+        self, *, sandbox: str, namespace: str, timeout: float, last_reason: str = ""
+    ) -> None:
+        self.sandbox = sandbox
+        self.namespace = namespace
+        self.timeout = timeout
+        self.last_reason = last_reason
+        super().__init__(
+            f"sandbox {namespace}/{sandbox}: not Suspended within {timeout:g}s "
+            f"(last reason: {last_reason or 'none'})"
+        )
+
+
 class SandboxForbidden(SandboxClientError, PermissionError):
     """The client's identity may not do this in the namespace (RBAC said 403). ``action`` names
     what was attempted, e.g. ``get sandboxscopes``."""
@@ -205,6 +241,7 @@ _OTHER_TERMINAL: dict[str, type[SandboxAcquireError]] = {
     "DisposalFailed": SandboxGone,
     "Purged": SandboxGone,
     "PurgeIncomplete": SandboxGone,
+    "Suspended": SandboxSuspended,
 }
 
 #: Condition reasons that mean "still on its way"; anything else that is not Ready is terminal.

@@ -33,6 +33,7 @@ class ConditionReason(StrEnum):
     RESOURCES_EXCEED_CEILING = RefusalReason.RESOURCES_EXCEED_CEILING.value
     BACKEND_UNAVAILABLE = RefusalReason.BACKEND_UNAVAILABLE.value
     NO_BACKEND_CAN_SERVE = RefusalReason.NO_BACKEND_CAN_SERVE.value
+    STORAGE_NOT_SUPPORTED = RefusalReason.STORAGE_NOT_SUPPORTED.value
     # Admission and lifecycle.
     SCOPE_NOT_FOUND = "ScopeNotFound"
     # A SandboxScope (Ready=False) whose scope and threadId an older SandboxScope in the
@@ -47,6 +48,8 @@ class ConditionReason(StrEnum):
     STARTUP_TIMEOUT = "StartupTimeout"
     FAILED = "Failed"
     EXPIRED = "Expired"
+    # Compute stopped, work volume kept (spec.suspended, or lifetime.idleAction suspend).
+    SUSPENDED = "Suspended"
     # Disposal.
     DISPOSING = "Disposing"
     DISPOSED = "Disposed"

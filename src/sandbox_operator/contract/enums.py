@@ -182,6 +182,21 @@ class Disposition(StrEnum):
     CONSUME = "consume"
 
 
+class IdleAction(StrEnum):
+    """What reaching the idle timeout does: ``dispose`` the sandbox (the default), or
+    ``suspend`` it (stop its compute, keep its storage: needs ``storage``)."""
+
+    DISPOSE = "dispose"
+    SUSPEND = "suspend"
+
+
+class AccessMode(StrEnum):
+    """How the work volume may be mounted: by one node, or by one pod."""
+
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+
+
 class Selection(StrEnum):
     """How the host picks a backend: one ``fixed`` backend, or routing ``perSpec``."""
 

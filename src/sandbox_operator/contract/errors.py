@@ -36,6 +36,7 @@ class RefusalReason(StrEnum):
     RESOURCES_EXCEED_CEILING = "ResourcesExceedCeiling"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     NO_BACKEND_CAN_SERVE = "NoBackendCanServe"
+    STORAGE_NOT_SUPPORTED = "StorageNotSupported"
 
 
 def _names(values: Iterable[str], empty: str = "none") -> str:
@@ -287,6 +288,21 @@ class IsolationScopeNotEnforced(SandboxRefusal):
         super().__init__(backend=backend, kind=kind, detail=detail, message=message)
 
 
+class StorageNotSupported(SandboxRefusal):
+    """The spec asks for a persistent work volume (``storage``) and the backend does not keep
+    one across suspend and resume (it declares no ``persistentStorage``)."""
+
+    reason = RefusalReason.STORAGE_NOT_SUPPORTED
+
+    def __init__(self, *, backend: str, kind: str) -> None:
+        detail = "persistent storage is not served (the backend declares no persistentStorage)"
+        message = (
+            f"backend {backend!r} cannot serve kind {kind!r} with storage: it keeps no work "
+            "volume across suspend and resume (persistentStorage is not declared)"
+        )
+        super().__init__(backend=backend, kind=kind, detail=detail, message=message)
+
+
 class CallIdRequired(SandboxRefusal):
     """The effective isolation scope is ``call`` but the request names no call.
 
@@ -410,5 +426,6 @@ REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
         ResourcesExceedCeiling,
         BackendUnavailable,
         NoBackendCanServe,
+        StorageNotSupported,
     )
 }

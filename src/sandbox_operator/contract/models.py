@@ -25,10 +25,12 @@ from pydantic.alias_generators import to_camel
 
 from .enums import (
     DEFAULT_CAPABILITIES,
+    AccessMode,
     Capability,
     DisposalCode,
     Disposition,
     Egress,
+    IdleAction,
     Isolation,
     IsolationScope,
     OsFamily,
@@ -403,7 +405,16 @@ class Lifetime(ContractModel):
         default=900,
         ge=1,
         le=7 * 24 * 3600,
-        description="Seconds without use after which the sandbox is disposed.",
+        description=(
+            "Seconds without use after which the sandbox is disposed (or suspended: idleAction)."
+        ),
+    )
+    idle_action: IdleAction = Field(
+        default=IdleAction.DISPOSE,
+        description=(
+            "What the idle timeout does: dispose (default) or suspend (stop the compute, keep "
+            "the work volume; needs storage)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -414,6 +425,39 @@ class Lifetime(ContractModel):
                 f"({self.ttl_seconds})"
             )
         return self
+
+
+#: A storage class name (a DNS subdomain).
+STORAGE_CLASS_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: Largest work volume a spec may ask for, before any host ceiling.
+STORAGE_MAX: Final = "1Ti"
+
+
+class Storage(ContractModel):
+    """A persistent work directory: a volume that outlives the sandbox's compute (suspend and
+    resume keep it) and is disposed with the sandbox."""
+
+    size: Quantity = Field(description="Size of the work volume, e.g. 1Gi (at most 1Ti).")
+    storage_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=STORAGE_CLASS_PATTERN,
+        description="Storage class of the work volume; unset: the cluster's default class.",
+    )
+    access_mode: AccessMode = Field(
+        default=AccessMode.READ_WRITE_ONCE,
+        description="ReadWriteOnce (default) or ReadWriteOncePod.",
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size_in_range(cls, value: str) -> str:
+        amount = parse_quantity(value)
+        if amount <= 0:
+            raise ValueError("storage.size must be more than zero")
+        if amount > parse_quantity(STORAGE_MAX):
+            raise ValueError(f"storage.size {value} is above {STORAGE_MAX}")
+        return value
 
 
 #: An image reference: no whitespace or control characters.
@@ -613,7 +657,15 @@ class SandboxSpec(ContractModel):
     )
     lifetime: Lifetime = Field(
         default_factory=Lifetime,
-        description="Startup timeout, time to live and idle timeout.",
+        description="Startup timeout, time to live, idle timeout and what idling does.",
+    )
+    storage: Storage | None = Field(
+        default=None,
+        description=(
+            "A persistent work directory (a PersistentVolumeClaim on runtime-class backends), "
+            "kept while the sandbox is suspended; unset: the work directory lives and dies with "
+            "the sandbox's compute."
+        ),
     )
 
     @field_validator("work_dir", mode="before")
@@ -632,6 +684,11 @@ class SandboxSpec(ContractModel):
 
     @model_validator(mode="after")
     def _combinations(self) -> SandboxSpec:
+        if self.lifetime.idle_action is IdleAction.SUSPEND and self.storage is None:
+            raise ValueError(
+                "lifetime.idleAction suspend needs storage (a suspended sandbox keeps only its "
+                "work volume)"
+            )
         if self.egress_allow and self.egress is not Egress.ALLOWLIST:
             raise ValueError(
                 f"egressAllow is only valid with egress allowlist (egress is {self.egress.value})"
@@ -689,6 +746,13 @@ class BackendDeclarations(ContractModel):
     observes_egress: bool = Field(
         default=False,
         description="Whether the backend records egress decisions; informational.",
+    )
+    persistent_storage: bool = Field(
+        default=False,
+        description=(
+            "Whether the backend keeps a work volume across suspend and resume; silence refuses "
+            "every spec with storage."
+        ),
     )
 
 

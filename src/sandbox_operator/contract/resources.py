@@ -174,6 +174,14 @@ class SandboxResourceSpec(SandboxSpec):
         pattern=NO_CONTROL_PATTERN,
         description="Call the sandbox serves; required iff isolationScope is call. Immutable.",
     )
+    suspended: bool = Field(
+        default=False,
+        description=(
+            "true: stop the sandbox's compute and keep its work volume, NetworkPolicy and "
+            "identity (needs storage); false again, or the client's next use, resumes it. "
+            "The one field besides lifetime that may change after creation."
+        ),
+    )
 
     # Before the pattern (which the CRD carries), so a person gets the specific reason.
     @field_validator("agent_dir", mode="before")
@@ -197,6 +205,11 @@ class SandboxResourceSpec(SandboxSpec):
             raise ValueError(
                 f"callId must be empty unless isolationScope is call "
                 f"(isolationScope is {self.isolation_scope.value})"
+            )
+        if self.suspended and self.storage is None:
+            raise ValueError(
+                "suspended needs storage: without a work volume, suspending would lose the "
+                "sandbox's files (delete the Sandbox instead)"
             )
         return self
 
@@ -267,6 +280,21 @@ class SandboxResourceStatus(ContractModel):
             "proxy, never by the operator."
         ),
     )
+    suspended_by: Literal["spec", "idle"] | None = Field(
+        default=None,
+        description=(
+            "Why the sandbox is suspended now: spec (spec.suspended) or idle (lifetime.idleAction "
+            "suspend); unset while it is not suspended."
+        ),
+    )
+    suspended_at: datetime | None = Field(
+        default=None, description="When the sandbox was last suspended."
+    )
+    resumed_at: datetime | None = Field(
+        default=None, description="When the sandbox was last resumed."
+    )
+    suspend_count: int = Field(default=0, ge=0, description="Times the sandbox was suspended.")
+    resume_count: int = Field(default=0, ge=0, description="Times the sandbox was resumed.")
 
 
 class SandboxScopeResourceSpec(ContractModel):

@@ -36,6 +36,7 @@ from sandbox_operator.contract import (
     SandboxRefusal,
     SandboxSpec,
     Selection,
+    StorageNotSupported,
     TransferExcess,
     TransferLimits,
     TransferLimitsNotPermitted,
@@ -271,6 +272,11 @@ def check_backend(
             declared=declared.isolation_scopes,
             raised_by=isolation_scope_raised_by,
         )
+
+    # 7. Persistent storage: a work volume that outlives the compute is a promise the backend
+    #    must declare it keeps (silence keeps nothing).
+    if spec.storage is not None and not declared.persistent_storage:
+        raise StorageNotSupported(backend=name, kind=kind)
 
     # Static checks passed; is it there to serve?
     if not backend.available:
