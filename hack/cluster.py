@@ -18,11 +18,13 @@
                                             start it as `up` does; --kill: SIGKILL, a crash
                                             (fault tests: the API server restarted mid-burst)
 
-Levels: `api` = etcd, kube-apiserver, kube-controller-manager; `node` (the default) adds
+Levels: `api` = etcd, kube-apiserver, kube-controller-manager, the volume provisioner
+(hack/local_path_provisioner.py, StorageClass `sandbox-local`); `node` (the default) adds
 kube-scheduler, containerd (runc and gVisor handlers, CNI bridge), a kubelet and kube-proxy,
 imports the images and creates the RuntimeClasses `runc` and `gvisor`.
 
-Only the standard library is used, so any python3 runs it. Binaries come from
+Only the standard library is used, so any python3 runs it (the volume provisioner it starts runs
+on the project's venv, .venv/bin/python, for the `kubernetes` client). Binaries come from
 hack/build-binaries.sh (built from the Go module proxy and cached by version), system packages
 from Debian (installed when missing). Everything the cluster writes lives under one state
 directory ($SANDBOX_OPERATOR_STATE, default ~/.cache/sandbox-operator/state): certificates,
@@ -75,6 +77,7 @@ KUBELET_HEALTHZ_PORT = 10248 + _PORT_OFFSET
 KUBE_PROXY_METRICS_PORT = 10249 + _PORT_OFFSET
 KUBE_PROXY_HEALTHZ_PORT = 10256 + _PORT_OFFSET
 KWOK_PORT = 10262 + _PORT_OFFSET  # kwok's server (healthz, metrics); `kwok up` only
+LOCAL_PATH_PORT = 10265 + _PORT_OFFSET  # the volume provisioner's /healthz
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 POD_SUBNET = "10.244.0.0/24"
@@ -1271,6 +1274,8 @@ def cmd_up(level: str, clean: bool = False) -> None:
         start(apiserver_proc(bins, ip))
         start(kcm_proc(bins))
         wait_default_service_account()
+        start(local_path_proc())
+        ensure_storage_class()
         if level == "node":
             prepare_host()
             start(scheduler_proc(bins))
@@ -1313,6 +1318,77 @@ def start_kube_router() -> None:
         stop_record("kube-router", record)
     run(["bash", str(NETPOL), "cleanup"], log=proc.log)
     start(proc)
+
+
+# --------------------------------------------------------------------------------------------
+# Volumes: hack/local_path_provisioner.py serves StorageClass `sandbox-local` (the cluster's
+# default class): a directory under STATE/local-path for each claim, a hostPath PersistentVolume
+# of it on the one node, both deleted with the claim (docs/cluster.md, "Volumes").
+
+LOCAL_PATH = HACK / "local_path_provisioner.py"
+LOCAL_PATH_ROOT = STATE / "local-path"
+LOCAL_PATH_PROVISIONER = "sandbox-operator.dev/local-path"
+STORAGE_CLASS = "sandbox-local"
+
+
+def local_path_healthy() -> bool:
+    return http_ok(f"http://127.0.0.1:{LOCAL_PATH_PORT}/healthz")
+
+
+def local_path_proc() -> Proc:
+    # The project's venv (the `kubernetes` client); a fixed path, so that every caller of `up`
+    # (make, pytest, a plain python3) starts the same command line.
+    venv = REPO / ".venv" / "bin" / "python"
+    return Proc(
+        "local-path-provisioner",
+        [
+            str(venv) if venv.exists() else sys.executable,
+            str(LOCAL_PATH),
+            f"--kubeconfig={KUBECONFIG}",
+            f"--root={LOCAL_PATH_ROOT}",
+            f"--node={NODE_NAME}",
+            f"--health-port={LOCAL_PATH_PORT}",
+        ],
+        local_path_healthy,
+        timeout=60,
+        # A changed provisioner restarts on the next `up`, like a changed flag.
+        inputs=(LOCAL_PATH,),
+    )
+
+
+def storage_class() -> dict[str, Any]:
+    """`Immediate` binding: one node, so there is no placement to wait for, and a claim is bound
+    before its pod exists (the pod does not wait for provisioning)."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "labels": {"sandbox-operator.dev/cluster": "local"},
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": LOCAL_PATH_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": False,
+    }
+
+
+def ensure_storage_class() -> None:
+    body = storage_class()
+    path = f"/apis/storage.k8s.io/v1/storageclasses/{STORAGE_CLASS}"
+    code, obj = api("GET", path)
+    if code == 200:
+        keys = ("provisioner", "reclaimPolicy", "volumeBindingMode", "allowVolumeExpansion")
+        annotations = obj["metadata"].get("annotations") or {}
+        wanted = body["metadata"]["annotations"].items()
+        if all(obj.get(k) == body[k] for k in keys) and wanted <= annotations.items():
+            return
+        api("DELETE", path)  # provisioner, reclaim policy and binding mode are immutable
+    code, obj = api("POST", "/apis/storage.k8s.io/v1/storageclasses", body)
+    if code not in (200, 201, 409):
+        raise StepFailed("storage class", f"creating {STORAGE_CLASS}: HTTP {code} {obj}")
+    say(f"StorageClass {STORAGE_CLASS} (default) -> provisioner {LOCAL_PATH_PROVISIONER}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1662,6 +1738,7 @@ def cmd_restart(name: str, kill: bool = False) -> float:
 
 
 ORDER = [
+    "local-path-provisioner",
     "kube-router",
     "kube-proxy",
     "kubelet",
@@ -1857,6 +1934,7 @@ def cmd_status() -> int:
         "kubelet": kubelet_healthy,
         "kube-proxy": kube_proxy_healthy,
         "kube-router": kube_router_healthy,
+        "local-path-provisioner": local_path_healthy,
     }
     level = (STATE / "level").read_text() if (STATE / "level").exists() else "none"
     print(f"state:      {STATE} (last level brought up: {level})")
@@ -1896,6 +1974,10 @@ def cmd_status() -> int:
         if code == 200:
             names = [f"{i['metadata']['name']}({i['handler']})" for i in rcs["items"]]
             print(f"  runtimeclasses: {' '.join(names) or '-'}")
+        code, scs = api("GET", "/apis/storage.k8s.io/v1/storageclasses")
+        if code == 200:
+            names = [f"{i['metadata']['name']}({i['provisioner']})" for i in scs["items"]]
+            print(f"  storageclasses: {' '.join(names) or '-'}")
         if kwok:
             print(f"  fake nodes (kwok): {' '.join(kwok_nodes()) or '-'}")
     return rc
