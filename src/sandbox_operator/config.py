@@ -17,10 +17,11 @@ Example (see ``examples/config-local.yaml`` and ``docs/operator.md``)::
         runtimeClassName: gvisor
         isolation: hardened_container
         declarations:
-          capabilities: [exec, run_code, files_in, files_out, files_list, files_delete]
+          capabilities: [exec, run_code, files_in, files_out, files_list, files_delete, host_tools]
           egressModes: [closed]
           osFamilies: [posix]
           isolationScopes: [conversation, call]
+          persistentStorage: true
 """
 
 from __future__ import annotations

@@ -153,10 +153,14 @@ def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_opera
     kit.scope()
     kit.sandbox("needs-code", requires=["exec", "run_code"])
     kit.sandbox("plain")
+    # host_tools: the gvisor entry here declares only exec + files_in, runc declares it.
+    kit.sandbox("needs-tools", requires=["exec", "files_in", "files_out", "host_tools"])
     a = kit.wait_condition("needs-code", "Admitted", status="True")
     b = kit.wait_condition("plain", "Admitted", status="True")
+    c = kit.wait_condition("needs-tools", "Admitted", status="True")
     assert a["status"]["backend"] == "runc" and a["status"]["isolation"] == "container"
     assert b["status"]["backend"] == "gvisor"
+    assert c["status"]["backend"] == "runc"
     assert kit.wait_pod("needs-code").spec.runtime_class_name == "runc"
     assert kit.wait_pod("plain").spec.runtime_class_name == "gvisor"
     # None passes: every backend is named with its reason.
@@ -164,6 +168,15 @@ def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_opera
     obj = kit.wait_condition("nothing", "Admitted", reasons=("NoBackendCanServe",))
     msg = kit.condition(obj, "Admitted")["message"]
     assert "gvisor" in msg and "runc" in msg
+
+
+def test_host_tools_is_admitted_on_gvisor(kit, start_operator):
+    start_operator(fixed())
+    kit.scope()
+    kit.sandbox("tools", requires=["exec", "files_in", "files_out", "host_tools"])
+    obj = kit.wait_condition("tools", "Admitted", status="True", timeout=60)
+    assert obj["status"]["backend"] == "gvisor"
+    assert obj["status"]["isolation"] == "hardened_container"
 
 
 def test_missing_scope_waits_and_proceeds_when_it_appears(kit, start_operator):

@@ -27,6 +27,11 @@ compares them with the Kubernetes calls the operator's code makes.
   # watch: the operator reconciles from watched views; deletecollection: scope purges.
   verbs: [get, list, watch, create, delete, deletecollection]
 - apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  # The work volumes of sandboxes with spec.storage (kept while suspended); deletecollection:
+  # scope purges.
+  verbs: [get, list, watch, create, delete, deletecollection]
+- apiGroups: [""]
   resources: [events]
   # list: a pod stuck before its containers exist is explained by the kubelet's events (a node
   # without the RuntimeClass's handler), read with a field selector on that pod's uid.

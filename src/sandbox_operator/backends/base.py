@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from sandbox_operator.contract import (
     DisposalCode,
@@ -36,6 +36,7 @@ class ObservedPhase(StrEnum):
     STARTUP_FAILED = "StartupFailed"  # cannot become ready (image missing, crashed while starting)
     FAILED = "Failed"  # was running and stopped (the operator tells "before" from "after ready")
     DISPOSING = "Disposing"  # deletion requested, objects still present
+    SUSPENDED = "Suspended"  # compute stopped (or stopping), storage kept: a remote "Stopped"
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,35 @@ class BackendDriver(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Suspendable(BackendDriver, Protocol):
+    """A driver that can stop a sandbox's compute and start it again on the storage it kept
+    (``spec.storage``; ``spec.suspended`` and ``lifetime.idleAction: suspend``).
+
+    What suspension keeps is the backend's to say in its ``persistentStorage`` declaration and
+    docs: a runtime-class pod's work volume (a PersistentVolumeClaim), its NetworkPolicy and its
+    identity; never processes or memory."""
+
+    @property
+    def suspends(self) -> bool: ...
+
+    async def suspend(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Stop the compute that serves the sandbox; keep its storage, NetworkPolicy and
+        identity. Returns what is still going away (empty: suspended). Idempotent; raises
+        :class:`TransientError` when a later attempt may succeed."""
+        ...
+
+    async def resume(self, request: EnsureRequest) -> ServedBy:
+        """Start the compute again on the kept storage. Raises :class:`StartupError` or
+        :class:`TransientError` as :meth:`BackendDriver.ensure` does."""
+        ...
+
+
+def suspends(driver: object) -> TypeGuard[Suspendable]:
+    """Whether ``driver`` can suspend and resume sandboxes."""
+    return isinstance(driver, Suspendable) and driver.suspends
 
 
 @runtime_checkable

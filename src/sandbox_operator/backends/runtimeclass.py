@@ -9,7 +9,8 @@ Security profile of every sandbox pod (see docs/operator.md):
 
 * no service-account token (``automountServiceAccountToken: false``), ``enableServiceLinks: false``;
 * no host namespaces (hostNetwork/hostPID/hostIPC false), no host paths: only emptyDirs
-  (the work dir and ``/tmp``);
+  (the work dir and ``/tmp``), or for a spec with ``storage`` the sandbox's own
+  PersistentVolumeClaim as the work dir (it outlives the pod: suspend deletes the pod only);
 * ``allowPrivilegeEscalation: false``, every capability dropped, seccomp ``RuntimeDefault``,
   ``privileged: false``, read-only root filesystem (default);
 * non-root: uid/gid 65532 unless the backend's ``pod`` settings say otherwise, and
@@ -82,6 +83,11 @@ log = logging.getLogger(__name__)
 CONTAINER_NAME = "sandbox"
 WORK_VOLUME = "work"
 TMP_VOLUME = "tmp"
+
+POD = "Pod"
+NETWORK_POLICY = "NetworkPolicy"
+#: The work volume of a sandbox with ``spec.storage`` (named ``naming.work_volume_name``).
+CLAIM = "PersistentVolumeClaim"
 
 #: Waiting reasons that mean the container will not start without someone changing something.
 FATAL_WAITING_REASONS = frozenset(
@@ -237,7 +243,29 @@ def build_pod(
     sandbox resolves no names) and recorded on the pod for recovery.
     """
     metadata = _metadata(request, naming.pod_name(request.sandbox.name))
-    return pod_manifest(request.spec, backend, metadata, managed_proxy)
+    claim = naming.work_volume_name(request.sandbox.name) if request.spec.storage else None
+    return pod_manifest(request.spec, backend, metadata, managed_proxy, work_claim=claim)
+
+
+def build_work_volume_claim(request: EnsureRequest) -> dict[str, Any]:
+    """The PersistentVolumeClaim of a sandbox's work directory (``spec.storage``): labelled and
+    owned like its pod (so disposal, scope purges and the garbage collector find it), sized and
+    classed by the spec (no ``storageClassName``: the cluster's default class)."""
+    storage = request.spec.storage
+    if storage is None:
+        raise ValueError("the spec asks for no storage")
+    spec: dict[str, Any] = {
+        "accessModes": [str(storage.access_mode)],
+        "resources": {"requests": {"storage": str(storage.size)}},
+    }
+    if storage.storage_class_name is not None:
+        spec["storageClassName"] = storage.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": CLAIM,
+        "metadata": _metadata(request, naming.work_volume_name(request.sandbox.name)),
+        "spec": spec,
+    }
 
 
 def pod_manifest(
@@ -245,9 +273,14 @@ def pod_manifest(
     backend: RuntimeClassBackendConfig,
     metadata: dict[str, Any],
     managed_proxy: ProxyAddress | None = None,
+    *,
+    work_claim: str | None = None,
 ) -> dict[str, Any]:
     """The pod for ``spec`` on ``backend`` with the given metadata: everything of a sandbox pod
-    but who it serves (a Sandbox's pod, or a warm pool's pod made before it serves anyone)."""
+    but who it serves (a Sandbox's pod, or a warm pool's pod made before it serves anyone).
+
+    ``work_claim``: the PersistentVolumeClaim mounted at the work dir (a spec with ``storage``)
+    instead of an emptyDir; ``/tmp`` stays an emptyDir either way."""
     pod = backend.pod
     work_dir = spec.work_dir
     pod_security: dict[str, Any] = {
@@ -261,7 +294,9 @@ def pod_manifest(
     if pod.fs_group is not None:
         pod_security["fsGroup"] = pod.fs_group
     work_volume: dict[str, Any] = {"name": WORK_VOLUME, "emptyDir": {}}
-    if pod.work_dir_size_limit:
+    if work_claim is not None:
+        work_volume = {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": work_claim}}
+    elif pod.work_dir_size_limit:
         work_volume["emptyDir"]["sizeLimit"] = pod.work_dir_size_limit
     mounts = [{"name": WORK_VOLUME, "mountPath": work_dir}]
     volumes = [work_volume]
@@ -470,6 +505,22 @@ def awaits_pod_sandbox(pod: Mapping[str, Any], now: datetime) -> bool:
     return created is not None and (now - created).total_seconds() >= SANDBOX_EVENTS_AFTER_SECONDS
 
 
+def foreign_claim(claim: Mapping[str, Any], uid: str) -> str:
+    """Why a sandbox (Sandbox ``uid``) may not start on the work volume ``claim`` found under
+    its name, or "": the claim belongs to another Sandbox, or is being deleted."""
+    meta = claim.get("metadata") or {}
+    name = meta.get("name", "")
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    if uid and uid not in owners:
+        return (
+            f"PersistentVolumeClaim {name} exists but belongs to another Sandbox (a previous one "
+            "with this name that was not disposed yet)"
+        )
+    if meta.get("deletionTimestamp"):
+        return f"PersistentVolumeClaim {name} is being deleted (a previous sandbox's work volume)"
+    return ""
+
+
 def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
     meta = obj.get("metadata") or {}
     labels = dict(meta.get("labels") or {})
@@ -504,6 +555,7 @@ class RuntimeClassDriver:
     _warm: WarmPoolPods | None = None
     _pods: Store | None = None
     _network_policies: Store | None = None
+    _claims: Store | None = None
 
     def __init__(
         self,
@@ -566,6 +618,11 @@ class RuntimeClassDriver:
         what this driver creates into them at once (so the next pass sees its own writes)."""
         self._pods = pods
         self._network_policies = network_policies
+
+    def use_claim_view(self, claims: Store) -> None:
+        """Likewise for the operator's watched PersistentVolumeClaims (the work volumes of
+        sandboxes with ``spec.storage``)."""
+        self._claims = claims
 
     #: Called with (namespace, pool) when an idle pod of that pool was given a proxy address
     #: that is no longer the namespace's proxy (the operator then replaces the pod).
@@ -661,6 +718,10 @@ class RuntimeClassDriver:
         name = manifest["metadata"]["name"]
         # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
         await self.ensure_network_policy(request)
+        if request.spec.storage is not None:
+            # The work volume before the pod that mounts it (a pod naming a missing claim
+            # would only wait, unschedulable).
+            await self.ensure_work_volume(request)
         try:
             if self._pods is not None:
                 created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
@@ -713,6 +774,49 @@ class RuntimeClassDriver:
                     f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
                     f"{_api_message(exc)}",
                 ) from None
+
+    async def ensure_work_volume(self, request: EnsureRequest) -> None:
+        """Create the sandbox's work volume (``spec.storage``) unless it is there: found in the
+        views (or created, or already there: 409) and owned by this Sandbox. A claim under its
+        name that another Sandbox owns (an earlier one of the same key, not disposed yet) or that
+        is being deleted raises :class:`StartupError` ``KeyUnclean``: starting on it would hand
+        the sandbox someone else's files, or a volume about to go."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        claim = build_work_volume_claim(request)
+        name = claim["metadata"]["name"]
+        existing = self._claims.get(ns, name) if self._claims is not None else None
+        if existing is None:
+            try:
+                created = await call_json(
+                    self._core.create_namespaced_persistent_volume_claim, ns, claim
+                )
+                if self._claims is not None:
+                    self._claims.upsert(created)
+                return
+            except ApiException as exc:
+                if exc.status != 409:  # 409: already there (made by another pass or replica)
+                    raise StartupError(
+                        ConditionReason.STARTUP_FAILED,
+                        f"PersistentVolumeClaim {name} was refused by the API server "
+                        f"(HTTP {exc.status}): {_api_message(exc)}",
+                    ) from None
+            try:
+                existing = await call_json(
+                    self._core.read_namespaced_persistent_volume_claim, name, ns
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # deleted between our create and read: the next pass
+                    raise TransientError(f"PersistentVolumeClaim {name} went away") from None
+                raise TransientError(
+                    f"reading PersistentVolumeClaim {name}: HTTP {exc.status}"
+                ) from None
+            if self._claims is not None:
+                self._claims.upsert(existing)
+        problem = foreign_claim(existing, request.sandbox.uid)
+        if problem:
+            raise StartupError(ConditionReason.KEY_UNCLEAN, problem)
 
     def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
         """A pod claimed from a warm pool for the sandbox (another name than its own): found in
@@ -829,21 +933,30 @@ class RuntimeClassDriver:
             observation.created_at,
         )
 
+    def _deleter(self, kind: str) -> Any:
+        """The API call that deletes one object of ``kind`` by (name, namespace)."""
+        if kind == POD:
+            return self._core.delete_namespaced_pod
+        if kind == CLAIM:
+            return self._core.delete_namespaced_persistent_volume_claim
+        return self._net.delete_namespaced_network_policy
+
+    def _reader(self, kind: str) -> Any:
+        if kind == POD:
+            return self._core.read_namespaced_pod
+        if kind == CLAIM:
+            return self._core.read_namespaced_persistent_volume_claim
+        return self._net.read_namespaced_network_policy
+
     async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         async def delete() -> None:
-            if kind == "Pod":
-                await self._core.delete_namespaced_pod(name, namespace)
-            else:
-                await self._net.delete_namespaced_network_policy(name, namespace)
+            await self._deleter(kind)(name, namespace)
 
         async def exists() -> bool:
             try:
-                if kind == "Pod":
-                    await self._core.read_namespaced_pod(name, namespace)
-                else:
-                    await self._net.read_namespaced_network_policy(name, namespace)
+                await self._reader(kind)(name, namespace)
             except ApiException as exc:
                 if exc.status == 404:
                     return False
@@ -884,17 +997,20 @@ class RuntimeClassDriver:
     async def dispose(self, sandbox: SandboxRef) -> None:
         name = naming.pod_name(sandbox.name)
         errors: list[DisposalError] = []
-        for kind, obj_name in (
-            ("Pod", name),
-            ("NetworkPolicy", naming.network_policy_name(sandbox.name)),
-        ):
+        # The pod first: its work volume (if any) is released only once no pod uses it.
+        own = (
+            (POD, name),
+            (NETWORK_POLICY, naming.network_policy_name(sandbox.name)),
+            (CLAIM, naming.work_volume_name(sandbox.name)),
+        )
+        for kind, obj_name in own:
             try:
                 await self._delete_and_wait(kind, sandbox.namespace, obj_name)
             except DisposalError as exc:
                 errors.append(exc)
         # Anything else carrying this sandbox's label (e.g. left by an older naming scheme).
         for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
-            if obj.name in (name,):
+            if (obj.kind, obj.name) in own:
                 continue
             try:
                 await self.dispose_object(obj)
@@ -914,6 +1030,10 @@ class RuntimeClassDriver:
             backend_object("NetworkPolicy", n)
             for n in self._network_policies.select(sandbox.namespace, lbl.SANDBOX_LABEL, value)
         ]
+        if self._claims is not None:
+            found += [
+                backend_object(CLAIM, c) for c in self._claims.select(ns, lbl.SANDBOX_LABEL, value)
+            ]
         recorded = sandbox.served_by
         if (
             recorded is not None
@@ -951,11 +1071,73 @@ class RuntimeClassDriver:
                 await self._delete(obj.kind, obj.namespace, obj.name)
         return remaining
 
+    # ---- suspend and resume (spec.storage): the pod goes, its work volume stays ---------------
+
+    @property
+    def suspends(self) -> bool:
+        """A sandbox with ``spec.storage`` can be suspended: its work dir is a PVC of its own."""
+        return True
+
+    async def suspend(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Delete the pod(s) serving the sandbox and nothing else: its PersistentVolumeClaim,
+        NetworkPolicy and identity stay. Returns the pods still there (their deletion requested;
+        with the operator's views the pod's deletion event brings it back), empty once none is.
+        Without the views, waits for the pod to be gone (like ``dispose``). Idempotent.
+
+        Raises :class:`TransientError` when the API server refuses or cannot be reached."""
+        try:
+            if self._pods is None:
+                for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
+                    if obj.kind == POD:
+                        await self._delete_and_wait(POD, obj.namespace, obj.name)
+                await self._delete_and_wait(POD, sandbox.namespace, naming.pod_name(sandbox.name))
+                return []
+            pods = [o for o in self._seen_children(sandbox) if o.kind == POD]
+            for obj in pods:
+                if not obj.deleting:
+                    await self._delete(obj.kind, obj.namespace, obj.name)
+            return pods
+        except DisposalError as exc:
+            raise TransientError(f"suspending: {exc.failure.detail}") from None
+
+    async def resume(self, request: EnsureRequest) -> ServedBy:
+        """A new pod on the kept work volume (and NetworkPolicy): ``ensure``, which finds both
+        and creates the pod. (Never a warm pool's pod: the operator claims none for a spec with
+        storage.) A work volume that is gone (deleted by hand while suspended) is not replaced by
+        an empty one: the files it held are lost, and starting anyway would hide that."""
+        if request.spec.storage is not None and not await self._work_volume_exists(request):
+            name = naming.work_volume_name(request.sandbox.name)
+            raise StartupError(
+                ConditionReason.FAILED,
+                f"its work volume (PersistentVolumeClaim {name}) is gone: the files it held are "
+                "lost, so the sandbox is not resumed on an empty one",
+            )
+        return await self.ensure(request)
+
+    async def _work_volume_exists(self, request: EnsureRequest) -> bool:
+        """Whether the sandbox's work volume exists: in the views, else asked once (a view not
+        synced yet must not read as "gone")."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns, name = request.sandbox.namespace, naming.work_volume_name(request.sandbox.name)
+        if self._claims is not None and self._claims.get(ns, name) is not None:
+            return True
+        try:
+            await call_json(self._core.read_namespaced_persistent_volume_claim, name, ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise TransientError(
+                f"reading PersistentVolumeClaim {name}: HTTP {exc.status}"
+            ) from None
+        return True
+
     async def request_conversation_disposal(
         self, namespace: str, scope: str, thread_id: str
     ) -> None:
-        """Delete every pod and NetworkPolicy of one conversation on this backend: two calls
-        (``deletecollection`` by label selector), whatever the number of sandboxes."""
+        """Delete every pod, NetworkPolicy and PersistentVolumeClaim of one conversation on this
+        backend: three calls (``deletecollection`` by label selector), whatever the number of
+        sandboxes."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         selector = lbl.format_selector(
@@ -974,6 +1156,11 @@ class RuntimeClassDriver:
                 namespace,
                 label_selector=selector,
             )
+            await call_json(
+                self._core.delete_collection_namespaced_persistent_volume_claim,
+                namespace,
+                label_selector=selector,
+            )
         except ApiException as exc:
             raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
 
@@ -981,10 +1168,7 @@ class RuntimeClassDriver:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            if kind == "Pod":
-                await call_json(self._core.delete_namespaced_pod, name, namespace)
-            else:
-                await call_json(self._net.delete_namespaced_network_policy, name, namespace)
+            await call_json(self._deleter(kind), name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return
@@ -995,8 +1179,12 @@ class RuntimeClassDriver:
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
         nps = await self._net.list_namespaced_network_policy(namespace, label_selector=selector)
-        out = [backend_object("Pod", self._sanitize(p)) for p in pods.items]
-        out += [backend_object("NetworkPolicy", self._sanitize(n)) for n in nps.items]
+        claims = await self._core.list_namespaced_persistent_volume_claim(
+            namespace, label_selector=selector
+        )
+        out = [backend_object(POD, self._sanitize(p)) for p in pods.items]
+        out += [backend_object(NETWORK_POLICY, self._sanitize(n)) for n in nps.items]
+        out += [backend_object(CLAIM, self._sanitize(c)) for c in claims.items]
         backend = self.name
         return [o for o in out if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
 
@@ -1015,6 +1203,11 @@ class RuntimeClassDriver:
                 backend_object("NetworkPolicy", n)
                 for n in self._network_policies.select(namespace, lbl.KEY_LABEL, value)
             ]
+            if self._claims is not None:
+                found += [
+                    backend_object(CLAIM, c)
+                    for c in self._claims.select(namespace, lbl.KEY_LABEL, value)
+                ]
             backend = self.name
             return [o for o in found if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
         return await self._list(namespace, lbl.key_selector(key))

@@ -5,6 +5,10 @@ driver's observation, calls these, and applies the result: at most one create or
 one status patch. Nothing here does I/O or knows the API server, so every rule is unit-tested on
 plain values (``tests/unit/test_reconcile_compute.py``).
 
+Before both, :func:`suspension` reads whether the Sandbox is (to be) suspended, or resumed: a
+suspended Sandbox is neither admitted again nor planned (:func:`suspended_plan`), and a resume is
+admitted afresh (``admit(..., rejudge=True)``).
+
 Two steps, because the second needs the backend the first chose:
 
 1. :func:`admit` — the scope, the spec and the host policy decide whether the Sandbox may run and
@@ -19,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -27,6 +31,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import Observation, ObservedPhase
 from sandbox_operator.contract import (
     SERVED_FROM_COLD,
+    BackendUnavailable,
     ConditionReason,
     ConditionType,
     Egress,
@@ -36,6 +41,7 @@ from sandbox_operator.contract import (
     SandboxRefusal,
     SandboxResourceSpec,
     SandboxScopeResourceSpec,
+    Selection,
     parse_isolation,
 )
 from sandbox_operator.policy import BackendProfile, check_call_key, effective_floor, select_backend
@@ -141,12 +147,15 @@ def admit(
     host_policy: HostPolicy,
     profiles: Sequence[BackendProfile],
     known_backends: Sequence[str],
+    rejudge: bool = False,
 ) -> Admission:
     """Decide (or recall) the admission. Once Admitted onto a backend this operator still
-    serves, the decision stands: the policy is never asked again for a running sandbox."""
+    serves, the decision stands: the policy is never asked again for a running sandbox. A
+    suspended sandbox being resumed (``rejudge``) is judged again, as if new: the floor, the
+    capabilities and the egress may have changed while nothing ran."""
     status = _status(obj)
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
-    if cnd.is_true(status, ADMITTED) and status.get("backend") in known_backends:
+    if not rejudge and cnd.is_true(status, ADMITTED) and status.get("backend") in known_backends:
         isolation_scope = spec.sandbox_spec().isolation_scope
         if status.get("isolationScope"):
             isolation_scope = IsolationScope(status["isolationScope"])
@@ -164,6 +173,12 @@ def admit(
         return Admission(False, scope.reason, scope.problem, decided_now=True)
     sandbox_spec = spec.sandbox_spec()
     floor = effective_floor(host_policy, sandbox_spec, scope_floor=scope.spec.min_isolation)
+    # A resume stays on the backend that holds its work volume: judged again there, never moved
+    # (another backend would start it on an empty one).
+    held = str(status.get("backend") or "") if rejudge and sandbox_spec.storage else ""
+    candidates = profiles
+    if held and host_policy.selection is Selection.PER_SPEC:
+        candidates = [p for p in profiles if p.name == held]
     try:
         check_call_key(
             host_policy,
@@ -171,13 +186,28 @@ def admit(
             spec.call_id,
             scope_min_isolation_scope=scope.spec.min_isolation_scope,
         )
+        if held and not any(p.name == held for p in profiles):
+            raise BackendUnavailable(
+                backend=held,
+                kind=sandbox_spec.kind,
+                unavailable_reason="it is no longer configured, and it holds the work volume",
+            )
         chosen = select_backend(
             host_policy,
-            profiles,
+            candidates,
             sandbox_spec,
             scope_floor=scope.spec.min_isolation,
             scope_min_isolation_scope=scope.spec.min_isolation_scope,
         )
+        if held and chosen.backend.name != held:
+            raise BackendUnavailable(
+                backend=held,
+                kind=sandbox_spec.kind,
+                unavailable_reason=(
+                    f"fixed selection now uses backend {chosen.backend.name!r}, and a resume "
+                    f"stays on the backend holding the work volume"
+                ),
+            )
     except SandboxRefusal as refusal:
         return Admission(
             False,
@@ -230,6 +260,157 @@ def _backfill_admitted_allow(
     return admitted_allow(spec)
 
 
+# ---- suspension ------------------------------------------------------------------------------
+
+SUSPENDED_BY_SPEC = "spec"
+SUSPENDED_BY_IDLE = "idle"
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Where a Sandbox stands on suspension, from its spec and what its status recorded.
+
+    ``running``: neither suspended nor to be; ``suspend``: to be suspended now (``by`` says
+    why); ``suspended``: suspended and staying so; ``resume``: suspended, and to be resumed.
+    """
+
+    state: Literal["running", "suspend", "suspended", "resume"]
+    by: str | None = None
+
+
+def suspension(
+    spec: SandboxResourceSpec, status: Mapping[str, Any], *, last_activity: datetime | None
+) -> Suspension:
+    """Suspended by the spec while ``spec.suspended``; suspended by idling until a use newer than
+    the suspension (the client's last-activity stamp). Idling into suspension is the lifetime
+    verdict's to decide (``Verdict.suspend``), not this function's."""
+    recorded = status.get("suspendedBy")
+    if spec.suspended:
+        if recorded:
+            return Suspension("suspended", SUSPENDED_BY_SPEC)
+        return Suspension("suspend", SUSPENDED_BY_SPEC)
+    if recorded == SUSPENDED_BY_IDLE:
+        since = _time(status.get("suspendedAt"))
+        if last_activity is None or since is None or last_activity <= since:
+            return Suspension("suspended", SUSPENDED_BY_IDLE)
+        return Suspension("resume")
+    if recorded:
+        return Suspension("resume")
+    return Suspension("running")
+
+
+def _ttl_reached(
+    obj: Mapping[str, Any], spec: SandboxResourceSpec, now: datetime
+) -> datetime | None:
+    """When the TTL ends the sandbox (``None`` when it has no creation time); whether it has is
+    ``result <= now``."""
+    created = _time(_meta(obj).get("creationTimestamp"))
+    if created is None:
+        return None
+    return created + timedelta(seconds=spec.sandbox_spec().lifetime.ttl_seconds)
+
+
+def suspended_plan(
+    obj: Mapping[str, Any],
+    spec: SandboxResourceSpec,
+    by: str,
+    *,
+    still_stopping: Sequence[str],
+    now: datetime,
+    kept: Observation | None = None,
+    detail: str = "",
+) -> Plan:
+    """The status of a suspended (or suspending) Sandbox, and when to look again: the TTL still
+    ends it (``Expired``, and everything disposed, work volume included).
+
+    ``kept``: what the backend reports once the compute stopped; a serving object it keeps (a
+    remote sandbox, stopped) stays in ``servedBy``, so a resume finds that one or refuses, never
+    starting an empty one in its place. ``detail``: why, when the backend stopped it itself."""
+    status = _status(obj)
+    ttl_at = _ttl_reached(obj, spec, now)
+    ttl = spec.sandbox_spec().lifetime.ttl_seconds
+    if ttl_at is not None and ttl_at <= now:
+        verdict = Verdict(
+            False,
+            R.EXPIRED,
+            f"ttlSeconds ({ttl}) reached while suspended; the sandbox was disposed",
+            terminal=True,
+            dispose=True,
+        )
+        return Plan(
+            conditions=((READY, False, verdict.reason, verdict.message),),
+            fields={"suspendedBy": None},
+            dispose=True,
+            verdict=verdict,
+        )
+    fields: dict[str, Any] = {"suspendedBy": by}
+    if not status.get("suspendedBy"):
+        fields["suspendedAt"] = cnd.now_rfc3339(now)
+        if status.get("backend"):
+            # Counted only once something was admitted (and so created): a Sandbox created
+            # suspended is started, not resumed, when its spec lets it go.
+            fields["suspendCount"] = int(status.get("suspendCount") or 0) + 1
+    if not still_stopping:
+        fields["servedBy"] = served_by_status(kept) if kept is not None else None
+    why = "spec.suspended" if by == SUSPENDED_BY_SPEC else "idle timeout (idleAction suspend)"
+    if detail:
+        why = detail
+    if still_stopping:
+        message = f"suspending ({why}): stopping {', '.join(still_stopping[:3])}"
+    else:
+        resume = (
+            "set spec.suspended to false to resume"
+            if by == SUSPENDED_BY_SPEC
+            else "any use through the client resumes it"
+        )
+        message = f"suspended ({why}): compute stopped, work volume kept; {resume}"
+    requeue = None if ttl_at is None else max(0.0, (ttl_at - now).total_seconds()) + 0.05
+    return Plan(
+        conditions=((READY, False, R.SUSPENDED, message),),
+        fields=fields,
+        requeue_after=requeue,
+    )
+
+
+def resume_plan(obj: Mapping[str, Any], admission: Admission, *, now: datetime) -> Plan:
+    """A suspended Sandbox admitted again: record the resume; the next pass starts it."""
+    status = _status(obj)
+    fields: dict[str, Any] = {**admission.fields, "suspendedBy": None}
+    message = "resuming: starting the compute on the kept work volume"
+    if status.get("suspendCount"):
+        fields["resumedAt"] = cnd.now_rfc3339(now)
+        fields["resumeCount"] = int(status.get("resumeCount") or 0) + 1
+    else:
+        message = "creating the sandbox (it was created suspended)"
+    return Plan(
+        conditions=(
+            (ADMITTED, True, R.ADMITTED, admission.message),
+            (READY, False, R.CREATING, message),
+        ),
+        fields=fields,
+        requeue_after=0.0,
+    )
+
+
+def resuming(status: Mapping[str, Any]) -> bool:
+    """Whether creating the serving objects now is a resume (start again on the kept storage)
+    rather than a first start: the sandbox was resumed, and so ran before."""
+    return bool(status.get("resumedAt"))
+
+
+def refused_resume_plan(admission: Admission) -> Plan:
+    """A resume the policy refuses: it stays suspended (nothing starts), and both conditions carry
+    the refusal, as for a new Sandbox. Its backend stays on record (its volume is there)."""
+    fields = {k: v for k, v in admission.fields.items() if k == "effectiveFloor"}
+    return Plan(
+        conditions=(
+            (ADMITTED, False, admission.reason, f"resume refused: {admission.message}"),
+            (READY, False, admission.reason, f"resume refused: {admission.message}"),
+        ),
+        fields=fields,
+    )
+
+
 # ---- step 2: plan ---------------------------------------------------------------------------
 
 
@@ -242,6 +423,7 @@ class Plan:
     fields: Mapping[str, Any] = field(default_factory=dict)
     create: bool = False
     dispose: bool = False
+    suspend: bool = False
     verdict: Verdict | None = None
     requeue_after: float | None = None
 
@@ -289,6 +471,10 @@ def plan(
     admitted_at = (
         _time(admitted_cond.get("lastTransitionTime")) if cnd.is_true(status, ADMITTED) else None
     ) or now
+    resumed_at = _time(status.get("resumedAt"))
+    if resumed_at is not None and resumed_at > admitted_at:
+        # A resumed sandbox's startup clock (and its idle clock's floor) is the resume.
+        admitted_at = resumed_at
     if observation.ready_at is not None and observation.ready_at < admitted_at:
         # A pod started before this Sandbox was admitted (a warm pool's) serves it from the
         # admission on: its idle clock does not start earlier.
@@ -319,6 +505,8 @@ def plan(
     if verdict.create:
         conditions.append((READY, False, R.CREATING, "creating the sandbox"))
         return Plan(tuple(conditions), fields, create=True, verdict=verdict)
+    if verdict.suspend:
+        return Plan((), fields, suspend=True, verdict=verdict)
     conditions.append((READY, verdict.ready, verdict.reason, verdict.message))
     return Plan(
         tuple(conditions),

@@ -6,8 +6,9 @@ reconnection, the initial listing of every resource before any handler runs, pee
 the reconciling itself runs from two deduplicating work queues (``workqueue.py``), so a burst of
 events for one object costs one pass and no object is ever polled.
 
-* ``@kopf.index`` handlers put every Sandbox, SandboxScope, sandbox pod and NetworkPolicy into the
-  in-memory views (kopf holds every other handler until all of them have been listed);
+* ``@kopf.index`` handlers put every Sandbox, SandboxScope, sandbox pod, NetworkPolicy and
+  PersistentVolumeClaim (a sandbox's work volume) into the in-memory views (kopf holds every
+  other handler until all of them have been listed);
 * ``@kopf.on.event`` handlers drop deleted objects from the views and enqueue what an event
   concerns: the Sandbox itself, the Sandbox owning a pod, a scope's waiting Sandboxes, the
   Sandboxes of a key whose earlier holder just went;
@@ -237,6 +238,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     rt.scope_queue.start()
     rt.pool_queue.start()
     for driver in rt.drivers.values():
+        use_claims = getattr(driver, "use_claim_view", None)
+        if use_claims is not None:  # the work volumes of sandboxes with spec.storage
+            use_claims(rt.views.persistent_volume_claims)
         if hasattr(driver, "on_pool_change"):
             driver.on_pool_change = lambda ns, name: rt.enqueue_pool(ns, name)
         start = getattr(driver, "start", None)
@@ -318,6 +322,11 @@ async def network_policy_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Non
     _runtime(memo).views.network_policies.upsert(body)
 
 
+@kopf.index("", "v1", "persistentvolumeclaims", labels=_MANAGED)
+async def persistent_volume_claim_view(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).views.persistent_volume_claims.upsert(body)
+
+
 # ---- events -----------------------------------------------------------------------------------
 
 
@@ -383,6 +392,16 @@ async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> No
 async def network_policy_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if type == "DELETED":
         _child_event(_runtime(memo), type, body, _runtime(memo).views.network_policies)
+
+
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels=_MANAGED)
+async def persistent_volume_claim_event(
+    type: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A sandbox's work volume went: a disposal waiting for it may land now."""
+    if type == "DELETED":
+        rt = _runtime(memo)
+        _child_event(rt, type, body, rt.views.persistent_volume_claims)
 
 
 def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:

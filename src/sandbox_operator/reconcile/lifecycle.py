@@ -7,7 +7,8 @@
 * cannot start (image missing, container crashed, API refused the pod) -> ``StartupFailed``;
 * stopped or vanished after the Sandbox had reported Ready -> ``Failed``;
 * ``ttlSeconds`` after creation, or ``idleTimeoutSeconds`` after the later of becoming ready and
-  the last recorded activity -> ``Expired``.
+  the last recorded activity -> ``Expired``; with ``lifetime.idleAction: suspend`` the idle
+  timeout suspends instead (``Suspended``, not terminal: the work volume is kept).
 
 "Before ready" and "after ready" are told apart by the Sandbox's own Ready condition: a sandbox a
 watcher never saw Ready did not fail, it failed to start.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sandbox_operator.backends.base import Observation, ObservedPhase
-from sandbox_operator.contract import ConditionReason, Lifetime
+from sandbox_operator.contract import ConditionReason, IdleAction, Lifetime
 
 #: Ready reasons after which nothing is created again for this Sandbox.
 TERMINAL_REASONS = frozenset(
@@ -40,6 +41,7 @@ class Verdict:
     terminal: bool = False  # nothing more will be created
     dispose: bool = False  # backend objects should be removed now
     create: bool = False  # the serving objects do not exist yet and should be created
+    suspend: bool = False  # stop the compute, keep the storage (lifetime.idleAction: suspend)
 
 
 def judge(
@@ -78,6 +80,14 @@ def judge(
         if idle_from is not None and now >= idle_from + timedelta(
             seconds=lifetime.idle_timeout_seconds
         ):
+            if lifetime.idle_action is IdleAction.SUSPEND:
+                return Verdict(
+                    False,
+                    ConditionReason.SUSPENDED,
+                    f"idle for idleTimeoutSeconds ({lifetime.idle_timeout_seconds}); suspended: "
+                    "compute stopped, work volume kept (any use resumes it)",
+                    suspend=True,
+                )
             return Verdict(
                 False,
                 ConditionReason.EXPIRED,
@@ -87,6 +97,21 @@ def judge(
                 dispose=True,
             )
         return Verdict(True, ConditionReason.READY, "sandbox is running and ready for exec")
+
+    if phase is ObservedPhase.SUSPENDED:
+        # Compute stopped, storage kept, and not by this operator (it does not plan a suspended
+        # Sandbox): the backend stopped it (a remote service idling it). Recorded as an idle
+        # suspension, resumed by use; before it was ever Ready (a resume on its way), start it.
+        if was_ready:
+            return Verdict(
+                False,
+                ConditionReason.SUSPENDED,
+                "the backend stopped the sandbox's compute and kept its storage"
+                + (f" ({detail})" if detail else "")
+                + "; any use through the client resumes it",
+                suspend=True,
+            )
+        return Verdict(False, ConditionReason.CREATING, "resuming the sandbox", create=True)
 
     if phase in (ObservedPhase.FAILED, ObservedPhase.STARTUP_FAILED):
         if was_ready:

@@ -12,7 +12,8 @@ Two parts, both reading the watched views only:
 * :func:`claim_warm_pod` runs in the Sandbox's pass once it is admitted and nothing serves it
   yet: an idle, Ready pod of the same shape in its namespace is claimed atomically (see
   ``backends/warmpool.py``); when a matching pool has none to give, the Sandbox starts cold, and
-  an Event and a metric say so. Never a refusal.
+  an Event and a metric say so. Never a refusal. A Sandbox with ``spec.storage`` always starts
+  cold (its work dir is its own volume, which no pool pod mounts).
 
 The policy decides before any of this: a pod is only ever claimed by a Sandbox already admitted
 onto the pod's backend, and "same shape" means the pod was made for exactly the spec fields that
@@ -379,7 +380,12 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
     from the views at random (so claims spread over the pool) and reserved in this process before
     anything is awaited, so concurrent passes never race for one pod; a claim that still loses a
     race (another replica, a deletion) picks a fresh candidate, at most ``CLAIM_ATTEMPTS`` times.
+
+    A spec with ``storage`` is never served from a pool (no claim, no exhaustion reported): its
+    work dir is a volume of its own, which no pod made before the Sandbox mounts.
     """
+    if request.spec.storage is not None:
+        return Claim()
     api = pool_pods_api(rt, backend)
     if api is None:
         return Claim()

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_operator.backends import build_driver
-from sandbox_operator.backends.base import BackendDriver
+from sandbox_operator.backends.base import BackendDriver, suspends
 from sandbox_operator.config import OperatorConfig
-from sandbox_operator.contract import GROUP, DisposalFailure
+from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
 from sandbox_operator.reconcile.kube import Kube
 from sandbox_operator.reconcile.views import ObjKey, Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
@@ -89,6 +89,13 @@ class Runtime:
             )
             for b in config.backends
         }
+        for b in config.backends:
+            if b.declarations.persistent_storage and not suspends(drivers[b.name]):
+                # Storage is admitted on the declaration; suspending it must then be possible.
+                raise ConfigurationError(
+                    f"backends[{b.name}].declarations.persistentStorage",
+                    "is declared, but this backend's driver cannot suspend and resume",
+                )
         rt = cls(config=config, kube=Kube(api), drivers=drivers)
         for driver in drivers.values():
             use_views = getattr(driver, "use_views", None)

@@ -33,6 +33,7 @@ from sandbox_operator.backends.base import (
     StartupError,
     TransientError,
     WatchedDisposal,
+    suspends,
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
@@ -60,7 +61,12 @@ DISPOSED = ConditionType.DISPOSED.value
 R = ConditionReason
 
 #: Reasons reported as Normal events; every other reason is a Warning.
-NORMAL_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISPOSED, R.PURGED})
+NORMAL_REASONS = frozenset(
+    {R.ADMITTED, R.CREATING, R.READY, R.SUSPENDED, R.DISPOSING, R.DISPOSED, R.PURGED}
+)
+
+#: While a driver that is not watched still reports compute stopping, look again this often.
+SUSPEND_RECHECK_SECONDS = 2.0
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
 #: status is left alone: the object is about to go).
@@ -437,7 +443,18 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     obj = fresh
     draft = Draft(obj)
 
-    if not cnd.is_true(obj.get("status"), ADMITTED):
+    now = datetime.now(UTC)
+    annotations = _meta(obj).get("annotations") or {}
+    suspension = compute.suspension(
+        spec,
+        obj.get("status") or {},
+        last_activity=lbl.read_last_activity(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION), now),
+    )
+    if suspension.state in ("suspend", "suspended"):
+        assert suspension.by is not None
+        return await _suspend(rt, obj, draft, spec, suspension.by, now)
+    rejudge = suspension.state == "resume"
+    if rejudge or not cnd.is_true(obj.get("status"), ADMITTED):
         await rt.refresh_availability()
     admission = compute.admit(
         obj,
@@ -446,9 +463,14 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         host_policy=rt.config.host_policy,
         profiles=profiles(rt.config, rt.unavailable),
         known_backends=tuple(rt.drivers),
+        rejudge=rejudge,
     )
     if not admission.admitted:
+        if rejudge:  # stays suspended: nothing starts
+            return await _apply(rt, obj, draft, compute.refused_resume_plan(admission), admission)
         return await _apply(rt, obj, draft, compute.refusal_plan(admission), admission)
+    if rejudge:
+        return await _apply(rt, obj, draft, compute.resume_plan(obj, admission, now=now), admission)
 
     assert admission.backend is not None
     driver = rt.drivers[admission.backend]
@@ -458,10 +480,16 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     unclean = None
     if observation.phase is ObservedPhase.ABSENT and not was_ready and admission.key is not None:
         unclean = await key_unclean(rt, namespace, admission.key, uid)
-    now = datetime.now(UTC)
     plan = compute.plan(
         obj, spec, admission, observation, key_unclean=unclean, scope_problem=scope.problem, now=now
     )
+    if plan.suspend:  # idle, and lifetime.idleAction suspend; or the backend stopped it
+        detail = ""
+        if observation.phase is ObservedPhase.SUSPENDED:
+            detail = "stopped by the backend" + (
+                f" ({observation.detail_reason})" if observation.detail_reason else ""
+            )
+        return await _suspend(rt, obj, draft, spec, compute.SUSPENDED_BY_IDLE, now, detail)
     if plan.create:
         assert admission.key is not None
         if not cnd.is_true(obj.get("status"), ADMITTED) and not _watched(driver):
@@ -501,12 +529,20 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
                 message=f"no idle pod in warm pool {', '.join(claim.exhausted)}; starting cold",
             )
         try:
-            await driver.ensure(request)
+            resume = observation.phase is ObservedPhase.SUSPENDED or compute.resuming(
+                obj.get("status") or {}
+            )
+            if resume and suspends(driver):
+                await driver.resume(request)  # stopped, storage kept: start it again
+            else:
+                await driver.ensure(request)
         except StartupError as exc:
             if exc.reason == R.KEY_UNCLEAN:
                 refused = compute.Admission(False, R.KEY_UNCLEAN, exc.message)
                 return await _apply(rt, obj, draft, compute.refusal_plan(refused), None)
-            return await _apply(rt, obj, draft, _startup_failed(admission, exc.message), admission)
+            reason = R.FAILED if exc.reason == R.FAILED else R.STARTUP_FAILED  # lost while kept
+            plan = _startup_failed(admission, exc.message, reason)
+            return await _apply(rt, obj, draft, plan, admission)
         except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
             what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
             hint = exc.retry_after if isinstance(exc, TransientError) else None
@@ -570,9 +606,54 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     return await _apply(rt, obj, draft, plan, admission, debounce=debounce)
 
 
-def _startup_failed(admission: compute.Admission, message: str) -> compute.Plan:
-    """Admitted, but what serves it could not be created: terminal, and disposed."""
-    verdict = Verdict(False, R.STARTUP_FAILED, message, terminal=True, dispose=True)
+async def _suspend(
+    rt: Runtime,
+    obj: dict[str, Any],
+    draft: Draft,
+    spec: SandboxResourceSpec,
+    by: str,
+    now: datetime,
+    detail: str = "",
+) -> float | None:
+    """Stop the compute that serves the sandbox, keep its storage, and say so; the TTL still
+    ends it. Neither admitted again nor planned while it stays suspended."""
+    status = obj.get("status") or {}
+    backend = status.get("backend")
+    driver = rt.drivers.get(str(backend)) if backend else None
+    still: list[str] = []
+    kept = None
+    if driver is not None and suspends(driver):
+        try:
+            found = await driver.suspend(sandbox_ref(obj))
+        except TransientError as exc:
+            meta = _meta(obj)
+            log.warning(
+                "sandbox %s/%s: suspending failed, will retry: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                exc.message,
+            )
+            return ensure_retry_delay(0, exc.retry_after)
+        still = [f"{o.kind} {o.name}" for o in found]
+        if not still:
+            kept = await driver.observe(sandbox_ref(obj))
+    elif driver is not None:  # a backend declaring persistentStorage always can (config check)
+        log.warning("backend %s cannot suspend; sandbox reported suspended as is", backend)
+    plan = compute.suspended_plan(
+        obj, spec, by, still_stopping=still, now=now, kept=kept, detail=detail
+    )
+    requeue = await _apply(rt, obj, draft, plan, None)
+    if still and driver is not None and not _watched(driver):
+        requeue = min(requeue, SUSPEND_RECHECK_SECONDS) if requeue else SUSPEND_RECHECK_SECONDS
+    return requeue
+
+
+def _startup_failed(
+    admission: compute.Admission, message: str, reason: ConditionReason = R.STARTUP_FAILED
+) -> compute.Plan:
+    """Admitted, but what serves it could not be created (``Failed``: could not be started
+    again, e.g. its kept work volume was lost): terminal, and disposed."""
+    verdict = Verdict(False, reason, message, terminal=True, dispose=True)
     return compute.Plan(
         conditions=(
             (ADMITTED, True, R.ADMITTED, admission.message),

@@ -12,7 +12,8 @@ same scope and threadId carries the same conversation labels, so the labels alon
 A purge costs a bounded number of calls per sandbox. When this scope is the only one naming its
 conversation (the usual case) everything with the conversation's labels is its own: the
 Sandboxes go with one ``deletecollection`` by the conversation's label selector, and so do the
-pods and NetworkPolicies of every watched backend (two calls per backend, orphans included).
+pods, NetworkPolicies and work volumes (PersistentVolumeClaims) of every watched backend (three
+calls per backend, orphans included).
 When another SandboxScope names the same conversation, each member is deleted by name and its
 own finalizer disposes what carries its sandbox label. Each Sandbox's own finalizer confirms,
 from the watch, that its objects are gone and lets it go (one patch, plus a status write only

@@ -71,6 +71,12 @@ _SANDBOX_STATUS = (
     "isolationScope",
     "servedBy",
     "servedFrom",
+    # Suspend and resume (spec.storage): why and since when it is suspended, and the counts.
+    "suspendedBy",
+    "suspendedAt",
+    "resumedAt",
+    "suspendCount",
+    "resumeCount",
 )
 _SCOPE_STATUS = ("conditions", "observedGeneration", "sandboxCount", "lastPurge", "lastPurgeTime")
 _POOL_STATUS = (
@@ -100,8 +106,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-#: The labels a child object (pod, NetworkPolicy) keeps in the views: what selection and the
-#: drivers read. A Sandbox keeps all of its labels (their values are compared with the key's).
+#: The labels a child object (pod, NetworkPolicy, PersistentVolumeClaim) keeps in the views:
+#: what selection and the drivers read. A Sandbox keeps all of its labels (their values are
+#: compared with the key's).
 _CHILD_LABELS = frozenset((*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL))
 #: The pod conditions classify_pod reads.
 _POD_CONDITIONS = frozenset({"Ready", "PodScheduled"})
@@ -225,7 +232,8 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
 
 
 def slim_plain(obj: Mapping[str, Any]) -> Obj:
-    """Metadata only (NetworkPolicies: their existence, labels and owners are what counts)."""
+    """Metadata only (NetworkPolicies, PersistentVolumeClaims: their existence, labels, owners
+    and deletion are what counts)."""
     return {"metadata": _meta(obj, annotations=False, labels=_CHILD_LABELS)}
 
 
@@ -400,7 +408,8 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
 
 
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
-    """The name of the Sandbox that owns a pod or NetworkPolicy (its controller reference)."""
+    """The name of the Sandbox that owns a pod, NetworkPolicy or PersistentVolumeClaim (its
+    controller reference)."""
     for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if owner.get("kind") == SANDBOX_KIND:
             return str(owner.get("name", "")) or None
@@ -409,14 +418,16 @@ def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
 
 @dataclass
 class Views:
-    """Everything the reconcilers read: Sandboxes, SandboxScopes, the operator's pods and
-    NetworkPolicies. ``scope_refs`` maps (namespace, scopeRef) to the Sandboxes naming it."""
+    """Everything the reconcilers read: Sandboxes, SandboxScopes, the operator's pods,
+    NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes with
+    ``spec.storage``). ``scope_refs`` maps (namespace, scopeRef) to the Sandboxes naming it."""
 
     sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox, sandbox_summary))
     scopes: Store = field(default_factory=lambda: Store(slim_scope, index_of=scope_conversation))
     pools: Store = field(default_factory=lambda: Store(slim_pool))
     pods: Store = field(default_factory=lambda: Store(slim_pod))
     network_policies: Store = field(default_factory=lambda: Store(slim_plain))
+    persistent_volume_claims: Store = field(default_factory=lambda: Store(slim_plain))
     _scope_refs: dict[ObjKey, set[str]] = field(default_factory=lambda: defaultdict(set))
     _scope_ref_of: dict[ObjKey, str] = field(default_factory=dict)
 
@@ -487,16 +498,22 @@ class Views:
     # ---- children -----------------------------------------------------------------------------
 
     def children(self, namespace: str, sandbox: str) -> list[tuple[str, Obj]]:
-        """The pods and NetworkPolicies carrying the sandbox's label, as (kind, object)."""
+        """The pods, NetworkPolicies and PersistentVolumeClaims carrying the sandbox's label,
+        as (kind, object)."""
         value = lbl.sandbox_label_value(sandbox)
         out = [("Pod", p) for p in self.pods.select(namespace, lbl.SANDBOX_LABEL, value)]
         out += [
             ("NetworkPolicy", n)
             for n in self.network_policies.select(namespace, lbl.SANDBOX_LABEL, value)
         ]
+        out += [
+            ("PersistentVolumeClaim", c)
+            for c in self.persistent_volume_claims.select(namespace, lbl.SANDBOX_LABEL, value)
+        ]
         return out
 
     def count_by_label(self, namespace: str, label: str, value: str) -> int:
-        return len(self.pods.select_names(namespace, label, value)) + len(
-            self.network_policies.select_names(namespace, label, value)
+        return sum(
+            len(store.select_names(namespace, label, value))
+            for store in (self.pods, self.network_policies, self.persistent_volume_claims)
         )
