@@ -6,8 +6,10 @@ test's own event loop or in a thread, and gives raw control over statuses, heade
 which the fault injection needs. State: sandboxes with labels (list filter `labels=k=v,...`,
 paging), a real directory per sandbox for files, command executions that really run (subprocess,
 cwd inside that directory), inline and named egress policies, egress decisions, lifecycle
-auto-delete. Faults: any status (429 with Retry-After, 500, 503, ...) per operation, slow
-responses, delete that leaves the sandbox listed, expired/invalid tokens (401).
+auto-delete (and, opt-in, idle auto-suspend), stop / stop-async / resume (section 3.8: no body,
+a Snapshot from the blocking stop, 409 from the wrong state, files kept). Faults: any status
+(429 with Retry-After, 500, 503, ...) per operation, slow responses, delete that leaves the
+sandbox listed, expired/invalid tokens (401).
 """
 
 from .server import DEFAULT_TOKEN, StandinServer, ThreadedStandin

@@ -84,6 +84,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             "method": request.method,
             "path": request.path,
             "query": dict(request.query),
+            "hasBody": request.body_exists,
+            "contentType": request.headers.get("Content-Type"),
         }
     )
     if not operation:
@@ -101,6 +103,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     if state.tokens is not None and token not in state.tokens:
         return problem(401, "InvalidAuthenticationToken", "the access token is invalid")
     state.sweep_expired()
+    state.sweep_idle()
     fault = state.take_fault(operation, request.match_info.get("id"))
     if fault is not None:
         if fault.delay:
@@ -128,8 +131,10 @@ def _get_sandbox(request: web.Request) -> Sandbox:
 
 
 def _require_running(sandbox: Sandbox) -> None:
+    """Data-plane operations need a running sandbox (409 otherwise); each is a use."""
     if sandbox.state != "Running":
         raise problem_error(web.HTTPConflict, "SandboxNotRunning", f"sandbox is {sandbox.state}")
+    sandbox.last_active = time.monotonic()
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -221,35 +226,66 @@ async def count_sandboxes(request: web.Request) -> web.Response:
     return web.json_response(len(_state(request).sandboxes))
 
 
+def _no_body(request: web.Request) -> None:
+    """Stop, stop/async and resume take no request body (reference section 3.8)."""
+    if request.body_exists:
+        raise problem_error(web.HTTPBadRequest, "UnexpectedBody", "this operation takes no body")
+
+
 async def stop_sandbox(request: web.Request) -> web.Response:
+    """Blocking stop: Running -> Stopped (`UserStopped`), the state saved as a snapshot, which
+    the 200 answer is (section 3.8). Not running (already stopped, stopping, creating): 409.
+    With `stop_outcome` StopFailed the stop fails: 500 and the sandbox `StopFailed`."""
+    state = _state(request)
     sandbox = _get_sandbox(request)
+    _no_body(request)
     _require_running(sandbox)
-    sandbox.state = "Stopped"
-    sandbox.state_details = {"stoppedReason": "UserStopped", "stoppedAt": now_iso()}
+    if state.stop_outcome != "Stopped":
+        sandbox.state = state.stop_outcome
+        sandbox.state_details = None
+        return problem(500, "StopFailed", "the sandbox's state could not be saved")
+    sandbox.stop("UserStopped")
     snapshot = {
-        "id": f"snap-{sandbox.id}",
+        "id": sandbox.snapshot_id,
         "labels": dict(sandbox.labels),
         "sandboxId": sandbox.id,
         "createdAtUtc": now_iso(),
         "resources": sandbox.to_wire()["resources"],
+        "sizeInMB": str(_size_mb(sandbox)),
     }
     return web.json_response(snapshot)
 
 
+def _size_mb(sandbox: Sandbox) -> int:
+    total = sum(p.stat().st_size for p in sandbox.root.rglob("*") if p.is_file())
+    return max(1, -(-total // (1024 * 1024)))
+
+
 async def stop_sandbox_async(request: web.Request) -> web.Response:
+    """Non-blocking stop: 202 with the sandbox `Stopping`; `Stopped` after `stopping_gets`
+    reads (or `stop_outcome`). Not running: 409."""
     sandbox = _get_sandbox(request)
+    _no_body(request)
     _require_running(sandbox)
-    sandbox.state = "Stopping"
-    sandbox.state_details = {"stoppedReason": "UserStopped", "stoppedAt": now_iso()}
+    sandbox.stop("UserStopped", state="Stopping")
+    sandbox.stopping_gets = 0
     return web.json_response(sandbox.to_wire(), status=202)
 
 
 async def resume_sandbox(request: web.Request) -> web.Response:
+    """Stopped (any reason but Disabled) or Idle -> Running, from its snapshot: the files and
+    policies are the ones it had (section 3.8). Anything else (running, stopping, creating,
+    StopFailed): 409. Disabled (the stand-in's reading of "blocks on-demand auto-resume"): 409
+    until enabled."""
     sandbox = _get_sandbox(request)
+    _no_body(request)
     if sandbox.state not in ("Stopped", "Idle"):
         return problem(409, "SandboxNotStopped", f"sandbox is {sandbox.state}")
+    if (sandbox.state_details or {}).get("stoppedReason") == "Disabled":
+        return problem(409, "SandboxDisabled", "the sandbox is disabled")
     sandbox.state = "Running"
     sandbox.state_details = None
+    sandbox.last_active = time.monotonic()
     return web.json_response(sandbox.to_wire())
 
 
@@ -562,12 +598,32 @@ async def control_fault(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def control_sandbox_state(request: web.Request) -> web.Response:
+    """Set a sandbox's state as the service itself would: `{"state": "Stopped",
+    "stoppedReason": "Idle"}` (its idle auto-suspend), `Disabled`, `StopFailed`, `Stopping`..."""
+    state = _state(request)
+    sandbox = state.sandboxes.get(request.match_info["id"])
+    if sandbox is None:
+        return problem(404, "NotFound", "no such sandbox")
+    data = await request.json()
+    reason = data.get("stoppedReason")
+    if reason is not None:
+        sandbox.stop(str(reason), state=str(data.get("state", "Stopped")))
+    else:
+        sandbox.state = str(data["state"])
+        sandbox.state_details = None
+    sandbox.stopping_gets = 0
+    return web.json_response(sandbox.to_wire())
+
+
 async def control_reset(request: web.Request) -> web.Response:
     state = _state(request)
     state.clear_faults()
     state.calls.clear()
     state.delete_leaves_listed = False
     state.expired_tokens.clear()
+    state.stop_outcome = "Stopped"
+    state.auto_suspend = False
     return web.json_response({"ok": True})
 
 
@@ -582,6 +638,9 @@ async def control_config(request: web.Request) -> web.Response:
         "maxFileBytes": "max_file_bytes",
         "maxSandboxes": "max_sandboxes",
         "hostPaths": "host_paths",
+        "stoppingGets": "stopping_gets",
+        "stopOutcome": "stop_outcome",
+        "autoSuspend": "auto_suspend",
     }
     for wire, attr in knobs.items():
         if wire in data:
@@ -697,5 +756,6 @@ def make_app(state: StandinState) -> web.Application:
     r.add_get("/_standin/state", control_state)
     r.add_post("/_standin/faults", control_fault)
     r.add_post("/_standin/reset", control_reset)
+    r.add_post("/_standin/sandboxes/{id}/state", control_sandbox_state)
     r.add_post("/_standin/config", control_config)
     return app

@@ -82,6 +82,11 @@ class Sandbox:
     egress_policy: dict[str, Any] | None = None
     lifecycle: dict[str, Any] | None = None
     delete_requested: bool = False
+    snapshot_id: str | None = None
+    #: monotonic time of the last use (create, resume, execution, file operation): what the
+    #: service's idle auto-suspend counts from (when the stand-in honours it).
+    last_active: float = field(default_factory=time.monotonic)
+    stopping_gets: int = 0
     decisions_allowed: list[dict[str, Any]] = field(default_factory=list)
     decisions_denied: list[dict[str, Any]] = field(default_factory=list)
 
@@ -100,6 +105,8 @@ class Sandbox:
                 out[key] = self.body[key]
         if self.state_details is not None:
             out["stateDetails"] = dict(self.state_details)
+        if self.snapshot_id is not None:
+            out["snapshotId"] = self.snapshot_id
         if self.egress_policy is not None:
             out["egressPolicy"] = self.egress_policy
         if self.lifecycle is not None:
@@ -117,6 +124,21 @@ class Sandbox:
         if seconds is None:
             return None
         return self.created_mono + float(seconds)
+
+    def idle_suspend_after(self) -> float | None:
+        """Seconds of disuse after which the service idle-suspends it (autoSuspendPolicy)."""
+        policy = (self.lifecycle or {}).get("autoSuspendPolicy") or {}
+        if not policy.get("enabled") or policy.get("interval") is None:
+            return None
+        return float(policy["interval"])
+
+    def stop(self, reason: str, *, state: str = "Stopped") -> None:
+        """What a stop leaves (reference section 3.6): the state, its reason and time, and the
+        snapshot the state was saved to. The sandbox, its files and policies stay."""
+        self.state = state
+        self.state_details = {"stoppedReason": reason, "stoppedAt": now_iso()}
+        if state in ("Stopped", "Stopping"):
+            self.snapshot_id = f"snap-{self.id}-{uuid.uuid4().hex[:8]}"
 
 
 class StandinState:
@@ -139,6 +161,10 @@ class StandinState:
         self.max_file_bytes = 64 * 1024 * 1024
         self.max_sandboxes: int | None = None
         self.exec_timeout = 60.0
+        # stop / resume (reference sections 3.6 and 3.8)
+        self.stopping_gets = 1  # reads a stop/async sandbox stays Stopping before Stopped
+        self.stop_outcome = "Stopped"  # or "StopFailed": the stop cannot save the state
+        self.auto_suspend = False  # honour lifecycle.autoSuspendPolicy (idle -> Stopped/Idle)
         # host_paths: sandbox paths ARE host paths (files and executions agree on absolute
         # paths, as conformance suites need). No confinement at all: loopback tests only.
         self.host_paths = False
@@ -206,7 +232,11 @@ class StandinState:
             if sandbox.gets_since_create >= self.ready_after_gets and old_enough:
                 sandbox.state = self.startup_state
         elif sandbox.state == "Stopping":
-            sandbox.state = "Stopped"
+            sandbox.stopping_gets += 1
+            if sandbox.stopping_gets >= self.stopping_gets:
+                sandbox.state = self.stop_outcome
+                if self.stop_outcome != "Stopped":
+                    sandbox.state_details = None
 
     def remove(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.pop(sandbox_id, None)
@@ -219,6 +249,18 @@ class StandinState:
             deadline = sandbox.expires_at()
             if deadline is not None and now >= deadline:
                 self.remove(sandbox.id)
+
+    def sweep_idle(self) -> None:
+        """With `auto_suspend`: a Running sandbox unused for its autoSuspendPolicy interval is
+        stopped by the service itself (`Stopped`, `stoppedReason: Idle`)."""
+        if not self.auto_suspend:
+            return
+        now = time.monotonic()
+        for sandbox in self.sandboxes.values():
+            after = sandbox.idle_suspend_after()
+            idle = after is not None and now - sandbox.last_active >= after
+            if sandbox.state == "Running" and idle:
+                sandbox.stop("Idle")
 
     def ordered(self) -> list[Sandbox]:
         return sorted(self.sandboxes.values(), key=lambda s: s.seq)
@@ -258,6 +300,12 @@ class StandinState:
             "sandboxes": [s.to_wire() for s in self.ordered()],
             "calls": dict(self.calls),
             "executions": len(self.executions),
+            # stop / stop-async / resume as received, for checks against the reference
+            "lifecycleRequests": [
+                r
+                for r in self.requests
+                if "PostSandboxStop" in r["operation"] or "PostSandboxResume" in r["operation"]
+            ],
             "faults": [
                 {"operation": f.operation, "status": f.status, "times": f.times, "hits": f.hits}
                 for f in self.faults

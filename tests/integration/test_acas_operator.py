@@ -712,3 +712,131 @@ def test_remote_sandbox_missing_from_its_listing_is_unlisted_at_disposal(acas: A
     acas.standin.fault("list", status=200, body=[], times=-1)
     kit.wait_gone("lost", timeout=60)
     assert all(s["id"] != remote_id for s in acas.standin.sandboxes())
+
+
+# -- (f) suspend and resume through the service's stop and resume --
+
+
+def _file_url(acas: Acas, remote_id: str) -> str:
+    return (
+        f"{acas.standin.base_url}/subscriptions/sub-test/resourceGroups/rg-test"
+        f"/sandboxGroups/group-test/sandboxes/{remote_id}/files"
+    )
+
+
+def _file(acas: Acas, remote_id: str, data: bytes | None = None) -> int | bytes:
+    """Write (`data`) or read /workspace/kept.bin in the remote sandbox, over the service API."""
+    import httpx
+
+    params = {"api-version": "2026-09-01-preview", "path": "/workspace/kept.bin"}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    if data is not None:
+        params["createDirs"] = "true"
+        response = httpx.post(
+            _file_url(acas, remote_id), params=params, headers=headers, content=data
+        )
+        return response.status_code
+    response = httpx.get(_file_url(acas, remote_id), params=params, headers=headers)
+    return response.content if response.status_code == 200 else response.status_code
+
+
+def _patch_suspended(kit: Kit, name: str, suspended: bool) -> None:
+    kit.custom.patch_namespaced_custom_object(
+        "sandbox-operator.dev",
+        "v1alpha1",
+        kit.ns,
+        "sandboxes",
+        name,
+        {"spec": {"suspended": suspended}},
+    )
+
+
+def test_suspend_and_resume_stop_and_resume_the_remote_sandbox(acas: Acas) -> None:
+    kit = acas.kit
+    acas.start()
+    kit.scope()
+    kit.sandbox("keeper", storage={"size": "1Gi"})
+    obj = acas.wait_ready("keeper")
+    remote_id = obj["status"]["servedBy"]["name"]
+    (remote,) = acas.remote("keeper")
+    assert remote["resources"]["disk"] == "1Gi"  # spec.storage.size is the disk asked for
+    content = bytes(range(256)) * 4
+    assert _file(acas, remote_id, content) == 201
+
+    _patch_suspended(kit, "keeper", True)
+    obj = kit.wait_condition("keeper", "Ready", reasons=("Suspended",), status="False", timeout=60)
+    (remote,) = acas.remote("keeper")
+    assert remote["id"] == remote_id  # stopped, not deleted
+    assert remote["state"] == "Stopped"
+    assert remote["stateDetails"]["stoppedReason"] == "UserStopped"
+    assert obj["status"]["suspendedBy"] == "spec" and obj["status"]["suspendCount"] == 1
+    assert _file(acas, remote_id) == 409  # no data plane while stopped
+    assert acas.standin.calls("SandboxLifecycleOperations_PostSandboxStop") == 1
+
+    _patch_suspended(kit, "keeper", False)
+    obj = wait_for(
+        lambda: (
+            (o := kit.get("keeper"))
+            and (kit.condition(o, "Ready") or {}).get("status") == "True"
+            and o
+        ),
+        60,
+        "keeper Ready again",
+    )
+    (remote,) = acas.remote("keeper")
+    assert (remote["id"], remote["state"]) == (remote_id, "Running")
+    assert obj["status"]["servedBy"]["name"] == remote_id
+    assert obj["status"].get("resumeCount") == 1, obj["status"]
+    assert _file(acas, remote_id) == content  # byte for byte
+    assert acas.standin.calls("create") == 1
+    assert acas.standin.calls("SandboxLifecycleOperations_PostSandboxResume") == 1
+    # Each request as the reference has it: POST, its path, api-version only, no body.
+    requests = acas.standin.state()["lifecycleRequests"]
+    assert [r["operation"].rsplit("_", 1)[1] for r in requests] == [
+        "PostSandboxStop",
+        "PostSandboxResume",
+    ]
+    for r, suffix in zip(requests, ("stop", "resume"), strict=True):
+        assert r["method"] == "POST"
+        assert r["path"].endswith(f"/sandboxGroups/group-test/sandboxes/{remote_id}/{suffix}")
+        assert r["query"] == {"api-version": "2026-09-01-preview"}
+        assert r["hasBody"] is False
+
+    kit.delete("keeper")
+    kit.wait_gone("keeper", timeout=30)
+    assert acas.remote("keeper") == []
+    acas.assert_logs_clean()
+
+
+def test_a_sandbox_the_service_idle_stops_is_suspended_and_resumed_by_use(acas: Acas) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    kit = acas.kit
+    acas.start(acas.config(observeIntervalSeconds=1))
+    kit.scope()
+    kit.sandbox("dozer", storage={"size": "1Gi"})
+    obj = acas.wait_ready("dozer")
+    remote_id = obj["status"]["servedBy"]["name"]
+    # The service's own idle auto-suspend (its lifecycle autoSuspendPolicy) stops it.
+    acas.standin._call(
+        f"/_standin/sandboxes/{remote_id}/state", {"state": "Stopped", "stoppedReason": "Idle"}
+    )
+    obj = kit.wait_condition("dozer", "Ready", reasons=("Suspended",), status="False", timeout=30)
+    assert obj["status"]["suspendedBy"] == "idle"
+    assert acas.standin.calls("SandboxLifecycleOperations_PostSandboxStop") == 0  # already
+    # A use (the client's activity stamp) resumes it: the same remote sandbox, running again.
+    time.sleep(1.1)
+    stamp = (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kit.custom.patch_namespaced_custom_object(
+        "sandbox-operator.dev",
+        "v1alpha1",
+        kit.ns,
+        "sandboxes",
+        "dozer",
+        {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}},
+    )
+    acas.wait_ready("dozer", timeout=30)
+    (remote,) = acas.remote("dozer")
+    assert (remote["id"], remote["state"]) == (remote_id, "Running")
+    assert acas.standin.calls("SandboxLifecycleOperations_PostSandboxResume") == 1
+    assert acas.standin.calls("create") == 1

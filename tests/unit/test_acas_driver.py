@@ -181,9 +181,19 @@ def test_classify() -> None:
         return RemoteSandbox.model_validate({"id": "x", "state": state, "stateDetails": details})
 
     assert classify(None).phase is ObservedPhase.ABSENT
-    assert classify(remote("Stopped", "Idle")).phase is ObservedPhase.READY
-    assert classify(remote("Idle")).phase is ObservedPhase.READY
-    assert classify(remote("Stopped", "UserStopped")).phase is ObservedPhase.FAILED
+    # Stopped whatever the reason (the detail says which), or on its way: state kept.
+    for state, reason, detail in [
+        ("Stopped", "Idle", "Idle"),
+        ("Stopped", "UserStopped", "UserStopped"),
+        ("Stopped", "Disabled", "Disabled"),
+        ("Stopped", None, "Stopped"),
+        ("Idle", None, "Idle"),
+        ("Suspended", None, "Suspended"),
+        ("Stopping", None, "Stopping"),
+    ]:
+        obs = classify(remote(state, reason))
+        assert (obs.phase, obs.detail_reason) == (ObservedPhase.SUSPENDED, detail), state
+        assert obs.served_by is not None and obs.served_by.name == "x"
     assert classify(remote("StopFailed")).phase is ObservedPhase.FAILED
     assert classify(remote("Deleting")).phase is ObservedPhase.DISPOSING
     assert classify(remote("Brand-new")).phase is ObservedPhase.STARTING

@@ -277,7 +277,10 @@ class AcasClient:
             raise error
 
     async def _json(self, req: ApiRequest) -> Any:
-        response = await self.send(req)
+        return self._body(req, await self.send(req))
+
+    def _body(self, req: ApiRequest, response: httpx.Response) -> Any:
+        """The JSON of a response (None when empty)."""
         if not response.content:
             return None
         try:
@@ -394,13 +397,24 @@ class AcasClient:
         return result
 
     async def stop_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        """Blocking stop; returns the Snapshot the service made."""
-        data = await self._json(self.ops.stop_sandbox(sandbox_id))
+        """Blocking stop (sent once); returns the Snapshot the service made. The answer is
+        awaited up to `timeouts.stop` (the service answers once the state is saved)."""
+        req = self.ops.stop_sandbox(sandbox_id)
+        response = await self.send(req, read_timeout=self._timeouts.stop)
+        data = self._body(req, response)
         return data if isinstance(data, dict) else {}
 
-    async def resume_sandbox(self, sandbox_id: str) -> RemoteSandbox:
-        req = self.ops.resume_sandbox(sandbox_id)
+    async def stop_sandbox_async(self, sandbox_id: str) -> RemoteSandbox:
+        """Non-blocking stop (sent once): 202 with the sandbox, normally `Stopping`."""
+        req = self.ops.stop_sandbox_async(sandbox_id)
         result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
+        return result
+
+    async def resume_sandbox(self, sandbox_id: str) -> RemoteSandbox:
+        """Resume (sent once), the answer awaited up to `timeouts.resume`."""
+        req = self.ops.resume_sandbox(sandbox_id)
+        response = await self.send(req, read_timeout=self._timeouts.resume)
+        result: RemoteSandbox = self._model(req, RemoteSandbox, self._body(req, response))
         return result
 
     # -- execution ---------------------------------------------------------------------------

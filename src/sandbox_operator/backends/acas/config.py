@@ -35,6 +35,7 @@ ACAS_CAPABILITIES = frozenset(
         Capability.FILES_OUT,
         Capability.FILES_LIST,
         Capability.FILES_DELETE,
+        Capability.HOST_TOOLS,  # the client's channel over exec + files (docs/host-tools.md)
     }
 )
 #: Egress modes the service's inline egress policy enforces (default Deny + host allow rules).
@@ -50,6 +51,16 @@ def default_declarations() -> BackendDeclarations:
         os_families=frozenset({OsFamily.POSIX}),
         isolation_scopes=frozenset({IsolationScope.CONVERSATION, IsolationScope.CALL}),
         observes_egress=True,
+        # Reference section 3.8: `POST .../stop` "saves state as a snapshot" (the 200 answer is
+        # that Snapshot) and `POST .../resume` "resumes a stopped sandbox from a snapshot"; the
+        # remote sandbox (its id, labels, egress and lifecycle policies) stays in place while
+        # Stopped. So the work directory's files survive a suspend (the whole sandbox disk
+        # does). Processes and memory are not promised: the reference does not say a stop keeps
+        # them. `spec.storage.size` becomes the disk asked of the service (`resources.disk`,
+        # section 3.2); storageClassName and accessMode have no meaning there (docs/backends/
+        # acas.md, "Suspend and resume"). The kept state lasts as long as the remote sandbox:
+        # its auto-delete lifetime counts from creation, suspended or not.
+        persistent_storage=True,
     )
 
 
@@ -104,6 +115,18 @@ class AcasTimeouts(_Model):
         default=300.0, gt=0, le=3600, description="How long to wait for a deleted sandbox to go."
     )
     poll_interval: float = Field(default=3.0, gt=0, le=60)
+    stop: float = Field(
+        default=180.0,
+        gt=0,
+        le=3600,
+        description="How long a blocking stop (suspend) may take to answer (the SDK waits 180 s).",
+    )
+    resume: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="How long a resume may take to answer (the SDK waits 300 s for Running).",
+    )
 
 
 class AcasRetries(_Model):
@@ -163,6 +186,12 @@ class AcasBackendConfig(_Model):
         description="PUT on the collection (live service and SDK) or POST (Swagger 01868f55).",
     )
     file_write_method: Literal["PUT", "POST"] = "POST"
+    stop_method: Literal["blocking", "async"] = Field(
+        default="blocking",
+        description="Suspend with the blocking POST .../stop (Swagger 01868f55, answers when "
+        "the snapshot is saved) or POST .../stop/async (202 Stopping; TypeSpec only, not in "
+        "that Swagger), whose end the driver learns by reading the sandbox again.",
+    )
     default_image: str = Field(
         default="ubuntu", min_length=1, description="Public disk image for specs without a map."
     )

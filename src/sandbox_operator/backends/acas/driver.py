@@ -18,6 +18,10 @@ Sandbox whose remote state changed between two lists.
 Every sandbox is created with its confinement in the same request: an inline egress policy
 (default Deny plus one Allow host rule per `egressAllow` entry) and a lifecycle policy that
 auto-deletes it after a bounded lifetime even if no operator is left to do so.
+
+Suspend and resume (`Suspendable`) are the service's stop and resume (reference section 3.8):
+the remote sandbox stays, `Stopped`, its state saved as a snapshot; observe reports any stopped
+state (the service's own idle stop too) as `SUSPENDED`, with the service's `stoppedReason`.
 """
 
 from __future__ import annotations
@@ -59,17 +63,30 @@ from .auth import CredentialUnavailable, TokenProvider, token_provider_for
 from .config import AcasBackendConfig, SecretCredentialSource
 from .errors import (
     AcasBadRequest,
+    AcasConflict,
     AcasError,
     AcasNotFound,
     AcasNotListed,
     AcasPayloadTooLarge,
     AcasThrottled,
+    AcasTimeout,
     disposal_failure,
 )
 from .models import RemoteSandbox, SandboxState
 
 #: Create failures no retry can cure: the request's content (400, 413) or the group/path (404).
 _PERMANENT = (AcasBadRequest, AcasNotFound, AcasPayloadTooLarge)
+
+#: Remote states of a sandbox whose compute is stopped and whose state is kept (reference
+#: sections 3.6 and 3.8): `Stopped` (any `stoppedReason`: `UserStopped`, `Idle`, `Disabled`),
+#: `Idle` (the service's idle auto-suspend) and `Suspended` (outside the enum; the SDK's
+#: `begin_stop` ends on it too).
+STOPPED_STATES = frozenset({SandboxState.STOPPED, SandboxState.IDLE, SandboxState.SUSPENDED})
+#: What `cpu`/`memory` default to when a create must send `resources` (for `disk`) and the spec
+#: leaves them out: both are required members of `resources` (section 3.2); these are the
+#: service SDK's own defaults (section 3.3).
+DEFAULT_CPU = "1000m"
+DEFAULT_MEMORY = "2048Mi"
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +182,15 @@ def create_content(request: EnsureRequest, config: AcasBackendConfig) -> dict[st
     memory = limits.memory or requests.memory
     if cpu and memory:
         content["resources"] = {"cpu": str(cpu), "memory": str(memory)}
+    if spec.storage is not None:
+        # The sandbox's own disk is what stop saves and resume restores (section 3.8): its size
+        # is the one storage field the service takes. storageClassName and accessMode have no
+        # counterpart (the disk is the service's, used by this sandbox alone).
+        content["resources"] = {
+            "cpu": str(cpu or DEFAULT_CPU),
+            "memory": str(memory or DEFAULT_MEMORY),
+            "disk": str(spec.storage.size),
+        }
     return content
 
 
@@ -182,19 +208,35 @@ def classify(remote: RemoteSandbox | None) -> Observation:
 
     if state == SandboxState.RUNNING:
         return obs(ObservedPhase.READY, "remote sandbox is running")
-    if state in (SandboxState.IDLE, SandboxState.SUSPENDED) or (
-        state == SandboxState.STOPPED and reason == "Idle"
-    ):
-        return obs(ObservedPhase.READY, "remote sandbox is idle-suspended (resumes on use)")
+    if state in STOPPED_STATES:
+        # Stopped by the operator (UserStopped), by the service's idle auto-suspend (Idle) or
+        # by a person at the service (Disabled): the compute is off, the state is kept. The
+        # detail is the service's reason, so the operator can tell its own suspend from the
+        # service's.
+        why = reason or state
+        return Observation(
+            ObservedPhase.SUSPENDED,
+            served,
+            why,
+            f"remote sandbox is {state.lower()} ({why}); its state is kept",
+            created,
+        )
+    if state == SandboxState.STOPPING:
+        # On its way to Stopped (a stop saving its state, or the service's idle suspend):
+        # already not usable, nothing lost. Suspended, still settling.
+        return Observation(
+            ObservedPhase.SUSPENDED,
+            served,
+            SandboxState.STOPPING,
+            "remote sandbox is stopping (saving its state)",
+            created,
+        )
     if state == SandboxState.CREATING:
         return obs(ObservedPhase.STARTING, "remote sandbox is being created")
     if state == SandboxState.DELETING:
         return obs(ObservedPhase.DISPOSING, "remote sandbox is being deleted")
     if state in (SandboxState.FAILED, SandboxState.STOP_FAILED):
         return obs(ObservedPhase.FAILED, f"remote sandbox state {state}")
-    if state in (SandboxState.STOPPED, SandboxState.STOPPING):
-        why = f" ({reason})" if reason else ""
-        return obs(ObservedPhase.FAILED, f"remote sandbox was stopped{why}")
     return obs(ObservedPhase.STARTING, f"remote sandbox state {state or 'unknown'}")
 
 
@@ -212,6 +254,19 @@ def observation_for(sandbox: SandboxRef, found: list[RemoteSandbox]) -> Observat
             )
         found = mine
     return classify(found[0] if found else None)
+
+
+def _owned_by(remote: RemoteSandbox, sandbox: SandboxRef) -> bool:
+    """Whether `remote` serves this Sandbox (not an earlier one of the same name)."""
+    return not sandbox.uid or remote.labels.get(OWNER_UID_LABEL, sandbox.uid) == sandbox.uid
+
+
+def _lost(remote_id: str) -> str:
+    return (
+        f"remote sandbox {remote_id}, which held the suspended sandbox's state, is gone at the "
+        "service (deleted, e.g. by its auto-delete lifetime): nothing to resume, nothing was "
+        "created in its place"
+    )
 
 
 def _sandbox_key(remote: RemoteSandbox) -> tuple[str, str]:
@@ -702,6 +757,166 @@ class AcasDriver:
             return None
         self._remember(remote)
         return remote
+
+    # -- suspend / resume (reference section 3.8) --------------------------------------------
+
+    @property
+    def suspends(self) -> bool:
+        """Suspend is the service's stop (the state saved as a snapshot), resume its resume."""
+        return True
+
+    async def _current(self, sandbox: SandboxRef) -> RemoteSandbox | None:
+        """The remote sandbox serving `sandbox` as the service reports it now (never the
+        cache, since the answer is acted on): by the recorded id (one GET), else by its
+        labels. One that another Sandbox owns (an earlier one of the same name) is not it."""
+        recorded = _recorded_id(sandbox)
+        if recorded:
+            remote = await self._get_own(sandbox, recorded)
+            if remote is not None and _owned_by(remote, sandbox):
+                return remote
+        found = await self._find(sandbox)
+        self._write_through(sandbox, found)
+        mine = [r for r in found if _owned_by(r, sandbox)]
+        return mine[0] if mine else None
+
+    async def suspend(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Stop the remote sandbox: the service saves its state as a snapshot and keeps the
+        sandbox (id, labels, egress and lifecycle policies) in place, `Stopped`.
+
+        Returns [] once it is stopped (`Stopped` whatever the reason, `Idle`, `Suspended`) or
+        when nothing serves the sandbox; the remote sandbox while it is still stopping (or
+        still being created, or deleted: not stoppable now). Idempotent: a stopped sandbox
+        costs one read and no stop. The stop is the blocking `POST .../stop` (answered within
+        `timeouts.stop` once the snapshot is saved) or, with `stopMethod: async`,
+        `POST .../stop/async` (202, `Stopping`; a later call reads the end). A 409 (the
+        sandbox is not running) and a stop that did not answer in time are settled by reading
+        the state again: already stopped is success. A stop that ends `StopFailed` (the state
+        was not saved), any service failure and a sandbox still running after a stop are a
+        `TransientError` (the stop is sent again on the next call)."""
+        self._learn(sandbox)
+        try:
+            remote = await self._current(sandbox)
+            if remote is None:
+                return []
+            return await self._suspend(remote)
+        except AcasError as exc:
+            raise TransientError(str(exc), retry_after=exc.retry_after) from None
+
+    async def _suspend(self, remote: RemoteSandbox) -> list[BackendObject]:
+        state = remote.state or ""
+        if state in STOPPED_STATES:
+            return []
+        if state in (SandboxState.STOPPING, SandboxState.CREATING, SandboxState.DELETING):
+            return [backend_object(remote)]
+        if state == SandboxState.FAILED:
+            raise TransientError(f"remote sandbox {remote.id} is Failed: it cannot be stopped")
+        # Running, StopFailed (stopped again), or a state this client does not know.
+        after: RemoteSandbox | None = None
+        refused: AcasError | None = None
+        try:
+            if self._config.stop_method == "async":
+                after = await self._client.stop_sandbox_async(remote.id)
+            else:
+                await self._client.stop_sandbox(remote.id)
+        except (AcasConflict, AcasTimeout) as exc:  # not running / no answer in time: look
+            refused = exc
+        except AcasNotFound:
+            self._forget(remote.id)
+            return []
+        if after is None:
+            after = await self._client.find_sandbox(remote.id)
+            if after is None:
+                self._forget(remote.id)
+                return []
+        self._remember(after)
+        now = after.state or ""
+        if now in STOPPED_STATES:
+            return []
+        if now in (SandboxState.STOPPING, SandboxState.CREATING, SandboxState.DELETING):
+            return [backend_object(after)]
+        why = f": {refused}" if refused is not None else ""
+        if now == SandboxState.STOP_FAILED:
+            raise TransientError(
+                f"stopping remote sandbox {remote.id} ended StopFailed: the service did not "
+                f"save its state (a later suspend stops it again){why}"
+            )
+        raise TransientError(
+            f"remote sandbox {remote.id} is {now or 'in an unknown state'} after the stop{why}"
+        )
+
+    async def resume(self, request: EnsureRequest) -> ServedBy:
+        """Start the stopped remote sandbox again from its snapshot (`POST .../resume`, sent
+        once, answered within `timeouts.resume`); observe then reports it starting / ready.
+
+        `Running` or `Creating` already: served as it is, no call. A 409 (not stopped) is
+        settled by reading the state again: running is success. Still `Stopping`, stopped
+        with `stoppedReason: Disabled` (a person disabled it at the service), a bare 503 (the
+        documented answer of a resume the service cannot do now), 429, 5xx or no answer:
+        `TransientError` (with the service's Retry-After, if any). Nothing serves the sandbox:
+        when the status recorded a remote id, what held its state is gone (`StartupError`,
+        nothing is created in its place); when it never had one (suspended from the start),
+        `ensure` creates it. 400: `StartupError`."""
+        try:
+            return await self._resume(request)
+        except _PERMANENT as exc:
+            raise StartupError(
+                ConditionReason.STARTUP_FAILED,
+                f"the service refused to resume the sandbox: {exc.detail}",
+            ) from None
+        except AcasError as exc:
+            raise TransientError(str(exc), retry_after=exc.retry_after) from None
+
+    async def _resume(self, request: EnsureRequest) -> ServedBy:
+        sandbox = request.sandbox
+        self._learn(sandbox)
+        remote = await self._current(sandbox)
+        if remote is None:
+            recorded = _recorded_id(sandbox)
+            if recorded:
+                raise StartupError(ConditionReason.STARTUP_FAILED, _lost(recorded))
+            return await self._ensure(request)
+        served = ServedBy(REMOTE_KIND, remote.id, "", remote.id)
+        if remote.state in (SandboxState.RUNNING, SandboxState.CREATING):
+            return served
+        if remote.state in (SandboxState.FAILED, SandboxState.DELETING):
+            raise StartupError(
+                ConditionReason.STARTUP_FAILED,
+                f"remote sandbox {remote.id} is {remote.state}: its state cannot be resumed",
+            )
+        if remote.state == SandboxState.STOPPING:
+            raise self._still_stopping(remote)
+        try:
+            resumed = await self._client.resume_sandbox(remote.id)
+        except AcasNotFound:
+            self._forget(remote.id)
+            raise StartupError(ConditionReason.STARTUP_FAILED, _lost(remote.id)) from None
+        except AcasConflict as exc:
+            now = await self._client.find_sandbox(remote.id)
+            if now is None:
+                self._forget(remote.id)
+                raise StartupError(ConditionReason.STARTUP_FAILED, _lost(remote.id)) from None
+            self._remember(now)
+            if now.state in (SandboxState.RUNNING, SandboxState.CREATING):
+                return served
+            if now.state == SandboxState.STOPPING:
+                raise self._still_stopping(now) from None
+            reason = now.state_details.stopped_reason if now.state_details else None
+            if reason == "Disabled":
+                raise TransientError(
+                    f"remote sandbox {remote.id} was disabled at the service (stoppedReason "
+                    f"Disabled): it resumes once enabled there ({exc})"
+                ) from None
+            raise TransientError(
+                f"resume refused while the sandbox is {now.state}: {exc}"
+            ) from None
+        self._remember(resumed)
+        return served
+
+    def _still_stopping(self, remote: RemoteSandbox) -> TransientError:
+        return TransientError(
+            f"remote sandbox {remote.id} is still stopping: resumed once it is Stopped",
+            retry_after=self._config.timeouts.poll_interval,
+        )
 
     async def _dispose_remote(self, remote_id: str) -> None:
         try:

@@ -37,6 +37,8 @@ class AcasError(Exception):
     """Base of every error this backend raises."""
 
     disposal_code: DisposalCode = DisposalCode.UNKNOWN
+    #: The service's `Retry-After` hint in seconds, when its answer carried one.
+    retry_after: float | None = None
 
     def __init__(
         self,
@@ -201,7 +203,9 @@ def error_for_status(
             attempts=attempts,
             retry_after=retry_after,
         )
-    return cls(operation, status=status, code=code, service_message=message, attempts=attempts)
+    error = cls(operation, status=status, code=code, service_message=message, attempts=attempts)
+    error.retry_after = retry_after
+    return error
 
 
 def disposal_code(error: BaseException) -> DisposalCode:
