@@ -1,5 +1,6 @@
 """The pod data plane (pods/exec through the API server) on plain pods, no operator: every
-conformance suite on runc and gVisor, with the busybox and the python images."""
+conformance suite on runc and gVisor, with the busybox and the python images, and the
+host_tools suite (the client's channel over exec + files) on both with the python image."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from kubernetes import client as k8s
 
 from sandbox_operator.client import Sandbox, SandboxClient, pod_dataplane
-from sandbox_operator.conformance import check_call_scope, check_sandbox
+from sandbox_operator.conformance import check_call_scope, check_host_tools, check_sandbox
 from sandbox_operator.contract import Capability, SandboxSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -126,6 +127,25 @@ async def test_conformance_on_plain_pods(
     if image == PYTHON:
         res = await sb.run_code("import sys; print(sys.version_info.major)")
         assert res.stdout == b"3\n"
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+async def test_host_tools_conformance_on_plain_pods(
+    aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
+) -> None:
+    pod = make_pod(f"hosttools-{runtime_class}", runtime_class, PYTHON)
+    host_tools_spec = SandboxSpec(
+        kind="conformance",
+        image=PYTHON,
+        work_dir="/workspace",
+        requires=frozenset(
+            {Capability.EXEC, Capability.FILES_IN, Capability.FILES_OUT, Capability.HOST_TOOLS}
+        ),
+    )
+    sb = Sandbox(host_tools_spec, pod_dataplane(aclient.ws_api, aclient.namespace, pod), name=pod)
+    report = await check_host_tools(sb)
+    assert report.ok, report.failures
+    assert report.passed and not report.skipped
 
 
 @pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])

@@ -31,8 +31,9 @@ from sandbox_operator.client.errors import (
     TransferCapExceeded,
     TransferIntegrityError,
 )
+from sandbox_operator.client.observer import OutputsCollected, failure_name, notify, record_key
 from sandbox_operator.client.paths import collision_key, confine, validate_artifact_name
-from sandbox_operator.contract import DeclaredOutput, Disposition
+from sandbox_operator.contract import DeclaredOutput, Disposition, SandboxKey
 
 if TYPE_CHECKING:
     from sandbox_operator.client.sandbox import Sandbox
@@ -87,7 +88,55 @@ async def collect_outputs(
     outputs: tuple[DeclaredOutput, ...] | None = None,
 ) -> CollectedOutputs:
     """Collect ``sandbox.spec.declared_outputs`` (or ``outputs``, which must be a subset of the
-    declaration) in phases; see the module docstring."""
+    declaration) in phases; see the module docstring.
+
+    With an observer on the handle, the collection is reported as one ``OutputsCollected``
+    (counts and bytes, or the class name of the refusal that stopped it part-way, with what had
+    been delivered by then); each file read is also reported as a ``StoreFileRead``."""
+    observer = getattr(sandbox, "observer", None)
+    key = getattr(sandbox, "key", None)
+    call = record_key(key)
+    result = CollectedOutputs()
+    failure: str | None = None
+    try:
+        await _collect(sandbox, sink, outputs, result)
+    except BaseException as exc:
+        failure = failure_name(exc)
+        raise
+    finally:
+        notify(
+            observer, "outputs_collected", lambda: _collected(result, key, call, sandbox, failure)
+        )
+    return result
+
+
+def _collected(
+    result: CollectedOutputs,
+    key: SandboxKey | None,
+    call: str | None,
+    sandbox: Sandbox,
+    failure: str | None,
+) -> OutputsCollected:
+    landed = sum(a.size for a in result.landed)
+    consumed = sum(a.size for a in result.consumed.values())
+    return OutputsCollected(
+        key=key,
+        call=call,
+        sandbox=sandbox.name,
+        landed=len(result.landed),
+        consumed=len(result.consumed),
+        absent=len(result.absent),
+        bytes=landed + consumed,
+        failure=failure,
+    )
+
+
+async def _collect(
+    sandbox: Sandbox,
+    sink: OutputSink | None,
+    outputs: tuple[DeclaredOutput, ...] | None,
+    result: CollectedOutputs,
+) -> None:
     spec = sandbox.spec
     declared = spec.declared_outputs
     if outputs is None:
@@ -173,14 +222,13 @@ async def collect_outputs(
         )
 
     # Phase 4: deliver.
-    result = CollectedOutputs(absent=absent)
+    result.absent.extend(absent)
     for art in artifacts:
         if art.disposition is Disposition.CONSUME:
             result.consumed[art.name] = art
             continue
         assert sink is not None
         result.landed.append(await sink.deliver(art))
-    return result
 
 
 # --------------------------------------------------------------------------------------------

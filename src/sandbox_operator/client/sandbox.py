@@ -15,7 +15,7 @@ import contextlib
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
@@ -28,7 +28,16 @@ from sandbox_operator.client.errors import (
     CapabilityNotRequired,
     ExecSetupError,
     SandboxFileNotFound,
+    SandboxNotSuspendable,
     TransferCapExceeded,
+)
+from sandbox_operator.client.observer import (
+    EffectiveState,
+    SandboxObserver,
+    StoreFileRead,
+    failure_name,
+    notify,
+    record_key,
 )
 from sandbox_operator.client.paths import confine, normalize_work_dir
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
@@ -43,11 +52,33 @@ LANGUAGES: dict[str, tuple[str, ...]] = {
 }
 
 
+class SuspendsSandboxes(Protocol):
+    """What suspends and resumes a handle's sandbox: the ``SandboxClient`` that acquired it."""
+
+    async def suspend(
+        self,
+        sandbox: Sandbox,
+        *,
+        wait: bool,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> None: ...
+
+    async def resume(
+        self,
+        sandbox: Sandbox,
+        *,
+        wait: bool,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> None: ...
+
+
 class Sandbox:
     """A live sandbox: exec, code and files under the caps its spec declared.
 
     ``name``/``namespace`` name the Sandbox resource (empty for a handle built directly on a data
-    plane); ``key`` is the sandbox key when known.
+    plane); ``key`` is the sandbox key when known. ``observer`` receives the handle's events
+    (``StoreFileRead``, ``OutputsCollected``); ``effective_state`` builds the value
+    :attr:`effective_state` returns, on first use.
     """
 
     def __init__(
@@ -61,7 +92,13 @@ class Sandbox:
         scope_ref: str = "",
         on_activity: Callable[[], Awaitable[None]] | None = None,
         activity_interval: float = 30.0,
+        observer: SandboxObserver | None = None,
+        effective_state: EffectiveState | Callable[[], EffectiveState] | None = None,
+        lifecycle: SuspendsSandboxes | None = None,
     ) -> None:
+        self._lifecycle = lifecycle
+        self.observer = observer
+        self._effective_state = effective_state
         self.spec = spec
         self.dataplane = dataplane
         self.name = name
@@ -78,9 +115,21 @@ class Sandbox:
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
 
+    @property
+    def effective_state(self) -> EffectiveState | None:
+        """What the acquire that made this handle was served with (backend, isolation rung and
+        scope, egress, capabilities, host tools, call id); ``None`` for a handle built directly
+        on a data plane. Built on first read."""
+        state = self._effective_state
+        if state is None or isinstance(state, EffectiveState):
+            return state
+        self._effective_state = built = state()
+        return built
+
     # -- gating ---------------------------------------------------------------------------
 
     def _gate(self, method: str, capability: Capability) -> None:
+        record_key(self.key)  # the current call (if any) touched this sandbox
         if capability not in self.required:
             raise CapabilityNotRequired(method=method, capability=capability.value)
         self._activity()
@@ -227,7 +276,34 @@ class Sandbox:
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The exact bytes at ``path``. Refuses a file above ``max_bytes`` (or above
         ``filesOut.maxBytesPerFile``, whichever is smaller) rather than truncating it; refuses
-        symlinks and anything not a regular file."""
+        symlinks and anything not a regular file.
+
+        With an observer, every read (including a refused one) is reported as a
+        ``StoreFileRead`` carrying ``path`` as given: a path is usually chosen by the model or
+        by the program in the sandbox, so a recorder must treat it as guest-chosen text."""
+        call = record_key(self.key)
+        try:
+            data = await self._read_file(path, max_bytes)
+        except BaseException as exc:
+            failure = failure_name(exc)
+            notify(
+                self.observer,
+                "store_file_read",
+                lambda: StoreFileRead(
+                    key=self.key, call=call, sandbox=self.name, path=path, bytes=0, failure=failure
+                ),
+            )
+            raise
+        notify(
+            self.observer,
+            "store_file_read",
+            lambda: StoreFileRead(
+                key=self.key, call=call, sandbox=self.name, path=path, bytes=len(data), failure=None
+            ),
+        )
+        return data
+
+    async def _read_file(self, path: str, max_bytes: int | None) -> bytes:
         self._gate("read_file", Capability.FILES_OUT)
         target = confine(path, self.work_dir)
         cap = self.spec.files_out.max_bytes_per_file
@@ -283,6 +359,42 @@ class Sandbox:
         target = confine(directory, self.work_dir)
         self._activity()
         await self.dataplane.remove(target.work_dir, target.relative, recursive=True)
+
+    # -- suspend and resume ---------------------------------------------------------------
+
+    def _lifecycle_for(self, method: str) -> SuspendsSandboxes:
+        if self._lifecycle is None:
+            raise SandboxNotSuspendable(
+                sandbox=self.name,
+                namespace=self.namespace,
+                message=f"Sandbox.{method} needs a handle acquired through a SandboxClient",
+            )
+        return self._lifecycle
+
+    async def suspend(
+        self,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Suspend this sandbox: its compute stops (processes and memory are lost), its work
+        directory on ``spec.storage``, NetworkPolicy and identity are kept. Raises
+        :class:`SandboxNotSuspendable` when the spec declares no storage; with ``wait``, returns
+        once the operator reports it ``Suspended``. The next use of the handle resumes it."""
+        await self._lifecycle_for("suspend").suspend(self, wait=wait, timeout=timeout)
+
+    async def resume(
+        self,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Resume this sandbox, whatever suspended it (``suspend()``, ``spec.suspended``, the idle
+        timeout): a new pod on the same work volume, re-admitted by the operator's policy. With
+        ``wait``, returns once it is Ready again and the handle talks to the new pod; a refusal
+        raises its typed error (e.g. :class:`SandboxIsolationBelowFloor` when the floor was raised
+        meanwhile) and the sandbox stays suspended. Without ``wait``, the next use waits."""
+        await self._lifecycle_for("resume").resume(self, wait=wait, timeout=timeout)
 
     # -- outputs --------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Synchronous twins of :class:`SandboxClient` and :class:`Sandbox`, for scripts.
 
 Same method names and arguments; each call runs the async method on a private event loop in a
-background thread and returns its result (exceptions are the same types).
+background thread and returns its result (exceptions are the same types). Each call runs in a copy
+of the caller's context, so a ``with client.tool_call(call_id):`` block on the caller's thread is
+the call every event inside it carries.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from sandbox_operator.client.client import SandboxClient
+from sandbox_operator.client.client import CarriesHostTools, SandboxClient
 from sandbox_operator.client.dataplane import DEFAULT_OUTPUT_BUDGET, DirEntry, ExecResult, FileStat
+from sandbox_operator.client.observer import EffectiveState, SandboxObserver, ToolCallContext
 from sandbox_operator.client.outputs import CollectedOutputs, OutputSink
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import SandboxSpec
@@ -65,6 +68,10 @@ class SyncSandbox:
     @property
     def work_dir(self) -> str:
         return self.aio.work_dir
+
+    @property
+    def effective_state(self) -> EffectiveState | None:
+        return self.aio.effective_state
 
     def __repr__(self) -> str:
         return f"Sync{self.aio!r}"
@@ -139,6 +146,12 @@ class SyncSandbox:
     def collect_outputs(self, sink: OutputSink | None = None) -> CollectedOutputs:
         return self._loop.run(self.aio.collect_outputs(sink))
 
+    def suspend(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        self._loop.run(self.aio.suspend(wait=wait, timeout=timeout))
+
+    def resume(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        self._loop.run(self.aio.resume(wait=wait, timeout=timeout))
+
     def close(self) -> None:
         self._loop.run(self.aio.close())
 
@@ -154,6 +167,18 @@ class SyncSandboxClient:
     def namespace(self) -> str:
         return self.aio.namespace
 
+    @property
+    def observer(self) -> SandboxObserver | None:
+        return self.aio.observer
+
+    def tool_call(self, call_id: str) -> ToolCallContext:
+        """``with client.tool_call(call_id): ...``: see :meth:`SandboxClient.tool_call`."""
+        return self.aio.tool_call(call_id)
+
+    def report_egress(self, sandbox: SyncSandbox | Sandbox | str) -> int:
+        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        return self._loop.run(self.aio.report_egress(target))
+
     @classmethod
     def from_kubeconfig(
         cls,
@@ -161,13 +186,14 @@ class SyncSandboxClient:
         *,
         kubeconfig: str | os.PathLike[str] | None = None,
         context: str | None = None,
+        observer: SandboxObserver | None = None,
         **kwargs: Any,
     ) -> SyncSandboxClient:
         loop = _Loop()
         try:
             aio = loop.run(
                 SandboxClient.from_kubeconfig(
-                    namespace, kubeconfig=kubeconfig, context=context, **kwargs
+                    namespace, kubeconfig=kubeconfig, context=context, observer=observer, **kwargs
                 )
             )
         except BaseException:
@@ -176,11 +202,17 @@ class SyncSandboxClient:
         return cls(aio, loop)
 
     @classmethod
-    def in_cluster(cls, namespace: str | None = None, **kwargs: Any) -> SyncSandboxClient:
+    def in_cluster(
+        cls,
+        namespace: str | None = None,
+        *,
+        observer: SandboxObserver | None = None,
+        **kwargs: Any,
+    ) -> SyncSandboxClient:
         loop = _Loop()
 
         async def build() -> SandboxClient:
-            return SandboxClient.in_cluster(namespace, **kwargs)
+            return SandboxClient.in_cluster(namespace, observer=observer, **kwargs)
 
         return cls(loop.run(build()), loop)
 
@@ -226,9 +258,12 @@ class SyncSandboxClient:
         call_id: str = "",
         *,
         timeout: float | None = None,
+        host_tools: CarriesHostTools | None = None,
     ) -> SyncSandbox:
         sandbox = self._loop.run(
-            self.aio.acquire(scope_ref, agent_dir, spec, call_id, timeout=timeout)
+            self.aio.acquire(
+                scope_ref, agent_dir, spec, call_id, timeout=timeout, host_tools=host_tools
+            )
         )
         return SyncSandbox(sandbox, self._loop)
 
@@ -238,6 +273,26 @@ class SyncSandboxClient:
 
     def touch(self, name: str) -> None:
         self._loop.run(self.aio.touch(name))
+
+    def suspend(
+        self,
+        sandbox: SyncSandbox | Sandbox | str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        self._loop.run(self.aio.suspend(target, wait=wait, timeout=timeout))
+
+    def resume(
+        self,
+        sandbox: SyncSandbox | Sandbox | str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        self._loop.run(self.aio.resume(target, wait=wait, timeout=timeout))
 
     def dispose_scope(self, scope_ref: str) -> int:
         return self._loop.run(self.aio.dispose_scope(scope_ref))

@@ -10,6 +10,10 @@ from sandbox_operator.conformance._probe import (
     ProbeFailure,
 )
 from sandbox_operator.conformance.egress import assert_egress_conformance, check_egress
+from sandbox_operator.conformance.host_tools import (
+    assert_host_tools_conformance,
+    check_host_tools,
+)
 from sandbox_operator.conformance.suites import (
     assert_call_scope_conformance,
     assert_exec_conformance,
@@ -37,6 +41,7 @@ __all__ = [
     "assert_files_delete_conformance",
     "assert_files_in_conformance",
     "assert_files_out_conformance",
+    "assert_host_tools_conformance",
     "assert_reclaim_conformance",
     "assert_sandbox_conformance",
     "check_call_scope",
@@ -45,6 +50,7 @@ __all__ = [
     "check_files_delete",
     "check_files_in",
     "check_files_out",
+    "check_host_tools",
     "check_reclaim",
     "check_sandbox",
 ]

@@ -9,8 +9,12 @@ for tests only.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import secrets
 import shutil
+import signal
 import tempfile
 from collections.abc import Mapping, Sequence
 
@@ -42,8 +46,41 @@ DEFECTS: frozenset[str] = frozenset(
         "remove_follows_symlinks",  # removes the link target (rmtree on realpath)
         "remove_missing_raises",  # a missing path is an error
         "remove_noop",  # reports success, removes nothing
+        # host_tools (the channel over exec + files):
+        "resp_write_lost",  # a write (or mv) to a *.resp file reports success, never lands
+        "exec_kill_noop",  # a command's `kill` reports success and signals nothing
+        "exec_reaps_detached",  # kills what a command left running when it returns
+        "exec_env_imports_cwd",  # commands get PYTHONPATH=. (the cwd on Python's import path)
     }
 )
+
+#: Shell functions prepended to ``sh -c`` scripts, per defect (a function shadows the builtin or
+#: the command of that name for the whole script).
+_SHELL_DEFECTS = {
+    "exec_kill_noop": "kill() { return 0; }\n",
+    "resp_write_lost": (
+        'mv() { for a in "$@"; do :; done; case $a in *.resp) return 0;; esac; command mv "$@"; }\n'
+    ),
+}
+
+#: Environment variable that marks the processes one exec started (``exec_reaps_detached``).
+_EXEC_MARK = "SBX_DEFECT_EXEC_MARK"
+
+
+def _kill_marked(token: str) -> None:
+    """SIGKILL every local process whose environment carries ``token`` under :data:`_EXEC_MARK`."""
+    marker = f"{_EXEC_MARK}={token}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
 
 
 class DefectiveDataPlane(ExecDataPlane):
@@ -69,15 +106,31 @@ class DefectiveDataPlane(ExecDataPlane):
             argv = ["sh", "-c", " ".join(argv)]
         if "exec_ignores_cwd" in self.defects and cwd != "/":
             create_cwd, cwd = False, "/"
-        return await super().exec(
-            argv,
-            stdin=stdin,
-            cwd=cwd,
-            create_cwd=create_cwd,
-            env=env,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-        )
+        prefix = "".join(_SHELL_DEFECTS[d] for d in sorted(self.defects & set(_SHELL_DEFECTS)))
+        if prefix and list(argv[:2]) == ["sh", "-c"]:
+            argv = ["sh", "-c", prefix + argv[2], *argv[3:]]
+        if "exec_env_imports_cwd" in self.defects:
+            env = {**(env or {}), "PYTHONPATH": "."}
+        token = secrets.token_hex(8)
+        if "exec_reaps_detached" in self.defects:
+            env = {**(env or {}), _EXEC_MARK: token}
+        try:
+            return await super().exec(
+                argv,
+                stdin=stdin,
+                cwd=cwd,
+                create_cwd=create_cwd,
+                env=env,
+                timeout=timeout,
+                max_output_bytes=max_output_bytes,
+            )
+        finally:
+            if "exec_reaps_detached" in self.defects:
+                # A few sweeps: a process forked or exec'd during one sweep (its /proc entry
+                # not there yet, or its environment unreadable mid-exec) is caught by the next.
+                for _ in range(5):
+                    _kill_marked(token)
+                    await asyncio.sleep(0.05)
 
     async def _kill(self, pid: int) -> bool:
         if "exec_no_kill" in self.defects:
@@ -89,6 +142,8 @@ class DefectiveDataPlane(ExecDataPlane):
     ) -> None:
         if "write_mangles_bytes" in self.defects:
             data = data.decode("utf-8", errors="replace").encode("utf-8")
+        if "resp_write_lost" in self.defects and relative.endswith(".resp"):
+            return
         if "write_follows_symlinks" in self.defects:
             path = os.path.join(work_dir, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
