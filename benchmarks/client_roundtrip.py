@@ -73,10 +73,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_operator(backend: str, namespace: str, kubeconfig: str) -> Iterator[None]:
+def running_operator(
+    backend: str, namespace: str, kubeconfig: str, config: dict[str, Any] | None = None
+) -> Iterator[None]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.yaml"
-        cfg.write_text(yaml.safe_dump(operator_config(backend)))
+        cfg.write_text(yaml.safe_dump(config or operator_config(backend)))
         port = _free_port()
         log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115
         argv = [sys.executable, "-m", "sandbox_operator.cli", "run", "--config", str(cfg)]

@@ -67,3 +67,60 @@ def test_warm_pool_benchmark_smoke(kubeconfig: str) -> None:
     assert rows.get("runc: cold", [])[:2] == ["3/3", "0/3"], out[-4000:]
     assert rows.get("runc: bare pod", [])[:2] == ["3/3", "n/a"], out[-4000:]
     assert rows.get("runc: 3 Sandboxes", [])[:2] == ["3/3", "3/3"], out[-4000:]
+
+
+def test_host_tools_benchmark_smoke(kubeconfig: str) -> None:
+    """benchmarks/host_tools.py --smoke (runc, one run of 3 calls): it completes and prints a row
+    for each measurement with the expected number of samples (the benchmark itself checks every
+    answer and record). No latency is asserted."""
+    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "host_tools.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) == 4 and ":" in parts[0]:
+            rows[parts[0]] = parts[1:]
+    # median, p90, samples
+    assert rows.get("runc: call (guest)", [])[2:] == ["3"], out[-4000:]
+    assert rows.get("runc: run, 0 calls (host)", [])[2:] == ["3"], out[-4000:]
+    assert rows.get("runc: run, 3 calls (host)", [])[2:] == ["1"], out[-4000:]
+    assert rows.get("runc: per call (host)", [])[2:] == ["1"], out[-4000:]
+    assert all(float(v[0]) > 0 for v in rows.values()), out[-4000:]
+
+
+def test_suspend_benchmark_smoke(kubeconfig: str) -> None:
+    """benchmarks/suspend.py --smoke (runc, 2 Sandboxes with storage, one suspend and resume
+    each): it completes, every row has its two samples, and both files were kept. No latency
+    is asserted."""
+    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "suspend.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) == 2:
+            rows[parts[0]] = parts[1]
+    for row in (
+        "create -> Ready (storage) p50/p90 s",
+        "suspend p50/p90 s",
+        "resume -> Ready p50/p90 s",
+    ):
+        assert rows.get(row, "").endswith("(n=2)"), out[-4000:]
+    assert rows.get("file kept across suspend") == "2/2", out[-4000:]
