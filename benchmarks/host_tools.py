@@ -39,9 +39,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fixtures.pods import plain_pod
+
 from sandbox_operator.client import Sandbox, SandboxClient, pod_dataplane
-from sandbox_operator.client.hosttools import HostToolRegistry, HostToolsWarning, host_tool
-from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
+from sandbox_operator.client.hosttools import (
+    HostToolRegistry,
+    HostToolsWarning,
+    host_tool,
+    reclaim_run,
+    run_with_host_tools,
+)
 from sandbox_operator.contract import Capability, SandboxSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,48 +80,17 @@ ROWS = ("call (guest)", "run, 0 calls (host)", "run, N calls (host)", "per call 
 
 
 def pod_manifest(name: str, runtime_class: str) -> dict[str, Any]:
-    """The e2e tests' plain sandbox pod: non-root, read-only root, emptyDir work dir and /tmp."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeClassName": runtime_class,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65532,
-                "runAsGroup": 65532,
-                "fsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "sandbox",
-                    "image": PYTHON,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["sleep", "3600"],
-                    "workingDir": "/workspace",
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "readOnlyRootFilesystem": True,
-                    },
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"cpu": "1", "memory": "256Mi"},
-                    },
-                    "volumeMounts": [
-                        {"name": "work", "mountPath": "/workspace"},
-                        {"name": "tmp", "mountPath": "/tmp"},
-                    ],
-                }
-            ],
-            "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+    """The e2e tests' plain sandbox pod (tests/fixtures/pods.py), with the python image."""
+    return plain_pod(
+        name,
+        runtime_class,
+        PYTHON,
+        pull_policy="IfNotPresent",
+        resources={
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "256Mi"},
         },
-    }
+    )
 
 
 def registry() -> HostToolRegistry:

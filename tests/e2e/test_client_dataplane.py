@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 from sandbox_operator.client import Sandbox, SandboxClient, pod_dataplane
 from sandbox_operator.conformance import check_call_scope, check_host_tools, check_sandbox
 from sandbox_operator.contract import Capability, SandboxSpec
+from tests.fixtures.pods import plain_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -22,43 +23,7 @@ PYTHON = "sandbox-operator.dev/python:1"
 
 
 def pod_manifest(name: str, runtime_class: str, image: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeClassName": runtime_class,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65532,
-                "runAsGroup": 65532,
-                "fsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "sandbox",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "workingDir": "/workspace",
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "readOnlyRootFilesystem": True,
-                    },
-                    "volumeMounts": [
-                        {"name": "work", "mountPath": "/workspace"},
-                        {"name": "tmp", "mountPath": "/tmp"},
-                    ],
-                }
-            ],
-            "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
-        },
-    }
+    return plain_pod(name, runtime_class, image)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.fixtures.cluster import LOCAL_STATE
+from tests.fixtures.pods import plain_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -68,39 +69,15 @@ def make_claim(core: client.CoreV1Api, namespace: str, name: str, size: str = "6
 
 def pod(name: str, runtime_class: str, claim: str, script: str) -> dict[str, Any]:
     """A pod as uid 65532 (no root, no capabilities) that runs `script` with the claim at /work."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeClassName": runtime_class,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 65532,
-                "runAsGroup": 65532,
-                "fsGroup": 65532,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "main",
-                    "image": BUSYBOX,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", script],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "readOnlyRootFilesystem": True,
-                    },
-                    "volumeMounts": [{"name": "work", "mountPath": "/work"}],
-                }
-            ],
-            "volumes": [{"name": "work", "persistentVolumeClaim": {"claimName": claim}}],
-        },
-    }
+    return plain_pod(
+        name,
+        runtime_class,
+        BUSYBOX,
+        command=("sh", "-c", script),
+        work_dir="/work",
+        claim=claim,
+        container="main",
+    )
 
 
 def run_to_end(core: client.CoreV1Api, namespace: str, body: dict[str, Any]) -> str:

@@ -591,31 +591,36 @@ class SandboxClient:
             notify(
                 self.observer,
                 "sandbox_acquired",
-                lambda: SandboxAcquired(
-                    key=key,
-                    call=call,
-                    sandbox=name,
-                    namespace=self.namespace,
-                    refusal=refusal,
-                    state=None,
-                    seconds=time.monotonic() - started,
-                ),
+                lambda: self._acquired(key, call, name, started, refusal=refusal),
             )
             raise
         notify(
             self.observer,
             "sandbox_acquired",
-            lambda: SandboxAcquired(
-                key=key,
-                call=call,
-                sandbox=name,
-                namespace=self.namespace,
-                refusal=None,
-                state=sandbox.effective_state,
-                seconds=time.monotonic() - started,
-            ),
+            lambda: self._acquired(key, call, name, started, state=sandbox.effective_state),
         )
         return sandbox
+
+    def _acquired(
+        self,
+        key: SandboxKey,
+        call: str | None,
+        name: str,
+        started: float,
+        *,
+        refusal: str | None = None,
+        state: EffectiveState | None = None,
+    ) -> SandboxAcquired:
+        """The event of one acquire's outcome (built only when an observer is registered)."""
+        return SandboxAcquired(
+            key=key,
+            call=call,
+            sandbox=name,
+            namespace=self.namespace,
+            refusal=refusal,
+            state=state,
+            seconds=time.monotonic() - started,
+        )
 
     async def _acquire(
         self,

@@ -96,6 +96,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from sandbox_operator.client.dataplane import ExecResult
 from sandbox_operator.client.errors import CapabilityNotRequired, PathRefused, TransferCapExceeded
 from sandbox_operator.client.hosttools.errors import (
     HostToolChannelError,
@@ -535,29 +536,15 @@ exit 0
 
 
 @dataclass(frozen=True)
-class HostToolRunResult:
-    """A program that ran to its end. ``records`` is every host-tool call it made;
-    ``transport_removed`` says whether the transport files were removed (``work/`` never is:
-    call :func:`reclaim_run` after collecting)."""
+class HostToolRunResult(ExecResult):
+    """A program that ran to its end: its exit code and output (``ok``, ``*_text`` as for any
+    command), ``records`` (every host-tool call it made) and ``transport_removed`` (whether the
+    transport files were removed; ``work/`` never is: call :func:`reclaim_run` after
+    collecting)."""
 
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
     records: tuple[HostToolCallRecord, ...]
     layout: GuestRunLayout
     transport_removed: bool
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", errors="replace")
-
-    @property
-    def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", errors="replace")
 
 
 class _OversizedRequest(bytes):
