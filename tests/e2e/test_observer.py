@@ -89,6 +89,7 @@ def spec() -> SandboxSpec:
                 Capability.RUN_CODE,
                 Capability.FILES_IN,
                 Capability.FILES_OUT,
+                Capability.HOST_TOOLS,
             ],
             "resources": SMALL,
             "declaredOutputs": [{"path": "result.json", "mediaType": "application/json"}],
