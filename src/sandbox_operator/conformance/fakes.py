@@ -128,9 +128,9 @@ class DefectiveDataPlane(ExecDataPlane):
             if "exec_reaps_detached" in self.defects:
                 # A few sweeps: a process forked or exec'd during one sweep (its /proc entry
                 # not there yet, or its environment unreadable mid-exec) is caught by the next.
-                for _ in range(5):
+                for _ in range(3):
                     _kill_marked(token)
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.02)
 
     async def _kill(self, pid: int) -> bool:
         if "exec_no_kill" in self.defects:
