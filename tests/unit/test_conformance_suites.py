@@ -50,7 +50,7 @@ SUITES = {
     "files_delete": check_files_delete,
     "reclaim": check_reclaim,
     # Short runs: a defect that loses an answer leaves the program waiting until its timeout.
-    "host_tools": functools.partial(check_host_tools, run_timeout=2.5, overrun_timeout=2.0),
+    "host_tools": functools.partial(check_host_tools, run_timeout=1.5, overrun_timeout=1.5),
 }
 
 # defect -> (suite, probes that must fail)
