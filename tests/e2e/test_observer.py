@@ -113,9 +113,7 @@ print("done")
 """
 
 
-# The events come from the client, whatever the runtime: runc only (host tools over exec run on
-# both runtimes in tests/e2e/test_host_tools.py and the host_tools conformance suite).
-@pytest.mark.parametrize("runtime", ["runc"])
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
 async def test_observer_sees_the_whole_sequence(
     observed: tuple[SandboxClient, RaisingRecorder],
     start_operator: Callable[..., Any],
