@@ -294,22 +294,53 @@ def floor_config(floor: str) -> dict[str, Any]:
     return local_config(floor=floor, selection="perSpec", backends=backends)
 
 
-# runc only: raising the floor above the sandbox's backend needs a rung another configured
-# backend still reaches; gVisor is the top rung this machine serves (no microVM here).
+def gvisor_floor_config(floor: str) -> dict[str, Any]:
+    """gVisor (persistent storage) and a microVM backend this machine cannot run (its RuntimeClass
+    is missing: registered, unavailable): the host floor may then be raised to microvm, above
+    gVisor, and the configuration is still one the operator starts with."""
+    backends = [
+        {
+            "name": "gvisor",
+            "type": "runtimeClass",
+            "runtimeClassName": "gvisor",
+            "isolation": "hardened_container",
+            "declarations": {**DECLARATIONS, "persistentStorage": True},
+            "pod": {"terminationGracePeriodSeconds": 1},
+        },
+        {
+            "name": "kata",
+            "type": "runtimeClass",
+            "runtimeClassName": "kata-not-here",
+            "isolation": "microvm",
+            "declarations": DECLARATIONS,
+        },
+    ]
+    return local_config(floor=floor, selection="perSpec", backends=backends)
+
+
+FLOORS = {
+    # backend -> (its config at a floor, the floor it serves, the floor raised above it)
+    "runc": (floor_config, "container", "hardened_container"),
+    "gvisor": (gvisor_floor_config, "hardened_container", "microvm"),
+}
+
+
+@pytest.mark.parametrize("backend", ["runc", "gvisor"])
 def test_resume_is_refused_after_the_floor_was_raised(
-    kit: Kit, start_operator: Any, storage_class: str
+    kit: Kit, start_operator: Any, storage_class: str, backend: str
 ) -> None:
-    first = start_operator(floor_config("container"))
+    make, served, raised = FLOORS[backend]
+    first = start_operator(make(served))
     kit.scope()
     storage_sandbox(kit, "held")
-    assert ready(kit, "held")["status"]["backend"] == "runc"
+    assert ready(kit, "held")["status"]["backend"] == backend
     patch_spec(kit, "held", suspended=True)
     suspended(kit, "held")
     pvc = claim(kit, "held")
     assert pvc is not None
-    # The host raises its floor above what runc gives while the sandbox sleeps.
+    # The host raises its floor above what the backend gives while the sandbox sleeps.
     first.stop()
-    start_operator(floor_config("hardened_container"))
+    start_operator(make(raised))
     # Still suspended, untouched, while nobody asks for it.
     time.sleep(2)
     obj = kit.wait_condition("held", reasons=("Suspended",), status="False", timeout=30)
@@ -320,7 +351,7 @@ def test_resume_is_refused_after_the_floor_was_raised(
     )
     admitted = kit.condition(obj, "Admitted")
     assert "IsolationBelowFloor" in admitted["message"], admitted
-    assert "hardened_container" in admitted["message"]
+    assert raised in admitted["message"]
     ready_cond = kit.condition(obj, "Ready")
     assert ready_cond["status"] == "False" and ready_cond["reason"] == "NoBackendCanServe"
     # Nothing started, and nothing was lost: the work volume waits for a host that allows it.
