@@ -18,18 +18,27 @@ from tests.fixtures.cluster import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_scale_benchmark_smoke(kubeconfig: str) -> None:
+def run_smoke(
+    script: str, kubeconfig: str, *, timeout: int
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``benchmarks/<script> --smoke`` against the cluster; it must exit 0. The process and
+    its whole output (for assertion messages)."""
     env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--smoke"],
+        [sys.executable, str(REPO / "benchmarks" / script), "--smoke"],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         cwd=REPO,
         env=env,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
+    return proc, out
+
+
+def test_scale_benchmark_smoke(kubeconfig: str) -> None:
+    proc, out = run_smoke("scale.py", kubeconfig, timeout=900)
     rows = {}
     for line in proc.stdout.splitlines():
         parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
@@ -46,17 +55,7 @@ def test_warm_pool_benchmark_smoke(kubeconfig: str) -> None:
     """benchmarks/warm_pool.py --smoke (runc, 3 of each, a burst of 3): it completes, every
     Sandbox and bare pod is Ready, the warm ones (and the burst) were all served from the pool
     and the cold ones were not. No latency is asserted."""
-    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "warm_pool.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    proc, out = run_smoke("warm_pool.py", kubeconfig, timeout=900)
     rows = {}
     for line in proc.stdout.splitlines():
         parts = re.split(r"\s{2,}", line.strip())
@@ -73,17 +72,7 @@ def test_host_tools_benchmark_smoke(kubeconfig: str) -> None:
     """benchmarks/host_tools.py --smoke (runc, one run of 3 calls): it completes and prints a row
     for each measurement with the expected number of samples (the benchmark itself checks every
     answer and record). No latency is asserted."""
-    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "host_tools.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    proc, out = run_smoke("host_tools.py", kubeconfig, timeout=600)
     rows = {}
     for line in proc.stdout.splitlines():
         parts = re.split(r"\s{2,}", line.strip())
@@ -101,17 +90,7 @@ def test_suspend_benchmark_smoke(kubeconfig: str) -> None:
     """benchmarks/suspend.py --smoke (runc, 2 Sandboxes with storage, one suspend and resume
     each): it completes, every row has its two samples, and both files were kept. No latency
     is asserted."""
-    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "suspend.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    proc, out = run_smoke("suspend.py", kubeconfig, timeout=600)
     rows = {}
     for line in proc.stdout.splitlines():
         parts = re.split(r"\s{2,}", line.strip())
