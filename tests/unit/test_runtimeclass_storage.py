@@ -245,8 +245,7 @@ def driver(fake: FakeApi, *, views: Views | None = None) -> RuntimeClassDriver:
     d = RuntimeClassDriver(backend(), FakeApiClient(), dispose_timeout=1.0, poll_interval=0.01)
     d._core = d._net = fake
     if views is not None:
-        d.use_views(views.pods, views.network_policies)
-        d.use_claim_view(views.persistent_volume_claims)
+        d.use_views(views.pods, views.network_policies, views.persistent_volume_claims)
         for (kind, _, _), obj in fake.objects.items():
             store = {"Pod": views.pods, "NetworkPolicy": views.network_policies}.get(
                 kind, views.persistent_volume_claims

@@ -613,15 +613,12 @@ class RuntimeClassDriver:
             self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
         )
 
-    def use_views(self, pods: Store, network_policies: Store) -> None:
-        """Read pods and NetworkPolicies from the operator's watched views from now on, and put
-        what this driver creates into them at once (so the next pass sees its own writes)."""
+    def use_views(self, pods: Store, network_policies: Store, claims: Store | None = None) -> None:
+        """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
+        with ``spec.storage``) from the operator's watched views from now on, and put what this
+        driver creates into them at once (so the next pass sees its own writes)."""
         self._pods = pods
         self._network_policies = network_policies
-
-    def use_claim_view(self, claims: Store) -> None:
-        """Likewise for the operator's watched PersistentVolumeClaims (the work volumes of
-        sandboxes with ``spec.storage``)."""
         self._claims = claims
 
     #: Called with (namespace, pool) when an idle pod of that pool was given a proxy address

@@ -238,9 +238,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     rt.scope_queue.start()
     rt.pool_queue.start()
     for driver in rt.drivers.values():
-        use_claims = getattr(driver, "use_claim_view", None)
-        if use_claims is not None:  # the work volumes of sandboxes with spec.storage
-            use_claims(rt.views.persistent_volume_claims)
         if hasattr(driver, "on_pool_change"):
             driver.on_pool_change = lambda ns, name: rt.enqueue_pool(ns, name)
         start = getattr(driver, "start", None)

@@ -100,7 +100,9 @@ class Runtime:
         for driver in drivers.values():
             use_views = getattr(driver, "use_views", None)
             if use_views is not None:
-                use_views(rt.views.pods, rt.views.network_policies)
+                use_views(
+                    rt.views.pods, rt.views.network_policies, rt.views.persistent_volume_claims
+                )
         await rt.refresh_availability(force=True)
         for name, reason in rt.unavailable.items():
             log.warning("backend %s is unavailable: %s", name, reason)
