@@ -156,6 +156,11 @@ class SyncSandbox:
         self._loop.run(self.aio.close())
 
 
+def _aio(sandbox: SyncSandbox | Sandbox | str) -> Sandbox | str:
+    """What the async client takes for a sandbox given as a sync handle, a handle or a name."""
+    return sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+
+
 class SyncSandboxClient:
     """Blocking twin of :class:`SandboxClient`."""
 
@@ -176,7 +181,7 @@ class SyncSandboxClient:
         return self.aio.tool_call(call_id)
 
     def report_egress(self, sandbox: SyncSandbox | Sandbox | str) -> int:
-        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        target = _aio(sandbox)
         return self._loop.run(self.aio.report_egress(target))
 
     @classmethod
@@ -268,7 +273,7 @@ class SyncSandboxClient:
         return SyncSandbox(sandbox, self._loop)
 
     def dispose(self, sandbox: SyncSandbox | Sandbox | str, *, wait: bool = False) -> None:
-        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        target = _aio(sandbox)
         self._loop.run(self.aio.dispose(target, wait=wait))
 
     def touch(self, name: str) -> None:
@@ -281,7 +286,7 @@ class SyncSandboxClient:
         wait: bool = True,
         timeout: float | None = None,
     ) -> None:
-        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        target = _aio(sandbox)
         self._loop.run(self.aio.suspend(target, wait=wait, timeout=timeout))
 
     def resume(
@@ -291,7 +296,7 @@ class SyncSandboxClient:
         wait: bool = True,
         timeout: float | None = None,
     ) -> None:
-        target = sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
+        target = _aio(sandbox)
         self._loop.run(self.aio.resume(target, wait=wait, timeout=timeout))
 
     def dispose_scope(self, scope_ref: str) -> int:
