@@ -50,7 +50,11 @@ PY
 dependencies() {
   "$PYTHON" - "$ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
-for dep in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]:
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+# The image runs the operator: the base install plus the operator's and the ACA backend's extras.
+for dep in project["dependencies"] + [
+    dep for extra in ("operator", "acas") for dep in project["optional-dependencies"][extra]
+]:
     print(dep)
 PY
 }

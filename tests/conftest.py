@@ -1,9 +1,20 @@
-"""Shared pytest wiring: fixtures live in tests/fixtures/, one module per concern."""
+"""Shared pytest wiring: fixtures live in tests/fixtures/, one module per concern.
+
+The cluster and operator fixtures need the operator's extras (the sync `kubernetes` client,
+PyYAML); a venv with only the base install (the client an agent installs alone) runs the
+client's unit tests without them, so they are loaded only where those extras are installed.
+"""
 
 import importlib.util
 
-pytest_plugins = [
-    name
-    for name in ("tests.fixtures.cluster", "tests.fixtures.operator")
-    if importlib.util.find_spec(name) is not None
-]
+_OPERATOR_EXTRAS = ("kubernetes", "yaml")
+
+pytest_plugins = (
+    [
+        name
+        for name in ("tests.fixtures.cluster", "tests.fixtures.operator")
+        if importlib.util.find_spec(name) is not None
+    ]
+    if all(importlib.util.find_spec(dep) is not None for dep in _OPERATOR_EXTRAS)
+    else []
+)
