@@ -412,7 +412,9 @@ class ConfigurationError(ValueError):
         super().__init__(f"configuration entry {entry}: {problem}")
 
 
-#: Every refusal type, keyed by its reason.
+#: Every refusal type, keyed by its reason. The client's refusal exceptions name these as their
+#: ``refusal_type``; ``client.acquire_errors.check_condition_errors`` holds the two against each
+#: other at import.
 REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
     cls.reason: cls
     for cls in (

@@ -14,6 +14,7 @@ the values, and a host log is the wrong place to replay them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -38,13 +39,19 @@ class HostToolsWarning(UserWarning):
 # Registration
 
 
-class HostToolRegistrationError(HostToolError):
-    """A tool the registry would not take. ``tool`` names it."""
+@dataclass(eq=False, repr=False)
+class _NamesTool(HostToolError):
+    """A refusal about one tool: ``tool`` names it, ``detail`` says what is wrong (no values)."""
 
-    def __init__(self, tool: str, detail: str) -> None:
-        self.tool = tool
-        self.detail = detail
-        super().__init__(f"host tool {tool!r}: {detail}")
+    tool: str
+    detail: str
+
+    def _message(self) -> str:
+        return f"host tool {self.tool!r}: {self.detail}"
+
+
+class HostToolRegistrationError(_NamesTool):
+    """A tool the registry would not take. ``tool`` names it."""
 
 
 class HostToolUndeclared(HostToolRegistrationError):
@@ -91,15 +98,10 @@ class HostToolSignatureInvalid(HostToolRegistrationError):
 # Calls
 
 
-class HostToolCallRefused(HostToolError):
+class HostToolCallRefused(_NamesTool):
     """A call the door refused; the tool body did not run unless the subclass says otherwise.
 
     ``tool`` is the name the guest asked for (guest-chosen text, quoted for logs only)."""
-
-    def __init__(self, tool: str, detail: str) -> None:
-        self.tool = tool
-        self.detail = detail
-        super().__init__(f"host tool {tool!r}: {detail}")
 
 
 class HostToolNotRegistered(HostToolCallRefused):
@@ -185,13 +187,15 @@ class HostToolChannelError(HostToolError):
         super().__init__(message)
 
 
+@dataclass(eq=False, repr=False)
 class HostToolFileNameReserved(HostToolError, ValueError):
     """A file given to a host-tool run uses a name the channel keeps for itself (the shim module's
     name, or a transport file's): refused before anything is written. ``name`` is the file."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(f"run file {name!r} uses a name reserved by the host-tool channel")
+    name: str
+
+    def _message(self) -> str:
+        return f"run file {self.name!r} uses a name reserved by the host-tool channel"
 
 
 class SignalOutcome(StrEnum):
@@ -209,6 +213,7 @@ class SignalOutcome(StrEnum):
     """No signal could be sent (no pid recorded, or the sandbox did not answer)."""
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class HostToolRunTimeout(HostToolChannelError, TimeoutError):
     """A program served host tools past its timeout and was signalled.
 
@@ -217,34 +222,28 @@ class HostToolRunTimeout(HostToolChannelError, TimeoutError):
     ``signal`` is what the signal could reach; ``records`` every call record of the run;
     ``transport_removed`` whether the run's transport files were removed afterwards."""
 
-    def __init__(
-        self,
-        *,
-        timeout: float,
-        stdout: bytes,
-        stderr: bytes,
-        signal: SignalOutcome,
-        records: tuple[HostToolCallRecord, ...] = (),
-        truncated: bool = False,
-    ) -> None:
-        self.timeout = timeout
-        self.stdout = stdout
-        self.stderr = stderr
-        self.signal = signal
-        self.truncated = truncated
-        self.transport_removed: bool | None = None
-        if signal is SignalOutcome.GROUP:
+    timeout: float
+    stdout: bytes
+    stderr: bytes
+    signal: SignalOutcome
+    records: tuple[HostToolCallRecord, ...] = ()
+    truncated: bool = False
+    transport_removed: bool | None = field(default=None, init=False)
+
+    def _message(self) -> str:
+        if self.signal is SignalOutcome.GROUP:
             tail = "and its process group was sent SIGKILL"
-        elif signal is SignalOutcome.PROCESS:
+        elif self.signal is SignalOutcome.PROCESS:
             tail = (
                 "and was sent SIGKILL, which reaches it alone: anything it spawned may still be "
                 "running"
             )
         else:
             tail = "and could not be signalled, so it may still be running"
-        super().__init__(f"host-tool program ran past its timeout of {timeout:g}s {tail}", records)
+        return f"host-tool program ran past its timeout of {self.timeout:g}s {tail}"
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class HostToolDeliveryUncertain(HostToolChannelError):
     """The host handled a call (for a completed tool: its effect committed) and then could not
     write the answer back: the sandbox died, the write failed or the run was interrupted.
@@ -254,11 +253,12 @@ class HostToolDeliveryUncertain(HostToolChannelError):
     run; ``transport_removed`` whether the transport files were removed afterwards (usually not,
     when the sandbox is gone)."""
 
-    def __init__(
-        self, *, record: HostToolCallRecord, records: tuple[HostToolCallRecord, ...] = ()
-    ) -> None:
-        self.record = record
-        self.transport_removed: bool | None = None
+    record: HostToolCallRecord
+    records: tuple[HostToolCallRecord, ...] = ()
+    transport_removed: bool | None = field(default=None, init=False)
+
+    def _message(self) -> str:
+        record = self.record
         effect = (
             "its tool completed on the host"
             if record.completed
@@ -266,8 +266,7 @@ class HostToolDeliveryUncertain(HostToolChannelError):
             if record.executed
             else "it was answered on the host"
         )
-        super().__init__(
+        return (
             f"host-tool call {record.sequence} ({record.tool!r}): {effect}, and the answer could "
-            "not be written back to the sandbox (delivery_uncertain; it is not re-sent)",
-            records,
+            "not be written back to the sandbox (delivery_uncertain; it is not re-sent)"
         )
