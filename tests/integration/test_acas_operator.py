@@ -27,8 +27,8 @@ from kubernetes import client
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
-from sandbox_operator.backends.acas.dataplane import register_acas_dataplane
 from sandbox_operator.client import DataPlaneError, SandboxClient
+from sandbox_operator.client.dataplane.acas import acas_dataplanes
 from sandbox_operator.contract import Capability, SandboxSpec
 from tests.fixtures.operator import DECLARATIONS, Kit, OperatorProcess, local_config
 
@@ -591,8 +591,9 @@ async def sandbox_client(
 ) -> AsyncIterator[SandboxClient]:
     config = AcasBackendConfig.model_validate(acas_backend(acas.standin, namespace))
     remote = AcasClient(config, StaticTokenProvider(TOKEN))
-    register_acas_dataplane({"acas": remote})
-    c = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
+    c = await SandboxClient.from_kubeconfig(
+        namespace, kubeconfig=kubeconfig, dataplanes=acas_dataplanes({"acas": remote})
+    )
     yield c
     await c.close()
     await remote.aclose()

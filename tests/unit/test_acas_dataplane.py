@@ -4,8 +4,9 @@ client conformance suites through a `Sandbox` handle over it."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ import pytest
 from sandbox_operator.backends.acas.api import AcasClient
 from sandbox_operator.backends.acas.auth import StaticTokenProvider
 from sandbox_operator.backends.acas.config import ACAS_CAPABILITIES
-from sandbox_operator.backends.acas.dataplane import AcasDataPlane, acas_dataplane_factory
 from sandbox_operator.client.dataplane import DataPlane
+from sandbox_operator.client.dataplane.acas import AcasDataPlane, acas_dataplane_factory
 from sandbox_operator.client.errors import (
     DataPlaneError,
     ExecSetupError,
@@ -41,10 +42,11 @@ async def standin() -> AsyncIterator[StandinServer]:
 
 
 @pytest.fixture
-def base() -> str:
+def base() -> Iterator[str]:
     path = tempfile.mkdtemp(prefix="acas-dp-")
     os.makedirs(os.path.join(path, "tmp"))
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -197,12 +199,17 @@ async def test_conformance(sandbox: Sandbox, suite: str) -> None:
 
 
 async def test_register_acas_dataplane(standin: StandinServer) -> None:
-    from sandbox_operator.backends.acas.dataplane import register_acas_dataplane
-    from sandbox_operator.client import client as client_module
+    from kubernetes_asyncio import client as k8s
+
+    from sandbox_operator.client import SandboxClient
+    from sandbox_operator.client.dataplane.acas import acas_dataplanes
 
     client = AcasClient(make_config(standin.base_url), StaticTokenProvider(DEFAULT_TOKEN))
-    register_acas_dataplane({"acas-test": client})
-    assert "AcasSandbox" in client_module._DATAPLANES
+    sandbox_client = SandboxClient(
+        k8s.ApiClient(), "ns", dataplanes=acas_dataplanes({"acas-test": client})
+    )
+    assert "AcasSandbox" in sandbox_client.dataplanes
+    await sandbox_client.close()
     await client.aclose()
 
 

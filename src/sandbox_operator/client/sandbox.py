@@ -21,6 +21,7 @@ from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
     DataPlane,
     DirEntry,
+    ExecOptions,
     ExecResult,
     FileStat,
 )
@@ -39,6 +40,7 @@ from sandbox_operator.client.observer import (
     notify,
     record_key,
 )
+from sandbox_operator.client.outputs import check_cap
 from sandbox_operator.client.paths import confine, normalize_work_dir
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
 
@@ -55,21 +57,42 @@ LANGUAGES: dict[str, tuple[str, ...]] = {
 class SuspendsSandboxes(Protocol):
     """What suspends and resumes a handle's sandbox: the ``SandboxClient`` that acquired it."""
 
-    async def suspend(
-        self,
-        sandbox: Sandbox,
-        *,
-        wait: bool,
-        timeout: float | None,  # noqa: ASYNC109
-    ) -> None: ...
+    async def suspend(self, sandbox: Sandbox, *, wait: bool, timeout: float | None) -> None: ...  # noqa: ASYNC109
 
-    async def resume(
-        self,
-        sandbox: Sandbox,
-        *,
-        wait: bool,
-        timeout: float | None,  # noqa: ASYNC109
-    ) -> None: ...
+    async def resume(self, sandbox: Sandbox, *, wait: bool, timeout: float | None) -> None: ...  # noqa: ASYNC109
+
+
+class _ActivityReport:
+    """A handle's use, reported to ``report`` in the background and at most every ``interval``
+    seconds: the operator's idle timeout counts from the last report."""
+
+    def __init__(self, report: Callable[[], Awaitable[None]] | None, interval: float) -> None:
+        self._report = report
+        self._interval = interval
+        self._last = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self) -> None:
+        if self._report is None:
+            return
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            return
+        if self._task is not None and not self._task.done():
+            return
+        self._last = now
+        self._task = asyncio.ensure_future(self._send(self._report))
+
+    @staticmethod
+    async def _send(report: Callable[[], Awaitable[None]]) -> None:
+        with contextlib.suppress(Exception):
+            await report()
+
+    async def settle(self) -> None:
+        """Give a report in flight a few seconds to land (a closing handle's last use)."""
+        if self._task is not None and not self._task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
 
 
 class Sandbox:
@@ -96,21 +119,21 @@ class Sandbox:
         effective_state: EffectiveState | Callable[[], EffectiveState] | None = None,
         lifecycle: SuspendsSandboxes | None = None,
     ) -> None:
-        self._lifecycle = lifecycle
-        self.observer = observer
-        self._effective_state = effective_state
+        # What was asked for, and through what it is reached.
         self.spec = spec
+        self.work_dir = normalize_work_dir(spec.work_dir)
+        self.required: frozenset[Capability] = frozenset(spec.requires)
         self.dataplane = dataplane
+        # Which Sandbox resource this is.
         self.name = name
         self.namespace = namespace
         self.key = key
         self.scope_ref = scope_ref
-        self.work_dir = normalize_work_dir(spec.work_dir)
-        self.required: frozenset[Capability] = frozenset(spec.requires)
-        self._on_activity = on_activity
-        self._activity_interval = activity_interval
-        self._last_activity = float("-inf")
-        self._activity_task: asyncio.Task[None] | None = None
+        # Who hears of its use, and who suspends it.
+        self._activity = _ActivityReport(on_activity, activity_interval)
+        self.observer = observer
+        self._effective_state = effective_state
+        self._lifecycle = lifecycle
 
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
@@ -133,24 +156,6 @@ class Sandbox:
         if capability not in self.required:
             raise CapabilityNotRequired(method=method, capability=capability.value)
         self._activity()
-
-    def _activity(self) -> None:
-        """Report use (throttled, in the background): the operator's idle timeout counts from
-        the last report."""
-        if self._on_activity is None:
-            return
-        now = time.monotonic()
-        if now - self._last_activity < self._activity_interval:
-            return
-        if self._activity_task is not None and not self._activity_task.done():
-            return
-        self._last_activity = now
-        self._activity_task = asyncio.ensure_future(self._report_activity())
-
-    async def _report_activity(self) -> None:
-        assert self._on_activity is not None
-        with contextlib.suppress(Exception):
-            await self._on_activity()
 
     # -- exec -----------------------------------------------------------------------------
 
@@ -179,17 +184,7 @@ class Sandbox:
         argv = ("sh", "-c", command) if isinstance(command, str) else tuple(command)
         if not argv:
             raise ExecSetupError(what="argv", detail="empty command")
-        cwd_abs, create = self._cwd(cwd)
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        return await self.dataplane.exec(
-            argv,
-            stdin=data,
-            cwd=cwd_abs,
-            create_cwd=create,
-            env=env,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-        )
+        return await self._run(argv, stdin, cwd, env, timeout, max_output_bytes)
 
     async def run_code(
         self,
@@ -209,29 +204,36 @@ class Sandbox:
             raise ExecSetupError(
                 what="language", detail=f"{language!r} (known: {', '.join(LANGUAGES)})"
             ) from None
-        cwd_abs, create = self._cwd(None)
-        return await self.dataplane.exec(
-            argv,
-            stdin=code.encode("utf-8"),
-            cwd=cwd_abs,
-            create_cwd=create,
-            env=env,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-        )
+        return await self._run(argv, code, None, env, timeout, max_output_bytes)
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | str | None,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        timeout: float,  # noqa: ASYNC109
+        budget: int,
+    ) -> ExecResult:
+        """Hand a gated command to the data plane, in ``cwd`` resolved against the work dir, with
+        text ``stdin`` as UTF-8."""
+        cwd_abs, create = self._cwd(cwd)
+        options: ExecOptions = {
+            "stdin": stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
+            "cwd": cwd_abs,
+            "create_cwd": create,
+            "env": env,
+            "timeout": timeout,
+            "max_output_bytes": budget,
+        }
+        return await self.dataplane.exec(argv, **options)
 
     # -- files in -------------------------------------------------------------------------
 
     def _check_in_file(self, path: str, size: int) -> None:
-        limits = self.spec.files_in
-        if size > limits.max_bytes_per_file:
-            raise TransferCapExceeded(
-                direction="filesIn",
-                cap="max_bytes_per_file",
-                limit=limits.max_bytes_per_file,
-                actual=size,
-                path=path,
-            )
+        check_cap(
+            "filesIn", "max_bytes_per_file", self.spec.files_in.max_bytes_per_file, size, path
+        )
 
     async def write_file(self, path: str, data: bytes | str, *, replace: bool = True) -> None:
         """Write ``data`` (bytes, or text as UTF-8) at ``path`` under the work dir, creating
@@ -248,10 +250,7 @@ class Sandbox:
         checked before the first byte is sent."""
         self._gate("write_files", Capability.FILES_IN)
         limits = self.spec.files_in
-        if len(files) > limits.max_files:
-            raise TransferCapExceeded(
-                direction="filesIn", cap="max_files", limit=limits.max_files, actual=len(files)
-            )
+        check_cap("filesIn", "max_files", limits.max_files, len(files))
         prepared = []
         total = 0
         for path, data in files.items():
@@ -259,14 +258,7 @@ class Sandbox:
             target = confine(path, self.work_dir)
             self._check_in_file(path, len(raw))
             total += len(raw)
-            if total > limits.max_total_bytes:
-                raise TransferCapExceeded(
-                    direction="filesIn",
-                    cap="max_total_bytes",
-                    limit=limits.max_total_bytes,
-                    actual=total,
-                    path=path,
-                )
+            check_cap("filesIn", "max_total_bytes", limits.max_total_bytes, total, path)
             prepared.append((target, raw))
         for target, raw in prepared:
             await self.dataplane.write_file(target.work_dir, target.relative, raw, replace=replace)
@@ -405,9 +397,7 @@ class Sandbox:
         return await collect_outputs(self, sink)
 
     async def close(self) -> None:
-        if self._activity_task is not None and not self._activity_task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._activity_task), 5.0)
+        await self._activity.settle()
         await self.dataplane.close()
 
 

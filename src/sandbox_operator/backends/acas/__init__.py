@@ -3,9 +3,10 @@
 * `AcasBackendConfig` - the operator configuration entry (imported by `sandbox_operator.config`).
 * `AcasClient` - async HTTP client of the data-plane API (one per backend).
 * `driver.build_driver` / `AcasDriver` - the operator's `BackendDriver`.
-* `dataplane.AcasDataPlane` / `register_acas_dataplane` - the client's `DataPlane`.
+* The client's `DataPlane` for these sandboxes is the client's own:
+  `sandbox_operator.client.dataplane.acas` (`AcasDataPlane`, `acas_dataplanes`).
 
-Submodules that need the Kubernetes or client packages are not imported here.
+Submodules that need the Kubernetes packages are not imported here.
 """
 
 from .api import AcasClient

@@ -21,31 +21,32 @@ import posixpath
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from sandbox_operator.client.dataplane import (
-    DEFAULT_OUTPUT_BUDGET,
-    DataPlane,
+from sandbox_operator.backends.acas.api import AcasClient
+from sandbox_operator.backends.acas.errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
+from sandbox_operator.backends.acas.models import FileInfo
+from sandbox_operator.client.dataplane.protocol import (
     DirEntry,
-    ExecResult,
-    FileKind,
+    ExecRequest,
     FileStat,
-    check_exec_request,
+    read_cap_exceeded,
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
-    ExecSetupError,
-    ExecTimeout,
-    OutputBudgetExceeded,
     PathRefused,
     SandboxFileNotFound,
-    TransferCapExceeded,
     TransferIntegrityError,
 )
 
-from .api import AcasClient
-from .errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
-from .models import FileInfo
+if TYPE_CHECKING:
+    from sandbox_operator.client.dataplane.protocol import (
+        DataPlane,
+        DataPlaneFactory,
+        ExecOptions,
+        ExecResult,
+        FileKind,
+    )
 
 #: How much longer than the command's timeout the client waits for the HTTP answer.
 RESPONSE_MARGIN = 30.0
@@ -105,24 +106,17 @@ class AcasDataPlane:
 
     # -- exec -----------------------------------------------------------------------------
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        cwd: str,
-        create_cwd: bool = False,
-        env: Mapping[str, str] | None = None,
-        timeout: float,  # noqa: ASYNC109
-        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
-    ) -> ExecResult:
-        argv, _ = check_exec_request(argv, env)
+    async def exec(self, argv: Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+        req = ExecRequest.check(argv, options)
+        timeout = req.timeout
         token = secrets.token_hex(8)
         stdin_path = ""
-        if stdin:
+        if req.stdin:
             stdin_path = posixpath.join(self._tmp, f".sbx-stdin-{token}")
             try:
-                await self.client.write_file(self.sandbox_id, stdin_path, stdin, create_dirs=True)
+                await self.client.write_file(
+                    self.sandbox_id, stdin_path, req.stdin, create_dirs=True
+                )
             except AcasError as exc:
                 raise DataPlaneError(f"uploading stdin failed: {exc.detail}") from None
         mark = posixpath.join(self._tmp, f".sbx-timeout-{token}")
@@ -132,29 +126,22 @@ class AcasDataPlane:
             _EXEC_WRAPPER,
             "sbx",
             f"{max(timeout, 0.001):g}",
-            "1" if create_cwd else "0",
-            cwd,
+            "1" if req.create_cwd else "0",
+            req.cwd,
             stdin_path,
             mark,
-            *argv,
+            *req.argv,
         ]
         started = time.monotonic()
         try:
             result = await self.client.execute_command(
                 self.sandbox_id,
                 wrapper,
-                environment=dict(env or {}),
+                environment=req.env,
                 read_timeout=timeout + RESPONSE_MARGIN,
             )
         except AcasTimeout:
-            raise ExecTimeout(
-                argv=argv,
-                timeout=timeout,
-                stdout=b"",
-                stderr=b"",
-                kill_delivered=False,
-                kill_reach="nothing",
-            ) from None
+            raise req.timed_out(b"", b"", kill_delivered=False, kill_reach="nothing") from None
         except AcasError as exc:
             raise DataPlaneError(f"execute command failed: {exc.detail}") from None
         stdout = result.stdout.encode("utf-8", errors="surrogateescape")
@@ -162,22 +149,9 @@ class AcasDataPlane:
         if stderr.endswith(_TIMEOUT_MARK) or (
             result.exit_code == 137 and time.monotonic() - started >= timeout
         ):
-            raise ExecTimeout(
-                argv=argv,
-                timeout=timeout,
-                stdout=stdout,
-                stderr=stderr.removesuffix(_TIMEOUT_MARK),
-                kill_delivered=True,
-                kill_reach="group",
-            )
-        if result.exit_code == 125 and stderr.startswith(b"SBX:err:"):
-            what = stderr[8:].split(b"\n", 1)[0].decode(errors="replace")
-            raise ExecSetupError(what=what, detail=f"cwd={cwd!r}" if what == "cwd" else "")
-        if len(stdout) + len(stderr) > max_output_bytes:
-            raise OutputBudgetExceeded(
-                budget=max_output_bytes, received=len(stdout) + len(stderr), kill_delivered=False
-            )
-        return ExecResult(result.exit_code, stdout, stderr)
+            stderr = stderr.removesuffix(_TIMEOUT_MARK)
+            raise req.timed_out(stdout, stderr, kill_delivered=True, kill_reach="group")
+        return req.finish(result.exit_code, stdout, stderr)
 
     # -- path walk --------------------------------------------------------------------------
 
@@ -256,13 +230,7 @@ class AcasDataPlane:
             if info.is_dir:
                 raise PathRefused(path=relative, rule="destination_is_directory")
             if info.size > max_bytes:
-                raise TransferCapExceeded(
-                    direction="read",
-                    cap="max_bytes",
-                    limit=max_bytes,
-                    actual=info.size,
-                    path=relative,
-                )
+                raise read_cap_exceeded(relative, max_bytes, info.size)
             data = await self.client.read_file(self.sandbox_id, dest, max_bytes=max_bytes)
             if len(data) != info.size:
                 raise TransferIntegrityError(path=relative, expected=info.size, received=len(data))
@@ -337,14 +305,9 @@ class AcasDataPlane:
             await self.client.aclose()
 
 
-def acas_dataplane_factory(
-    clients: Mapping[str, AcasClient],
-) -> Callable[[Any, Mapping[str, Any]], DataPlane]:
-    """A `register_dataplane("AcasSandbox", ...)` factory: picks the `AcasClient` of the
-    backend named in the Sandbox's `status.backend` and the remote id from `servedBy.name`.
-
-    Usage: `register_dataplane(REMOTE_KIND, acas_dataplane_factory({"acas-west": client}))`.
-    """
+def acas_dataplane_factory(clients: Mapping[str, AcasClient]) -> DataPlaneFactory:
+    """The data plane factory for `AcasSandbox`-served sandboxes: picks the `AcasClient` of the
+    backend named in the Sandbox's `status.backend` and the remote id from `servedBy.name`."""
 
     def factory(_client: Any, obj: Mapping[str, Any]) -> DataPlane:
         status = obj.get("status") or {}
@@ -360,11 +323,12 @@ def acas_dataplane_factory(
     return factory
 
 
-def register_acas_dataplane(clients: Mapping[str, AcasClient]) -> None:
-    """Teach every `SandboxClient` in this process to reach `AcasSandbox`-served sandboxes,
-    with one `AcasClient` per acas backend name (as in the operator configuration)."""
-    from sandbox_operator.client.client import register_dataplane
+def acas_dataplanes(clients: Mapping[str, AcasClient]) -> dict[str, DataPlaneFactory]:
+    """The data planes that let a `SandboxClient` reach `AcasSandbox`-served sandboxes, with one
+    `AcasClient` per acas backend name (as in the operator configuration)::
 
-    from .driver import REMOTE_KIND
+        SandboxClient(api, namespace, dataplanes=acas_dataplanes({"acas-west": west}))
+    """
+    from sandbox_operator.backends.acas.driver import REMOTE_KIND
 
-    register_dataplane(REMOTE_KIND, acas_dataplane_factory(clients))
+    return {REMOTE_KIND: acas_dataplane_factory(clients)}

@@ -1,0 +1,260 @@
+# ruff: noqa: ASYNC109
+# (ExecTransport.run takes its timeout in seconds and enforces it itself.)
+"""A :class:`~.protocol.DataPlane` built on one primitive: "run this argv with these stdin bytes
+and give me back exit code, stdout and stderr" (an :class:`ExecTransport`).
+
+Every file primitive is a POSIX ``sh`` script (:mod:`.scripts`) using only busybox/coreutils
+applets (``head``, ``wc``, ``mv``, ``ln``, ``rm``, ``mkdir``, ``setsid``, ``kill``), so one
+implementation serves any transport: ``pods/exec`` (:mod:`.pod`) or local processes
+(:mod:`.local`). On timeout (or output over budget) the client stops reading and, over a second
+exec, sends SIGKILL to the command's process group.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Unpack
+
+from sandbox_operator.client.dataplane import scripts
+from sandbox_operator.client.dataplane.protocol import (
+    DirEntry,
+    ExecRequest,
+    FileStat,
+    read_cap_exceeded,
+)
+from sandbox_operator.client.errors import (
+    DataPlaneError,
+    ExecSetupError,
+    PathRefused,
+    SandboxFileNotFound,
+    TransferIntegrityError,
+)
+
+if TYPE_CHECKING:
+    from sandbox_operator.client.dataplane.protocol import ExecOptions, ExecResult, FileKind
+
+
+@dataclass
+class RawResult:
+    """What a transport returns. ``exit_code`` is None when the command did not finish (timeout,
+    overflow); ``stdout``/``stderr`` are what arrived before that."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    overflowed: bool = False
+
+
+class ExecTransport(Protocol):
+    """Run an argv (no shell) with the given stdin bytes; stop reading at ``timeout`` seconds or
+    after more than ``max_output`` bytes of stdout+stderr and report which."""
+
+    async def run(
+        self, argv: Sequence[str], *, stdin: bytes | None, timeout: float, max_output: int
+    ) -> RawResult: ...
+
+    async def close(self) -> None: ...
+
+
+_HEADER = re.compile(rb"^SBX:pid:(\d+):(group|process)\n")
+_SIZE = re.compile(rb"SBX:size:(\d+)")
+
+
+def _split_header(stderr: bytes) -> tuple[int | None, str, bytes]:
+    """The exec wrapper's first stderr line: the command's pid and whether it leads a process
+    group (``group``) or not (``process``); the rest is the command's own stderr."""
+    m = _HEADER.match(stderr)
+    if not m:
+        return None, "nothing", stderr
+    return int(m.group(1)), m.group(2).decode(), stderr[m.end() :]
+
+
+def _parse_size(stderr: bytes) -> int | None:
+    """The size the read script announced on stderr before sending the file."""
+    m = _SIZE.search(stderr)
+    return int(m.group(1)) if m else None
+
+
+def _stderr_detail(stderr: bytes) -> str:
+    return stderr.decode("utf-8", errors="replace").strip()[:300]
+
+
+def _kind(text: str) -> FileKind:
+    if text in ("file", "dir", "symlink", "other"):
+        return text  # type: ignore[return-value]
+    raise DataPlaneError(f"unexpected file kind {text!r}")
+
+
+def _size(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+class ExecDataPlane:
+    """A :class:`~.protocol.DataPlane` built on an :class:`ExecTransport` alone."""
+
+    def __init__(
+        self,
+        transport: ExecTransport,
+        *,
+        op_timeout: float = 60.0,
+        bytes_per_second: float = 1024 * 1024,
+    ) -> None:
+        self.transport = transport
+        self.op_timeout = op_timeout
+        self.bytes_per_second = bytes_per_second
+
+    # -- exec -----------------------------------------------------------------------------
+
+    async def exec(self, argv: Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+        req = ExecRequest.check(argv, options)
+        data = req.stdin
+        wrapper = [
+            "sh",
+            "-c",
+            scripts.EXEC_OUTER,
+            "sbx",
+            scripts.EXEC_INNER,
+            "1" if req.create_cwd else "0",
+            req.cwd,
+            str(len(data)),
+            str(len(req.env_args)),
+            *req.env_args,
+            *req.argv,
+        ]
+        raw = await self.transport.run(
+            wrapper, stdin=data or None, timeout=req.timeout, max_output=req.budget + 256
+        )
+        pid, reach, stderr = _split_header(raw.stderr)
+        if raw.timed_out or raw.overflowed:
+            delivered = await self._kill(pid) if pid is not None else False
+            if raw.overflowed:
+                received = len(raw.stdout) + len(stderr)
+                raise req.over_budget(received, kill_delivered=delivered)
+            reach = reach if delivered else "nothing"
+            raise req.timed_out(raw.stdout, stderr, kill_delivered=delivered, kill_reach=reach)
+        if raw.exit_code is None:
+            raise DataPlaneError("command ended without an exit code")
+        if pid is None:
+            raise ExecSetupError(what="wrapper", detail=_stderr_detail(raw.stderr))
+        return req.finish(raw.exit_code, raw.stdout, stderr)
+
+    async def _kill(self, pid: int) -> bool:
+        if pid <= 1:
+            return False
+        try:
+            raw = await self.transport.run(
+                [*scripts.KILL, str(pid)],
+                stdin=None,
+                timeout=self.op_timeout,
+                max_output=64 * 1024,
+            )
+        except Exception:
+            return False
+        return raw.exit_code == 0
+
+    # -- file primitives ------------------------------------------------------------------
+
+    def _timeout_for(self, nbytes: int) -> float:
+        return self.op_timeout + nbytes / self.bytes_per_second
+
+    async def _script(
+        self,
+        script: str,
+        args: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        max_output: int = 1024 * 1024,
+        nbytes: int = 0,
+    ) -> RawResult:
+        raw = await self.transport.run(
+            ["sh", "-c", script, "sbx", *args],
+            stdin=stdin,
+            timeout=self._timeout_for(nbytes),
+            max_output=max_output,
+        )
+        if raw.timed_out:
+            raise DataPlaneError("file operation timed out")
+        if raw.overflowed:
+            raise DataPlaneError("file operation produced more output than expected")
+        if raw.exit_code is None:
+            raise DataPlaneError("file operation ended without an exit code")
+        return raw
+
+    @staticmethod
+    def _check(raw: RawResult, path: str) -> None:
+        code = raw.exit_code
+        if code == 0:
+            return
+        if code == scripts.MISSING:
+            raise SandboxFileNotFound(path)
+        if code is not None and code in scripts.REFUSALS:
+            raise PathRefused(path=path, rule=scripts.REFUSALS[code])
+        raise DataPlaneError(f"file operation on {path!r} failed: {_stderr_detail(raw.stderr)}")
+
+    async def write_file(
+        self, work_dir: str, relative: str, data: bytes, *, replace: bool = True
+    ) -> None:
+        token = secrets.token_hex(8)
+        raw = await self._script(
+            scripts.WRITE,
+            [work_dir, relative, str(len(data)), "1" if replace else "0", token],
+            stdin=data or None,
+            nbytes=len(data),
+        )
+        if raw.exit_code == scripts.SIZE_MISMATCH:
+            raise TransferIntegrityError(path=relative, expected=len(data), received=-1)
+        self._check(raw, relative)
+
+    async def read_file(self, work_dir: str, relative: str, *, max_bytes: int) -> bytes:
+        raw = await self._script(
+            scripts.READ,
+            [work_dir, relative, str(max_bytes)],
+            max_output=max_bytes + 64 * 1024,
+            nbytes=max_bytes,
+        )
+        size = _parse_size(raw.stderr)
+        if raw.exit_code == scripts.TOO_LARGE:
+            raise read_cap_exceeded(relative, max_bytes, size if size is not None else -1)
+        self._check(raw, relative)
+        if size is None:
+            raise DataPlaneError(f"no size reported for {relative!r}")
+        if len(raw.stdout) != size:
+            raise TransferIntegrityError(path=relative, expected=size, received=len(raw.stdout))
+        return raw.stdout
+
+    async def stat(self, work_dir: str, relative: str) -> FileStat:
+        raw = await self._script(scripts.STAT, [work_dir, relative])
+        self._check(raw, relative)
+        parts = raw.stdout.decode(errors="replace").split()
+        if len(parts) != 2:
+            raise DataPlaneError(f"unexpected stat answer for {relative!r}")
+        return FileStat(relative, _kind(parts[0]), _size(parts[1]))
+
+    async def list_dir(self, work_dir: str, relative: str) -> list[DirEntry]:
+        raw = await self._script(scripts.LIST, [work_dir, relative], max_output=64 * 1024 * 1024)
+        self._check(raw, relative or ".")
+        entries: list[DirEntry] = []
+        for record in raw.stdout.split(b"\x00"):
+            if not record:
+                continue
+            kind, size, name = record.split(b" ", 2)
+            entries.append(
+                DirEntry(
+                    name.decode("utf-8", errors="surrogateescape"),
+                    _kind(kind.decode()),
+                    _size(size.decode()),
+                )
+            )
+        return sorted(entries, key=lambda e: e.name)
+
+    async def remove(self, work_dir: str, relative: str, *, recursive: bool) -> bool:
+        raw = await self._script(scripts.REMOVE, [work_dir, relative, "1" if recursive else "0"])
+        self._check(raw, relative)
+        return raw.stdout.strip() == b"1"
+
+    async def close(self) -> None:
+        await self.transport.close()

@@ -1,0 +1,164 @@
+"""The POSIX ``sh`` scripts behind :class:`~.execplane.ExecDataPlane` (dash, bash and busybox
+ash), and what their exit codes mean.
+
+Exec protocol. A command runs under a tiny wrapper: the outer ``sh`` (:data:`EXEC_OUTER`) starts
+an inner ``sh`` (:data:`EXEC_INNER`) through ``setsid`` (or ``python3``'s ``os.setsid`` where the
+image has no ``setsid``), so the command leads a process group of its own; the inner one
+announces its pid on the first line of stderr, changes directory, exports the environment and
+``exec``\\s the argv verbatim -- no shell ever parses it. Stdin is fed through ``head -c N`` so the
+command sees EOF without relying on the transport being able to half-close.
+
+The file scripts walk from the work dir through the parents of the relative path (``sbx_walk``)
+and refuse symlinks with an exit code from :data:`REFUSALS`, right before acting.
+"""
+
+EXEC_OUTER = r"""s=$1; shift
+if command -v setsid >/dev/null 2>&1; then setsid sh -c "$s" sbx group "$@"
+elif command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+    sh -c "$s" sbx group "$@"
+else sh -c "$s" sbx process "$@"; fi
+exit $?
+"""
+
+EXEC_INNER = r"""printf 'SBX:pid:%s:%s\n' "$$" "$1" >&2
+mk=$2; cwd=$3; nin=$4; ne=$5; shift 5
+if [ "$mk" = 1 ] && [ ! -d "$cwd" ]; then mkdir -p "$cwd" 2>/dev/null; fi
+cd "$cwd" 2>/dev/null || { printf 'SBX:err:cwd\n' >&2; exit 125; }
+while [ "$ne" -gt 0 ]; do export "$1" || { printf 'SBX:err:env\n' >&2; exit 125; }
+shift; ne=$((ne - 1)); done
+if [ "$nin" -gt 0 ]; then head -c "$nin" | exec "$@"; else exec "$@" </dev/null; fi
+"""
+
+# Walk from $W through the parents of $R; refuse symlinks; create missing parents when MK=1.
+WALK = r"""sbx_walk() {
+  [ -L "$W" ] && exit 90
+  if [ ! -d "$W" ]; then
+    [ -e "$W" ] && exit 91
+    if [ "$MK" = 1 ]; then mkdir -p "$W" || exit 99; else exit 94; fi
+  fi
+  p=$W; rest=$R
+  while :; do
+    case $rest in */*) ;; *) break ;; esac
+    c=${rest%%/*}; rest=${rest#*/}
+    p=$p/$c
+    if [ -L "$p" ]; then exit 92
+    elif [ -d "$p" ]; then :
+    elif [ -e "$p" ]; then exit 93
+    elif [ "$MK" = 1 ]; then mkdir "$p" || exit 99
+    else exit 94; fi
+  done
+  D=$p/$rest
+}
+"""
+
+WRITE = (
+    WALK
+    + r"""W=$1; R=$2; N=$3; REPL=$4; TOK=$5; MK=1
+sbx_walk
+[ -L "$D" ] && exit 95
+if [ -e "$D" ]; then
+  [ -d "$D" ] && exit 96
+  [ -f "$D" ] || exit 97
+  [ "$REPL" = 1 ] || exit 98
+fi
+T=${D%/*}/.sbx-$TOK
+set -C
+head -c "$N" > "$T" || { rm -f "$T"; exit 99; }
+set +C
+set -- $(wc -c < "$T")
+[ "$1" = "$N" ] || { rm -f "$T"; exit 102; }
+if [ -L "$D" ] || [ -d "$D" ]; then rm -f "$T"; exit 95; fi
+if [ "$REPL" = 1 ]; then mv -f "$T" "$D" || { rm -f "$T"; exit 99; }
+else ln "$T" "$D" 2>/dev/null || { rm -f "$T"; exit 98; }; rm -f "$T"; fi
+"""
+)
+
+READ = (
+    WALK
+    + r"""W=$1; R=$2; MAX=$3; MK=0
+sbx_walk
+[ -L "$D" ] && exit 95
+[ -e "$D" ] || exit 94
+[ -d "$D" ] && exit 96
+[ -f "$D" ] || exit 97
+set -- $(wc -c < "$D") || exit 99
+[ -n "${1:-}" ] || exit 99
+printf 'SBX:size:%s\n' "$1" >&2
+[ "$1" -le "$MAX" ] || exit 100
+head -c "$((MAX + 1))" < "$D"
+"""
+)
+
+STAT = (
+    WALK
+    + r"""W=$1; R=$2; MK=0
+sbx_walk
+if [ -L "$D" ]; then echo "symlink 0"
+elif [ -d "$D" ]; then echo "dir 0"
+elif [ -f "$D" ]; then set -- $(wc -c < "$D" 2>/dev/null); echo "file ${1:-?}"
+elif [ -e "$D" ]; then echo "other 0"
+else exit 94; fi
+"""
+)
+
+LIST = (
+    WALK
+    + r"""W=$1; R=$2; MK=0
+if [ -z "$R" ]; then
+  [ -L "$W" ] && exit 90
+  [ -e "$W" ] || exit 94
+  [ -d "$W" ] || exit 101
+  D=$W
+else
+  sbx_walk
+  [ -L "$D" ] && exit 95
+  [ -e "$D" ] || exit 94
+  [ -d "$D" ] || exit 101
+fi
+for e in "$D"/* "$D"/.*; do
+  n=${e##*/}
+  case $n in .|..) continue ;; esac
+  if [ -L "$e" ]; then t=symlink; s=0
+  elif [ -d "$e" ]; then t=dir; s=0
+  elif [ -f "$e" ]; then set -- $(wc -c < "$e" 2>/dev/null); t=file; s=${1:-?}
+  elif [ -e "$e" ]; then t=other; s=0
+  else continue; fi
+  printf '%s %s %s\0' "$t" "$s" "$n"
+done
+"""
+)
+
+REMOVE = (
+    WALK
+    + r"""W=$1; R=$2; REC=$3; MK=0
+( sbx_walk; exit 0 ); rc=$?
+[ "$rc" = 94 ] && { echo 0; exit 0; }
+[ "$rc" = 0 ] || exit "$rc"
+sbx_walk
+if [ -L "$D" ]; then rm -f "$D" || exit 99; echo 1; exit 0; fi
+[ -e "$D" ] || { echo 0; exit 0; }
+if [ -d "$D" ]; then
+  if [ "$REC" = 1 ]; then rm -rf "$D" || exit 99; else rmdir "$D" 2>/dev/null || exit 96; fi
+else rm -f "$D" || exit 99; fi
+echo 1
+"""
+)
+
+REFUSALS: dict[int, str] = {
+    90: "symlinked_work_dir",
+    91: "not_a_directory",
+    92: "symlinked_parent",
+    93: "parent_not_directory",
+    95: "symlink_destination",
+    96: "destination_is_directory",
+    97: "not_a_regular_file",
+    98: "exists",
+    101: "not_a_directory",
+}
+MISSING = 94
+TOO_LARGE = 100
+SIZE_MISMATCH = 102
+
+#: Kills a command's process group (or, without ``setsid``, the process) by pid.
+KILL = ("sh", "-c", 'kill -9 "-$1" 2>/dev/null || kill -9 "$1"', "sbx")
