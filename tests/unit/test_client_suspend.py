@@ -674,7 +674,7 @@ REFUSED = cond("Admitted", "False", "IsolationBelowFloor", 1)
     ],
 )
 def test_evaluate_for_goal(obj: dict[str, Any], goal: Any, want: str) -> None:
-    from sandbox_operator.client.client import _evaluate_for
+    from sandbox_operator.client.status import evaluate_for as _evaluate_for
 
     assert _evaluate_for(obj, goal)[0] == want
 

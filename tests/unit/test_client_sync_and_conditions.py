@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from sandbox_operator.client import Sandbox, SandboxClient, SyncSandbox, SyncSandboxClient
-from sandbox_operator.client.client import _evaluate
+from sandbox_operator.client.status import evaluate as _evaluate
 from sandbox_operator.client.sync import _Loop
-from sandbox_operator.conformance.fakes import local_sandbox
+from sandbox_operator.testing.fakes import local_sandbox
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:

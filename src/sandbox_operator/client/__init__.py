@@ -1,16 +1,10 @@
 """The Python client for sandbox-operator: acquire sandboxes as custom resources and work inside
 them (exec, code, files) under the caps their spec declared. See docs/client.md."""
 
-from sandbox_operator.client.client import (
-    CarriesHostTools,
-    SandboxClient,
-    effective_state,
-    is_suspended,
-    key_from_object,
-    register_dataplane,
-)
+from sandbox_operator.client.client import CarriesHostTools, SandboxClient
 from sandbox_operator.client.dataplane import (
     DataPlane,
+    DataPlaneFactory,
     DirEntry,
     ExecDataPlane,
     ExecResult,
@@ -38,6 +32,7 @@ from sandbox_operator.client.errors import (
     PathRefused,
     SandboxAcquireError,
     SandboxBackendUnavailable,
+    SandboxCallIdRequired,
     SandboxCapabilityNotSupported,
     SandboxClientError,
     SandboxEgressNotEnforced,
@@ -98,6 +93,7 @@ from sandbox_operator.client.outputs import (
 )
 from sandbox_operator.client.paths import ConfinedPath, confine, validate_artifact_name
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.status import effective_state, is_suspended, key_from_object
 from sandbox_operator.client.sync import SyncSandbox, SyncSandboxClient
 
 __all__ = [
@@ -112,6 +108,7 @@ __all__ = [
     "ConfinedPath",
     "DataPlane",
     "DataPlaneError",
+    "DataPlaneFactory",
     "DirEntry",
     "EffectiveState",
     "EgressObserved",
@@ -138,6 +135,7 @@ __all__ = [
     "SandboxAcquireError",
     "SandboxAcquired",
     "SandboxBackendUnavailable",
+    "SandboxCallIdRequired",
     "SandboxCapabilityNotSupported",
     "SandboxClient",
     "SandboxClientError",
@@ -189,7 +187,6 @@ __all__ = [
     "notify",
     "pod_dataplane",
     "refusal_error_for",
-    "register_dataplane",
     "tool_call",
     "validate_artifact_name",
 ]

@@ -21,13 +21,12 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
@@ -35,25 +34,13 @@ from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.client.dataplane import (
     DataPlane,
-    DirEntry,
-    ExecResult,
-    FileStat,
-    pod_dataplane,
+    DataPlaneFactory,
+    pod_factory,
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
-    SandboxAcquireError,
-    SandboxForbidden,
     SandboxGone,
     SandboxNotReadyInTime,
-    SandboxNotSuspendable,
-    SandboxNotSuspendedInTime,
-    SandboxScopeNotFound,
-    SandboxSpecConflict,
-    SandboxSpecRejected,
-    SandboxSuspended,
-    acquire_error_for,
-    scrub,
 )
 from sandbox_operator.client.observer import (
     EffectiveState,
@@ -70,47 +57,41 @@ from sandbox_operator.client.observer import (
     tool_call,
 )
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.scopes import ScopeCalls
+from sandbox_operator.client.served import ServedPlane
+from sandbox_operator.client.status import (
+    Goal,
+    effective_state,
+    is_suspended,
+    key_from_object,
+    read_status,
+    served_by,
+)
+from sandbox_operator.client.suspension import SuspendCalls
 from sandbox_operator.contract import (
     API_VERSION,
     GROUP,
     SANDBOX_KIND,
     SANDBOX_PLURAL,
-    SANDBOX_SCOPE_KIND,
     SANDBOX_SCOPE_PLURAL,
     VERSION,
-    Capability,
-    ConditionReason,
     IsolationScope,
     SandboxKey,
     SandboxResourceSpec,
     SandboxSpec,
 )
-from sandbox_operator.contract.resources import EgressSummary
+from sandbox_operator.kubeapi import new_api_client
 
 _observe_log = logging.getLogger("sandbox_operator.client.observer")
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-#: Builds a data plane for a Ready Sandbox, keyed by ``status.servedBy.kind``.
-DataPlaneFactory = Callable[["SandboxClient", Mapping[str, Any]], DataPlane]
-_DATAPLANES: dict[str, DataPlaneFactory] = {}
+#: The fields of a status egress decision an ``EgressObserved`` carries as they are.
+_RECORD_FIELDS: set[str] = {"time", "verdict", "reason", "method", "host", "port"}
 
-
-def register_dataplane(served_by_kind: str, factory: DataPlaneFactory) -> None:
-    """Teach every client how to reach sandboxes served by a ``servedBy.kind`` (e.g. an ACA
-    session). ``Pod`` is built in."""
-    _DATAPLANES[served_by_kind] = factory
-
-
-def _pod_factory(client: SandboxClient, obj: Mapping[str, Any]) -> DataPlane:
-    served = (obj.get("status") or {}).get("servedBy") or {}
-    namespace = served.get("namespace") or obj["metadata"]["namespace"]
-    if namespace != client.namespace:
-        raise DataPlaneError("the sandbox is served from another namespace")
-    return pod_dataplane(client.ws_api, namespace, served["name"])
-
-
-register_dataplane("Pod", _pod_factory)
+#: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
+#: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.
+DEFAULT_DATAPLANES: Mapping[str, DataPlaneFactory] = {"Pod": pod_factory}
 
 
 class CarriesHostTools(Protocol):
@@ -123,245 +104,16 @@ class CarriesHostTools(Protocol):
     def names(self) -> tuple[str, ...]: ...
 
 
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def effective_state(
-    obj: Mapping[str, Any],
-    spec: SandboxSpec,
-    *,
-    host_tools: Sequence[str] = (),
-    call: str | None = None,
-) -> EffectiveState:
-    """The :class:`EffectiveState` of a served Sandbox, from the status the operator wrote."""
-    status = obj.get("status") or {}
-    served = status.get("servedBy") or {}
-    admitted_allow = status.get("admittedEgressAllow")
-    allow = admitted_allow if admitted_allow is not None else list(spec.egress_allow)
-    required = tuple(c.value for c in Capability if c in spec.requires)
-    return EffectiveState(
-        backend=_text(status.get("backend")),
-        isolation=_text(status.get("isolation")),
-        isolation_floor=_text(status.get("effectiveFloor")),
-        isolation_scope=_text(status.get("isolationScope")),
-        served_by_kind=_text(served.get("kind")),
-        served_from=_text(status.get("servedFrom")),
-        egress=spec.egress.value,
-        egress_allow=tuple(str(h) for h in allow),
-        capabilities_required=required,
-        capabilities_matched=required,
-        capabilities_offered=None,
-        host_tools=tuple(host_tools),
-        call=call,
-    )
-
-
-def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
-    """The sandbox key a Sandbox object carries in its annotations (None if it carries none)."""
-    ann = (obj.get("metadata") or {}).get("annotations") or {}
-    try:
-        return SandboxKey(
-            scope=ann[lbl.SCOPE_ANNOTATION],
-            thread_id=ann[lbl.THREAD_ANNOTATION],
-            agent_dir=ann[lbl.AGENT_DIR_ANNOTATION],
-            call_id=ann.get(lbl.CALL_ANNOTATION, ""),
-        )
-    except (KeyError, ValueError):
-        return None
-
-
-def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []}
-
-
-def _evaluate(obj: Mapping[str, Any]) -> tuple[str, str, str]:
-    """("ready" | "pending" | "terminal", reason, message) for a Sandbox object."""
-    meta = obj.get("metadata") or {}
-    status = obj.get("status") or {}
-    observed = status.get("observedGeneration")
-    conds = _conditions(obj)
-    disposed = conds.get("Disposed")
-    if disposed is not None and disposed.get("status") == "True":
-        return "terminal", disposed.get("reason") or "Disposed", disposed.get("message", "")
-    admitted = conds.get("Admitted")
-    stale = observed is not None and meta.get("generation") and observed < meta["generation"]
-    if admitted is not None and admitted.get("status") == "False" and not stale:
-        reason = admitted.get("reason", "")
-        if acquire_error_for(reason) is not None:
-            return "terminal", reason, admitted.get("message", "")
-    ready = conds.get("Ready")
-    if ready is not None and not stale:
-        reason = ready.get("reason", "")
-        if ready.get("status") == "True":
-            return "ready", reason, ""
-        if acquire_error_for(reason) is not None:
-            return "terminal", reason, ready.get("message", "")
-        return "pending", reason, ready.get("message", "")
-    return "pending", (admitted or {}).get("reason", "") or "Pending", ""
-
-
-#: The Ready reason of a suspended Sandbox.
-_SUSPENDED = ConditionReason.SUSPENDED.value
-
-#: What a wait is for: ``ready`` (acquire: Suspended is terminal), ``resumed`` (a wait that
-#: resumed the sandbox: Suspended is on its way back unless the spec says suspended again),
-#: ``suspended`` (a suspend: done once the operator reports Suspended for the current spec).
-_Goal = Literal["ready", "resumed", "suspended"]
-
-
-def _stale(obj: Mapping[str, Any]) -> bool:
-    meta = obj.get("metadata") or {}
-    observed = (obj.get("status") or {}).get("observedGeneration")
-    return bool(observed is not None and meta.get("generation") and observed < meta["generation"])
-
-
-def _suspended_now(obj: Mapping[str, Any]) -> bool:
-    """The operator reports the Sandbox suspended for its current spec (Ready=False Suspended)."""
-    ready = _conditions(obj).get("Ready")
-    return (
-        ready is not None
-        and not _stale(obj)
-        and ready.get("status") == "False"
-        and ready.get("reason") == _SUSPENDED
-    )
-
-
-def is_suspended(obj: Mapping[str, Any]) -> bool:
-    """Whether a Sandbox object is suspended or on its way there, whatever suspended it: its spec
-    says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``)."""
-    if (obj.get("spec") or {}).get("suspended"):
-        return True
-    if (obj.get("status") or {}).get("suspendedBy"):
-        return True
-    ready = _conditions(obj).get("Ready")
-    return ready is not None and ready.get("reason") == _SUSPENDED
-
-
-def _evaluate_for(obj: Mapping[str, Any], goal: _Goal) -> tuple[str, str, str]:
-    """:func:`_evaluate` for a wait with a goal; "ready" means the goal is reached."""
-    if goal == "suspended":
-        if _suspended_now(obj):
-            return "ready", _SUSPENDED, ""
-        state, reason, message = _evaluate(obj)
-        # Ready (still, or for an older spec) is on its way to Suspended.
-        return ("pending", reason, message) if state == "ready" else (state, reason, message)
-    state, reason, message = _evaluate(obj)
-    if goal == "resumed" and state == "terminal" and reason == _SUSPENDED:
-        if (obj.get("spec") or {}).get("suspended"):
-            # Suspended again (spec.suspended true) while the resume was waited on.
-            return "terminal", reason, message or "spec.suspended was set again"
-        return "pending", reason, message
-    return state, reason, message
-
-
-def _plane_of(sandbox: Sandbox | str) -> _ServedPlane | None:
-    if isinstance(sandbox, Sandbox) and isinstance(sandbox.dataplane, _ServedPlane):
-        return sandbox.dataplane
-    return None
-
-
-def _served_by(obj: Mapping[str, Any]) -> object:
-    return (obj.get("status") or {}).get("servedBy")
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-class _ServedPlane:
-    """The data plane of a handle acquired through the client: it talks to whatever serves the
-    Sandbox now. A suspend closes the served plane; the next use resumes the Sandbox and talks to
-    the new pod. A data-plane failure on a Sandbox found suspended behind the handle's back (the
-    idle timeout, ``kubectl patch``) raises :class:`SandboxSuspended`; the next use resumes it."""
-
-    def __init__(self, client: SandboxClient, inner: DataPlane, served_by: object) -> None:
-        self.client = client
-        self.inner: DataPlane | None = inner
-        self.served_by = served_by
-        self.handle: Sandbox | None = None
-        self._lock = asyncio.Lock()
-
-    @property
-    def suspended(self) -> bool:
-        return self.inner is None
-
-    async def drop(self) -> None:
-        """The pod is going away: close the served plane; the next use resumes."""
-        inner, self.inner = self.inner, None
-        if inner is not None:
-            with contextlib.suppress(Exception):
-                await inner.close()
-
-    async def serve(self, inner: DataPlane, served_by: object) -> None:
-        old, self.inner, self.served_by = self.inner, inner, served_by
-        if old is not None and old is not inner:
-            with contextlib.suppress(Exception):
-                await old.close()
-
-    async def _live(self) -> DataPlane:
-        async with self._lock:
-            if self.inner is None and self.handle is not None:
-                await self.client.resume(self.handle)
-        if self.inner is None:
-            raise DataPlaneError("the sandbox is suspended")
-        return self.inner
-
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        plane = await self._live()
-        try:
-            return await getattr(plane, method)(*args, **kwargs)
-        except DataPlaneError as exc:
-            handle = self.handle
-            if handle is None or not await self.client._found_suspended(handle.name):
-                raise
-            await self.drop()
-            raise SandboxSuspended(
-                sandbox=handle.name,
-                namespace=handle.namespace,
-                message="the sandbox was suspended; the next use of the handle resumes it",
-            ) from exc
-
-    async def exec(self, *args: Any, **kwargs: Any) -> ExecResult:
-        result: ExecResult = await self._call("exec", *args, **kwargs)
-        return result
-
-    async def write_file(self, *args: Any, **kwargs: Any) -> None:
-        await self._call("write_file", *args, **kwargs)
-
-    async def read_file(self, *args: Any, **kwargs: Any) -> bytes:
-        data: bytes = await self._call("read_file", *args, **kwargs)
-        return data
-
-    async def stat(self, *args: Any, **kwargs: Any) -> FileStat:
-        st: FileStat = await self._call("stat", *args, **kwargs)
-        return st
-
-    async def list_dir(self, *args: Any, **kwargs: Any) -> list[DirEntry]:
-        entries: list[DirEntry] = await self._call("list_dir", *args, **kwargs)
-        return entries
-
-    async def remove(self, *args: Any, **kwargs: Any) -> bool:
-        removed: bool = await self._call("remove", *args, **kwargs)
-        return removed
-
-    async def close(self) -> None:
-        await self.drop()
-
-
-class SandboxClient:
+class SandboxClient(SuspendCalls, ScopeCalls):
     """Async client for one namespace. Build it with :meth:`from_kubeconfig` or
     :meth:`in_cluster`, or hand it a configured ``kubernetes_asyncio`` ``ApiClient``.
 
     ``field_manager`` names this client in server-side apply (one per client by default).
     ``observer`` receives the client's events (see :mod:`sandbox_operator.client.observer`);
-    without one, no event is built.
+    without one, no event is built. ``dataplanes`` maps a ``status.servedBy.kind`` to the factory
+    of the data plane that reaches such a sandbox (:data:`DEFAULT_DATAPLANES`, the pod one, is
+    built in), e.g. ``dataplanes=acas_dataplanes(...)`` from
+    :mod:`sandbox_operator.client.dataplane.acas`.
     """
 
     def __init__(
@@ -372,8 +124,11 @@ class SandboxClient:
         field_manager: str | None = None,
         default_timeout: float = 300.0,
         observer: SandboxObserver | None = None,
+        dataplanes: Mapping[str, DataPlaneFactory] | None = None,
     ) -> None:
         self.observer = observer
+        #: how this client reaches a Ready sandbox, per ``servedBy.kind``
+        self.dataplanes: dict[str, DataPlaneFactory] = {**DEFAULT_DATAPLANES, **(dataplanes or {})}
         #: egress reporting progress per Sandbox (name, uid)
         self._egress_marks: dict[tuple[str, str], EgressWatermark] = {}
         #: the newest last-activity stamp written per Sandbox: stamps never go back
@@ -396,13 +151,10 @@ class SandboxClient:
         context: str | None = None,
         **kwargs: Any,
     ) -> SandboxClient:
-        cfg = k8s.Configuration()
-        await k8s_config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None,
-            context=context,
-            client_configuration=cfg,
-        )
-        return cls(k8s.ApiClient(configuration=cfg), namespace, **kwargs)
+        """From a kubeconfig (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``;
+        ``context``: one of its contexts), via :func:`sandbox_operator.kubeapi.new_api_client`."""
+        api = await new_api_client(kubeconfig=kubeconfig or None, context=context)
+        return cls(api, namespace, **kwargs)
 
     @classmethod
     def in_cluster(cls, namespace: str | None = None, **kwargs: Any) -> SandboxClient:
@@ -441,9 +193,7 @@ class SandboxClient:
             return 0
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         try:
-            obj: Mapping[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
-            )
+            obj = await self._get_object(SANDBOX_PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return 0
@@ -453,13 +203,12 @@ class SandboxClient:
 
     def _report_egress_obj(self, obj: Mapping[str, Any], key: SandboxKey | None) -> int:
         observer = self.observer
-        raw = (obj.get("status") or {}).get("egress")
-        if observer is None or not raw:
+        if observer is None or not (obj.get("status") or {}).get("egress"):
             return 0
         key = key or key_from_object(obj)
-        if key is None:
+        summary = read_status(obj).egress
+        if key is None or summary is None:
             return 0
-        summary = EgressSummary.model_validate(raw)
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
         mark = self._egress_marks.setdefault((name, meta.get("uid", "")), EgressWatermark())
@@ -474,88 +223,13 @@ class SandboxClient:
                     key=key,
                     call=None,
                     sandbox=name,
-                    time=record.time,
-                    verdict=record.verdict,
-                    reason=record.reason,
-                    method=record.method,
-                    host=record.host,
-                    port=record.port,
                     missed_before=missed,
+                    **record.model_dump(include=_RECORD_FIELDS),
                 ),
             )
         return len(fresh)
 
-    # -- host side: scopes ----------------------------------------------------------------
-
-    async def create_scope(
-        self,
-        *,
-        scope: str,
-        thread_id: str,
-        name: str | None = None,
-        min_isolation: str | None = None,
-        min_isolation_scope: str | None = None,
-    ) -> str:
-        """Create (or converge) the SandboxScope of a conversation; returns its name. For the
-        *host*: an agent's service account should not be able to do this."""
-        name = name or naming.scope_name(scope, thread_id)
-        spec: dict[str, Any] = {"scope": scope, "threadId": thread_id}
-        if min_isolation:
-            spec["minIsolation"] = min_isolation
-        if min_isolation_scope:
-            spec["minIsolationScope"] = min_isolation_scope
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": SANDBOX_SCOPE_KIND,
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": spec,
-        }
-        await self._apply(SANDBOX_SCOPE_PLURAL, name, body)
-        return name
-
-    async def delete_scope(
-        self,
-        name: str,
-        *,
-        wait: bool = False,
-        timeout: float = 120.0,  # noqa: ASYNC109
-    ) -> None:
-        """Delete a SandboxScope (the operator disposes its sandboxes). Missing is success."""
-        await self._delete(SANDBOX_SCOPE_PLURAL, name)
-        if wait:
-            await self._wait_gone(SANDBOX_SCOPE_PLURAL, name, timeout)
-
     # -- agent side -------------------------------------------------------------------------
-
-    async def _read_scope(self, scope_ref: str) -> Mapping[str, Any]:
-        try:
-            obj: Mapping[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, SANDBOX_SCOPE_PLURAL, scope_ref
-            )
-        except ApiException as exc:
-            if exc.status == 403:
-                raise SandboxForbidden(
-                    namespace=self.namespace, action="get sandboxscopes"
-                ) from None
-            if exc.status == 404:
-                raise SandboxScopeNotFound(
-                    sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
-                ) from None
-            raise
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
-            raise SandboxGone(
-                sandbox="",
-                namespace=self.namespace,
-                reason="ScopeDeleted",
-                message=f"SandboxScope {scope_ref!r} is being deleted",
-            )
-        return obj
-
-    def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
-        spec = scope_obj.get("spec") or {}
-        return SandboxKey(
-            scope=spec["scope"], thread_id=spec["threadId"], agent_dir=agent_dir, call_id=call_id
-        )
 
     async def acquire(
         self,
@@ -667,7 +341,7 @@ class SandboxClient:
         if host_tools is not None:
             host_tools.aggregate()  # seal: what the sandbox carries cannot change under it
             tools = tuple(host_tools.names)
-        dataplane = _ServedPlane(self, self._dataplane(obj), _served_by(obj))
+        dataplane = ServedPlane(self, self._dataplane(obj), served_by(obj))
 
         async def touch() -> None:
             await self.touch(name)
@@ -687,31 +361,9 @@ class SandboxClient:
         dataplane.handle = sandbox
         return sandbox
 
-    async def touch(self, name: str) -> None:
-        """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from
-        it). The handle does this by itself, at most every 30 seconds, while it is used."""
-        await self._stamp_activity(name, datetime.now(UTC))
-
-    async def _stamp_activity(self, name: str, when: datetime) -> None:
-        # A stamp written late (the handle's background touch) must not undo a newer one (a
-        # resume's, which may be ahead of this clock).
-        when = max(when, self._activity_stamps.get(name, when))
-        self._activity_stamps[name] = when
-        stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            SANDBOX_PLURAL,
-            name,
-            {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}},
-            field_manager=f"{self.field_manager}-activity",
-            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-        )
-
     def _dataplane(self, obj: Mapping[str, Any]) -> DataPlane:
         served = (obj.get("status") or {}).get("servedBy") or {}
-        factory = _DATAPLANES.get(served.get("kind", ""))
+        factory = self.dataplanes.get(served.get("kind", ""))
         if factory is None:
             raise DataPlaneError(f"no data plane for servedBy kind {served.get('kind')!r}")
         return factory(self, obj)
@@ -724,7 +376,7 @@ class SandboxClient:
             # A previous sandbox under this key is still going away: wait, then recreate.
             await self._wait_gone(SANDBOX_PLURAL, name, None)
             obj = await self._apply(SANDBOX_PLURAL, name, body)
-        goal: _Goal = "ready"
+        goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.
             obj = await self._start_resume(name, obj)
@@ -749,271 +401,6 @@ class SandboxClient:
             message=f"SandboxScope {scope_ref!r} was deleted while waiting",
         )
 
-    def _raise_terminal(self, name: str, reason: str, message: str) -> None:
-        cls = acquire_error_for(reason) or SandboxAcquireError
-        raise cls(sandbox=name, namespace=self.namespace, reason=reason, message=message)
-
-    async def _watch_sandbox(
-        self, name: str, obj: Mapping[str, Any], last: dict[str, str], *, goal: _Goal = "ready"
-    ) -> Mapping[str, Any]:
-        """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
-        terminal reason or deletion."""
-        while True:
-            state, reason, message = _evaluate_for(obj, goal)
-            last["reason"] = reason
-            if state == "ready":
-                return obj
-            if state == "terminal":
-                self._raise_terminal(name, reason, message)
-            if (obj.get("metadata") or {}).get("deletionTimestamp"):
-                raise SandboxGone(
-                    sandbox=name,
-                    namespace=self.namespace,
-                    reason="Deleted",
-                    message="the Sandbox is being deleted",
-                )
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            event = await self._next_event(SANDBOX_PLURAL, name, rv)
-            if event is None:  # relist
-                try:
-                    obj = await self.custom.get_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
-                    )
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-                    raise SandboxGone(
-                        sandbox=name,
-                        namespace=self.namespace,
-                        reason="Deleted",
-                        message="the Sandbox was deleted while waiting",
-                    ) from None
-                continue
-            kind, new = event
-            if kind == "DELETED":
-                raise SandboxGone(
-                    sandbox=name,
-                    namespace=self.namespace,
-                    reason="Deleted",
-                    message="the Sandbox was deleted while waiting",
-                )
-            obj = new
-
-    async def _next_event(
-        self, plural: str, name: str, resource_version: str | None
-    ) -> tuple[str, Mapping[str, Any]] | None:
-        """The next event on one object after ``resource_version`` (None: relist needed)."""
-        w = k8s_watch.Watch()
-        try:
-            stream = w.stream(
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                plural,
-                field_selector=f"metadata.name={name}",
-                resource_version=resource_version,
-                timeout_seconds=60,
-                allow_watch_bookmarks=False,
-            )
-            async for event in stream:
-                kind = event.get("type", "")
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    return kind, event["object"]
-        except ApiException as exc:
-            if exc.status == 410:
-                return None
-            raise
-        finally:
-            w.stop()
-            await w.close()
-        return None
-
-    async def _watch_scope_deleted(self, scope_ref: str) -> None:
-        """Return when the SandboxScope is deleted or marked for deletion."""
-        while True:
-            try:
-                obj = await self._read_scope(scope_ref)
-            except (SandboxScopeNotFound, SandboxGone):
-                return
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            while True:
-                event = await self._next_event(SANDBOX_SCOPE_PLURAL, scope_ref, rv)
-                if event is None:
-                    break
-                kind, new = event
-                if kind == "DELETED" or (new.get("metadata") or {}).get("deletionTimestamp"):
-                    return
-                rv = (new.get("metadata") or {}).get("resourceVersion")
-
-    # -- suspend and resume -------------------------------------------------------------------
-
-    async def suspend(
-        self,
-        sandbox: Sandbox | str,
-        *,
-        wait: bool = True,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> None:
-        """Suspend a Sandbox (by handle or name): ``spec.suspended: true``; the operator deletes
-        its pod and keeps its work volume, NetworkPolicy and identity. Processes and memory are
-        not kept; files in the work dir are.
-
-        Raises :class:`SandboxNotSuspendable` when the Sandbox declares no ``spec.storage`` (read
-        first; the API server refuses it too). With ``wait``, returns once the operator reports
-        ``Ready=False`` reason ``Suspended`` for this spec, raises the typed error of a terminal
-        reason (e.g. :class:`SandboxGone`), or :class:`SandboxNotSuspendedInTime` after
-        ``timeout`` (default: the client's ``default_timeout``). A handle's next use resumes."""
-        name = sandbox if isinstance(sandbox, str) else sandbox.name
-        obj = await self._get_sandbox(name)
-        spec = obj.get("spec") or {}
-        if not spec.get("storage"):
-            raise SandboxNotSuspendable(sandbox=name, namespace=self.namespace)
-        if not spec.get("suspended"):
-            obj = await self._patch_suspended(name, True)
-        plane = _plane_of(sandbox)
-        if plane is not None:
-            await plane.drop()
-        if not wait:
-            return
-        deadline = timeout if timeout is not None else self.default_timeout
-        last = {"reason": ""}
-        try:
-            async with asyncio.timeout(deadline):
-                await self._watch_sandbox(name, obj, last, goal="suspended")
-        except TimeoutError:
-            raise SandboxNotSuspendedInTime(
-                sandbox=name, namespace=self.namespace, timeout=deadline, last_reason=last["reason"]
-            ) from None
-
-    async def resume(
-        self,
-        sandbox: Sandbox | str,
-        *,
-        wait: bool = True,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> None:
-        """Resume a Sandbox (by handle or name), whatever suspended it: ``spec.suspended`` back
-        to false when it is true, and the last-activity annotation stamped when the idle timeout
-        suspended it (``status.suspendedBy: idle``). The operator starts a new pod on the same
-        work volume after judging the spec again. A Sandbox that is not suspended is left as is.
-
-        With ``wait``, returns once it is Ready (a handle then talks to the new pod); raises the
-        refusal's typed error when the operator refuses the resume (e.g.
-        :class:`SandboxIsolationBelowFloor`: the floor was raised meanwhile; it stays
-        suspended), :class:`SandboxSuspended` when it is suspended again meanwhile, or
-        :class:`SandboxNotReadyInTime`. Without ``wait``, a handle's next use waits."""
-        name = sandbox if isinstance(sandbox, str) else sandbox.name
-        obj = await self._get_sandbox(name)
-        was_suspended = is_suspended(obj)
-        if was_suspended:
-            obj = await self._start_resume(name, obj)
-        plane = _plane_of(sandbox)
-        if not wait:
-            if plane is not None and was_suspended:
-                await plane.drop()
-            return
-        deadline = timeout if timeout is not None else self.default_timeout
-        last = {"reason": ""}
-        try:
-            async with asyncio.timeout(deadline):
-                obj = await self._watch_sandbox(name, obj, last, goal="resumed")
-        except TimeoutError:
-            raise SandboxNotReadyInTime(
-                sandbox=name, namespace=self.namespace, timeout=deadline, last_reason=last["reason"]
-            ) from None
-        if plane is not None and isinstance(sandbox, Sandbox):
-            await self._serve_again(sandbox, plane, obj)
-
-    async def _serve_again(
-        self, sandbox: Sandbox, plane: _ServedPlane, obj: Mapping[str, Any]
-    ) -> None:
-        """Point a handle at what serves its Sandbox now (a new pod after a resume)."""
-        served = _served_by(obj)
-        if not plane.suspended and served == plane.served_by:
-            return
-        await plane.serve(self._dataplane(obj), served)
-        old = sandbox.effective_state
-        if old is not None:
-            fresh = effective_state(obj, sandbox.spec, host_tools=old.host_tools, call=old.call)
-            sandbox._effective_state = fresh
-
-    async def _start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        if spec.get("suspended"):
-            obj = await self._patch_suspended(name, False)
-        elif status.get("suspendedBy") != "spec":
-            # Suspended by the idle timeout (spec.suspended is false): activity newer than the
-            # suspension resumes it. (By spec with spec.suspended already false: on its way.)
-            await self._touch_after(name, _parse_time(status.get("suspendedAt")))
-        return obj
-
-    async def _touch_after(self, name: str, after: datetime | None) -> None:
-        """Stamp activity strictly newer than ``after`` (the operator's suspension time): now,
-        or the second after ``after`` when this clock is not past it (the stamp has whole
-        seconds, and the operator's clock may be ahead of this one)."""
-        when = datetime.now(UTC).replace(microsecond=0)
-        if after is not None:
-            when = max(when, after.replace(microsecond=0) + timedelta(seconds=1))
-        await self._stamp_activity(name, when)
-
-    async def _get_sandbox(self, name: str) -> Mapping[str, Any]:
-        try:
-            obj: Mapping[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 403:
-                raise SandboxForbidden(namespace=self.namespace, action="get sandboxes") from None
-            if exc.status == 404:
-                raise SandboxGone(
-                    sandbox=name, namespace=self.namespace, message="no such Sandbox"
-                ) from None
-            raise
-        return obj
-
-    async def _patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
-        try:
-            obj: Mapping[str, Any] = await self.custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                self.namespace,
-                SANDBOX_PLURAL,
-                name,
-                {"spec": {"suspended": value}},
-                field_manager=f"{self.field_manager}-suspend",
-                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-            )
-        except ApiException as exc:
-            message = scrub(_api_message(exc))
-            if exc.status == 403:
-                raise SandboxForbidden(namespace=self.namespace, action="patch sandboxes") from None
-            if exc.status == 404:
-                raise SandboxGone(
-                    sandbox=name, namespace=self.namespace, message="no such Sandbox"
-                ) from None
-            if exc.status in (400, 422):
-                if value and "storage" in message:
-                    raise SandboxNotSuspendable(
-                        sandbox=name, namespace=self.namespace, message=message
-                    ) from None
-                raise SandboxSpecRejected(
-                    sandbox=name, namespace=self.namespace, message=message
-                ) from None
-            raise
-        if not isinstance(obj, Mapping):
-            obj = await self._get_sandbox(name)
-        return obj
-
-    async def _found_suspended(self, name: str) -> bool:
-        """Whether the Sandbox is suspended now (False when it cannot be read)."""
-        try:
-            return is_suspended(await self._get_sandbox(name))
-        except Exception:
-            return False
-
     async def dispose(self, sandbox: Sandbox | str, *, wait: bool = False) -> None:
         """Delete a Sandbox (by handle or name). Missing is success.
 
@@ -1028,12 +415,9 @@ class SandboxClient:
                 await sandbox.close()
         uid = ""
         if self.observer is not None:
-            try:
-                obj = await self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, SANDBOX_PLURAL, name
-                )
-            except Exception:  # reporting must not stop the delete
-                obj = None
+            obj: Mapping[str, Any] | None = None
+            with contextlib.suppress(Exception):  # reporting must not stop the delete
+                obj = await self._get_object(SANDBOX_PLURAL, name)
             if isinstance(obj, Mapping):
                 key = key or key_from_object(obj)
                 uid = (obj.get("metadata") or {}).get("uid", "")
@@ -1117,9 +501,7 @@ class SandboxClient:
         scope: str | None = None
         thread_id: str | None = None
         try:
-            obj = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, SANDBOX_SCOPE_PLURAL, scope_ref
-            )
+            obj = await self._get_object(SANDBOX_SCOPE_PLURAL, scope_ref)
             spec = obj.get("spec") or {}
             scope, thread_id = spec.get("scope"), spec.get("threadId")
         except Exception:  # gone already, or not readable: fall back to a Sandbox's key
@@ -1170,83 +552,6 @@ class SandboxClient:
             if name is not None:
                 await asyncio.shield(self.dispose(name))
 
-    # -- plumbing ---------------------------------------------------------------------------
-
-    async def _apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
-        try:
-            obj: Mapping[str, Any] = await self.custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                self.namespace,
-                plural,
-                name,
-                body,
-                field_manager=self.field_manager,
-                _content_type="application/apply-patch+yaml",  # type: ignore[call-arg]
-            )
-        except ApiException as exc:
-            message = scrub(_api_message(exc))
-            if exc.status == 403:
-                raise SandboxForbidden(namespace=self.namespace, action=f"apply {plural}") from None
-            if exc.status == 409:
-                raise SandboxSpecConflict(
-                    sandbox=name, namespace=self.namespace, message=message
-                ) from None
-            if exc.status in (400, 422):
-                raise SandboxSpecRejected(
-                    sandbox=name, namespace=self.namespace, message=message
-                ) from None
-            raise
-        if not isinstance(obj, Mapping):
-            # Some responses (e.g. a no-op apply) come back without a decoded body.
-            obj = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, name
-            )
-        return obj
-
-    async def _delete(self, plural: str, name: str) -> None:
-        try:
-            await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, name
-            )
-        except ApiException as exc:
-            if exc.status == 403:
-                raise SandboxForbidden(
-                    namespace=self.namespace, action=f"delete {plural}"
-                ) from None
-            if exc.status != 404:
-                raise
-
-    async def _wait_gone(self, plural: str, name: str, timeout: float | None) -> None:  # noqa: ASYNC109
-        async with asyncio.timeout(timeout):
-            while True:
-                try:
-                    obj = await self.custom.get_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, plural, name
-                    )
-                except ApiException as exc:
-                    if exc.status == 404:
-                        return
-                    raise
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                while True:
-                    event = await self._next_event(plural, name, rv)
-                    if event is None:
-                        break
-                    if event[0] == "DELETED":
-                        return
-                    rv = (event[1].get("metadata") or {}).get("resourceVersion")
-
 
 def _log_report_failure(exc: Exception) -> None:
     _observe_log.warning("sandbox observer: reporting egress failed (%s)", type(exc).__name__)
-
-
-def _api_message(exc: ApiException) -> str:
-    import json
-
-    try:
-        doc = json.loads(exc.body or "{}")
-    except (ValueError, TypeError):
-        return exc.reason or ""
-    return str(doc.get("message") or exc.reason or "")

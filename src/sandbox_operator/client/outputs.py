@@ -81,6 +81,17 @@ class CollectedOutputs:
     absent: list[str] = field(default_factory=list)
 
 
+def check_cap(
+    direction: Literal["filesIn", "filesOut"], cap: str, limit: int, actual: int, path: str = ""
+) -> None:
+    """Raise :class:`TransferCapExceeded` when ``actual`` is over ``limit``: one spelling of a
+    transfer-cap check for files out (here) and files in (the handle's writes)."""
+    if actual > limit:
+        raise TransferCapExceeded(
+            direction=direction, cap=cap, limit=limit, actual=actual, path=path
+        )
+
+
 async def collect_outputs(
     sandbox: Sandbox,
     sink: OutputSink | None = None,
@@ -151,10 +162,7 @@ async def _collect(
     landing = [o for o in outputs if o.disposition is Disposition.LAND]
     if landing and sink is None:
         raise SinkRequired()
-    if len(outputs) > limits.max_files:
-        raise TransferCapExceeded(
-            direction="filesOut", cap="max_files", limit=limits.max_files, actual=len(outputs)
-        )
+    check_cap("filesOut", "max_files", limits.max_files, len(outputs))
     seen: dict[str, str] = {}
     for out in outputs:
         confine(out.path, sandbox.work_dir)
@@ -181,23 +189,9 @@ async def _collect(
             raise OutputNotRegular(path=out.path, kind=st.kind)
         if st.size is None:
             raise OutputSizeUnknown(path=out.path)
-        if st.size > limits.max_bytes_per_file:
-            raise TransferCapExceeded(
-                direction="filesOut",
-                cap="max_bytes_per_file",
-                limit=limits.max_bytes_per_file,
-                actual=st.size,
-                path=out.path,
-            )
+        check_cap("filesOut", "max_bytes_per_file", limits.max_bytes_per_file, st.size, out.path)
         total += st.size
-        if total > limits.max_total_bytes:
-            raise TransferCapExceeded(
-                direction="filesOut",
-                cap="max_total_bytes",
-                limit=limits.max_total_bytes,
-                actual=total,
-                path=out.path,
-            )
+        check_cap("filesOut", "max_total_bytes", limits.max_total_bytes, total, out.path)
         present.append((out, st.size))
 
     # Phase 3: read, exactly the size that was capped.

@@ -53,6 +53,17 @@ def _lexical_rule(segments: list[str]) -> str | None:
     return None
 
 
+def _character_rule(text: str, *, nul: str) -> str | None:
+    """The rule a character of ``text`` breaks (a NUL breaks ``nul``), or None."""
+    if "\\" in text:
+        return "backslash"
+    if "\x00" in text:
+        return nul
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        return "control_character"
+    return None
+
+
 def confine(path: str, work_dir: str, *, allow_work_dir: bool = False) -> ConfinedPath:
     """Confine ``path`` (relative to ``work_dir``, or absolute inside it) lexically.
 
@@ -65,12 +76,9 @@ def confine(path: str, work_dir: str, *, allow_work_dir: bool = False) -> Confin
         if allow_work_dir:
             return ConfinedPath(wd, "")
         raise PathRefused(path=path, rule="work_dir_itself" if path else "empty")
-    if "\\" in path:
-        raise PathRefused(path=path, rule="backslash")
-    if "\x00" in path:
-        raise PathRefused(path=path, rule="nul")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        raise PathRefused(path=path, rule="control_character")
+    rule = _character_rule(path, nul="nul")
+    if rule is not None:
+        raise PathRefused(path=path, rule=rule)
     if path.startswith("/"):
         raw = path.split("/")[1:]
         rule = _lexical_rule(raw[:-1] if raw and raw[-1] == "" else raw)
@@ -98,10 +106,9 @@ def validate_artifact_name(name: str) -> str:
     no control characters. Returns the name unchanged."""
     if not name:
         raise ArtifactNameInvalid(name=name, rule="empty")
-    if "\\" in name:
-        raise ArtifactNameInvalid(name=name, rule="backslash")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise ArtifactNameInvalid(name=name, rule="control_character")
+    rule = _character_rule(name, nul="control_character")
+    if rule is not None:
+        raise ArtifactNameInvalid(name=name, rule=rule)
     if name.startswith("/"):
         raise ArtifactNameInvalid(name=name, rule="absolute_outside_work_dir")
     rule = _lexical_rule(name.split("/"))

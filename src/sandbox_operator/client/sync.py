@@ -4,26 +4,40 @@ Same method names and arguments; each call runs the async method on a private ev
 background thread and returns its result (exceptions are the same types). Each call runs in a copy
 of the caller's context, so a ``with client.tool_call(call_id):`` block on the caller's thread is
 the call every event inside it carries.
+
+A method that only passes its arguments through is built by :func:`_blocking` from the async one
+(same signature, same docstring, same types for a type checker); the rest are written out: they
+take a sync handle where the async method takes a handle, or return one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeAlias, TypeVar
 
 from sandbox_operator.client.client import CarriesHostTools, SandboxClient
-from sandbox_operator.client.dataplane import DEFAULT_OUTPUT_BUDGET, DirEntry, ExecResult, FileStat
 from sandbox_operator.client.observer import EffectiveState, SandboxObserver, ToolCallContext
-from sandbox_operator.client.outputs import CollectedOutputs, OutputSink
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import SandboxSpec
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class _InNamespace(Protocol):
+    @property
+    def namespace(self) -> str: ...
+
+
+#: The async object a twin stands for, and the class an async method is defined on.
+A_co = TypeVar("A_co", bound=_InNamespace, covariant=True)
+S = TypeVar("S", bound=_InNamespace)
 
 
 class _Loop:
@@ -46,20 +60,39 @@ class _Loop:
             self.loop.close()
 
 
-class SyncSandbox:
-    """Blocking twin of :class:`Sandbox`."""
+class _Twin(Generic[A_co]):
+    """A blocking twin: the async object ``aio`` and the loop each of its calls runs on."""
 
-    def __init__(self, sandbox: Sandbox, loop: _Loop) -> None:
-        self.aio = sandbox
+    def __init__(self, aio: A_co, loop: _Loop) -> None:
+        self.aio: A_co = aio
         self._loop = loop
 
-    @property
-    def name(self) -> str:
-        return self.aio.name
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coro)
 
     @property
     def namespace(self) -> str:
         return self.aio.namespace
+
+
+def _blocking(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[_Twin[S], P], T]:
+    """The blocking twin of an async method that takes and returns nothing sync-specific."""
+
+    @functools.wraps(method)
+    def call(self: _Twin[S], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(method(self.aio, *args, **kwargs))
+
+    return call
+
+
+class SyncSandbox(_Twin[Sandbox]):
+    """Blocking twin of :class:`Sandbox`."""
+
+    @property
+    def name(self) -> str:
+        return self.aio.name
 
     @property
     def spec(self) -> SandboxSpec:
@@ -76,101 +109,34 @@ class SyncSandbox:
     def __repr__(self) -> str:
         return f"Sync{self.aio!r}"
 
-    def exec(
-        self,
-        command: Sequence[str] | str,
-        *,
-        cwd: str | None = None,
-        timeout: float = 60.0,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
-    ) -> ExecResult:
-        return self._loop.run(
-            self.aio.exec(
-                command,
-                cwd=cwd,
-                timeout=timeout,
-                env=env,
-                stdin=stdin,
-                max_output_bytes=max_output_bytes,
-            )
-        )
-
-    def run_code(
-        self,
-        code: str,
-        *,
-        timeout: float = 60.0,
-        language: str = "python",
-        env: Mapping[str, str] | None = None,
-        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
-    ) -> ExecResult:
-        return self._loop.run(
-            self.aio.run_code(
-                code,
-                timeout=timeout,
-                language=language,
-                env=env,
-                max_output_bytes=max_output_bytes,
-            )
-        )
-
-    def write_file(self, path: str, data: bytes | str, *, replace: bool = True) -> None:
-        self._loop.run(self.aio.write_file(path, data, replace=replace))
-
-    def write_files(self, files: Mapping[str, bytes | str], *, replace: bool = True) -> None:
-        self._loop.run(self.aio.write_files(files, replace=replace))
-
-    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        return self._loop.run(self.aio.read_file(path, max_bytes=max_bytes))
-
-    def read_text(self, path: str, *, max_bytes: int | None = None, encoding: str = "utf-8") -> str:
-        return self._loop.run(self.aio.read_text(path, max_bytes=max_bytes, encoding=encoding))
-
-    def stat(self, path: str) -> FileStat:
-        return self._loop.run(self.aio.stat(path))
-
-    def exists(self, path: str) -> bool:
-        return self._loop.run(self.aio.exists(path))
-
-    def list_dir(self, path: str = ".") -> list[DirEntry]:
-        return self._loop.run(self.aio.list_dir(path))
-
-    def remove(self, path: str, *, recursive: bool = False) -> bool:
-        return self._loop.run(self.aio.remove(path, recursive=recursive))
-
-    def reclaim(self, directory: str) -> None:
-        self._loop.run(self.aio.reclaim(directory))
-
-    def collect_outputs(self, sink: OutputSink | None = None) -> CollectedOutputs:
-        return self._loop.run(self.aio.collect_outputs(sink))
-
-    def suspend(self, *, wait: bool = True, timeout: float | None = None) -> None:
-        self._loop.run(self.aio.suspend(wait=wait, timeout=timeout))
-
-    def resume(self, *, wait: bool = True, timeout: float | None = None) -> None:
-        self._loop.run(self.aio.resume(wait=wait, timeout=timeout))
-
-    def close(self) -> None:
-        self._loop.run(self.aio.close())
+    exec = _blocking(Sandbox.exec)
+    run_code = _blocking(Sandbox.run_code)
+    write_file = _blocking(Sandbox.write_file)
+    write_files = _blocking(Sandbox.write_files)
+    read_file = _blocking(Sandbox.read_file)
+    read_text = _blocking(Sandbox.read_text)
+    stat = _blocking(Sandbox.stat)
+    exists = _blocking(Sandbox.exists)
+    list_dir = _blocking(Sandbox.list_dir)
+    remove = _blocking(Sandbox.remove)
+    reclaim = _blocking(Sandbox.reclaim)
+    collect_outputs = _blocking(Sandbox.collect_outputs)
+    suspend = _blocking(Sandbox.suspend)
+    resume = _blocking(Sandbox.resume)
+    close = _blocking(Sandbox.close)
 
 
-def _aio(sandbox: SyncSandbox | Sandbox | str) -> Sandbox | str:
+#: A sandbox as the sync client takes it: a sync handle, a handle or a name.
+_AnySandbox: TypeAlias = "SyncSandbox | Sandbox | str"
+
+
+def _aio(sandbox: _AnySandbox) -> Sandbox | str:
     """What the async client takes for a sandbox given as a sync handle, a handle or a name."""
     return sandbox.aio if isinstance(sandbox, SyncSandbox) else sandbox
 
 
-class SyncSandboxClient:
+class SyncSandboxClient(_Twin[SandboxClient]):
     """Blocking twin of :class:`SandboxClient`."""
-
-    def __init__(self, aio: SandboxClient, loop: _Loop) -> None:
-        self.aio = aio
-        self._loop = loop
-
-    @property
-    def namespace(self) -> str:
-        return self.aio.namespace
 
     @property
     def observer(self) -> SandboxObserver | None:
@@ -180,9 +146,8 @@ class SyncSandboxClient:
         """``with client.tool_call(call_id): ...``: see :meth:`SandboxClient.tool_call`."""
         return self.aio.tool_call(call_id)
 
-    def report_egress(self, sandbox: SyncSandbox | Sandbox | str) -> int:
-        target = _aio(sandbox)
-        return self._loop.run(self.aio.report_egress(target))
+    def report_egress(self, sandbox: _AnySandbox) -> int:
+        return self._run(self.aio.report_egress(_aio(sandbox)))
 
     @classmethod
     def from_kubeconfig(
@@ -223,7 +188,7 @@ class SyncSandboxClient:
 
     def close(self) -> None:
         try:
-            self._loop.run(self.aio.close())
+            self._run(self.aio.close())
         finally:
             self._loop.stop()
 
@@ -233,27 +198,10 @@ class SyncSandboxClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def create_scope(
-        self,
-        *,
-        scope: str,
-        thread_id: str,
-        name: str | None = None,
-        min_isolation: str | None = None,
-        min_isolation_scope: str | None = None,
-    ) -> str:
-        return self._loop.run(
-            self.aio.create_scope(
-                scope=scope,
-                thread_id=thread_id,
-                name=name,
-                min_isolation=min_isolation,
-                min_isolation_scope=min_isolation_scope,
-            )
-        )
-
-    def delete_scope(self, name: str, *, wait: bool = False, timeout: float = 120.0) -> None:
-        self._loop.run(self.aio.delete_scope(name, wait=wait, timeout=timeout))
+    create_scope = _blocking(SandboxClient.create_scope)
+    delete_scope = _blocking(SandboxClient.delete_scope)
+    touch = _blocking(SandboxClient.touch)
+    dispose_scope = _blocking(SandboxClient.dispose_scope)
 
     def acquire(
         self,
@@ -265,42 +213,25 @@ class SyncSandboxClient:
         timeout: float | None = None,
         host_tools: CarriesHostTools | None = None,
     ) -> SyncSandbox:
-        sandbox = self._loop.run(
+        sandbox = self._run(
             self.aio.acquire(
                 scope_ref, agent_dir, spec, call_id, timeout=timeout, host_tools=host_tools
             )
         )
         return SyncSandbox(sandbox, self._loop)
 
-    def dispose(self, sandbox: SyncSandbox | Sandbox | str, *, wait: bool = False) -> None:
-        target = _aio(sandbox)
-        self._loop.run(self.aio.dispose(target, wait=wait))
-
-    def touch(self, name: str) -> None:
-        self._loop.run(self.aio.touch(name))
+    def dispose(self, sandbox: _AnySandbox, *, wait: bool = False) -> None:
+        self._run(self.aio.dispose(_aio(sandbox), wait=wait))
 
     def suspend(
-        self,
-        sandbox: SyncSandbox | Sandbox | str,
-        *,
-        wait: bool = True,
-        timeout: float | None = None,
+        self, sandbox: _AnySandbox, *, wait: bool = True, timeout: float | None = None
     ) -> None:
-        target = _aio(sandbox)
-        self._loop.run(self.aio.suspend(target, wait=wait, timeout=timeout))
+        self._run(self.aio.suspend(_aio(sandbox), wait=wait, timeout=timeout))
 
     def resume(
-        self,
-        sandbox: SyncSandbox | Sandbox | str,
-        *,
-        wait: bool = True,
-        timeout: float | None = None,
+        self, sandbox: _AnySandbox, *, wait: bool = True, timeout: float | None = None
     ) -> None:
-        target = _aio(sandbox)
-        self._loop.run(self.aio.resume(target, wait=wait, timeout=timeout))
-
-    def dispose_scope(self, scope_ref: str) -> int:
-        return self._loop.run(self.aio.dispose_scope(scope_ref))
+        self._run(self.aio.resume(_aio(sandbox), wait=wait, timeout=timeout))
 
     @contextlib.contextmanager
     def sandbox_for_call(
@@ -313,11 +244,11 @@ class SyncSandboxClient:
         timeout: float | None = None,
     ) -> Iterator[SyncSandbox]:
         cm = self.aio.sandbox_for_call(scope_ref, agent_dir, spec, call_id, timeout=timeout)
-        sandbox = self._loop.run(cm.__aenter__())
+        sandbox = self._run(cm.__aenter__())
         try:
             yield SyncSandbox(sandbox, self._loop)
         except BaseException as exc:
-            if not self._loop.run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
+            if not self._run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
                 raise
         else:
-            self._loop.run(cm.__aexit__(None, None, None))
+            self._run(cm.__aexit__(None, None, None))

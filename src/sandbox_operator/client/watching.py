@@ -1,0 +1,145 @@
+"""Waiting on one object by watching it (the client never polls): until a Sandbox reaches a wait's
+goal or a terminal reason, until a SandboxScope is deleted, until an object is gone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
+
+from kubernetes_asyncio import watch as k8s_watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sandbox_operator.client.errors import (
+    SandboxAcquireError,
+    SandboxGone,
+    SandboxScopeNotFound,
+    acquire_error_for,
+)
+from sandbox_operator.client.kube import KubeCalls
+from sandbox_operator.client.status import Goal, evaluate_for
+from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
+
+#: How long one watch request may stay open before it is re-issued.
+_WATCH_SECONDS = 60
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return None if rv is None else str(rv)
+
+
+class WatchCalls(KubeCalls):
+    """Watches on one namespace's objects (see the module)."""
+
+    async def _next_event(
+        self, plural: str, name: str, resource_version: str | None
+    ) -> tuple[str, Mapping[str, Any]] | None:
+        """The next event on one object after ``resource_version`` (None: relist needed)."""
+        w = k8s_watch.Watch()
+        try:
+            stream = w.stream(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                plural,
+                field_selector=f"metadata.name={name}",
+                resource_version=resource_version,
+                timeout_seconds=_WATCH_SECONDS,
+                allow_watch_bookmarks=False,
+            )
+            async for event in stream:
+                kind = event.get("type", "")
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    return kind, event["object"]
+        except ApiException as exc:
+            if exc.status == 410:
+                return None
+            raise
+        finally:
+            w.stop()
+            await w.close()
+        return None
+
+    async def _until_gone(
+        self,
+        plural: str,
+        name: str,
+        read: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        *,
+        marked: bool,
+    ) -> None:
+        """Return once the object is deleted (with ``marked``: or marked for deletion).
+        ``read`` reads it afresh, None when it is gone; it is called again after a relist."""
+        while True:
+            obj = await read()
+            if obj is None:
+                return
+            rv = _resource_version(obj)
+            while (event := await self._next_event(plural, name, rv)) is not None:
+                kind, new = event
+                if kind == "DELETED" or (
+                    marked and (new.get("metadata") or {}).get("deletionTimestamp")
+                ):
+                    return
+                rv = _resource_version(new)
+
+    async def _wait_gone(self, plural: str, name: str, timeout: float | None) -> None:  # noqa: ASYNC109
+        async def read() -> Mapping[str, Any] | None:
+            try:
+                return await self._get_object(plural, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        async with asyncio.timeout(timeout):
+            await self._until_gone(plural, name, read, marked=False)
+
+    async def _watch_scope_deleted(self, scope_ref: str) -> None:
+        """Return when the SandboxScope is deleted or marked for deletion."""
+
+        async def read() -> Mapping[str, Any] | None:
+            try:
+                return await self._read_scope(scope_ref)
+            except (SandboxScopeNotFound, SandboxGone):
+                return None
+
+        await self._until_gone(SANDBOX_SCOPE_PLURAL, scope_ref, read, marked=True)
+
+    def _raise_terminal(self, name: str, reason: str, message: str) -> NoReturn:
+        cls = acquire_error_for(reason) or SandboxAcquireError
+        raise cls(sandbox=name, namespace=self.namespace, reason=reason, message=message)
+
+    def _deleted(self, name: str, message: str) -> SandboxGone:
+        return SandboxGone(
+            sandbox=name, namespace=self.namespace, reason="Deleted", message=message
+        )
+
+    async def _watch_sandbox(
+        self, name: str, obj: Mapping[str, Any], last: dict[str, str], *, goal: Goal = "ready"
+    ) -> Mapping[str, Any]:
+        """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
+        terminal reason or deletion."""
+        while True:
+            state, reason, message = evaluate_for(obj, goal)
+            last["reason"] = reason
+            if state == "ready":
+                return obj
+            if state == "terminal":
+                self._raise_terminal(name, reason, message)
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                raise self._deleted(name, "the Sandbox is being deleted")
+            event = await self._next_event(SANDBOX_PLURAL, name, _resource_version(obj))
+            if event is None:  # relist
+                try:
+                    obj = await self._get_object(SANDBOX_PLURAL, name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    raise self._deleted(name, "the Sandbox was deleted while waiting") from None
+                continue
+            kind, obj = event
+            if kind == "DELETED":
+                raise self._deleted(name, "the Sandbox was deleted while waiting")
