@@ -425,7 +425,7 @@ def recorded(sandbox_id: str) -> SandboxRef:
     """The ref the operator passes to dispose: the Sandbox plus the status's servedBy."""
     from sandbox_operator.backends.base import ServedBy
 
-    return SandboxRef("ns1", "sbx-1", "uid-1", ServedBy(REMOTE_KIND, sandbox_id, "", sandbox_id))
+    return SandboxRef("ns1", "sbx-1", "uid-1", ServedBy(REMOTE_KIND, sandbox_id))
 
 
 async def test_dispose_removes_a_recorded_sandbox_missing_from_its_listing(

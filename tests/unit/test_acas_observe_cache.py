@@ -66,7 +66,7 @@ def clock(driver: AcasDriver) -> Clock:
 
 
 def ref(name: str, uid: str = "", served: str = "") -> SandboxRef:
-    served_by = ServedBy(REMOTE_KIND, served, "", served) if served else None
+    served_by = ServedBy(REMOTE_KIND, served) if served else None
     return SandboxRef("ns1", name, uid or f"u-{name}", served_by)
 
 

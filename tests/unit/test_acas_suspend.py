@@ -63,7 +63,7 @@ async def driver(standin: StandinServer) -> AsyncIterator[AcasDriver]:
 
 def ref(remote_id: str | None = None, uid: str = "uid-1") -> SandboxRef:
     """The ref the operator passes: the Sandbox, plus the status's servedBy once recorded."""
-    served = ServedBy(REMOTE_KIND, remote_id, "", remote_id) if remote_id else None
+    served = ServedBy(REMOTE_KIND, remote_id) if remote_id else None
     return SandboxRef("ns1", "sbx-1", uid, served)
 
 

@@ -150,7 +150,7 @@ class FakeDriver:
                 "owner": request.sandbox.uid,
                 "labels": dict(request.labels),
             }
-        return ServedBy("Pod", name, NS, "")
+        return ServedBy("Pod", name, NS)
 
     async def observe(self, sandbox):
         pod = self.pods.get(sandbox.name)

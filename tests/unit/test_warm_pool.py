@@ -365,7 +365,7 @@ class FakeWarmPods:
         meta["resourceVersion"] = "8"
         claimed = {**pod, "metadata": meta}
         self.rt.views.pods.upsert(claimed)
-        return ServedBy("Pod", name, NS, "pod-uid")
+        return ServedBy("Pod", name, NS)
 
 
 class FakePoolDriver:

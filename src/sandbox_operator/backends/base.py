@@ -25,6 +25,9 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxSpec,
 )
+from sandbox_operator.contract.resources import ServedBy
+
+__all__ = ["ServedBy"]  # the contract's, re-exported: drivers return it (one ServedBy)
 
 
 class ObservedPhase(StrEnum):
@@ -37,16 +40,6 @@ class ObservedPhase(StrEnum):
     FAILED = "Failed"  # was running and stopped (the operator tells "before" from "after ready")
     DISPOSING = "Disposing"  # deletion requested, objects still present
     SUSPENDED = "Suspended"  # compute stopped (or stopping), storage kept: a remote "Stopped"
-
-
-@dataclass(frozen=True)
-class ServedBy:
-    """The object that serves a sandbox, as reported in the Sandbox's status."""
-
-    kind: str  # e.g. "Pod" or a remote session kind
-    name: str
-    namespace: str = ""
-    uid: str = ""
 
 
 @dataclass(frozen=True)

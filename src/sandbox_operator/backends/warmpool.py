@@ -16,16 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest, PoolRef, ServedBy, TransientError
 from sandbox_operator.backends.egress_proxy import ProxyAddress
 from sandbox_operator.backends.owners import owner_reference
-from sandbox_operator.config import RuntimeClassBackendConfig
-from sandbox_operator.contract import SANDBOX_WARM_POOL_KIND, SERVED_FROM_COLD, SandboxSpec
+from sandbox_operator.contract import (
+    SANDBOX_WARM_POOL_KIND,
+    SERVED_FROM_COLD,
+    ConditionStatus,
+    SandboxSpec,
+)
 from sandbox_operator.kubecalls import call_json
 from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
+
+if TYPE_CHECKING:  # the runtime-class package imports this module: no import cycle at run time
+    from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 
 #: Pool pods are named ``sbx-wp-<pool>-<random>`` (the API server picks the random part): the
 #: ``sbx-`` prefix keeps them sandbox pods to the agent exec policy once claimed.
@@ -145,12 +152,16 @@ def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
     )
 
 
+#: Kubernetes's PodReady condition type (the pod's, not a Sandbox's ``ConditionType.READY``).
+POD_READY = "Ready"
+
+
 def is_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
         return False
     return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
+        c.get("type") == POD_READY and c.get("status") == ConditionStatus.TRUE
         for c in status.get("conditions") or []
     )
 
@@ -233,6 +244,4 @@ class WarmPoolPods:
             raise
         self._pods.upsert(claimed)
         cmeta = claimed.get("metadata") or {}
-        return ServedBy(
-            "Pod", str(cmeta.get("name")), str(cmeta.get("namespace")), cmeta.get("uid", "")
-        )
+        return ServedBy("Pod", str(cmeta.get("name")), str(cmeta.get("namespace")))

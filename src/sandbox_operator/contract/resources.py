@@ -83,7 +83,13 @@ class Condition(ContractModel):
 
 
 class ServedBy(ContractModel):
-    """The Kubernetes object or remote resource that serves a sandbox (never an endpoint)."""
+    """The Kubernetes object or remote resource that serves a sandbox (never an endpoint).
+
+    One type on both sides: a driver returns it, the reconciler writes it into
+    ``status.servedBy``, the client reads it back. Drivers build it positionally
+    (``ServedBy("Pod", name, namespace)``); an empty namespace (a remote resource) is none, so
+    it is left out of the wire form.
+    """
 
     kind: str = Field(max_length=63, description="Kind of the serving object, e.g. Pod.")
     name: str = Field(max_length=KEY_MAX_LENGTH, description="Name or id of the serving object.")
@@ -92,6 +98,10 @@ class ServedBy(ContractModel):
         max_length=63,
         description="Namespace of the serving object, when it is a namespaced Kubernetes object.",
     )
+
+    def __init__(self, kind: str, name: str, namespace: str | None = None, **data: Any) -> None:
+        data.update(kind=kind, name=name, namespace=namespace or None)
+        super().__init__(**data)
 
 
 class EgressDecisionRecord(ContractModel):

@@ -42,18 +42,20 @@ from sandbox_operator.contract import (
     SandboxResourceSpec,
     SandboxScopeResourceSpec,
     Selection,
+    ServedBy,
     parse_isolation,
+    refusal_condition_reason,
 )
 from sandbox_operator.policy import BackendProfile, check_call_key, effective_floor, select_backend
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
 
-ADMITTED = ConditionType.ADMITTED.value
-READY = ConditionType.READY.value
-DISPOSED = ConditionType.DISPOSED.value
+ADMITTED = ConditionType.ADMITTED
+READY = ConditionType.READY
+DISPOSED = ConditionType.DISPOSED
 R = ConditionReason
 
-Cond = tuple[str, bool | str, str, str]  # (type, status, reason, message)
+Cond = tuple[ConditionType, bool, ConditionReason, str]  # (type, status, reason, message)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -75,7 +77,7 @@ class ScopeResolution:
 
     spec: SandboxScopeResourceSpec | None
     problem: str = ""  # why it cannot be used, when ``spec`` is None
-    reason: str = R.SCOPE_NOT_FOUND  # the refusal's reason, when ``spec`` is None
+    reason: ConditionReason = R.SCOPE_NOT_FOUND  # the refusal's reason, when ``spec`` is None
 
 
 def resolve_scope(
@@ -130,7 +132,7 @@ class Admission:
     """Whether the Sandbox may run, where, and what its status says of it."""
 
     admitted: bool
-    reason: str  # the Admitted condition's reason (a refusal's, or Admitted)
+    reason: ConditionReason  # the Admitted condition's reason (a refusal's, or Admitted)
     message: str
     backend: str | None = None
     isolation_scope: IsolationScope | None = None
@@ -211,7 +213,7 @@ def admit(
     except SandboxRefusal as refusal:
         return Admission(
             False,
-            refusal.reason.value,
+            refusal_condition_reason(refusal.reason),
             refusal.message,
             key=key,
             fields={
@@ -529,12 +531,13 @@ def plan(
 
 
 def served_by_status(obs: Observation) -> dict[str, Any] | None:
-    if obs.served_by is None:
-        return None
-    out = {"kind": obs.served_by.kind, "name": obs.served_by.name}
-    if obs.served_by.namespace:
-        out["namespace"] = obs.served_by.namespace
-    return out
+    """``status.servedBy`` for what the driver observed serving the sandbox."""
+    return served_by_wire(obs.served_by)
+
+
+def served_by_wire(served: ServedBy | None) -> dict[str, Any] | None:
+    """The contract's ``ServedBy`` on the wire (no namespace for a remote resource), or None."""
+    return None if served is None else served.to_wire()
 
 
 def next_deadline(

@@ -1,19 +1,28 @@
-"""Status conditions in the shape of metav1.Condition, and when a status write is needed.
+"""Status conditions as the contract's :class:`Condition` models, and when a status write is needed.
 
-Conditions are kept as wire dicts (camelCase), exactly as the API server returns them, so that
-"did anything change" is a plain comparison. ``lastTransitionTime`` moves only when a condition's
-status flips; a new reason or message under the same status keeps it.
+A status being computed holds its conditions as models (typed, validated once when read); they
+become wire dicts (camelCase, unset fields omitted) only where a status is written
+(``status.Draft.values``). ``lastTransitionTime`` moves only when a condition's status flips; a
+new reason or message under the same status keeps it.
+
+The readers at the bottom (:func:`find`, :func:`reason_of`, :func:`is_true`) look into the raw
+objects the views hold, as the API server returned them, without decoding a whole status.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox_operator.contract import ConditionType
+from pydantic import ValidationError
 
-_ORDER = (ConditionType.ADMITTED.value, ConditionType.READY.value, ConditionType.DISPOSED.value)
+from sandbox_operator.contract import Condition, ConditionReason, ConditionStatus, ConditionType
+
+log = logging.getLogger(__name__)
+
+_ORDER: tuple[str, ...] = (ConditionType.ADMITTED, ConditionType.READY, ConditionType.DISPOSED)
 
 MAX_MESSAGE = 4096
 
@@ -21,6 +30,11 @@ MAX_MESSAGE = 4096
 def now_rfc3339(now: datetime | None = None) -> str:
     t = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now(now: datetime | None) -> datetime:
+    """The transition time written: UTC, whole seconds (as ``now_rfc3339`` spells it)."""
+    return (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -34,15 +48,62 @@ def parse_time(value: Any) -> datetime | None:
         return None
 
 
-def find(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> Mapping[str, Any] | None:
-    for cond in conditions or ():
-        if cond.get("type") == ctype:
+def status_of(value: bool | ConditionStatus) -> ConditionStatus:
+    """``True``/``False`` as the condition status it reports."""
+    if isinstance(value, ConditionStatus):
+        return value
+    return ConditionStatus.TRUE if value else ConditionStatus.FALSE
+
+
+def parse_conditions(raw: Iterable[Mapping[str, Any]] | None) -> list[Condition]:
+    """The conditions of a status as read from the API server, as models. The CRD's schema
+    holds them to the same shape, so none is dropped in practice; one that does not validate
+    (written around the schema) is left out, and logged, rather than failing every pass."""
+    out: list[Condition] = []
+    for cond in raw or ():
+        try:
+            out.append(Condition.model_validate(cond))
+        except ValidationError:
+            log.warning("ignoring a status condition that does not validate: %r", cond.get("type"))
+    return out
+
+
+def condition(conditions: Iterable[Condition], ctype: ConditionType | str) -> Condition | None:
+    for cond in conditions:
+        if cond.type == ctype:
             return cond
     return None
 
 
+def with_condition(
+    conditions: Sequence[Condition],
+    ctype: ConditionType,
+    status: bool | ConditionStatus,
+    reason: ConditionReason,
+    message: str,
+    generation: int | None,
+    now: datetime | None = None,
+) -> list[Condition]:
+    """A new condition list with ``ctype`` set; other conditions are kept unchanged."""
+    value = status_of(status)
+    message = message[:MAX_MESSAGE]
+    out: list[Condition] = []
+    replaced = False
+    for cond in conditions:
+        if cond.type != ctype:
+            out.append(cond)
+            continue
+        replaced = True
+        transition = cond.last_transition_time if cond.status == value else _now(now)
+        out.append(_condition(ctype, value, reason, message, generation, transition))
+    if not replaced:
+        out.append(_condition(ctype, value, reason, message, generation, _now(now)))
+    out.sort(key=lambda c: _ORDER.index(c.type) if c.type in _ORDER else len(_ORDER))
+    return out
+
+
 def set_condition(
-    conditions: Sequence[Mapping[str, Any]] | None,
+    conditions: Iterable[Mapping[str, Any]] | None,
     ctype: str,
     status: str,
     reason: str,
@@ -50,44 +111,35 @@ def set_condition(
     generation: int | None,
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """A new condition list with ``ctype`` set; other conditions are kept unchanged."""
-    message = message[:MAX_MESSAGE]
-    out: list[dict[str, Any]] = []
-    replaced = False
-    for cond in conditions or ():
-        if cond.get("type") != ctype:
-            out.append(dict(cond))
-            continue
-        replaced = True
-        transition = cond.get("lastTransitionTime")
-        if cond.get("status") != status or not transition:
-            transition = now_rfc3339(now)
-        out.append(_condition(ctype, status, reason, message, generation, str(transition)))
-    if not replaced:
-        out.append(_condition(ctype, status, reason, message, generation, now_rfc3339(now)))
-    out.sort(key=lambda c: _ORDER.index(c["type"]) if c["type"] in _ORDER else len(_ORDER))
-    return out
-
-
-def remove_condition(
-    conditions: Sequence[Mapping[str, Any]] | None, ctype: str
-) -> list[dict[str, Any]]:
-    return [dict(c) for c in conditions or () if c.get("type") != ctype]
+    """:func:`with_condition` on wire dicts (as read from the API server), giving wire dicts."""
+    models = with_condition(
+        parse_conditions(conditions),
+        ConditionType(ctype),
+        ConditionStatus(status),
+        ConditionReason(reason),
+        message,
+        generation,
+        now,
+    )
+    return [c.to_wire() for c in models]
 
 
 def _condition(
-    ctype: str, status: str, reason: str, message: str, generation: int | None, transition: str
-) -> dict[str, Any]:
-    cond: dict[str, Any] = {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": transition,
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+    ctype: ConditionType,
+    status: ConditionStatus,
+    reason: ConditionReason,
+    message: str,
+    generation: int | None,
+    transition: datetime,
+) -> Condition:
+    return Condition(
+        type=ctype.value,
+        status=status,
+        reason=ConditionReason(reason).value,
+        message=message,
+        last_transition_time=transition,
+        observed_generation=generation,
+    )
 
 
 def _normalize(value: Any) -> Any:
@@ -115,11 +167,23 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
     return patch or None
 
 
-def reason_of(status: Mapping[str, Any] | None, ctype: str) -> str | None:
+# ---- readers of raw objects --------------------------------------------------------------------
+
+
+def find(
+    conditions: Iterable[Mapping[str, Any]] | None, ctype: ConditionType
+) -> Mapping[str, Any] | None:
+    for cond in conditions or ():
+        if cond.get("type") == ctype:
+            return cond
+    return None
+
+
+def reason_of(status: Mapping[str, Any] | None, ctype: ConditionType) -> str | None:
     cond = find((status or {}).get("conditions"), ctype)
     return None if cond is None else str(cond.get("reason"))
 
 
-def is_true(status: Mapping[str, Any] | None, ctype: str) -> bool:
+def is_true(status: Mapping[str, Any] | None, ctype: ConditionType) -> bool:
     cond = find((status or {}).get("conditions"), ctype)
-    return cond is not None and cond.get("status") == "True"
+    return cond is not None and cond.get("status") == ConditionStatus.TRUE

@@ -55,14 +55,15 @@ from sandbox_operator.contract import (
     SandboxRefusal,
     SandboxSpec,
     SandboxWarmPoolResourceSpec,
+    refusal_condition_reason,
 )
 from sandbox_operator.policy import BackendProfile, resolve_spec, select_backend
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.status import Draft, send_status_patch
 
 log = logging.getLogger(__name__)
 
-READY = ConditionType.READY.value
+READY = ConditionType.READY
 R = ConditionReason
 
 #: How many idle pods a claim tries before it gives up and starts cold (each try that loses a
@@ -106,7 +107,7 @@ class TemplateJudgement:
     backend: str | None
     shape: str | None
     spec: SandboxSpec | None
-    reason: str
+    reason: ConditionReason
     message: str
 
 
@@ -127,7 +128,9 @@ def judge_template(
     try:
         chosen = select_backend(host_policy, backend_profiles, spec)
     except SandboxRefusal as refusal:
-        return TemplateJudgement(None, None, None, refusal.reason.value, refusal.message)
+        return TemplateJudgement(
+            None, None, None, refusal_condition_reason(refusal.reason), refusal.message
+        )
     backend = chosen.backend.name
     if backend not in pool_backends:
         return TemplateJudgement(
@@ -159,7 +162,7 @@ class PoolPlan:
     create: int = 0
     delete: list[dict[str, Any]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
-    condition: tuple[bool, str, str] = (False, R.FILLING.value, "")
+    condition: tuple[bool, ConditionReason, str] = (False, R.FILLING, "")
 
 
 def plan_pool(
@@ -221,15 +224,15 @@ def plan_pool(
     plan.status.update(replicas=min(len(live), wanted), readyReplicas=len(kept_ready))
     stuck = sorted({r for p in starting if (r := _waiting_reason(p)) in _STUCK_REASONS})
     if len(kept_ready) >= wanted:
-        plan.condition = (True, R.READY.value, f"{wanted} idle pods ready")
+        plan.condition = (True, R.READY, f"{wanted} idle pods ready")
     elif stuck:
         plan.condition = (
             False,
-            R.FILLING.value,
+            R.FILLING,
             f"{len(kept_ready)} of {wanted} idle pods ready; pods cannot start: {', '.join(stuck)}",
         )
     else:
-        plan.condition = (False, R.FILLING.value, f"{len(kept_ready)} of {wanted} idle pods ready")
+        plan.condition = (False, R.FILLING, f"{len(kept_ready)} of {wanted} idle pods ready")
     return plan
 
 
@@ -306,13 +309,13 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
             log.warning("pool %s/%s: %s", namespace, name, exc.message)
             requeue = 5.0
         except StartupError as exc:  # the egress proxy's objects were refused (RBAC, ...)
-            plan.condition = (False, R.FILLING.value, exc.message)
+            plan.condition = (False, R.FILLING, exc.message)
             requeue = 30.0
         except Exception as exc:  # an API refusal of the pod (quota, admission policy, ...)
             message = (
                 f"creating a pool pod failed: {type(exc).__name__} {getattr(exc, 'status', '')}"
             )
-            plan.condition = (False, R.FILLING.value, message.strip())
+            plan.condition = (False, R.FILLING, message.strip())
             requeue = 10.0
     await _write_pool_status(rt, pool, plan)
     return requeue
@@ -320,32 +323,17 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
 
 async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPlan) -> None:
     meta = pool.get("metadata") or {}
-    old = pool.get("status") or {}
-    gen = meta.get("generation")
+    draft = Draft(pool)
     ok, reason, message = plan.condition
-    conditions = cnd.set_condition(
-        [dict(c) for c in old.get("conditions") or []],
-        READY,
-        "True" if ok else "False",
-        reason,
-        message,
-        int(gen) if gen is not None else None,
-    )
-    values = {**plan.status, "conditions": conditions, "observedGeneration": gen}
-    patch = cnd.status_patch(old, values)
-    if patch is None:
+    draft.cond(READY, ok, reason, message)
+    draft.set(**plan.status)
+    patched = await send_status_patch(rt, SANDBOX_WARM_POOL_PLURAL, draft)
+    if patched is None:
         return
-    written = await rt.kube.patch_status(
-        SANDBOX_WARM_POOL_PLURAL,
-        str(meta["namespace"]),
-        str(meta["name"]),
-        patch,
-        meta.get("resourceVersion"),
-    )
-    if written is None:
+    if patched.obj is None:
         rt.views.pools.remove(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid")))
     else:
-        rt.views.pools.upsert(written)
+        rt.views.pools.upsert(patched.obj)
 
 
 # ---- a Sandbox's claim --------------------------------------------------------------------------

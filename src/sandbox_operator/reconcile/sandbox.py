@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,11 +25,8 @@ from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
-    DisposalError,
     EnsureRequest,
     ObservedPhase,
-    SandboxRef,
-    ServedBy,
     StartupError,
     TransientError,
     WatchedDisposal,
@@ -39,41 +36,67 @@ from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
     SANDBOX_PLURAL,
     ConditionReason,
-    ConditionType,
-    DisposalCode,
-    DisposalFailure,
     SandboxKey,
     SandboxResourceSpec,
 )
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.disposal import (
+    DISPOSING_REPORT_AFTER_SECONDS,
+    dispose_into,
+    drivers_for,
+    finalize_sandbox,
+    key_unclean,
+    wake_key,
+)
 from sandbox_operator.reconcile.lifecycle import Verdict
 from sandbox_operator.reconcile.pool import claim_warm_pod
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
+from sandbox_operator.reconcile.status import (
+    ADMITTED,
+    CONFLICT_RETRY_SECONDS,
+    DISPOSED,
+    MESSAGE_DEBOUNCE_SECONDS,
+    NORMAL_REASONS,
+    READY,
+    Draft,
+    R,
+    egress_admitted,
+    message_only,
+    recorded_served_by,
+    sandbox_ref,
+    write_status,
+)
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 
 log = logging.getLogger(__name__)
 
-ADMITTED = ConditionType.ADMITTED.value
-READY = ConditionType.READY.value
-DISPOSED = ConditionType.DISPOSED.value
-R = ConditionReason
-
-#: Reasons reported as Normal events; every other reason is a Warning.
-NORMAL_REASONS = frozenset(
-    {R.ADMITTED, R.CREATING, R.READY, R.SUSPENDED, R.DISPOSING, R.DISPOSED, R.PURGED}
-)
+#: Kept importable from here (the scope reconciler, the handlers and tests use them).
+__all__ = [
+    "ADMITTED",
+    "CONFLICT_RETRY_SECONDS",
+    "DISPOSED",
+    "DISPOSING_REPORT_AFTER_SECONDS",
+    "MESSAGE_DEBOUNCE_SECONDS",
+    "NORMAL_REASONS",
+    "READY",
+    "Draft",
+    "dispose_into",
+    "drivers_for",
+    "egress_admitted",
+    "ensure_retry_delay",
+    "finalize_sandbox",
+    "key_unclean",
+    "reconcile_sandbox",
+    "recorded_served_by",
+    "sandbox_ref",
+    "wake_key",
+    "write_status",
+]
 
 #: While a driver that is not watched still reports compute stopping, look again this often.
 SUSPEND_RECHECK_SECONDS = 2.0
-
-#: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
-#: status is left alone: the object is about to go).
-DISPOSING_REPORT_AFTER_SECONDS = 2.0
-
-#: After a write lost a race (409), look again this soon even if no watch event comes.
-CONFLICT_RETRY_SECONDS = 1.0
 
 #: After the views were found to lack a pod that exists (put into them from the API server),
 #: look again this soon.
@@ -93,225 +116,9 @@ def ensure_retry_delay(retry: int, hint: float | None = None) -> float:
     return delay
 
 
-@dataclass
-class Draft:
-    """The status being computed for one object, compared with the old one at write time."""
-
-    obj: Mapping[str, Any]
-    values: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.values = {
-            "conditions": [dict(c) for c in self.old.get("conditions") or []],
-            "observedGeneration": self.generation,
-        }
-
-    @property
-    def old(self) -> Mapping[str, Any]:
-        return self.obj.get("status") or {}
-
-    @property
-    def generation(self) -> int | None:
-        gen = (self.obj.get("metadata") or {}).get("generation")
-        return int(gen) if gen is not None else None
-
-    def cond(self, ctype: str, status: bool | str, reason: str, message: str) -> None:
-        value = status if isinstance(status, str) else ("True" if status else "False")
-        self.values["conditions"] = cnd.set_condition(
-            self.values["conditions"], ctype, value, str(reason), message, self.generation
-        )
-
-    def set(self, **fields: Any) -> None:
-        self.values.update(fields)
-
-    def reason(self, ctype: str) -> str | None:
-        c = cnd.find(self.values["conditions"], ctype)
-        return None if c is None else str(c.get("reason"))
-
-    def is_true(self, ctype: str) -> bool:
-        c = cnd.find(self.values["conditions"], ctype)
-        return c is not None and c.get("status") == "True"
-
-
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = obj.get("metadata") or {}
     return meta
-
-
-async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
-    """Patch the status if it changed; post an Event for each condition whose reason changed.
-
-    The answer goes into the views at once. Raises :class:`Conflict` when the object changed
-    since it was read.
-    """
-    meta = _meta(draft.obj)
-    patch = cnd.status_patch(draft.old, draft.values)
-    if patch is None:
-        return False
-    written = await rt.kube.patch_status(
-        plural, meta["namespace"], meta["name"], patch, meta.get("resourceVersion")
-    )
-    ns, name = str(meta["namespace"]), str(meta["name"])
-    if written is None:
-        # 404: gone while the views still held it (a deletion the watch has not delivered, or
-        # missed across a re-list). Drop it; a later event would bring it back.
-        if plural == SANDBOX_PLURAL:
-            rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
-            rt.forget(ns, name)
-        else:
-            rt.views.scopes.remove(ns, name, str(meta.get("uid") or "") or None)
-        return False
-    if plural == SANDBOX_PLURAL:
-        rt.views.put_sandbox(written)
-    else:
-        rt.views.scopes.upsert(written)
-    old_conds = draft.old.get("conditions") or []
-    for ctype in (ADMITTED, READY, DISPOSED):
-        new = cnd.find(draft.values["conditions"], ctype)
-        old = cnd.find(old_conds, ctype)
-        if new is None or (
-            old is not None
-            and old.get("reason") == new.get("reason")
-            and old.get("status") == new.get("status")
-        ):
-            continue
-        if ctype == READY and draft.reason(ADMITTED) == new.get("reason"):
-            continue  # a refusal is reported once, on Admitted
-        if (
-            ctype == READY
-            and new.get("reason") == R.CREATING
-            and draft.reason(ADMITTED) == R.ADMITTED
-            and cnd.reason_of(draft.old, ADMITTED) != R.ADMITTED
-        ):
-            continue  # admitted and being created: the Admitted event says both
-        reason = str(new.get("reason"))
-        type_ = "Normal" if reason in NORMAL_REASONS else "Warning"
-        await rt.kube.post_event(
-            draft.obj, type_=type_, reason=reason, message=str(new.get("message", ""))
-        )
-    return True
-
-
-def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
-    """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
-    raw = (status or {}).get("servedBy")
-    if not isinstance(raw, Mapping) or not raw.get("kind") or not raw.get("name"):
-        return None
-    return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
-
-
-def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
-    """When the egress proxy says it admitted the sandbox (``status.egress.admitted``), if so."""
-    egress = (status or {}).get("egress")
-    if not isinstance(egress, Mapping):
-        return None
-    return cnd.parse_time(egress.get("admitted"))
-
-
-def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
-    """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
-    what its status says of the egress proxy."""
-    meta = _meta(obj)
-    status = obj.get("status")
-    return SandboxRef(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("uid", "")),
-        served_by or recorded_served_by(status),
-        egress_admitted(status),
-    )
-
-
-async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) -> str | None:
-    """Why the key is not clean (an earlier sandbox of this key is not disposed yet), or None.
-
-    Found in the views by labels alone: another Sandbox of the key that is being deleted or
-    whose disposal failed, or backend objects of the key that belong to another Sandbox.
-    """
-    for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
-        ometa = _meta(other)
-        if ometa.get("uid") == uid:
-            continue
-        name = ometa.get("name")
-        if ometa.get("deletionTimestamp"):
-            if FINALIZER not in (ometa.get("finalizers") or []):
-                # Let go by the operator (what served it is disposed) or never taken on, and held
-                # only by finalizers of someone else's: nothing of it is left to wait for. (Its
-                # key labels may even be another key's: anyone who may create it could set them.)
-                # Backend objects it left behind, if any, are found below by their own labels.
-                continue
-            return f"Sandbox {name} with the same key is still being disposed"
-        if cnd.reason_of(other.get("status"), DISPOSED) == R.DISPOSAL_FAILED:
-            return f"disposal of Sandbox {name} with the same key failed and has not landed yet"
-    for driver in rt.drivers.values():
-        try:
-            objects = await driver.list_by_key(namespace, key)
-        except Exception as exc:
-            return f"cannot list backend {driver.name} for this key: {type(exc).__name__}"
-        for o in objects:
-            if (o.owner_uid and o.owner_uid != uid) or o.deleting:
-                return f"{o.kind} {o.name} of an earlier sandbox with this key is not disposed yet"
-    return None
-
-
-def drivers_for(rt: Runtime, status: Mapping[str, Any]) -> list[BackendDriver]:
-    backend = status.get("backend")
-    if backend in rt.drivers:
-        return [rt.drivers[backend]]
-    return list(rt.drivers.values())
-
-
-async def dispose_into(
-    rt: Runtime, drivers: list[BackendDriver], ref: SandboxRef, draft: Draft
-) -> float | None:
-    """Ask each driver to dispose of the sandbox's objects and record the outcome in
-    ``Disposed``. Returns when to look again (a requested deletion not seen landed yet, or a
-    failed disposal's retry), None once disposed."""
-    failure: DisposalFailure | None = None
-    waiting: list[str] = []
-    key = (ref.namespace, ref.name)
-    # A scope purge asked for this sandbox's objects by collection a moment ago: within the
-    # disposal timeout, only wait for them (the views may not show the deletions yet, and a
-    # delete per object would only meet 404s); after it, ask again one by one.
-    started_at = rt.disposal_started.get(key)
-    requested = key in rt.purging and (
-        started_at is None
-        or time.monotonic() - started_at < rt.config.operator.dispose_timeout_seconds
-    )
-    for driver in drivers:
-        try:
-            if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
-                found = await driver.request_disposal(ref, requested=requested)
-                waiting += [f"{o.kind} {o.name}" for o in found]
-            else:
-                await driver.dispose(ref)
-        except DisposalError as exc:
-            failure = failure or exc.failure
-    timeout = rt.config.operator.dispose_timeout_seconds
-    if failure is None and waiting:
-        started = rt.disposal_started.setdefault(key, time.monotonic())
-        elapsed = time.monotonic() - started
-        if elapsed < timeout:
-            if not draft.is_true(DISPOSED):
-                draft.cond(DISPOSED, False, R.DISPOSING, "disposing backend objects")
-            return timeout - elapsed + 0.05
-        failure = DisposalFailure(
-            code=DisposalCode.TIMEOUT,
-            detail=f"{', '.join(waiting[:3])} still present after {timeout:g}s",
-            backend=drivers[0].name if len(drivers) == 1 else "",
-        )
-    rt.disposal_started.pop(key, None)
-    if failure is None:
-        draft.cond(DISPOSED, True, R.DISPOSED, "backend objects removed")
-        return None
-    rt.purging.discard(key)  # the collection delete did not do it: from now on, one by one
-    draft.cond(
-        DISPOSED,
-        False,
-        R.DISPOSAL_FAILED,
-        f"disposal failed ({failure.code.value}) on backend {failure.backend}: {failure.detail}",
-    )
-    return rt.config.operator.disposal_retry_seconds
 
 
 async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | None:
@@ -395,17 +202,6 @@ def _annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool
     replaced = {k: have[k] for k in adding if k in have}
     growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
     return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES
-
-
-def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
-    """Something of a key went away: Sandboxes held back by KeyUnclean may go ahead now."""
-    value = labels.get(lbl.KEY_LABEL)
-    if not value:
-        return
-    for other in rt.views.sandboxes.select_names(namespace, lbl.KEY_LABEL, value):
-        summary = rt.views.sandboxes.summary_of(namespace, other)
-        if not (summary and summary[2]):  # not admitted (yet)
-            rt.enqueue_sandbox(namespace, other)
 
 
 async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
@@ -692,26 +488,6 @@ def _watched(driver: BackendDriver) -> bool:
     return isinstance(driver, WatchedDisposal) and driver.watches_disposal
 
 
-#: A change of a condition's message alone (same status and reason: "starting: Pending", then
-#: "starting: ContainerCreating") is written at most this often per Sandbox; a new reason, status
-#: or field is written at once. A pod passing through states within a second costs one write.
-MESSAGE_DEBOUNCE_SECONDS = 2.0
-
-
-def _message_only(old: Mapping[str, Any], draft: Draft) -> bool:
-    """Whether the draft differs from the old status only in condition messages."""
-    patch = cnd.status_patch(old, draft.values)
-    if not patch or set(patch) != {"conditions"}:
-        return False
-    for new in draft.values["conditions"]:
-        before = cnd.find(old.get("conditions"), str(new.get("type")))
-        if before is None:
-            return False
-        if (before.get("status"), before.get("reason")) != (new.get("status"), new.get("reason")):
-            return False
-    return True
-
-
 def _startup_deadline(
     rt: Runtime, namespace: str, name: str, spec: Any, now: datetime
 ) -> float | None:
@@ -777,11 +553,13 @@ async def _apply(
         retry = await dispose_into(rt, drivers, target, draft)
         if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
             # Keep what is still to be disposed on record: the retry needs it, listed or not.
-            draft.set(servedBy=plan.fields.get("servedBy") or _served(target.served_by))
+            draft.set(
+                servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by)
+            )
         requeue = retry
     meta = _meta(obj)
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if debounce and _message_only(obj.get("status") or {}, draft):
+    if debounce and message_only(obj.get("status") or {}, draft):
         since = time.monotonic() - rt.status_written.get(key, 0.0)
         if since < MESSAGE_DEBOUNCE_SECONDS:
             wait = MESSAGE_DEBOUNCE_SECONDS - since + 0.05
@@ -791,13 +569,6 @@ async def _apply(
         rt.status_written[key] = time.monotonic()
         _count(obj, draft, admission, was_ready, was_admitted_reason)
     return requeue
-
-
-def _served(served: ServedBy) -> dict[str, Any]:
-    out = {"kind": served.kind, "name": served.name}
-    if served.namespace:
-        out["namespace"] = served.namespace
-    return out
 
 
 def _count(
@@ -814,60 +585,7 @@ def _count(
         metrics.ADMISSIONS.labels(result, reason).inc()
     if draft.is_true(READY) and not was_ready:
         created = cnd.parse_time(_meta(obj).get("creationTimestamp"))
-        backend = str(draft.values.get("backend") or (obj.get("status") or {}).get("backend"))
+        backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
         if created is not None:
             seconds = (datetime.now(UTC) - created).total_seconds()
             metrics.READY_LATENCY.labels(backend).observe(max(seconds, 0.0))
-
-
-async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
-    """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
-
-    While disposal is under way or failed, the finalizer stays and the status says so; the pass
-    runs again when a child's deletion is seen, or at the retry deadline.
-    """
-    meta = _meta(obj)
-    namespace, name = str(meta["namespace"]), str(meta["name"])
-    finalizers = list(meta.get("finalizers") or [])
-    if FINALIZER not in finalizers:
-        return None  # never admitted by this operator, or already released
-    draft = Draft(obj)
-    terminal = compute.is_terminal(draft.old)
-    requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
-    if draft.is_true(DISPOSED):
-        remaining = [f for f in finalizers if f != FINALIZER]
-        released = await rt.kube.patch_metadata(
-            SANDBOX_PLURAL,
-            namespace,
-            name,
-            finalizers=remaining,
-            resource_version=str(meta.get("resourceVersion") or "") or None,
-        )
-        if released is not None and (released.get("metadata") or {}).get("finalizers"):
-            # Still held, by finalizers of someone else's: no DELETED event will come for a while,
-            # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
-            rt.views.put_sandbox(released)
-            wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
-        rt.purging.discard((namespace, name))
-        return None
-    failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED
-    if not failed:
-        # Still waiting for the objects to go (their deletion events bring the next pass).
-        # Usually that is a moment away: say "Disposing" only when it takes a while, so a scope
-        # purge costs each Sandbox its finalizer's removal and nothing more.
-        started = rt.disposal_started.get((namespace, name), time.monotonic())
-        elapsed = time.monotonic() - started
-        if (namespace, name) in rt.purging:
-            # Its scope's purge: the scope reports it (status.lastPurge); a status write and two
-            # Events per Sandbox of a conversation being purged would only add to the load.
-            return requeue
-        if elapsed < DISPOSING_REPORT_AFTER_SECONDS:
-            wait = DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05
-            return wait if requeue is None else min(requeue, wait)
-    if not terminal:
-        if failed:
-            draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
-        else:
-            draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")
-    await write_status(rt, SANDBOX_PLURAL, draft)
-    return requeue

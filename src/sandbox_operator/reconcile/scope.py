@@ -44,7 +44,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-from sandbox_operator.reconcile.sandbox import (
+from sandbox_operator.reconcile.status import (
     CONFLICT_RETRY_SECONDS,
     DISPOSED,
     READY,

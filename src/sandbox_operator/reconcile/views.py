@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.contract import GROUP, SANDBOX_KIND
+from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus, ConditionType
 
 Obj = dict[str, Any]
 ObjKey = tuple[str, str]  # (namespace, name)
@@ -110,8 +110,10 @@ def _plain(value: Any) -> Any:
 #: what selection and the drivers read. A Sandbox keeps all of its labels (their values are
 #: compared with the key's).
 _CHILD_LABELS = frozenset((*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL))
+#: Kubernetes's PodReady condition type (the pod's, not the Sandbox's ``ConditionType.READY``).
+POD_READY = "Ready"
 #: The pod conditions classify_pod reads.
-_POD_CONDITIONS = frozenset({"Ready", "PodScheduled"})
+_POD_CONDITIONS = frozenset({POD_READY, "PodScheduled"})
 
 
 def _meta(
@@ -208,7 +210,7 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
         }
         if c.get("reason"):
             cond["reason"] = _s(c["reason"])
-        if c.get("message") and c.get("status") != "True":
+        if c.get("message") and c.get("status") != ConditionStatus.TRUE:
             cond["message"] = str(c["message"])[:300]
         conds.append(cond)
     if conds:
@@ -400,10 +402,10 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     reason = "Pending"
     admitted = False
     for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
+        if cond.get("type") == ConditionType.READY:
             reason = _s(cond.get("reason") or "Pending")
-        elif cond.get("type") == "Admitted":
-            admitted = cond.get("status") == "True"
+        elif cond.get("type") == ConditionType.ADMITTED:
+            admitted = cond.get("status") == ConditionStatus.TRUE
     return reason, _s((obj.get("status") or {}).get("backend") or ""), admitted
 
 

@@ -1,0 +1,203 @@
+"""Disposal of what serves a Sandbox: on deletion (the finalizer), at a terminal verdict, and
+what waits on a sandbox key that disposal frees.
+
+Drivers whose objects the operator watches are asked to delete without waiting (the deletion
+events bring the next pass); the others dispose synchronously. The outcome is the ``Disposed``
+condition; a failure is retried after ``disposal_retry_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import (
+    BackendDriver,
+    DisposalError,
+    SandboxRef,
+    WatchedDisposal,
+)
+from sandbox_operator.contract import (
+    SANDBOX_PLURAL,
+    DisposalCode,
+    DisposalFailure,
+    SandboxKey,
+)
+from sandbox_operator.reconcile import compute
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
+from sandbox_operator.reconcile.status import (
+    DISPOSED,
+    READY,
+    Draft,
+    R,
+    sandbox_ref,
+    write_status,
+)
+
+#: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
+#: status is left alone: the object is about to go).
+DISPOSING_REPORT_AFTER_SECONDS = 2.0
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) -> str | None:
+    """Why the key is not clean (an earlier sandbox of this key is not disposed yet), or None.
+
+    Found in the views by labels alone: another Sandbox of the key that is being deleted or
+    whose disposal failed, or backend objects of the key that belong to another Sandbox.
+    """
+    for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
+        ometa = _meta(other)
+        if ometa.get("uid") == uid:
+            continue
+        name = ometa.get("name")
+        if ometa.get("deletionTimestamp"):
+            if FINALIZER not in (ometa.get("finalizers") or []):
+                # Let go by the operator (what served it is disposed) or never taken on, and held
+                # only by finalizers of someone else's: nothing of it is left to wait for. (Its
+                # key labels may even be another key's: anyone who may create it could set them.)
+                # Backend objects it left behind, if any, are found below by their own labels.
+                continue
+            return f"Sandbox {name} with the same key is still being disposed"
+        if cnd.reason_of(other.get("status"), DISPOSED) == R.DISPOSAL_FAILED:
+            return f"disposal of Sandbox {name} with the same key failed and has not landed yet"
+    for driver in rt.drivers.values():
+        try:
+            objects = await driver.list_by_key(namespace, key)
+        except Exception as exc:
+            return f"cannot list backend {driver.name} for this key: {type(exc).__name__}"
+        for o in objects:
+            if (o.owner_uid and o.owner_uid != uid) or o.deleting:
+                return f"{o.kind} {o.name} of an earlier sandbox with this key is not disposed yet"
+    return None
+
+
+def drivers_for(rt: Runtime, status: Mapping[str, Any]) -> list[BackendDriver]:
+    backend = status.get("backend")
+    if backend in rt.drivers:
+        return [rt.drivers[backend]]
+    return list(rt.drivers.values())
+
+
+async def dispose_into(
+    rt: Runtime, drivers: list[BackendDriver], ref: SandboxRef, draft: Draft
+) -> float | None:
+    """Ask each driver to dispose of the sandbox's objects and record the outcome in
+    ``Disposed``. Returns when to look again (a requested deletion not seen landed yet, or a
+    failed disposal's retry), None once disposed."""
+    failure: DisposalFailure | None = None
+    waiting: list[str] = []
+    key = (ref.namespace, ref.name)
+    # A scope purge asked for this sandbox's objects by collection a moment ago: within the
+    # disposal timeout, only wait for them (the views may not show the deletions yet, and a
+    # delete per object would only meet 404s); after it, ask again one by one.
+    started_at = rt.disposal_started.get(key)
+    requested = key in rt.purging and (
+        started_at is None
+        or time.monotonic() - started_at < rt.config.operator.dispose_timeout_seconds
+    )
+    for driver in drivers:
+        try:
+            if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
+                found = await driver.request_disposal(ref, requested=requested)
+                waiting += [f"{o.kind} {o.name}" for o in found]
+            else:
+                await driver.dispose(ref)
+        except DisposalError as exc:
+            failure = failure or exc.failure
+    timeout = rt.config.operator.dispose_timeout_seconds
+    if failure is None and waiting:
+        started = rt.disposal_started.setdefault(key, time.monotonic())
+        elapsed = time.monotonic() - started
+        if elapsed < timeout:
+            if not draft.is_true(DISPOSED):
+                draft.cond(DISPOSED, False, R.DISPOSING, "disposing backend objects")
+            return timeout - elapsed + 0.05
+        failure = DisposalFailure(
+            code=DisposalCode.TIMEOUT,
+            detail=f"{', '.join(waiting[:3])} still present after {timeout:g}s",
+            backend=drivers[0].name if len(drivers) == 1 else "",
+        )
+    rt.disposal_started.pop(key, None)
+    if failure is None:
+        draft.cond(DISPOSED, True, R.DISPOSED, "backend objects removed")
+        return None
+    rt.purging.discard(key)  # the collection delete did not do it: from now on, one by one
+    draft.cond(
+        DISPOSED,
+        False,
+        R.DISPOSAL_FAILED,
+        f"disposal failed ({failure.code.value}) on backend {failure.backend}: {failure.detail}",
+    )
+    return rt.config.operator.disposal_retry_seconds
+
+
+def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
+    """Something of a key went away: Sandboxes held back by KeyUnclean may go ahead now."""
+    value = labels.get(lbl.KEY_LABEL)
+    if not value:
+        return
+    for other in rt.views.sandboxes.select_names(namespace, lbl.KEY_LABEL, value):
+        summary = rt.views.sandboxes.summary_of(namespace, other)
+        if not (summary and summary[2]):  # not admitted (yet)
+            rt.enqueue_sandbox(namespace, other)
+
+
+async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
+    """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
+
+    While disposal is under way or failed, the finalizer stays and the status says so; the pass
+    runs again when a child's deletion is seen, or at the retry deadline.
+    """
+    meta = _meta(obj)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        return None  # never admitted by this operator, or already released
+    draft = Draft(obj)
+    terminal = compute.is_terminal(draft.old)
+    requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
+    if draft.is_true(DISPOSED):
+        remaining = [f for f in finalizers if f != FINALIZER]
+        released = await rt.kube.patch_metadata(
+            SANDBOX_PLURAL,
+            namespace,
+            name,
+            finalizers=remaining,
+            resource_version=str(meta.get("resourceVersion") or "") or None,
+        )
+        if released is not None and (released.get("metadata") or {}).get("finalizers"):
+            # Still held, by finalizers of someone else's: no DELETED event will come for a while,
+            # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
+            rt.views.put_sandbox(released)
+            wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
+        rt.purging.discard((namespace, name))
+        return None
+    failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED
+    if not failed:
+        # Still waiting for the objects to go (their deletion events bring the next pass).
+        # Usually that is a moment away: say "Disposing" only when it takes a while, so a scope
+        # purge costs each Sandbox its finalizer's removal and nothing more.
+        started = rt.disposal_started.get((namespace, name), time.monotonic())
+        elapsed = time.monotonic() - started
+        if (namespace, name) in rt.purging:
+            # Its scope's purge: the scope reports it (status.lastPurge); a status write and two
+            # Events per Sandbox of a conversation being purged would only add to the load.
+            return requeue
+        if elapsed < DISPOSING_REPORT_AFTER_SECONDS:
+            wait = DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05
+            return wait if requeue is None else min(requeue, wait)
+    if not terminal:
+        if failed:
+            draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
+        else:
+            draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")
+    await write_status(rt, SANDBOX_PLURAL, draft)
+    return requeue

@@ -1,0 +1,254 @@
+"""Writing a status: the draft a pass computes, the one merge patch it becomes, and the Events.
+
+A pass starts a :class:`Draft` from the object as the views hold it, sets conditions (the
+contract's :class:`Condition` models, types and reasons the contract's enums) and fields on it,
+and :func:`send_status_patch` patches only what changed. The patch is validated against the kind's
+status model (``SandboxResourceStatus``, ``SandboxScopeResourceStatus``,
+``SandboxWarmPoolResourceStatus``) and serialised from it once, by alias and without unset
+fields; a field set to None is removed (a merge patch's null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from sandbox_operator.backends.base import SandboxRef, ServedBy
+from sandbox_operator.contract import (
+    SANDBOX_PLURAL,
+    SANDBOX_SCOPE_PLURAL,
+    SANDBOX_WARM_POOL_PLURAL,
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    ContractModel,
+    SandboxResourceStatus,
+    SandboxScopeResourceStatus,
+    SandboxWarmPoolResourceStatus,
+)
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.runtime import Runtime
+
+ADMITTED = ConditionType.ADMITTED
+READY = ConditionType.READY
+DISPOSED = ConditionType.DISPOSED
+R = ConditionReason
+
+#: The status model of each kind the operator writes, by plural.
+STATUS_MODELS: Final[Mapping[str, type[ContractModel]]] = {
+    SANDBOX_PLURAL: SandboxResourceStatus,
+    SANDBOX_SCOPE_PLURAL: SandboxScopeResourceStatus,
+    SANDBOX_WARM_POOL_PLURAL: SandboxWarmPoolResourceStatus,
+}
+
+#: Reasons reported as Normal events; every other reason is a Warning.
+NORMAL_REASONS = frozenset(
+    {R.ADMITTED, R.CREATING, R.READY, R.SUSPENDED, R.DISPOSING, R.DISPOSED, R.PURGED}
+)
+
+#: After a write lost a race (409), look again this soon even if no watch event comes.
+CONFLICT_RETRY_SECONDS = 1.0
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+@dataclass
+class Draft:
+    """The status being computed for one object, compared with the old one at write time.
+
+    ``conditions`` are models; ``fields`` are the other status fields in their wire spelling
+    (camelCase keys, JSON values; None: remove), as ``compute``'s plans give them."""
+
+    obj: Mapping[str, Any]
+    conditions: list[Condition] = field(init=False)
+    fields: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.conditions = cnd.parse_conditions(self.old.get("conditions"))
+        self.fields = {"observedGeneration": self.generation}
+
+    @property
+    def old(self) -> Mapping[str, Any]:
+        return self.obj.get("status") or {}
+
+    @property
+    def generation(self) -> int | None:
+        gen = _meta(self.obj).get("generation")
+        return int(gen) if gen is not None else None
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The status as it would be written (for the keys this pass sets)."""
+        return {"conditions": [c.to_wire() for c in self.conditions], **self.fields}
+
+    def cond(
+        self,
+        ctype: ConditionType,
+        status: bool | ConditionStatus,
+        reason: ConditionReason,
+        message: str,
+    ) -> None:
+        self.conditions = cnd.with_condition(
+            self.conditions, ctype, status, reason, message, self.generation
+        )
+
+    def set(self, **fields: Any) -> None:
+        self.fields.update(fields)
+
+    def condition(self, ctype: ConditionType) -> Condition | None:
+        return cnd.condition(self.conditions, ctype)
+
+    def reason(self, ctype: ConditionType) -> str | None:
+        c = self.condition(ctype)
+        return None if c is None else c.reason
+
+    def is_true(self, ctype: ConditionType) -> bool:
+        c = self.condition(ctype)
+        return c is not None and c.status is ConditionStatus.TRUE
+
+
+def patch_body(plural: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch as written: what it sets validated as the kind's status model and
+    serialised from it (by alias, unset and None fields left out); what it removes, null."""
+    model = STATUS_MODELS[plural].model_validate({k: v for k, v in patch.items() if v is not None})
+    body: dict[str, Any] = model.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude_unset=True
+    )
+    return {k: (body[k] if v is not None else None) for k, v in patch.items()}
+
+
+@dataclass(frozen=True)
+class Patched:
+    """The answer to a status patch: the object as written, or None when it is gone (404)."""
+
+    obj: dict[str, Any] | None
+
+
+async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched | None:
+    """Patch the status if it changed (None: it did not, nothing was sent), with the object's
+    ``resourceVersion`` as a precondition. Raises :class:`Conflict` when the object changed
+    since it was read."""
+    meta = _meta(draft.obj)
+    patch = cnd.status_patch(draft.old, draft.values)
+    if patch is None:
+        return None
+    written = await rt.kube.patch_status(
+        plural,
+        meta["namespace"],
+        meta["name"],
+        patch_body(plural, patch),
+        meta.get("resourceVersion"),
+    )
+    return Patched(written)
+
+
+async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
+    """Patch a Sandbox's or SandboxScope's status if it changed; post an Event for each
+    condition whose reason changed.
+
+    The answer goes into the views at once. Raises :class:`Conflict` when the object changed
+    since it was read.
+    """
+    patched = await send_status_patch(rt, plural, draft)
+    if patched is None:
+        return False
+    meta = _meta(draft.obj)
+    written = patched.obj
+    ns, name = str(meta["namespace"]), str(meta["name"])
+    if written is None:
+        # 404: gone while the views still held it (a deletion the watch has not delivered, or
+        # missed across a re-list). Drop it; a later event would bring it back.
+        if plural == SANDBOX_PLURAL:
+            rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
+            rt.forget(ns, name)
+        else:
+            rt.views.scopes.remove(ns, name, str(meta.get("uid") or "") or None)
+        return False
+    if plural == SANDBOX_PLURAL:
+        rt.views.put_sandbox(written)
+    else:
+        rt.views.scopes.upsert(written)
+    await _post_events(rt, draft)
+    return True
+
+
+async def _post_events(rt: Runtime, draft: Draft) -> None:
+    """An Event for each condition whose reason or status this write changed."""
+    old_conds = draft.old.get("conditions") or []
+    for ctype in (ADMITTED, READY, DISPOSED):
+        new = draft.condition(ctype)
+        old = cnd.find(old_conds, ctype)
+        if new is None or (
+            old is not None and old.get("reason") == new.reason and old.get("status") == new.status
+        ):
+            continue
+        if ctype == READY and draft.reason(ADMITTED) == new.reason:
+            continue  # a refusal is reported once, on Admitted
+        if (
+            ctype == READY
+            and new.reason == R.CREATING
+            and draft.reason(ADMITTED) == R.ADMITTED
+            and cnd.reason_of(draft.old, ADMITTED) != R.ADMITTED
+        ):
+            continue  # admitted and being created: the Admitted event says both
+        type_ = "Normal" if new.reason in NORMAL_REASONS else "Warning"
+        await rt.kube.post_event(draft.obj, type_=type_, reason=new.reason, message=new.message)
+
+
+#: A change of a condition's message alone (same status and reason: "starting: Pending", then
+#: "starting: ContainerCreating") is written at most this often per Sandbox; a new reason, status
+#: or field is written at once. A pod passing through states within a second costs one write.
+MESSAGE_DEBOUNCE_SECONDS = 2.0
+
+
+def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
+    """Whether the draft differs from the old status only in condition messages."""
+    patch = cnd.status_patch(old, draft.values)
+    if not patch or set(patch) != {"conditions"}:
+        return False
+    for new in draft.conditions:
+        before = cnd.find(old.get("conditions"), ConditionType(new.type))
+        if before is None:
+            return False
+        if (before.get("status"), before.get("reason")) != (new.status, new.reason):
+            return False
+    return True
+
+
+# ---- what serves the sandbox, as the status records it ---------------------------------------
+
+
+def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
+    """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
+    raw = (status or {}).get("servedBy")
+    if not isinstance(raw, Mapping) or not raw.get("kind") or not raw.get("name"):
+        return None
+    return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
+
+
+def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
+    """When the egress proxy says it admitted the sandbox (``status.egress.admitted``), if so."""
+    egress = (status or {}).get("egress")
+    if not isinstance(egress, Mapping):
+        return None
+    return cnd.parse_time(egress.get("admitted"))
+
+
+def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
+    """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
+    what its status says of the egress proxy."""
+    meta = _meta(obj)
+    status = obj.get("status")
+    return SandboxRef(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        served_by or recorded_served_by(status),
+        egress_admitted(status),
+    )
