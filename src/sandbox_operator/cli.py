@@ -134,12 +134,19 @@ def _spec_from(doc: Any) -> tuple[SandboxSpec, str, str | None]:
     return SandboxSpec.model_validate(body), "", None
 
 
-def _check_config(args: argparse.Namespace) -> int:
+def _load(path: str, refusal: str) -> tuple[OperatorConfig, tuple[str, ...]] | None:
+    """The validated configuration, or None after saying on stderr why it is invalid."""
     try:
-        config, warnings = load_config(args.file)
+        return load_config(path)
     except ConfigurationError as exc:
-        print(f"configuration invalid: {exc}", file=sys.stderr)
+        print(f"{refusal}configuration invalid: {exc}", file=sys.stderr)
+        return None
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    if (loaded := _load(args.file, "")) is None:
         return EXIT_CONFIG
+    config, warnings = loaded
     print(f"configuration ok: {len(config.backends)} backend(s): {', '.join(config.backend_names)}")
     print(
         f"host policy: minIsolation {config.host_policy.min_isolation.value}, "
@@ -194,15 +201,11 @@ def _judge(
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        config, warnings = load_config(args.config)
-    except ConfigurationError as exc:
-        print(f"refusing to start: configuration invalid: {exc}", file=sys.stderr)
+    if (loaded := _load(args.config, "refusing to start: ")) is None:
         return EXIT_CONFIG
+    config, warnings = loaded
     for w in warnings:
         print(f"config warning: {w}", file=sys.stderr)
-    os.environ["SANDBOX_OPERATOR_CONFIG"] = os.path.abspath(args.config)
-    os.environ["SANDBOX_OPERATOR_RESYNC_SECONDS"] = str(config.operator.resync_seconds)
 
     import kopf
 
@@ -228,6 +231,7 @@ def _run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         identity=_peering_identity(),  # type: ignore[arg-type]  # kopf does not export Identity
         liveness_endpoint=liveness,
+        # The handlers' only way to the configuration: startup reads memo.config.
         memo=kopf.Memo(config=config),
     )
     return EXIT_OK

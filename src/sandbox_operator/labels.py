@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-GROUP = "sandbox-operator.dev"
+# The API group is the contract's; re-exported here because every label is named under it.
+from sandbox_operator.contract.resources import GROUP as GROUP
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "sandbox-operator"

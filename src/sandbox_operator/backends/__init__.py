@@ -1,23 +1,41 @@
 """Backend drivers: what serves a sandbox once the policy has chosen a backend.
 
-``build_driver`` turns one configured backend into its driver. A backend type other than
-``runtimeClass`` provides ``sandbox_operator.backends.<type>.driver.build_driver(config, *, api,
-settings) -> BackendDriver`` (``api`` is the operator's kubernetes_asyncio ApiClient, ``settings``
-the :class:`~sandbox_operator.config.OperatorSettings`). ``egress_proxy`` is the operator-level
-:class:`~sandbox_operator.config.ManagedEgressProxySettings`, for runtime-class backends that use
-the proxy the operator runs.
+``build_driver`` turns one typed backend entry of the operator configuration (a member of
+:data:`sandbox_operator.config.BackendConfig`, the union discriminated by ``type``) into its
+driver. Each backend keeps its config model beside its driver
+(``backends/runtimeclass/config.py``, ``backends/acas/config.py``); adding a backend type is one
+model in the union and one branch here. ``api`` is the operator's kubernetes_asyncio ApiClient,
+``settings`` the :class:`~sandbox_operator.config.OperatorSettings`; ``egress_proxy`` is the
+operator-level :class:`~sandbox_operator.egress.config.ManagedEgressProxySettings`, for
+runtime-class backends that use the proxy the operator runs.
+
+The drivers are imported when a driver is built, not with this package: validating a
+configuration needs the config models only.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_operator.backends.base import BackendDriver
 
+if TYPE_CHECKING:
+    from sandbox_operator.backends.acas.config import AcasBackendConfig
+    from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
+    from sandbox_operator.config import OperatorSettings
+    from sandbox_operator.egress.config import ManagedEgressProxySettings
 
-def build_driver(entry: Any, *, api: Any, settings: Any, egress_proxy: Any = None) -> BackendDriver:
-    from sandbox_operator.config import RuntimeClassBackendConfig
+
+def build_driver(
+    entry: RuntimeClassBackendConfig | AcasBackendConfig,
+    *,
+    api: Any,
+    settings: OperatorSettings,
+    egress_proxy: ManagedEgressProxySettings | None = None,
+) -> BackendDriver:
+    """The driver serving one configured backend (the entry's model picks it)."""
+    from sandbox_operator.backends.acas.config import AcasBackendConfig
+    from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 
     if isinstance(entry, RuntimeClassBackendConfig):
         from sandbox_operator.backends.runtimeclass import RuntimeClassDriver
@@ -28,9 +46,11 @@ def build_driver(entry: Any, *, api: Any, settings: Any, egress_proxy: Any = Non
             dispose_timeout=settings.dispose_timeout_seconds,
             egress_proxy=egress_proxy,
         )
-    module = importlib.import_module(f"sandbox_operator.backends.{entry.type}.driver")
-    driver: BackendDriver = module.build_driver(entry, api=api, settings=settings)
-    return driver
+    if isinstance(entry, AcasBackendConfig):
+        from sandbox_operator.backends.acas.driver import build_driver as build_acas_driver
+
+        return build_acas_driver(entry, api=api, settings=settings)
+    raise TypeError(f"no driver for backend entry {type(entry).__name__}")
 
 
 __all__ = ["BackendDriver", "build_driver"]

@@ -1,17 +1,27 @@
 """Typed configuration of the egress proxy (pydantic v2).
 
 The same model is used by the operator when it runs the proxy in-process and by
-``python -m sandbox_operator.egress --config FILE`` when the proxy runs in a pod.
+``python -m sandbox_operator.egress --config FILE`` when the proxy runs in a pod; and
+:class:`ManagedEgressProxySettings`, the operator configuration's ``egressProxy`` section that
+says how the operator runs that pod.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from sandbox_operator.contract.models import ContractModel
 from sandbox_operator.egress.hostmatch import HostPattern
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -180,3 +190,92 @@ class ProxyConfig(_Model):
             if self.identity is not IdentityMode.SOURCE_IP and sb.token_sha256 is None:
                 raise ValueError(f"sandbox {sb.id!r} has no tokenSHA256 (identity {self.identity})")
         return self
+
+
+# ---- the proxy the operator runs --------------------------------------------------------------
+# The operator-level ``egressProxy`` section of the operator configuration: how the operator runs
+# this proxy per namespace, and the ProxyConfig it hands it. It lives here, not in
+# ``sandbox_operator.config``, so the backends that deploy the proxy import it without importing
+# the operator configuration (which imports the backends' own config models).
+
+#: A RuntimeClass name (a DNS-1123 label, as the backends' ``runtimeClassName``).
+_RUNTIME_CLASS_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class HostAlias(ContractModel):
+    """One /etc/hosts entry of the proxy pod (e.g. so that test names resolve)."""
+
+    ip: str
+    hostnames: tuple[Annotated[str, Field(min_length=1, max_length=253)], ...] = Field(min_length=1)
+
+    @field_validator("ip")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+
+
+ResourceName = Literal["cpu", "memory", "ephemeral-storage"]
+_PROXY_REQUESTS: dict[ResourceName, str] = {"cpu": "50m", "memory": "64Mi"}
+_PROXY_LIMITS: dict[ResourceName, str] = {"memory": "256Mi"}
+
+
+class ProxyResources(ContractModel):
+    """Requests and limits of the proxy container (Kubernetes quantities)."""
+
+    requests: dict[ResourceName, str] = Field(default_factory=lambda: dict(_PROXY_REQUESTS))
+    limits: dict[ResourceName, str] = Field(default_factory=lambda: dict(_PROXY_LIMITS))
+
+
+class ManagedEgressProxySettings(ContractModel):
+    """The egress proxy the operator runs, one per namespace that has allowlisted sandboxes.
+
+    The pod runs ``python3 -m sandbox_operator.egress`` from ``image`` (the chart defaults it to
+    the operator's own image, which contains the proxy), keeps its sandbox table from the
+    namespace's Sandboxes itself (``--kube-namespace``) and reads ``config`` - the proxy's own
+    :class:`ProxyConfig` (allowedPorts, admittedNetworks, refusedNetworks, metadataNetworks,
+    limits, decisionBuffer) - from a ConfigMap. What the operator decides (listen port,
+    identity, the sandboxes) is refused there, so the file says only what the platform chose.
+    """
+
+    image: str = Field(min_length=1, description="Image with sandbox_operator (the operator's).")
+    image_pull_policy: Literal["Never", "IfNotPresent", "Always"] = "IfNotPresent"
+    port: int = Field(default=3128, ge=1, le=65535, description="Proxy and Service port.")
+    runtime_class_name: str | None = Field(
+        default=None,
+        pattern=_RUNTIME_CLASS_NAME,
+        description="Run the proxy itself on this RuntimeClass (e.g. gvisor: it parses "
+        "untrusted input); null: the cluster default.",
+    )
+    resources: ProxyResources = Field(default_factory=ProxyResources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    host_aliases: tuple[HostAlias, ...] = ()
+    config: ProxyConfig = Field(default_factory=ProxyConfig)
+
+    @field_validator("config")
+    @classmethod
+    def _operator_decides(cls, value: ProxyConfig, info: ValidationInfo) -> ProxyConfig:
+        if value.sandboxes:
+            raise ValueError(
+                "sandboxes must be empty: the managed proxy keeps its own table from the "
+                "namespace's allowlist Sandboxes"
+            )
+        if value.identity is not IdentityMode.SOURCE_IP:
+            raise ValueError(
+                f"identity {value.identity} is not supported by the managed proxy (it tells "
+                "sandboxes apart by pod IP; token modes need per-sandbox Secrets): use sourceIP"
+            )
+        port = info.data.get("port")
+        if "listen_port" in value.model_fields_set and value.listen_port != port:
+            raise ValueError(
+                f"listenPort {value.listen_port} differs from egressProxy.port {port}; "
+                "set only egressProxy.port"
+            )
+        return value
+
+    def proxy_config(self) -> ProxyConfig:
+        """The proxy's config file content: ``config`` listening on ``port``, no sandboxes."""
+        return self.config.model_copy(update={"listen_port": self.port})

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 
 
+@dataclass(eq=False)
 class InvalidHost(ValueError):
     """A host or pattern that is not a DNS name or IP literal; ``.value`` is the input."""
 
-    def __init__(self, value: str, why: str) -> None:
-        super().__init__(f"invalid host {value[:80]!r}: {why}")
-        self.value = value
-        self.why = why
+    value: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"invalid host {self.value[:80]!r}: {self.why}"
 
 
 def normalize_host(host: str) -> str:

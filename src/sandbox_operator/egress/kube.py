@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox_operator.contract.resources import EGRESS_RECENT_MAX_ITEMS
+from sandbox_operator.contract.resources import EGRESS_RECENT_MAX_ITEMS, GROUP, VERSION
 from sandbox_operator.egress.config import SandboxEgress
 from sandbox_operator.egress.decisions import Decision, Verdict
 from sandbox_operator.egress.identity import IdentityConflict
@@ -69,8 +69,6 @@ from sandbox_operator.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
 log = logging.getLogger("sandbox_operator.egress.kube")
 
-GROUP = "sandbox-operator.dev"
-VERSION = "v1alpha1"
 COMPONENT = "sandbox-egress-proxy"
 EVENT_REASONS = {
     Verdict.ALLOW: "EgressAllowed",
@@ -560,17 +558,8 @@ class KubeEgressController:
 
 
 async def kube_api_client(config_file: str | None = None) -> Any:
-    """In-cluster credentials when there are any, else the kubeconfig file (``config_file``, or
-    $KUBECONFIG / ~/.kube/config). A configuration of its own: the library's global default is
-    never touched, so two clients in one process cannot change each other's cluster."""
-    from kubernetes_asyncio import client, config
+    """The proxy's ApiClient: :func:`sandbox_operator.kubeapi.new_api_client` (in-cluster
+    credentials when there are any, else the kubeconfig file, ``config_file`` or $KUBECONFIG)."""
+    from sandbox_operator.kubeapi import new_api_client
 
-    configuration = client.Configuration()
-    if config_file is None:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return client.ApiClient(configuration)
-        except config.ConfigException:
-            pass
-    await config.load_kube_config(config_file=config_file, client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return await new_api_client(kubeconfig=config_file)

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
+
 
 class Via(StrEnum):
     DIRECT = "direct"
@@ -419,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         custom = client.CustomObjectsApi()
         core = client.CoreV1Api()
         obj: Any = custom.get_namespaced_custom_object(
-            "sandbox-operator.dev", "v1alpha1", args.namespace, "sandboxes", args.sandbox
+            GROUP, VERSION, args.namespace, SANDBOX_PLURAL, args.sandbox
         )
         mode = str((obj.get("spec") or {}).get("egress") or "closed")
         served = (obj.get("status") or {}).get("servedBy") or {}

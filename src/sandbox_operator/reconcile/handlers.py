@@ -1,10 +1,15 @@
 """kopf wiring: watches feed the views, watch events and deadlines feed the work queues.
 
 Importing this module registers the handlers with kopf's default registry; ``sandbox-operator
-run`` imports it and runs kopf. kopf is used for what it does well (watch streams with
-reconnection, the initial listing of every resource before any handler runs, peering, probes);
-the reconciling itself runs from two deduplicating work queues (``workqueue.py``), so a burst of
-events for one object costs one pass and no object is ever polled.
+run`` imports it and runs kopf with the validated configuration in kopf's memo
+(``kopf.run(memo=kopf.Memo(config=OperatorConfig))``): ``startup`` reads ``memo.config`` and
+puts the :class:`~sandbox_operator.reconcile.runtime.Runtime` it builds at ``memo.runtime``,
+where every other handler finds it. No environment variable carries configuration.
+
+kopf is used for what it does well (watch streams with reconnection, the initial listing of every
+resource before any handler runs, peering, probes); the reconciling itself runs from two
+deduplicating work queues (``workqueue.py``), so a burst of events for one object costs one pass
+and no object is ever polled.
 
 * ``@kopf.index`` handlers put every Sandbox, SandboxScope, sandbox pod, NetworkPolicy and
   PersistentVolumeClaim (a sandbox's work volume) into the in-memory views (kopf holds every
@@ -23,7 +28,6 @@ import contextlib
 import ctypes
 import gc
 import logging
-import os
 import random
 import time
 from collections import Counter
@@ -35,13 +39,14 @@ import kopf
 from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
 from sandbox_operator.backends.warmpool import pool_name_of
-from sandbox_operator.config import load_config
+from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract import (
     GROUP,
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_PLURAL,
     SANDBOX_WARM_POOL_PLURAL,
     VERSION,
+    ConditionType,
 )
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
@@ -56,11 +61,9 @@ from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS, reconcile_s
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
-__all__ = ["CONFIG_ENV", "FINALIZER", "ensure_retry_delay"]
+__all__ = ["FINALIZER", "ensure_retry_delay"]
 
 log = logging.getLogger(__name__)
-
-CONFIG_ENV = "SANDBOX_OPERATOR_CONFIG"
 
 #: Concurrent passes per queue. Passes are short (memory reads, then a write or two), so this
 #: bounds in-flight API writes more than CPU.
@@ -218,13 +221,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.queueing.worker_limit = KOPF_WORKERS
     settings.queueing.idle_timeout = 1.0
     config = getattr(memo, "config", None)
-    if config is None:
-        path = os.environ.get(CONFIG_ENV)
-        if not path:
-            raise kopf.PermanentError(f"no configuration: set {CONFIG_ENV} or use --config")
-        config, warnings = load_config(path)
-        for w in warnings:
-            log.warning("config: %s", w)
+    if not isinstance(config, OperatorConfig):
+        # The configuration arrives validated in the memo: ``sandbox-operator run --config``
+        # (cli.py) loads it and hands it to kopf.run(memo=kopf.Memo(config=...)).
+        raise kopf.PermanentError(
+            "no configuration in the operator's memo: start it with `sandbox-operator run "
+            "--config FILE` (or pass memo=kopf.Memo(config=OperatorConfig) to kopf.run)"
+        )
     api = await make_api_client()
     rt = await Runtime.start(config, api)
     rt.sandbox_queue = WorkQueue(
@@ -341,7 +344,7 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
             rt.enqueue_scope(namespace, scope_ref)
         return
     # Admitted already (a Ready transition, an edit, a deletion): before new admissions.
-    admitted = cnd.is_true(body.get("status"), "Admitted")
+    admitted = cnd.is_true(body.get("status"), ConditionType.ADMITTED)
     deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
     rt.enqueue_sandbox(namespace, name, urgent=admitted or deleting)
     if scope_ref:

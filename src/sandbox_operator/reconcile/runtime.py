@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,17 +34,13 @@ FINALIZER = f"{GROUP}/finalizer"
 
 
 async def make_api_client() -> Any:
-    """A kubernetes_asyncio ApiClient from the in-cluster config or the kubeconfig."""
-    from kubernetes_asyncio import client, config
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    """The operator's ApiClient (:func:`~sandbox_operator.kubeapi.new_api_client`), with every
+    request counted in ``sandbox_operator_api_requests_total``."""
+    from sandbox_operator.kubeapi import new_api_client
     from sandbox_operator.metrics import instrument_api_client
 
-    api = client.ApiClient()
-    instrument_api_client(api)  # every request counted in sandbox_operator_api_requests_total
+    api = await new_api_client()
+    instrument_api_client(api)
     return api
 
 

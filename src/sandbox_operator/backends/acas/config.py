@@ -1,17 +1,17 @@
 """Configuration of one `acas` backend (Azure Container Apps sandboxes) in the operator config.
 
-The operator's `OperatorConfig` imports `AcasBackendConfig` into its backends union, discriminated
-by `type`. Wire spelling is camelCase like the contract models; unknown fields are refused.
+It sits beside the driver that reads it; `sandbox_operator.config.OperatorConfig` takes
+`AcasBackendConfig` into its backends union, discriminated by `type`. The models are contract
+models (`ContractModel`): camelCase on the wire, unknown fields refused, immutable.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from sandbox_operator.contract import (
     BackendDeclarations,
@@ -21,6 +21,7 @@ from sandbox_operator.contract import (
     OsFamily,
     TransferLimits,
 )
+from sandbox_operator.contract.models import ContractModel
 
 from .operations import API_VERSION, TOKEN_SCOPE
 
@@ -64,13 +65,7 @@ def default_declarations() -> BackendDeclarations:
     )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class SecretCredentialSource(_Model):
+class SecretCredentialSource(ContractModel):
     """A Kubernetes Secret (in the operator's namespace unless `namespace` is set) holding a
     service principal (`tenantId`, `clientId`, `clientSecret` by default), or a ready bearer
     token under `tokenKey` (loopback stand-in and tests only)."""
@@ -86,7 +81,7 @@ class SecretCredentialSource(_Model):
     )
 
 
-class WorkloadIdentityCredentialSource(_Model):
+class WorkloadIdentityCredentialSource(ContractModel):
     """Azure workload identity: the projected service-account token is exchanged for an Entra
     token (`AZURE_TENANT_ID`, `AZURE_CLIENT_ID`, `AZURE_FEDERATED_TOKEN_FILE` fill what is
     not set here, as the workload-identity webhook injects them)."""
@@ -102,34 +97,27 @@ CredentialSource = Annotated[
 ]
 
 
-class AcasTimeouts(_Model):
+def _seconds(default: float, *, le: float, doc: str | None = None) -> Any:
+    """A field of seconds: positive, at most ``le``."""
+    return Field(default=default, gt=0, le=le, description=doc)
+
+
+class AcasTimeouts(ContractModel):
     """Seconds. Every HTTP call has connect/read/write/pool timeouts; `execute` replaces the read
     timeout of command executions; the rest bound the waits of the driver."""
 
-    connect: float = Field(default=5.0, gt=0, le=120)
-    read: float = Field(default=30.0, gt=0, le=600)
-    write: float = Field(default=30.0, gt=0, le=600)
-    pool: float = Field(default=5.0, gt=0, le=120)
-    execute: float = Field(default=600.0, gt=0, le=3600)
-    delete: float = Field(
-        default=300.0, gt=0, le=3600, description="How long to wait for a deleted sandbox to go."
-    )
-    poll_interval: float = Field(default=3.0, gt=0, le=60)
-    stop: float = Field(
-        default=180.0,
-        gt=0,
-        le=3600,
-        description="How long a blocking stop (suspend) may take to answer (the SDK waits 180 s).",
-    )
-    resume: float = Field(
-        default=300.0,
-        gt=0,
-        le=3600,
-        description="How long a resume may take to answer (the SDK waits 300 s for Running).",
-    )
+    connect: float = _seconds(5.0, le=120)
+    read: float = _seconds(30.0, le=600)
+    write: float = _seconds(30.0, le=600)
+    pool: float = _seconds(5.0, le=120)
+    execute: float = _seconds(600.0, le=3600)
+    delete: float = _seconds(300.0, le=3600, doc="How long to wait for a deleted sandbox to go.")
+    poll_interval: float = _seconds(3.0, le=60)
+    stop: float = _seconds(180.0, le=3600, doc="Bound on a blocking stop (the SDK waits 180 s).")
+    resume: float = _seconds(300.0, le=3600, doc="Bound on a resume (the SDK waits 300 s).")
 
 
-class AcasRetries(_Model):
+class AcasRetries(ContractModel):
     """Retries of idempotent calls on 429/503 and connection failures (never of executions or
     other non-idempotent POSTs). `Retry-After` is honoured up to `maxRetryAfterSeconds`."""
 
@@ -139,7 +127,7 @@ class AcasRetries(_Model):
     max_retry_after_seconds: float = Field(default=60.0, ge=0, le=600)
 
 
-class AcasLifetime(_Model):
+class AcasLifetime(ContractModel):
     """What bounds an orphan (a remote sandbox whose Sandbox resource or operator is gone).
 
     Every sandbox is created with the service's lifecycle policy: auto-delete `maxLifetimeSeconds`
@@ -153,17 +141,11 @@ class AcasLifetime(_Model):
     idle_suspend_seconds: int = Field(default=900, ge=30, le=7 * 24 * 3600)
 
 
-class AcasBackendConfig(_Model):
+class AcasBackendConfig(ContractModel):
     """One `acas` backend entry of the operator configuration."""
 
     # Validation errors must not echo the endpoint (or anything else) back into logs.
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        hide_input_in_errors=True,
-    )
+    model_config = ContractModel.model_config | ConfigDict(hide_input_in_errors=True)
 
     type: Literal["acas"]
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
