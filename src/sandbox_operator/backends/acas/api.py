@@ -4,33 +4,31 @@ Behaviour every call shares:
 * timeouts on every call (connect/read/write/pool; executions use `timeouts.execute` as read);
 * retries with exponential backoff (jittered) honouring `Retry-After` on 429/503 and on
   connection failures, for idempotent requests only: a command execution, a create, a file
-  write, mkdir, stop or resume is sent exactly once;
-* a 401 makes the token provider forget its token; an idempotent call is then tried once more;
+  write, mkdir, stop or resume is sent exactly once (`transport.RetryTransport`);
+* a 401 makes the token provider forget its token; an idempotent call is then tried once more
+  (`transport.BearerAuth`, an `httpx.Auth` flow);
 * non-success statuses become typed `AcasError`s (status and service code as fields);
-* neither the endpoint nor a token appears in any exception message or log line: httpx's and
-  httpcore's own log records are filtered for this client's host too.
+* neither the endpoint nor a token appears in any exception message or log line: the
+  `httpx.AsyncClient` is addressed to a placeholder origin that `transport.EndpointTransport`
+  maps to the endpoint, so httpx's own log lines never hold it, and this package's log lines
+  name only the operation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
-import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Mapping, Sequence
+from typing import Any, Self, Unpack
 from urllib.parse import urlsplit
 
 import httpx
 
 from .auth import TokenProvider
-from .config import AcasBackendConfig, AcasRetries, AcasTimeouts
+from .config import AcasBackendConfig, AcasTimeouts
 from .errors import (
-    AcasAuthError,
-    AcasError,
     AcasNotFound,
     AcasPayloadTooLarge,
     AcasProtocolError,
@@ -40,90 +38,37 @@ from .errors import (
     error_for_status,
 )
 from .models import DirListing, ExecResult, FileInfo, FileOpStatus, RemoteSandbox, WriteFileResult
-from .operations import AcasOperations, ApiRequest
+from .operations import AcasOperations, ApiRequest, ExecOptions
+from .transport import (
+    EXTENSION,
+    PLACEHOLDER_ORIGIN,
+    RETRYABLE_STATUSES,
+    BearerAuth,
+    CallState,
+    EndpointTransport,
+    RetryTransport,
+    Sleep,
+    backoff_delay,
+    parse_retry_after,
+)
+
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "AcasClient",
+    "Sleep",
+    "backoff_delay",
+    "parse_retry_after",
+]
 
 log = logging.getLogger(__name__)
 
-Sleep = Callable[[float], Awaitable[None]]
-
-#: Statuses a retry may cure (only for idempotent requests).
-RETRYABLE_STATUSES = frozenset({429, 503})
 #: Largest list page asked for when walking the label listing.
 LIST_PAGE_SIZE = 100
 LIST_MAX_PAGES = 1000
 
 
-class _RedactHosts(logging.Filter):
-    """Rewrites httpx/httpcore log records so they never show a registered endpoint (scheme,
-    host and port) nor the subscription / resource group / sandbox group path prefix."""
-
-    def __init__(self) -> None:
-        super().__init__("acas-redact")
-        self.hosts: set[str] = set()
-        self.replacements: dict[str, str] = {}
-
-    def add(self, needle: str, replacement: str) -> None:
-        if needle:
-            self.replacements[needle] = replacement
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.replacements:
-            return True
-        text = record.getMessage()
-        # Longest first: the whole endpoint URL before its bare host.
-        needles = sorted(self.replacements, key=len, reverse=True)
-        if any(n in text for n in needles):
-            for needle in needles:
-                text = text.replace(needle, self.replacements[needle])
-            record.msg = text
-            record.args = None
-        return True
-
-
-_REDACT = _RedactHosts()
-_REDACTED_LOGGERS = (
-    "httpx",
-    "httpcore",
-    "httpcore.connection",
-    "httpcore.http11",
-    "httpcore.http2",
-    "httpcore.proxy",
-)
-
-
-def _install_redaction(endpoint: str, host: str, prefix: str) -> None:
-    _REDACT.hosts.add(host)
-    _REDACT.add(endpoint, "[endpoint]")
-    _REDACT.add(host, "[endpoint]")
-    _REDACT.add(prefix, "/[sandbox-group]")
-    for name in _REDACTED_LOGGERS:
-        logger = logging.getLogger(name)
-        if _REDACT not in logger.filters:
-            logger.addFilter(_REDACT)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a `Retry-After` header (delta-seconds or HTTP-date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def backoff_delay(attempt: int, retries: AcasRetries) -> float:
-    """Jittered exponential delay before retry number `attempt` (1-based)."""
-    ceiling = min(
-        retries.max_delay_seconds, retries.base_delay_seconds * float(2 ** max(0, attempt - 1))
-    )
-    return ceiling * (0.5 + random.random() / 2)
+def _timeout(t: AcasTimeouts, read: float) -> httpx.Timeout:
+    return httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool)
 
 
 class AcasClient:
@@ -148,20 +93,16 @@ class AcasClient:
         )
         self._tokens = tokens
         self._timeouts: AcasTimeouts = config.timeouts
-        self._retries: AcasRetries = config.retries
         self._sleep = sleep
         host = urlsplit(config.endpoint).hostname or ""
         self._secrets: tuple[str, ...] = tuple(s for s in (config.endpoint, host) if s)
-        _install_redaction(config.endpoint, host, self.ops.prefix)
+        inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+        endpoint = EndpointTransport(inner, config.endpoint.rstrip("/") + self.ops.prefix)
         self._http = httpx.AsyncClient(
-            base_url=config.endpoint,
-            timeout=httpx.Timeout(
-                connect=self._timeouts.connect,
-                read=self._timeouts.read,
-                write=self._timeouts.write,
-                pool=self._timeouts.pool,
-            ),
-            transport=transport,
+            base_url=PLACEHOLDER_ORIGIN,
+            timeout=_timeout(self._timeouts, self._timeouts.read),
+            transport=RetryTransport(endpoint, config.retries, sleep=sleep),
+            auth=BearerAuth(tokens),
             follow_redirects=False,
             headers={"User-Agent": "sandbox-operator-acas/0.1"},
         )
@@ -172,12 +113,7 @@ class AcasClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -186,95 +122,43 @@ class AcasClient:
 
     # -- core --------------------------------------------------------------------------------
 
-    def _timeout_for(self, req: ApiRequest, read: float | None) -> httpx.Timeout:
-        t = self._timeouts
-        if read is None:
-            read = t.execute if req.long_running else t.read
-        return httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool)
-
     async def send(self, req: ApiRequest, *, read_timeout: float | None = None) -> httpx.Response:
-        """Send `req` (retrying only if it is idempotent); the successful response, or raise."""
-        retries = self._retries
-        attempt = 0
-        reauthed = False
-        while True:
-            attempt += 1
-            may_retry = req.idempotent and attempt < retries.max_attempts
-            try:
-                token = await self._tokens.get_token()
-            except AcasError:
-                raise
-            except Exception as exc:  # azure-identity raises its own types; keep no text
-                log.warning(
-                    "acas %s: token acquisition failed (%s)", req.operation, type(exc).__name__
-                )
-                raise AcasAuthError(req.operation, what="token acquisition failed") from None
-            headers = req.headers()
-            headers["Authorization"] = f"Bearer {token}"
-            try:
-                response = await self._http.request(
-                    req.method,
-                    req.path,
-                    params=req.params,
-                    headers=headers,
-                    json=req.json if req.json is not None else None,
-                    content=req.content,
-                    timeout=self._timeout_for(req, read_timeout),
-                )
-            except httpx.TransportError as exc:
-                kind = type(exc).__name__
-                connect_timeout = isinstance(exc, httpx.ConnectTimeout)
-                if isinstance(exc, httpx.TimeoutException) and not connect_timeout:
-                    raise AcasTimeout(req.operation, attempts=attempt, what=kind) from None
-                # Not connected, or the connection broke mid-exchange (the request may have been
-                # processed): either way only an idempotent request is sent again.
-                if may_retry:
-                    delay = backoff_delay(attempt, retries)
-                    log.info("acas %s: %s, retry %d in %.2fs", req.operation, kind, attempt, delay)
-                    await self._sleep(delay)
-                    continue
-                raise AcasUnreachable(req.operation, attempts=attempt, what=kind) from None
-
-            status = response.status_code
-            if status in req.success:
-                log.debug("acas %s: HTTP %d (attempt %d)", req.operation, status, attempt)
-                return response
-            body = response.content
-            retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            if status == 401:
-                self._tokens.invalidate()
-                if req.idempotent and not reauthed:
-                    reauthed = True
-                    log.info("acas %s: HTTP 401, retrying once with a fresh token", req.operation)
-                    continue
-            if status in RETRYABLE_STATUSES and may_retry:
-                if retry_after is not None and retry_after > retries.max_retry_after_seconds:
-                    log.warning(
-                        "acas %s: HTTP %d with Retry-After %.0fs beyond the %.0fs cap",
-                        req.operation,
-                        status,
-                        retry_after,
-                        retries.max_retry_after_seconds,
-                    )
-                else:
-                    delay = (
-                        retry_after if retry_after is not None else backoff_delay(attempt, retries)
-                    )
-                    log.info(
-                        "acas %s: HTTP %d, retry %d in %.2fs", req.operation, status, attempt, delay
-                    )
-                    await self._sleep(delay)
-                    continue
-            error = error_for_status(
-                req.operation,
-                status,
-                body,
-                attempts=attempt,
-                retry_after=retry_after,
-                secrets=self._secrets,
+        """Send `req` (re-sent only if it is idempotent); the successful response, or raise."""
+        if read_timeout is None:
+            read_timeout = self._timeouts.execute if req.long_running else self._timeouts.read
+        call = CallState(operation=req.operation, idempotent=req.idempotent)
+        try:
+            response = await self._http.request(
+                req.method,
+                req.path.removeprefix(self.ops.prefix),
+                params=req.params,
+                headers=req.headers(),
+                json=req.json,
+                content=req.content,
+                timeout=_timeout(self._timeouts, read_timeout),
+                extensions={EXTENSION: call},
             )
-            log.info("acas %s: %s", req.operation, error)
-            raise error
+        except httpx.TransportError as exc:
+            kind = type(exc).__name__
+            attempts = max(1, call.attempts)
+            if isinstance(exc, httpx.TimeoutException) and not isinstance(
+                exc, httpx.ConnectTimeout
+            ):
+                raise AcasTimeout(req.operation, attempts=attempts, what=kind) from None
+            raise AcasUnreachable(req.operation, attempts=attempts, what=kind) from None
+        status = response.status_code
+        if status in req.success:
+            return response
+        error = error_for_status(
+            req.operation,
+            status,
+            response.content,
+            attempts=call.attempts,
+            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            secrets=self._secrets,
+        )
+        log.info("acas %s: %s", req.operation, error)
+        raise error
 
     async def _json(self, req: ApiRequest) -> Any:
         return self._body(req, await self.send(req))
@@ -424,24 +308,15 @@ class AcasClient:
         sandbox_id: str,
         argv: Sequence[str],
         *,
-        environment: Mapping[str, str] | None = None,
-        working_directory: str | None = None,
         read_timeout: float | None = None,
+        **options: Unpack[ExecOptions],
     ) -> ExecResult:
         """Run argv (no shell) once. `read_timeout` bounds the wait for the response;
         the API has no timeout field, so the caller bounds the command itself if it must."""
         if not argv:
             raise ValueError("argv must not be empty")
-        req = self.ops.execute_command(
-            sandbox_id,
-            argv[0],
-            argv[1:],
-            environment=environment,
-            working_directory=working_directory,
-        )
-        data = await self._json_with_timeout(req, read_timeout)
-        result: ExecResult = self._model(req, ExecResult, data)
-        return result
+        req = self.ops.execute_command(sandbox_id, argv[0], argv[1:], **options)
+        return await self._exec_result(req, read_timeout)
 
     async def execute_shell_command(
         self,
@@ -449,17 +324,13 @@ class AcasClient:
         command: str,
         *,
         shell: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        working_directory: str | None = None,
         read_timeout: float | None = None,
+        **options: Unpack[ExecOptions],
     ) -> ExecResult:
-        req = self.ops.execute_shell_command(
-            sandbox_id,
-            command,
-            shell=shell,
-            environment=environment,
-            working_directory=working_directory,
-        )
+        req = self.ops.execute_shell_command(sandbox_id, command, shell=shell, **options)
+        return await self._exec_result(req, read_timeout)
+
+    async def _exec_result(self, req: ApiRequest, read_timeout: float | None) -> ExecResult:
         data = await self._json_with_timeout(req, read_timeout)
         result: ExecResult = self._model(req, ExecResult, data)
         return result

@@ -2,22 +2,30 @@
 
 Tokens come from `azure-identity` (`azure.identity.aio` credentials: workload identity, or a
 service principal whose secret sits in a Kubernetes Secret), for the scope the spec names. A
-`StaticTokenProvider` serves tests and the loopback stand-in. No provider ever logs or formats a
-token; `repr()` of each hides it.
+`StaticTokenProvider` serves tests and the loopback stand-in; `SecretTokens` reads the
+operator's credential Secret on first use. No provider ever logs or formats a token; `repr()` of
+each hides it.
+
+`azure.identity` and `kubernetes_asyncio` are imported only inside the code that builds a
+provider needing them, so importing this module (and the ACA client) needs neither installed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .config import SecretCredentialSource, WorkloadIdentityCredentialSource
-from .errors import AcasAuthError
+from .errors import AcasAuthError, AcasError
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
+
+_SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class CredentialUnavailable(AcasAuthError):
@@ -146,3 +154,70 @@ def token_provider_for(
         ),
         scope,
     )
+
+
+class SecretTokens:
+    """Reads the credential Secret on first use (the driver is built synchronously), then
+    delegates to the provider it describes."""
+
+    def __init__(self, api: Any, source: SecretCredentialSource, scope: str) -> None:
+        self._api = api
+        self._source = source
+        self._scope = scope
+        self._inner: TokenProvider | None = None
+        self._retired: list[TokenProvider] = []
+
+    def __repr__(self) -> str:
+        return f"SecretTokens(secret={self._source.secret_name!r})"
+
+    async def _provider(self) -> TokenProvider:
+        if self._inner is None:
+            import base64
+
+            from kubernetes_asyncio import client
+
+            namespace = self._source.namespace or operator_namespace()
+            secret = await client.CoreV1Api(self._api).read_namespaced_secret(
+                self._source.secret_name, namespace
+            )
+            data = {
+                k: base64.b64decode(v).decode()
+                for k, v in (getattr(secret, "data", None) or {}).items()
+            }
+            self._inner = token_provider_for(self._source, self._scope, secret_data=data)
+        return self._inner
+
+    async def get_token(self) -> str:
+        try:
+            provider = await self._provider()
+        except AcasError:
+            raise
+        except Exception as exc:  # the Kubernetes client's errors: keep no text
+            raise CredentialUnavailable(
+                f"Secret {self._source.secret_name} ({type(exc).__name__})"
+            ) from None
+        return await provider.get_token()
+
+    def invalidate(self) -> None:
+        # A rotated Secret is picked up on the next call; the old provider is closed at the end.
+        if self._inner is not None:
+            self._inner.invalidate()
+            self._retired.append(self._inner)
+        self._inner = None
+
+    async def aclose(self) -> None:
+        for provider in [*self._retired, *([self._inner] if self._inner else [])]:
+            await provider.aclose()
+        self._retired.clear()
+        self._inner = None
+
+
+def operator_namespace() -> str:
+    """The namespace the operator runs in (for Secrets named without one)."""
+    env = os.environ.get("POD_NAMESPACE") or os.environ.get("OPERATOR_NAMESPACE")
+    if env:
+        return env
+    try:
+        return _SA_NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from dataclasses import InitVar, dataclass, field
+from typing import ClassVar
 
 from sandbox_operator.contract import DisposalCode, DisposalFailure
 
@@ -33,38 +34,37 @@ def scrub(text: str, *secrets: str) -> str:
     return text[:_MAX_SERVICE_TEXT]
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class AcasError(Exception):
-    """Base of every error this backend raises."""
+    """Base of every error this backend raises.
 
-    disposal_code: DisposalCode = DisposalCode.UNKNOWN
+    A dataclass for its typed fields; `str()` is built from them alone (see the module
+    docstring) and `repr()` stays the exception's own (class and message).
+    """
+
+    disposal_code: ClassVar[DisposalCode] = DisposalCode.UNKNOWN
+
+    operation: str = field(kw_only=False)
+    status: int | None = None
+    code: str | None = None
+    service_message: str = ""
+    attempts: int = 1
     #: The service's `Retry-After` hint in seconds, when its answer carried one.
     retry_after: float | None = None
+    what: InitVar[str] = ""
 
-    def __init__(
-        self,
-        operation: str,
-        *,
-        status: int | None = None,
-        code: str | None = None,
-        service_message: str = "",
-        attempts: int = 1,
-        what: str = "",
-    ) -> None:
-        self.operation = operation
-        self.status = status
-        self.code = code
-        self.service_message = service_message
-        self.attempts = attempts
+    def __post_init__(self, what: str) -> None:
         parts: list[str] = []
         if what:
             parts.append(what)
-        if status is not None:
-            parts.append(f"HTTP {status}")
-        if code:
-            parts.append(f"service code {code}")
-        if attempts > 1:
-            parts.append(f"after {attempts} attempts")
-        super().__init__(f"{operation} failed" + (f" ({', '.join(parts)})" if parts else ""))
+        if self.status is not None:
+            parts.append(f"HTTP {self.status}")
+        if self.code:
+            parts.append(f"service code {self.code}")
+        if self.attempts > 1:
+            parts.append(f"after {self.attempts} attempts")
+        details = f" ({', '.join(parts)})" if parts else ""
+        super().__init__(f"{self.operation} failed{details}")
 
     @property
     def detail(self) -> str:
@@ -117,10 +117,6 @@ class AcasPayloadTooLarge(AcasHttpError):
 
 class AcasThrottled(AcasHttpError):
     """429: throttled or over quota (after the retries an idempotent call was allowed)."""
-
-    def __init__(self, operation: str, *, retry_after: float | None = None, **kw: Any) -> None:
-        super().__init__(operation, **kw)
-        self.retry_after = retry_after
 
 
 class AcasServerError(AcasHttpError):
@@ -194,18 +190,14 @@ def error_for_status(
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = AcasServerError if status >= 500 else AcasHttpError
-    if cls is AcasThrottled:
-        return AcasThrottled(
-            operation,
-            status=status,
-            code=code,
-            service_message=message,
-            attempts=attempts,
-            retry_after=retry_after,
-        )
-    error = cls(operation, status=status, code=code, service_message=message, attempts=attempts)
-    error.retry_after = retry_after
-    return error
+    return cls(
+        operation,
+        status=status,
+        code=code,
+        service_message=message,
+        attempts=attempts,
+        retry_after=retry_after,
+    )
 
 
 def disposal_code(error: BaseException) -> DisposalCode:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 from urllib.parse import quote
 
 API_VERSION = "2026-09-01-preview"
@@ -89,6 +89,16 @@ def _str(value: int | None) -> str | None:
 def _body(**fields: Any) -> dict[str, Any]:
     """A JSON body of the fields given, in order, leaving out those that are None."""
     return {k: v for k, v in fields.items() if v is not None}
+
+
+class ExecOptions(TypedDict, total=False):
+    """What both execute operations take besides the command (None: not sent)."""
+
+    environment: Mapping[str, str] | None
+    working_directory: str | None
+    user: str | None
+    activation_mode: str | None
+    container_name: str | None
 
 
 @dataclass(frozen=True)
@@ -192,17 +202,43 @@ class AcasOperations:
         """A delete: 200 or 204, safe to re-send (a repeat finds it gone)."""
         return self._request(operation, "DELETE", path, *query, idempotent=True, success=(200, 204))
 
-    def _execute(
-        self, operation: str, sandbox_id: str, suffix: str, container: str | None, **body: Any
+    def _file_get(
+        self,
+        operation: str,
+        sandbox_id: str,
+        suffix: str,
+        path: str,
+        container_name: str | None,
+        accept: str = _JSON,
     ) -> ApiRequest:
-        """The execute operations: sent once, answered when the command ends."""
+        """A read of one path inside a sandbox (`?path=...&containerName=...`)."""
+        return self._get_request(
+            operation,
+            self._sandbox(sandbox_id, suffix),
+            ("path", path),
+            ("containerName", container_name),
+            accept=accept,
+        )
+
+    def _execute(
+        self, operation: str, sandbox_id: str, suffix: str, options: ExecOptions, **body: Any
+    ) -> ApiRequest:
+        """The execute operations: sent once, answered when the command ends. `body` holds
+        what differs per operation; `options` what both take."""
+        environment = options.get("environment")
         return self._request(
             operation,
             "POST",
             self._sandbox(sandbox_id, suffix),
-            ("containerName", container),
+            ("containerName", options.get("container_name")),
             idempotent=False,
-            json=_body(**body),
+            json=_body(
+                **body,
+                environment=dict(environment) if environment else None,
+                workingDirectory=options.get("working_directory"),
+                user=options.get("user"),
+                activationMode=options.get("activation_mode"),
+            ),
             long_running=True,
         )
 
@@ -290,25 +326,16 @@ class AcasOperations:
         sandbox_id: str,
         command: str,
         args: Sequence[str] = (),
-        *,
-        environment: Mapping[str, str] | None = None,
-        working_directory: str | None = None,
-        user: str | None = None,
-        activation_mode: str | None = None,
-        container_name: str | None = None,
+        **options: Unpack[ExecOptions],
     ) -> ApiRequest:
         """`PostSandboxExecuteCommand`: argv[0] in `command`, the rest in `args`. Never retried."""
         return self._execute(
             "SandboxLifecycleOperations_PostSandboxExecuteCommand",
             sandbox_id,
             "/executeCommand",
-            container_name,
+            options,
             command=command,
             args=list(args) if args else None,
-            environment=dict(environment) if environment else None,
-            workingDirectory=working_directory,
-            user=user,
-            activationMode=activation_mode,
         )
 
     def execute_shell_command(
@@ -317,23 +344,16 @@ class AcasOperations:
         command: str,
         *,
         shell: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        working_directory: str | None = None,
-        user: str | None = None,
-        activation_mode: str | None = None,
-        container_name: str | None = None,
+        **options: Unpack[ExecOptions],
     ) -> ApiRequest:
+        """`PostSandboxExecuteShellCommand`: `command` run by `shell`. Never retried."""
         return self._execute(
             "SandboxLifecycleOperations_PostSandboxExecuteShellCommand",
             sandbox_id,
             "/executeShellCommand",
-            container_name,
+            options,
             command=command,
             shell=shell,
-            environment=dict(environment) if environment else None,
-            workingDirectory=working_directory,
-            user=user,
-            activationMode=activation_mode,
         )
 
     # -- files -------------------------------------------------------------------------------
@@ -366,13 +386,8 @@ class AcasOperations:
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
         """`GetSandboxFile`: the 200 body is the raw file bytes (reference section 5.2)."""
-        return self._get_request(
-            "SandboxFilesOperations_GetSandboxFile",
-            self._sandbox(sandbox_id, "/files"),
-            ("path", path),
-            ("containerName", container_name),
-            accept="*/*",
-        )
+        op = "SandboxFilesOperations_GetSandboxFile"
+        return self._file_get(op, sandbox_id, "/files", path, container_name, accept="*/*")
 
     def delete_file(
         self,
@@ -393,22 +408,14 @@ class AcasOperations:
     def list_files(
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
-        return self._get_request(
-            "SandboxFilesOperations_GetSandboxFilesList",
-            self._sandbox(sandbox_id, "/files/list"),
-            ("path", path),
-            ("containerName", container_name),
-        )
+        op = "SandboxFilesOperations_GetSandboxFilesList"
+        return self._file_get(op, sandbox_id, "/files/list", path, container_name)
 
     def stat_file(
         self, sandbox_id: str, path: str, *, container_name: str | None = None
     ) -> ApiRequest:
-        return self._get_request(
-            "SandboxFilesOperations_GetSandboxFileStat",
-            self._sandbox(sandbox_id, "/files/stat"),
-            ("path", path),
-            ("containerName", container_name),
-        )
+        op = "SandboxFilesOperations_GetSandboxFileStat"
+        return self._file_get(op, sandbox_id, "/files/stat", path, container_name)
 
     def mkdir(
         self,
