@@ -17,40 +17,27 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
-from sandbox_operator.contract import (
-    API_VERSION,
-    GROUP,
-    RESOURCE_NAMES,
-    SANDBOX_KIND,
-    SANDBOX_PLURAL,
-    SANDBOX_SCOPE_KIND,
-    SANDBOX_SCOPE_PLURAL,
-    SANDBOX_SCOPE_SHORT_NAME,
-    SANDBOX_SHORT_NAME,
-    SANDBOX_WARM_POOL_KIND,
-    SANDBOX_WARM_POOL_PLURAL,
-    SANDBOX_WARM_POOL_SHORT_NAME,
-    VERSION,
-    ConditionType,
-    SandboxResourceSpec,
-    SandboxResourceStatus,
-    SandboxScopeResourceSpec,
-    SandboxScopeResourceStatus,
-    SandboxWarmPoolResourceSpec,
-    SandboxWarmPoolResourceStatus,
+from sandbox_operator.contract import resources as res
+from sandbox_operator.crdrules import (
+    DECLARED_OUTPUTS_RULES,
+    EGRESS_HOST_RULES,
+    LIFETIME_RULES,
+    POOL_PRINTER_COLUMNS,
+    POOL_TEMPLATE_RULES,
+    RELATIVE_PATH_RULES,
+    RESOURCES_RULES,
+    SANDBOX_IMMUTABLE_FIELDS,
+    SANDBOX_PRINTER_COLUMNS,
+    SANDBOX_SPEC_RULES,
+    SCOPE_PRINTER_COLUMNS,
+    SCOPE_SPEC_RULES,
+    TRANSFER_LIMITS_RULES,
+    WORK_DIR_RULES,
+    WORKLOAD_RULES,
+    Schema,
+    _immutable,
+    sandbox_spec_transition_rules,
 )
-from sandbox_operator.contract.models import (
-    DRIVE_LETTER_PATTERN,
-    IP_LITERAL_PATTERN,
-    LOOPBACK_SUFFIX,
-    METADATA_HOSTS,
-    POSIX_SYSTEM_WORK_DIR_PATTERN,
-    UNNORMALISED_WORK_DIR_PATTERN,
-    WINDOWS_ALIAS_WORK_DIR_PATTERN,
-    WINDOWS_SYSTEM_WORK_DIR_PATTERN,
-)
-
-Schema = dict[str, Any]
 
 #: Keywords a structural apiextensions.k8s.io/v1 schema may carry (after conversion).
 ALLOWED_KEYWORDS: Final = frozenset(
@@ -85,236 +72,6 @@ HEADER: Final = (
 )
 
 CRD_DIR: Final = Path(__file__).resolve().parents[2] / "crds"
-
-
-def _rule(
-    rule: str, message: str, reason: str | None = None, field_path: str | None = None
-) -> Schema:
-    entry: Schema = {"rule": rule, "message": message}
-    if reason is not None:
-        entry["reason"] = reason
-    if field_path is not None:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-def _immutable(field: str) -> Schema:
-    return _rule("self == oldSelf", f"{field} is immutable after creation")
-
-
-#: CEL rules on the Sandbox spec object.
-SANDBOX_SPEC_RULES: Final[list[Schema]] = [
-    _rule(
-        "!has(self.egressAllow) || size(self.egressAllow) == 0 || "
-        "(has(self.egress) && self.egress == 'allowlist')",
-        "egressAllow is only valid with egress allowlist",
-        field_path=".egressAllow",
-    ),
-    _rule(
-        "(has(self.isolationScope) && self.isolationScope == 'call') == "
-        "(has(self.callId) && size(self.callId) > 0)",
-        "callId is required when isolationScope is call, and must be empty otherwise",
-        field_path=".callId",
-    ),
-    _rule(
-        "!has(self.declaredOutputs) || size(self.declaredOutputs) == 0 || "
-        "(has(self.requires) && 'files_out' in self.requires)",
-        "declaredOutputs needs files_out in requires",
-        field_path=".declaredOutputs",
-    ),
-    _rule(
-        "!has(self.declaredOutputs) || !has(self.filesOut) || "
-        "size(self.declaredOutputs) <= self.filesOut.maxFiles",
-        "declaredOutputs has more entries than filesOut.maxFiles",
-        field_path=".declaredOutputs",
-    ),
-    _rule(
-        "!has(self.suspended) || !self.suspended || has(self.storage)",
-        "suspended needs storage: without a work volume, suspending would lose the sandbox's "
-        "files (delete the Sandbox instead)",
-        field_path=".suspended",
-    ),
-    _rule(
-        "!has(self.lifetime) || !has(self.lifetime.idleAction) || "
-        "self.lifetime.idleAction != 'suspend' || has(self.storage)",
-        "lifetime.idleAction suspend needs storage",
-        field_path=".lifetime.idleAction",
-    ),
-]
-
-#: Immutable key fields of a Sandbox spec.
-SANDBOX_IMMUTABLE_FIELDS: Final = ("scopeRef", "agentDir", "callId")
-
-#: Sandbox spec fields that may change after creation: the lifetime (extending a TTL or an idle
-#: timeout is judged on the next pass) and suspended (suspend and resume). Every other field
-#: decided the admission or shapes the pod.
-SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime", "suspended"})
-
-
-def _fixed_after_creation(field: str) -> Schema:
-    """A transition rule on the spec object: ``field`` keeps its value, and is neither added nor
-    removed. On the spec rather than the field, because a rule on the field itself is not run
-    when the field appears or goes away."""
-    return _rule(
-        f"has(self.{field}) == has(oldSelf.{field}) && "
-        f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
-        f"{field} cannot change after creation: the sandbox was admitted and started with the "
-        "spec it was created with; create a new Sandbox instead (only lifetime and suspended "
-        "may be edited)",
-        field_path=f".{field}",
-    )
-
-
-def sandbox_spec_transition_rules(spec: Schema) -> list[Schema]:
-    """One :func:`_fixed_after_creation` rule per spec field admission or the pod depends on."""
-    fixed = set(spec["properties"]) - SANDBOX_MUTABLE_FIELDS - set(SANDBOX_IMMUTABLE_FIELDS)
-    return [_fixed_after_creation(name) for name in sorted(fixed)]
-
-
-#: Rules on nested objects, keyed by their type in the contract.
-TRANSFER_LIMITS_RULES: Final[list[Schema]] = [
-    _rule(
-        "self.maxBytesPerFile <= self.maxTotalBytes",
-        "maxBytesPerFile must not exceed maxTotalBytes",
-        field_path=".maxBytesPerFile",
-    )
-]
-#: Relative output paths: no '.' or '..' segment, no drive letter (the pattern already refuses
-#: the rest: a leading '/', backslashes, control and glob characters).
-RELATIVE_PATH_RULES: Final[list[Schema]] = [
-    _rule(
-        f"!self.matches('(^|/)[.][.]?(/|$)') && !self.matches(r'{DRIVE_LETTER_PATTERN}')",
-        "must be relative to workDir: no '.' or '..' segments, no drive letter",
-    ),
-]
-
-#: The model's static workDir rules (``work_dir_problem``), the same expressions in RE2.
-WORK_DIR_RULES: Final[list[Schema]] = [
-    _rule(
-        f"!self.matches(r'{UNNORMALISED_WORK_DIR_PATTERN}')",
-        "workDir must be a normalised path: no empty, '.' or '..' segments",
-    ),
-    _rule(
-        f"!self.matches(r'{WINDOWS_ALIAS_WORK_DIR_PATTERN}')",
-        "workDir uses a Windows spelling that names another directory (a ':' after the drive, a "
-        "short name like PROGRA~1, or a segment ending in '.' or ' ')",
-    ),
-    _rule(
-        f"!self.matches(r'{POSIX_SYSTEM_WORK_DIR_PATTERN}') && "
-        f"!self.matches(r'{WINDOWS_SYSTEM_WORK_DIR_PATTERN}')",
-        "workDir must not be a root or system directory (/, /proc, /sys, /dev, /etc, /boot, "
-        "/run, /var/run, a drive root, C:\\Windows, C:\\Program Files, ...); use a directory "
-        "of the workload's own, e.g. /workspace",
-    ),
-]
-
-_METADATA_LIST: Final = "[" + ", ".join(f"'{h}'" for h in METADATA_HOSTS) + "]"
-
-#: The model's static egressAllow entry rules (``egress_host_problem``).
-EGRESS_HOST_RULES: Final[list[Schema]] = [
-    _rule(
-        "self.contains('.')",
-        "egressAllow entries must be fully qualified host names: a single label (metadata, "
-        "localhost) is resolved through the proxy's search domains",
-    ),
-    _rule(
-        f"!self.matches(r'{IP_LITERAL_PATTERN}')",
-        "egressAllow entries must be host names, not IP literals",
-    ),
-    _rule(
-        f"!(self in {_METADATA_LIST}) && !self.endsWith('{LOOPBACK_SUFFIX}')",
-        "egressAllow entries must not name a cloud metadata or loopback host",
-    ),
-    _rule(
-        f"!self.startsWith('*.') || !{_METADATA_LIST}.exists(m, m.endsWith(self.substring(1)))",
-        "egressAllow wildcard would allow a cloud metadata host",
-    ),
-]
-
-
-def _request_within_limit(resource: str) -> Schema:
-    requests, limits = f"self.requests.{resource}", f"self.limits.{resource}"
-    return _rule(
-        f"!has(self.requests) || !has(self.limits) || !has({requests}) || !has({limits}) || "
-        f"!isQuantity(string({requests})) || !isQuantity(string({limits})) || "
-        f"quantity(string({requests})).compareTo(quantity(string({limits}))) <= 0",
-        f"requests.{resource} must not exceed limits.{resource}",
-        field_path=f".requests.{resource}",
-    )
-
-
-#: Requests never above limits (Kubernetes quantity comparison, as ``parse_quantity`` does).
-RESOURCES_RULES: Final[list[Schema]] = [_request_within_limit(r) for r in RESOURCE_NAMES]
-
-#: No two declared outputs land under one name (``name``, else ``path``).
-DECLARED_OUTPUTS_RULES: Final[list[Schema]] = [
-    _rule(
-        "self.all(o, self.exists_one(p, (has(p.name) ? p.name : p.path) == "
-        "(has(o.name) ? o.name : o.path)))",
-        "declaredOutputs land two artifacts under the same name (name, or path when unset)",
-    )
-]
-
-#: Rules on the object holding workDir and requiresOsFamily (a Sandbox spec, a pool template).
-WORKLOAD_RULES: Final[list[Schema]] = [
-    _rule(
-        "!has(self.requiresOsFamily) || self.requiresOsFamily != 'posix' || "
-        f"!has(self.workDir) || !self.workDir.matches(r'{DRIVE_LETTER_PATTERN}')",
-        "workDir is a Windows path, but requiresOsFamily is posix",
-        field_path=".workDir",
-    )
-]
-LIFETIME_RULES: Final[list[Schema]] = [
-    _rule(
-        "self.idleTimeoutSeconds <= self.ttlSeconds",
-        "idleTimeoutSeconds must not exceed ttlSeconds",
-        field_path=".idleTimeoutSeconds",
-    )
-]
-
-#: The whole SandboxScope spec is fixed at creation: key parts and the conversation's floors.
-SCOPE_SPEC_RULES: Final[list[Schema]] = [
-    _rule(
-        "self == oldSelf",
-        "SandboxScope spec is immutable after creation; create a new SandboxScope instead",
-    )
-]
-
-_READY = f'.status.conditions[?(@.type=="{ConditionType.READY.value}")]'
-
-SANDBOX_PRINTER_COLUMNS: Final[list[Schema]] = [
-    {"name": "Ready", "type": "string", "jsonPath": f"{_READY}.status"},
-    {"name": "Reason", "type": "string", "jsonPath": f"{_READY}.reason"},
-    {"name": "Backend", "type": "string", "jsonPath": ".status.backend"},
-    {"name": "Isolation", "type": "string", "jsonPath": ".status.isolation"},
-    {"name": "Suspended", "type": "string", "jsonPath": ".status.suspendedBy"},
-    {"name": "Kind", "type": "string", "jsonPath": ".spec.kind", "priority": 1},
-    {"name": "Floor", "type": "string", "jsonPath": ".status.effectiveFloor", "priority": 1},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
-
-SCOPE_PRINTER_COLUMNS: Final[list[Schema]] = [
-    {"name": "Scope", "type": "string", "jsonPath": ".spec.scope"},
-    {"name": "Thread", "type": "string", "jsonPath": ".spec.threadId"},
-    {"name": "Sandboxes", "type": "integer", "jsonPath": ".status.sandboxCount"},
-    {"name": "Ready", "type": "string", "jsonPath": f"{_READY}.status"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
-
-
-POOL_PRINTER_COLUMNS: Final[list[Schema]] = [
-    {"name": "Backend", "type": "string", "jsonPath": ".status.backend"},
-    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
-    {"name": "Idle", "type": "integer", "jsonPath": ".status.replicas"},
-    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
-    {"name": "Claimed", "type": "integer", "jsonPath": ".status.claimed"},
-    {"name": "Reason", "type": "string", "jsonPath": f"{_READY}.reason"},
-    {"name": "Image", "type": "string", "jsonPath": ".spec.template.image", "priority": 1},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
-
-#: The template carries the Sandbox spec's rule on egressAllow.
-POOL_TEMPLATE_RULES: Final[list[Schema]] = [SANDBOX_SPEC_RULES[0]]
 
 
 def _add_workload_rules(node: Schema) -> None:
@@ -427,7 +184,7 @@ def _add_rules(node: Schema, rules: list[Schema]) -> None:
 
 
 def sandbox_spec_schema() -> Schema:
-    spec = model_schema(SandboxResourceSpec)
+    spec = model_schema(res.SandboxResourceSpec)
     _add_rules(spec, SANDBOX_SPEC_RULES)
     _add_rules(spec, sandbox_spec_transition_rules(spec))
     for name in SANDBOX_IMMUTABLE_FIELDS:
@@ -453,32 +210,31 @@ def status_schema(model: type[BaseModel]) -> Schema:
 
 
 def sandbox_status_schema() -> Schema:
-    return status_schema(SandboxResourceStatus)
+    return status_schema(res.SandboxResourceStatus)
 
 
 def scope_spec_schema() -> Schema:
-    spec = model_schema(SandboxScopeResourceSpec)
+    spec = model_schema(res.SandboxScopeResourceSpec)
     _add_rules(spec, SCOPE_SPEC_RULES)
     return spec
 
 
 def scope_status_schema() -> Schema:
-    return status_schema(SandboxScopeResourceStatus)
+    return status_schema(res.SandboxScopeResourceStatus)
 
 
 def pool_spec_schema() -> Schema:
-    spec = model_schema(SandboxWarmPoolResourceSpec)
+    spec = model_schema(res.SandboxWarmPoolResourceSpec)
     _add_rules(spec["properties"]["template"], POOL_TEMPLATE_RULES)
     _add_workload_rules(spec["properties"]["template"])
     return spec
 
 
 def pool_status_schema() -> Schema:
-    return status_schema(SandboxWarmPoolResourceStatus)
+    return status_schema(res.SandboxWarmPoolResourceStatus)
 
 
 def _crd(
-    *,
     kind: str,
     plural: str,
     short_name: str,
@@ -492,11 +248,11 @@ def _crd(
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{plural}.{GROUP}",
+            "name": f"{plural}.{res.GROUP}",
             "labels": {"app.kubernetes.io/part-of": "sandbox-operator"},
         },
         "spec": {
-            "group": GROUP,
+            "group": res.GROUP,
             "scope": "Namespaced",
             "names": {
                 "kind": kind,
@@ -508,7 +264,7 @@ def _crd(
             },
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": res.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": subresources or {"status": {}},
@@ -523,7 +279,7 @@ def _crd(
                                     "type": "string",
                                     "description": (
                                         "Versioned schema of this representation of an object "
-                                        f"({API_VERSION})."
+                                        f"({res.API_VERSION})."
                                     ),
                                 },
                                 "kind": {
@@ -543,62 +299,55 @@ def _crd(
     }
 
 
+#: What ``kubectl explain`` says of each resource.
+SANDBOX_DESCRIPTION: Final = (
+    "A sandbox for one agent workload, keyed by its SandboxScope (scope and thread), "
+    "agentDir and, for per-call workloads, callId. The operator admits it onto a backend "
+    "that clears every check, or records the refusal in status."
+)
+SCOPE_DESCRIPTION: Final = (
+    "One conversation (scope and thread) and the floors it sets for its sandboxes. "
+    "Deleting it purges every sandbox of the conversation."
+)
+POOL_DESCRIPTION: Final = (
+    "Pre-started, never-used sandbox pods for one template. A Sandbox admitted onto the "
+    "pool's backend whose pod-shaping spec equals the template takes one of them instead "
+    "of waiting for a new pod; each pod serves one Sandbox only and is disposed with it."
+)
+#: A warm pool scales like a Deployment (``kubectl scale``, autoscalers).
+POOL_SUBRESOURCES: Final[Schema] = {
+    "status": {},
+    "scale": {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    },
+}
+
+
 def sandbox_crd() -> Schema:
     """The Sandbox CRD as a dict."""
-    return _crd(
-        kind=SANDBOX_KIND,
-        plural=SANDBOX_PLURAL,
-        short_name=SANDBOX_SHORT_NAME,
-        description=(
-            "A sandbox for one agent workload, keyed by its SandboxScope (scope and thread), "
-            "agentDir and, for per-call workloads, callId. The operator admits it onto a backend "
-            "that clears every check, or records the refusal in status."
-        ),
-        spec=sandbox_spec_schema(),
-        status=sandbox_status_schema(),
-        columns=SANDBOX_PRINTER_COLUMNS,
-    )
+    names = (res.SANDBOX_KIND, res.SANDBOX_PLURAL, res.SANDBOX_SHORT_NAME)
+    schemas = (sandbox_spec_schema(), sandbox_status_schema())
+    return _crd(*names, SANDBOX_DESCRIPTION, *schemas, SANDBOX_PRINTER_COLUMNS)
 
 
 def sandbox_scope_crd() -> Schema:
     """The SandboxScope CRD as a dict."""
-    return _crd(
-        kind=SANDBOX_SCOPE_KIND,
-        plural=SANDBOX_SCOPE_PLURAL,
-        short_name=SANDBOX_SCOPE_SHORT_NAME,
-        description=(
-            "One conversation (scope and thread) and the floors it sets for its sandboxes. "
-            "Deleting it purges every sandbox of the conversation."
-        ),
-        spec=scope_spec_schema(),
-        status=scope_status_schema(),
-        columns=SCOPE_PRINTER_COLUMNS,
-    )
+    names = (res.SANDBOX_SCOPE_KIND, res.SANDBOX_SCOPE_PLURAL, res.SANDBOX_SCOPE_SHORT_NAME)
+    schemas = (scope_spec_schema(), scope_status_schema())
+    return _crd(*names, SCOPE_DESCRIPTION, *schemas, SCOPE_PRINTER_COLUMNS)
 
 
 def sandbox_warm_pool_crd() -> Schema:
     """The SandboxWarmPool CRD as a dict (with the scale subresource)."""
-    return _crd(
-        kind=SANDBOX_WARM_POOL_KIND,
-        plural=SANDBOX_WARM_POOL_PLURAL,
-        short_name=SANDBOX_WARM_POOL_SHORT_NAME,
-        description=(
-            "Pre-started, never-used sandbox pods for one template. A Sandbox admitted onto the "
-            "pool's backend whose pod-shaping spec equals the template takes one of them instead "
-            "of waiting for a new pod; each pod serves one Sandbox only and is disposed with it."
-        ),
-        spec=pool_spec_schema(),
-        status=pool_status_schema(),
-        columns=POOL_PRINTER_COLUMNS,
-        subresources={
-            "status": {},
-            "scale": {
-                "specReplicasPath": ".spec.replicas",
-                "statusReplicasPath": ".status.replicas",
-                "labelSelectorPath": ".status.selector",
-            },
-        },
+    names = (
+        res.SANDBOX_WARM_POOL_KIND,
+        res.SANDBOX_WARM_POOL_PLURAL,
+        res.SANDBOX_WARM_POOL_SHORT_NAME,
     )
+    schemas = (pool_spec_schema(), pool_status_schema())
+    return _crd(*names, POOL_DESCRIPTION, *schemas, POOL_PRINTER_COLUMNS, POOL_SUBRESOURCES)
 
 
 def all_crds() -> dict[str, Schema]:

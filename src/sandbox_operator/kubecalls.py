@@ -23,3 +23,19 @@ async def call_json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         raise exc
     parsed: dict[str, Any] = json.loads(data) if data else {}
     return parsed
+
+
+async def read_or_none(api: Any, call: Any, *args: Any) -> dict[str, Any] | None:
+    """Make a kubernetes_asyncio read call and return its object as JSON data (through
+    ``api.sanitize_for_serialization``, ``api`` being the ApiClient), or None when the API server
+    answers 404: the object is not there. Any other refusal raises ``ApiException``."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        obj = await call(*args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    out: dict[str, Any] = api.sanitize_for_serialization(obj)
+    return out

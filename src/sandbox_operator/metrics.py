@@ -27,10 +27,11 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from types import SimpleNamespace, TracebackType
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from prometheus_client import (
     REGISTRY,
@@ -42,16 +43,16 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from sandbox_operator.apirequest import DISCOVERY as DISCOVERY
+from sandbox_operator.apirequest import NONRESOURCE as NONRESOURCE
+from sandbox_operator.apirequest import _server_prefix
+from sandbox_operator.apirequest import parse_api_request as parse_api_request
+
 log = logging.getLogger(__name__)
 
 #: Label values of ``kind`` and ``outcome`` (RECONCILE_SECONDS, IN_FLIGHT).
 KINDS = ("sandbox", "scope")
 OUTCOMES = ("ok", "requeue", "conflict", "error")
-
-#: ``resource`` label of requests that name no resource: API discovery (``/api``, ``/apis``,
-#: ``/apis/<group>[/<version>]``) and everything else (``/version``, ``/openapi/...``, ...).
-DISCOVERY = "discovery"
-NONRESOURCE = "nonresource"
 
 #: ``client`` label: the operator's kubernetes_asyncio client(s), or kopf's own HTTP session.
 CLIENT_OPERATOR = "operator"
@@ -230,122 +231,39 @@ def register_sandbox_census(fn: Census) -> None:
 # ---- reconciles ---------------------------------------------------------------------------------
 
 
+@dataclass
 class ReconcileTimer:
+    """What ``track_reconcile`` yields: the reconcile's ``outcome``, ``ok`` unless set
+    (``requeue``, ``conflict``, ``error``)."""
+
+    kind: str
+    outcome: str = "ok"
+
+
+@contextmanager
+def track_reconcile(kind: str) -> Iterator[ReconcileTimer]:
     """``with track_reconcile("sandbox") as r: ...``: counts the reconcile in flight while it
-    runs, then observes its duration under ``r.outcome``. The outcome stays ``ok`` unless set
-    (``requeue``, ``conflict``, ``error``); an exception leaving the block with the outcome still
-    ``ok`` makes it ``error`` (so set ``r.outcome = "requeue"`` before raising a retry)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.outcome = "ok"
-        self._start = 0.0
-
-    def __enter__(self) -> ReconcileTimer:
-        IN_FLIGHT.labels(self.kind).inc()
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        elapsed = time.perf_counter() - self._start
-        IN_FLIGHT.labels(self.kind).dec()
-        if exc_type is not None and self.outcome == "ok":
-            self.outcome = "error"
-        RECONCILE_SECONDS.labels(self.kind, self.outcome).observe(elapsed)
-
-
-def track_reconcile(kind: str) -> ReconcileTimer:
-    return ReconcileTimer(kind)
+    runs, then observes its duration under ``r.outcome``. An exception leaving the block with the
+    outcome still ``ok`` makes it ``error`` (so set ``r.outcome = "requeue"`` before raising a
+    retry)."""
+    timer = ReconcileTimer(kind)
+    IN_FLIGHT.labels(kind).inc()
+    start = time.perf_counter()
+    try:
+        yield timer
+    except BaseException:
+        if timer.outcome == "ok":
+            timer.outcome = "error"
+        raise
+    finally:
+        elapsed = time.perf_counter() - start
+        IN_FLIGHT.labels(kind).dec()
+        RECONCILE_SECONDS.labels(kind, timer.outcome).observe(elapsed)
 
 
 # ---- Kubernetes API requests --------------------------------------------------------------------
-
-_METHOD_VERBS = {
-    "GET": "get",
-    "HEAD": "get",
-    "POST": "create",
-    "PUT": "update",
-    "PATCH": "patch",
-    "DELETE": "delete",
-}
-# Subresources of a namespace itself (/api/v1/namespaces/NAME/status); anything else after a
-# namespace's name is a namespaced resource (k8s.io/apiserver's RequestInfoFactory).
-_NAMESPACE_SUBRESOURCES = {"status", "finalize"}
-_TRUE = {"1", "t", "true"}
-
-
-def parse_api_request(
-    method: str,
-    url: str,
-    query: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
-    *,
-    prefix: str = "",
-) -> tuple[str, str]:
-    """``(verb, resource)`` of a request to the API server, as the API server itself reads it.
-
-    verb: POST create, PUT update, PATCH patch, DELETE delete (deletecollection without a name),
-    GET/HEAD get (list without a name, watch with ``watch=true`` or the legacy ``/watch/``
-    prefix). resource: the plural, with ``/subresource`` when one is named (``sandboxes/status``,
-    ``pods/log``). ``query`` adds to the URL's own query string; ``prefix`` is the path of the
-    server's URL (a proxy path such as ``/k8s/clusters/c-1``), dropped first.
-    """
-    parts = urlsplit(url)
-    path = parts.path
-    prefix = prefix.rstrip("/")
-    if prefix and (path == prefix or path.startswith(prefix + "/")):
-        path = path[len(prefix) :]
-    segments = [unquote(s) for s in path.split("/") if s]
-    verb = _METHOD_VERBS.get(method.upper(), method.lower())
-
-    root = next((i for i, s in enumerate(segments) if s in ("api", "apis")), None)
-    if root is None:
-        return verb, NONRESOURCE
-    # /api/VERSION/... (core) or /apis/GROUP/VERSION/...
-    rest = segments[root + (2 if segments[root] == "api" else 3) :]
-    if not rest:
-        return verb, DISCOVERY
-    special = None
-    if rest[0] in ("watch", "proxy"):
-        special, rest = rest[0], rest[1:]
-        if not rest:
-            return verb, NONRESOURCE
-    if rest[0] == "namespaces" and len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
-        rest = rest[2:]
-    resource = rest[0]
-    name = rest[1] if len(rest) > 1 else ""
-    subresource = rest[2] if len(rest) > 2 and special != "proxy" else ""
-
-    if special is not None:
-        verb = special
-    elif not name and verb == "get":
-        params = parse_qsl(parts.query, keep_blank_values=True) + list(_query_items(query))
-        watch = any(k == "watch" and str(v).lower() in _TRUE for k, v in params)
-        verb = "watch" if watch else "list"
-    elif not name and verb == "delete":
-        verb = "deletecollection"
-    return verb, f"{resource}/{subresource}" if subresource else resource
-
-
-def _query_items(
-    query: Mapping[str, Any] | Iterable[tuple[str, Any]] | None,
-) -> Iterator[tuple[str, Any]]:
-    if not query:
-        return
-    if isinstance(query, Mapping):
-        yield from query.items()
-        return
-    for item in query:
-        if isinstance(item, tuple | list) and len(item) == 2:
-            yield item[0], item[1]
-
-
-def _server_prefix(server: str) -> str:
-    return urlsplit(server).path.rstrip("/") if server else ""
+# (read as the API server reads them: sandbox_operator.apirequest.parse_api_request, called
+# through this module's name so a test can replace it)
 
 
 class _Request(NamedTuple):

@@ -2,139 +2,133 @@
 host mandates. Attributes are snake_case; the wire (YAML, JSON, Kubernetes) spelling is camelCase.
 
 Invalid values and invalid combinations raise at construction, and the error names the field.
+
+This module holds the workload's side (the key, the spec and its parts); the shared base is in
+:mod:`.base`, quantities and resources in :mod:`.quantities`, and what backends declare and the
+host mandates in :mod:`.hostpolicy`. Every name of those is importable from here too.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import Annotated, Any, Final
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
-    PlainSerializer,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from .base import (
+    DECLARED_OUTPUTS_MAX_ITEMS,
+    DEFAULT_TRANSFER_LIMITS,
+    EGRESS_ALLOW_MAX_ITEMS,
+    HOST_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    NO_CONTROL_PATTERN,
+    NON_EMPTY_NO_CONTROL_PATTERN,
+    PATH_MAX_LENGTH,
+    CapabilitySet,
+    ContractModel,
+    EgressSet,
+    IsolationScopeSet,
+    IsolationValue,
+    MiB,
+    OsFamilySet,
+    TransferLimits,
+)
 from .enums import (
     DEFAULT_CAPABILITIES,
     AccessMode,
     Capability,
-    DisposalCode,
     Disposition,
     Egress,
     IdleAction,
-    Isolation,
     IsolationScope,
     OsFamily,
-    Selection,
-    parse_isolation,
+)
+from .hostpolicy import (
+    BackendDeclarations,
+    DisposalFailure,
+    HostPolicy,
+    ResourcePolicy,
+    ScopePurge,
+)
+from .quantities import (
+    DEFAULT_RESOURCE_CEILING,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_RESOURCE_REQUESTS,
+    QUANTITY_MAX,
+    QUANTITY_MAX_LENGTH,
+    QUANTITY_PATTERN,
+    RESOURCE_NAMES,
+    Quantity,
+    ResourceList,
+    ResourceRequirements,
+    _amounts,
+    parse_quantity,
 )
 
-MiB: Final = 1024 * 1024
-
-#: Longest string the key fields may carry (a DNS subdomain's length).
-KEY_MAX_LENGTH: Final = 253
-#: Most hosts an egress allowlist may name.
-EGRESS_ALLOW_MAX_ITEMS: Final = 64
-#: Most outputs a spec may declare.
-DECLARED_OUTPUTS_MAX_ITEMS: Final = 64
-#: Longest host name (DNS).
-HOST_MAX_LENGTH: Final = 253
-#: Longest relative output path.
-PATH_MAX_LENGTH: Final = 1024
-
-#: A string without C0 control characters or DEL (key parts, workDir, output paths). A pattern,
-#: not only a validator, so the CRD carries it and the API server refuses such a spec with a 422
-#: instead of the operator failing it after it was accepted. The same text is a Python and an RE2
-#: (Go, the API server's) expression.
-NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]*$"
-#: As :data:`NO_CONTROL_PATTERN`, and not empty.
-NON_EMPTY_NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]+$"
-
-
-class ContractModel(BaseModel):
-    """Base of every contract model: camelCase aliases, unknown fields refused, immutable."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
-
-    def to_wire(self) -> dict[str, Any]:
-        """JSON-ready dict in the camelCase wire spelling, without unset optional fields."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def _parse_isolation_input(value: object) -> object:
-    if isinstance(value, str):
-        return parse_isolation(value)
-    return value
-
-
-#: An ``Isolation`` field: strings are parsed strictly (unknown and retired spellings refused).
-IsolationValue = Annotated[Isolation, BeforeValidator(_parse_isolation_input)]
-
-
-def _ordered_values(values: frozenset[Any]) -> list[str]:
-    """Serialize an enum set in the enum's definition order, so output is deterministic."""
-    if not values:
-        return []
-    enum_type = type(next(iter(values)))
-    return [member.value for member in enum_type if member in values]
-
-
-_SetSerializer = PlainSerializer(_ordered_values, return_type=list[str], when_used="json")
-
-CapabilitySet = Annotated[frozenset[Capability], _SetSerializer]
-EgressSet = Annotated[frozenset[Egress], _SetSerializer]
-OsFamilySet = Annotated[frozenset[OsFamily], _SetSerializer]
-IsolationScopeSet = Annotated[frozenset[IsolationScope], _SetSerializer]
-
-
-class TransferLimits(ContractModel):
-    """Ceilings on one direction of file transfer. All three bound a transfer together."""
-
-    max_bytes_per_file: int = Field(
-        default=8 * MiB,
-        ge=0,
-        le=1 << 40,
-        description="Largest single file, in bytes.",
-    )
-    max_total_bytes: int = Field(
-        default=32 * MiB,
-        ge=0,
-        le=1 << 42,
-        description="Largest sum of all files in one transfer, in bytes.",
-    )
-    max_files: int = Field(
-        default=64,
-        ge=0,
-        le=100_000,
-        description="Most files in one transfer.",
-    )
-
-    @model_validator(mode="after")
-    def _per_file_within_total(self) -> TransferLimits:
-        if self.max_bytes_per_file > self.max_total_bytes:
-            raise ValueError(
-                f"maxBytesPerFile ({self.max_bytes_per_file}) exceeds maxTotalBytes "
-                f"({self.max_total_bytes})"
-            )
-        return self
-
-
-#: The default ceilings, also what a backend that declares no limits is held to.
-DEFAULT_TRANSFER_LIMITS: Final = TransferLimits()
+__all__ = [
+    "DECLARED_OUTPUTS_MAX_ITEMS",
+    "DEFAULT_RESOURCE_CEILING",
+    "DEFAULT_RESOURCE_LIMITS",
+    "DEFAULT_RESOURCE_REQUESTS",
+    "DEFAULT_TRANSFER_LIMITS",
+    "DRIVE_LETTER_PATTERN",
+    "EGRESS_ALLOW_MAX_ITEMS",
+    "HOST_MAX_LENGTH",
+    "HOST_PATTERN",
+    "IMAGE_PATTERN",
+    "IP_LITERAL_PATTERN",
+    "KEY_MAX_LENGTH",
+    "KIND_PATTERN",
+    "LOOPBACK_SUFFIX",
+    "METADATA_HOSTS",
+    "NON_EMPTY_NO_CONTROL_PATTERN",
+    "NO_CONTROL_PATTERN",
+    "PATH_MAX_LENGTH",
+    "POSIX_SYSTEM_DIRS",
+    "POSIX_SYSTEM_WORK_DIR_PATTERN",
+    "QUANTITY_MAX",
+    "QUANTITY_MAX_LENGTH",
+    "QUANTITY_PATTERN",
+    "RELATIVE_PATH_PATTERN",
+    "RESOURCE_NAMES",
+    "STORAGE_CLASS_PATTERN",
+    "STORAGE_MAX",
+    "UNNORMALISED_WORK_DIR_PATTERN",
+    "WINDOWS_ALIAS_WORK_DIR_PATTERN",
+    "WINDOWS_SYSTEM_DIRS",
+    "WINDOWS_SYSTEM_WORK_DIR_PATTERN",
+    "BackendDeclarations",
+    "CapabilitySet",
+    "ContractModel",
+    "DeclaredOutput",
+    "DisposalFailure",
+    "EgressHost",
+    "EgressSet",
+    "HostPolicy",
+    "IsolationScopeSet",
+    "IsolationValue",
+    "Lifetime",
+    "MiB",
+    "OsFamilySet",
+    "Quantity",
+    "ResourceList",
+    "ResourcePolicy",
+    "ResourceRequirements",
+    "SandboxKey",
+    "SandboxSpec",
+    "ScopePurge",
+    "Storage",
+    "TransferLimits",
+    "egress_host_problem",
+    "parse_quantity",
+    "work_dir_problem",
+]
 
 #: A literal relative path: no leading '/', no empty segments, no backslashes, no control
 #: characters and no glob characters ('*', '?', '['): a declared output names one file, never a
@@ -241,149 +235,6 @@ class SandboxKey(ContractModel):
     @classmethod
     def _call_id_clean(cls, value: str) -> str:
         return _check_key_part(value, "callId", allow_empty=True)
-
-
-QUANTITY_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
-_QUANTITY_RE: Final = re.compile(QUANTITY_PATTERN)
-_SUFFIX: Final[dict[str, Decimal]] = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-}
-
-
-#: Longest quantity string (the CRD's maxLength, so the API server and the model agree).
-QUANTITY_MAX_LENGTH: Final = 64
-#: Largest amount Kubernetes represents: a larger quantity is capped to it (apimachinery's
-#: ``ParseQuantity``), so ``10^30`` and ``10^31`` compare equal on the API server.
-QUANTITY_MAX: Final = Decimal(2**63 - 1)
-#: Kubernetes rounds a quantity up to a whole nano unit.
-_NANO: Final = Decimal("1e-9")
-
-
-def parse_quantity(value: str) -> Decimal:
-    """Value of a Kubernetes quantity in the subset this API accepts (e.g. ``500m``, ``1Gi``).
-
-    Capped at :data:`QUANTITY_MAX` and rounded up to a nano unit exactly as the API server's
-    ``quantity()`` does, so a comparison here (requests <= limits) agrees with the CRD's CEL rule.
-    """
-    match = _QUANTITY_RE.fullmatch(value)  # not .match: "$" also matches before a final "\n"
-    if match is None:
-        raise ValueError(f"{value!r} is not a quantity like 500m, 2, 256Mi or 1Gi")
-    number = value[: len(value) - len(match.group(2) or "")]
-    with localcontext() as ctx:
-        ctx.prec = 2 * QUANTITY_MAX_LENGTH + 32  # exact for every string the pattern admits
-        amount = min(Decimal(number) * _SUFFIX[match.group(2) or ""], QUANTITY_MAX)
-        return amount.quantize(_NANO, rounding=ROUND_CEILING)
-
-
-def _quantity_input(value: object) -> object:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-        # The API server stores a whole JSON number (3.0) within int64 as the integer (3).
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value <= QUANTITY_MAX:
-            raise ValueError(f"{value} is not a quantity: an integer amount is 0 to 2^63-1")
-        value = str(value)
-    if isinstance(value, str):
-        if len(value) > QUANTITY_MAX_LENGTH:
-            raise ValueError(f"a quantity is at most {QUANTITY_MAX_LENGTH} characters")
-        parse_quantity(value)
-    return value
-
-
-Quantity = Annotated[
-    str,
-    BeforeValidator(_quantity_input),
-    WithJsonSchema(
-        {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "maxLength": QUANTITY_MAX_LENGTH},
-            ],
-            "pattern": QUANTITY_PATTERN,
-        }
-    ),
-]
-
-
-class ResourceList(ContractModel):
-    """CPU and memory amounts (Kubernetes quantities)."""
-
-    cpu: Quantity | None = Field(default=None, description="CPU, e.g. 500m or 2.")
-    memory: Quantity | None = Field(default=None, description="Memory, e.g. 256Mi or 1Gi.")
-
-
-#: Names of the resources a ResourceList carries, in the order they are reported.
-RESOURCE_NAMES: Final[tuple[str, ...]] = ("cpu", "memory")
-
-#: Requests a sandbox gets for what neither its spec nor the host policy states. Sized for an idle
-#: sandbox (a sleeping shell holds ~2 MiB, an idle Python ~14 MiB) so that a node is not "full"
-#: of sandboxes that do nothing: 100 of them reserve 1 CPU and 3.2 GiB. Runtime overhead (gVisor's
-#: Sentry, a microVM) belongs in the RuntimeClass's ``overhead``, which Kubernetes adds on top.
-DEFAULT_RESOURCE_REQUESTS: Final = ResourceList(cpu="10m", memory="32Mi")
-#: Limits a sandbox gets for what neither its spec nor the host policy states: what one busy
-#: sandbox may use at most.
-DEFAULT_RESOURCE_LIMITS: Final = ResourceList(cpu="1", memory="512Mi")
-#: Ceilings for a resource the host policy sets no ``maxLimits`` for (raised to the host's default
-#: limit when that is larger): so an unconfigured host still refuses a spec asking 10^18 CPUs,
-#: which the API server and the scheduler would otherwise take (the pod just never schedules).
-#: A host that wants larger sandboxes says so in ``hostPolicy.resources.maxLimits``.
-DEFAULT_RESOURCE_CEILING: Final = ResourceList(cpu="8", memory="16Gi")
-
-
-def _amounts(rl: ResourceList) -> str:
-    return " and ".join(f"{getattr(rl, r)} {r}" for r in RESOURCE_NAMES)
-
-
-class ResourceRequirements(ContractModel):
-    """CPU and memory requests and limits of the sandbox, as the spec states them.
-
-    Anything left out is filled at admission from the host policy's defaults (see
-    ``sandbox_operator.policy.resolve_resources``); the pod runs with the resolved values.
-    """
-
-    requests: ResourceList = Field(
-        default_factory=ResourceList,
-        description=(
-            "Amounts reserved for the sandbox on its node; each at most its limit. What is left "
-            "out gets the host's default request (unless configured: "
-            f"{_amounts(DEFAULT_RESOURCE_REQUESTS)}), capped at the limit."
-        ),
-    )
-    limits: ResourceList = Field(
-        default_factory=ResourceList,
-        description=(
-            "Upper bounds the sandbox may not exceed. What is left out gets the host's default "
-            f"limit (unless configured: {_amounts(DEFAULT_RESOURCE_LIMITS)}), raised to a "
-            "larger stated request."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _requests_within_limits(self) -> ResourceRequirements:
-        for resource in RESOURCE_NAMES:
-            request = getattr(self.requests, resource)
-            limit = getattr(self.limits, resource)
-            if (
-                request is not None
-                and limit is not None
-                and parse_quantity(request) > parse_quantity(limit)
-            ):
-                raise ValueError(
-                    f"requests.{resource} ({request}) exceeds limits.{resource} ({limit})"
-                )
-        return self
 
 
 class Lifetime(ContractModel):
@@ -718,177 +569,3 @@ class SandboxSpec(ContractModel):
                     f"declaredOutputs land two artifacts under the same name: {duplicates}"
                 )
         return self
-
-
-class BackendDeclarations(ContractModel):
-    """What a backend declares about itself. Each field's default is its own silence rule."""
-
-    capabilities: CapabilitySet = Field(
-        default=DEFAULT_CAPABILITIES,
-        description="What the backend can do; silence means exactly exec and files_in.",
-    )
-    limits: TransferLimits = Field(
-        default=DEFAULT_TRANSFER_LIMITS,
-        description="Transfer ceilings (each direction); silence means the default ceilings.",
-    )
-    egress_modes: EgressSet = Field(
-        default=frozenset(),
-        description="Egress modes the backend enforces; silence is none, refusing every spec.",
-    )
-    os_families: OsFamilySet = Field(
-        default=frozenset(),
-        description="Guest OS families; silence refuses only a spec that asks for one.",
-    )
-    isolation_scopes: IsolationScopeSet = Field(
-        default=frozenset({IsolationScope.CONVERSATION}),
-        description="Isolation scopes served; silence means conversation only.",
-    )
-    observes_egress: bool = Field(
-        default=False,
-        description="Whether the backend records egress decisions; informational.",
-    )
-    persistent_storage: bool = Field(
-        default=False,
-        description=(
-            "Whether the backend keeps a work volume across suspend and resume; silence refuses "
-            "every spec with storage."
-        ),
-    )
-
-
-def _fill_from(given: ResourceList, builtin: ResourceList) -> ResourceList:
-    """``given`` with every unset resource taken from ``builtin``."""
-    return ResourceList(
-        **{r: getattr(given, r) or getattr(builtin, r) for r in RESOURCE_NAMES},
-    )
-
-
-def _exceeds(a: str | None, b: str | None) -> bool:
-    return a is not None and b is not None and parse_quantity(a) > parse_quantity(b)
-
-
-class ResourcePolicy(ContractModel):
-    """The host's resource settings: defaults for what a spec leaves out, and ceilings.
-
-    A default fills only what the spec does not state (the spec wins); a ceiling refuses a larger
-    ask with ``ResourcesExceedCeiling`` (never clamps it). An unset ``maxLimits`` entry means the
-    built-in :data:`DEFAULT_RESOURCE_CEILING` (or the default limit, when larger); an unset
-    ``maxRequests`` entry means only the limit ceiling bounds requests.
-    """
-
-    default_requests: ResourceList = Field(
-        default=DEFAULT_RESOURCE_REQUESTS,
-        description="Requests for what a spec leaves out, capped at the sandbox's limits; an "
-        f"unset resource keeps the built-in default ({_amounts(DEFAULT_RESOURCE_REQUESTS)}).",
-    )
-    default_limits: ResourceList = Field(
-        default=DEFAULT_RESOURCE_LIMITS,
-        description="Limits for what a spec leaves out, raised to a larger stated request; an "
-        f"unset resource keeps the built-in default ({_amounts(DEFAULT_RESOURCE_LIMITS)}).",
-    )
-    max_requests: ResourceList = Field(
-        default_factory=ResourceList,
-        description="Largest request a spec may state, per resource; unset: only maxLimits "
-        "bounds requests.",
-    )
-    max_limits: ResourceList = Field(
-        default_factory=ResourceList,
-        description="Largest limit (and so request) a spec may state, per resource; unset: the "
-        f"built-in ceiling ({_amounts(DEFAULT_RESOURCE_CEILING)}), or the default limit when "
-        "that is larger.",
-    )
-
-    @field_validator("default_requests")
-    @classmethod
-    def _complete_requests(cls, value: ResourceList) -> ResourceList:
-        return _fill_from(value, DEFAULT_RESOURCE_REQUESTS)
-
-    @field_validator("default_limits")
-    @classmethod
-    def _complete_limits(cls, value: ResourceList) -> ResourceList:
-        return _fill_from(value, DEFAULT_RESOURCE_LIMITS)
-
-    @model_validator(mode="after")
-    def _defaults_within_ceilings(self) -> ResourcePolicy:
-        for r in RESOURCE_NAMES:
-            pairs = (
-                ("defaultRequests", self.default_requests, "defaultLimits", self.default_limits),
-                ("defaultLimits", self.default_limits, "maxLimits", self.max_limits),
-                ("defaultRequests", self.default_requests, "maxRequests", self.max_requests),
-            )
-            for low_name, low, high_name, high in pairs:
-                if _exceeds(getattr(low, r), getattr(high, r)):
-                    raise ValueError(
-                        f"{low_name}.{r} ({getattr(low, r)}) exceeds {high_name}.{r} "
-                        f"({getattr(high, r)})"
-                    )
-        return self
-
-
-class HostPolicy(ContractModel):
-    """The host's mandate: the floors, how a backend is chosen, and the resource defaults."""
-
-    min_isolation: IsolationValue = Field(
-        default=Isolation.MICROVM,
-        description="Isolation floor for every sandbox on this host.",
-    )
-    min_isolation_scope: IsolationScope = Field(
-        default=IsolationScope.CONVERSATION,
-        description="Least separation a sandbox may provide on this host.",
-    )
-    selection: Selection = Field(
-        default=Selection.FIXED,
-        description="fixed: one backend serves every spec; perSpec: first backend that passes.",
-    )
-    pinned_backend: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=63,
-        description="Under fixed selection, the backend to use (default: the first registered).",
-    )
-    allow_unrestricted_egress: bool = Field(
-        default=False,
-        description="Whether a spec may ask for unrestricted egress at all.",
-    )
-    resources: ResourcePolicy = Field(
-        default_factory=ResourcePolicy,
-        description="Default requests and limits for what a spec leaves out, and the ceilings "
-        "a spec may ask up to.",
-    )
-
-    @model_validator(mode="after")
-    def _pin_only_when_fixed(self) -> HostPolicy:
-        if self.pinned_backend is not None and self.selection is not Selection.FIXED:
-            raise ValueError(
-                "pinnedBackend is only valid with selection fixed "
-                f"(selection is {self.selection.value})"
-            )
-        return self
-
-
-class DisposalFailure(ContractModel):
-    """One sandbox that could not be disposed; branch on ``code``, not on ``detail``."""
-
-    code: DisposalCode = Field(description="Why disposal failed.")
-    detail: str = Field(
-        default="",
-        max_length=1024,
-        description="Human-readable detail; carries no secrets or endpoints.",
-    )
-    backend: str = Field(max_length=63, description="Backend that held the sandbox.")
-
-
-class ScopePurge(ContractModel):
-    """Outcome of disposing every sandbox of one scope and thread."""
-
-    disposed: int = Field(default=0, ge=0, description="Sandboxes disposed.")
-    undisposed: tuple[DisposalFailure, ...] = Field(
-        default=(),
-        max_length=256,
-        description="Sandboxes that could not be disposed, with the reason for each.",
-    )
-
-    @property
-    def complete(self) -> bool:
-        """True when nothing was left behind."""
-        return not self.undisposed

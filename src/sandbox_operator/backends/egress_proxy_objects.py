@@ -1,0 +1,334 @@
+"""The managed egress proxy's objects, as pure functions of the namespace and the operator's
+settings: its ServiceAccount, Role, RoleBinding, ConfigMap, Deployment and Service, the owner
+references that keep it alive, and where sandboxes reach it (:class:`ProxyAddress`). Tested
+without a cluster; :mod:`sandbox_operator.backends.egress_proxy` applies them."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import PoolRef, SandboxRef
+from sandbox_operator.backends.owners import owner_reference
+from sandbox_operator.egress.config import ManagedEgressProxySettings
+
+PROXY_NAME = "sandbox-egress-proxy"
+COMPONENT = "egress-proxy"
+CONTAINER_NAME = "proxy"
+CONFIG_DIR = "/etc/sandbox-egress"
+CONFIG_FILE = "proxy.yaml"
+#: On each sandbox pod under a managed proxy: the ``ip:port`` it was given (for recovery).
+#: How often the operator looks at each namespace's proxy Service (one GET per namespace that has
+#: one, whatever the number of sandboxes in it): a Service that went away or changed address wakes
+#: that namespace's allowlisted sandboxes, whose passes restore it or report them Failed. Between
+#: looks, `check` answers from the last look, so passes over sandboxes cost no read.
+SERVICE_CHECK_SECONDS = 5.0
+PROXY_ADDRESS_ANNOTATION = f"{lbl.GROUP}/egress-proxy"
+#: On the proxy's pod template: the config file's SHA-256, so a changed config rolls the pod.
+CONFIG_CHECKSUM_ANNOTATION = f"{lbl.GROUP}/config-sha256"
+#: Field manager of the full objects; each Sandbox's own reference uses ``FIELD_MANAGER/<uid>``.
+FIELD_MANAGER = "sandbox-operator/egress"
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+#: The uid/gid the proxy runs as (the operator image's non-root user).
+PROXY_UID = 65532
+
+#: What the proxy may do in its namespace: keep its table (Sandboxes, their pods, watched), post
+#: Events, write the ``status.egress`` summary and read its own Service. The operator must hold
+#: every one of these itself to create the Role (RBAC refuses escalation); the chart grants them
+#: (tests/unit/test_chart_rbac).
+PROXY_ROLE_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": [lbl.GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [lbl.GROUP], "resources": ["sandboxes/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    # Its own Service: admissions are reported once a connection through it arrives.
+    {"apiGroups": [""], "resources": ["services"], "resourceNames": [PROXY_NAME], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+)
+
+#: (apiVersion, kind, API group, resource) of what is applied, in order: the pod needs its
+#: ServiceAccount and ConfigMap, and the Service comes last so its address is the last word.
+APPLIED: tuple[tuple[str, str, str, str], ...] = (
+    ("v1", "ServiceAccount", "", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role", "rbac.authorization.k8s.io", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rbac.authorization.k8s.io", "rolebindings"),
+    ("v1", "ConfigMap", "", "configmaps"),
+    ("apps/v1", "Deployment", "apps", "deployments"),
+    ("v1", "Service", "", "services"),
+)
+
+
+@dataclass(frozen=True)
+class ProxyAddress:
+    """Where a sandbox reaches its namespace's proxy: the Service's cluster IP and port."""
+
+    ip: str
+    port: int
+
+    @property
+    def annotation(self) -> str:
+        """``ip:port`` (``[ip]:port`` for IPv6), as recorded on the sandbox pod."""
+        return f"{self._host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def _host(self) -> str:
+        return f"[{self.ip}]" if ":" in self.ip else self.ip
+
+    @classmethod
+    def parse(cls, text: str) -> ProxyAddress | None:
+        """The inverse of :attr:`annotation`; None for anything else."""
+        host, sep, port = text.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            return None
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return None
+        number = int(port)
+        return cls(str(ip), number) if 0 < number < 65536 else None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure builders
+
+
+def proxy_labels() -> dict[str, str]:
+    """Labels of every proxy object; also the selector of its pods (Service, NetworkPolicy)."""
+    return {
+        "app.kubernetes.io/name": PROXY_NAME,
+        "app.kubernetes.io/component": COMPONENT,
+        lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
+    }
+
+
+def sandbox_field_manager(sandbox: SandboxRef | PoolRef) -> str:
+    return f"{FIELD_MANAGER}/{sandbox.uid}"
+
+
+def _meta(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": PROXY_NAME, "namespace": namespace, "labels": proxy_labels()}
+    meta.update(extra or {})
+    return meta
+
+
+def build_service_account(namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(namespace)}
+
+
+def build_role(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(namespace),
+        "rules": [json.loads(json.dumps(rule)) for rule in PROXY_ROLE_RULES],
+    }
+
+
+def build_role_binding(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(namespace),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROXY_NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": PROXY_NAME, "namespace": namespace}],
+    }
+
+
+def proxy_config_text(settings: ManagedEgressProxySettings) -> str:
+    """The proxy's config file: ``egressProxy.config`` on ``egressProxy.port``, no sandboxes."""
+    data = settings.proxy_config().model_dump(mode="json", by_alias=True)
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+def build_config_map(namespace: str, settings: ManagedEgressProxySettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(namespace),
+        "data": {CONFIG_FILE: proxy_config_text(settings)},
+    }
+
+
+def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> dict[str, Any]:
+    """One proxy pod, hardened like a sandbox pod; a changed config file rolls it."""
+    checksum = hashlib.sha256(proxy_config_text(settings).encode()).hexdigest()
+    labels = proxy_labels()
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [
+            "python3",
+            "-m",
+            "sandbox_operator.egress",
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            "--kube-namespace",
+            namespace,
+            "--kube-service",
+            PROXY_NAME,
+        ],
+        "env": [
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "ports": [{"name": "proxy", "containerPort": settings.port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "tcpSocket": {"port": settings.port},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "resources": {
+            part: dict(values)
+            for part, values in (
+                ("requests", settings.resources.requests),
+                ("limits", settings.resources.limits),
+            )
+            if values
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": PROXY_UID,
+            "runAsGroup": PROXY_UID,
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": PROXY_NAME,
+        "automountServiceAccountToken": True,  # it reads Sandboxes and posts Events
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "terminationGracePeriodSeconds": 10,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": PROXY_UID,
+            "runAsGroup": PROXY_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": PROXY_NAME}}],
+    }
+    if settings.runtime_class_name:
+        pod_spec["runtimeClassName"] = settings.runtime_class_name
+    if settings.node_selector:
+        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in settings.tolerations]
+    if settings.host_aliases:
+        pod_spec["hostAliases"] = [
+            {"ip": a.ip, "hostnames": list(a.hostnames)} for a in settings.host_aliases
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(namespace),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_service(
+    namespace: str, settings: ManagedEgressProxySettings, cluster_ip: str | None = None
+) -> dict[str, Any]:
+    """The ClusterIP Service; ``cluster_ip`` asks for a given address (recovery)."""
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": proxy_labels(),
+        "ports": [
+            {"name": "proxy", "port": settings.port, "targetPort": settings.port, "protocol": "TCP"}
+        ],
+    }
+    if cluster_ip:
+        spec["clusterIP"] = cluster_ip
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(namespace), "spec": spec}
+
+
+def build_objects(
+    namespace: str, settings: ManagedEgressProxySettings, cluster_ip: str | None = None
+) -> list[dict[str, Any]]:
+    """Every proxy object of a namespace, in :data:`APPLIED` order, without owners."""
+    return [
+        build_service_account(namespace),
+        build_role(namespace),
+        build_role_binding(namespace),
+        build_config_map(namespace, settings),
+        build_deployment(namespace, settings),
+        build_service(namespace, settings, cluster_ip),
+    ]
+
+
+def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
+    """``obj`` with the Sandbox's ownerReference (what the common manager applies)."""
+    out: dict[str, Any] = json.loads(json.dumps(obj))
+    if sandbox.uid:
+        out["metadata"]["ownerReferences"] = [owner_reference(sandbox, controller=False)]
+    return out
+
+
+def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
+    """Only the Sandbox's ownerReference: what the Sandbox's own field manager applies."""
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "ownerReferences": [owner_reference(sandbox, controller=False)],
+        },
+    }
+
+
+def recorded_address(pods: list[Mapping[str, Any]]) -> ProxyAddress | None:
+    """The proxy address most live sandbox pods of a namespace were given, if any."""
+    seen: Counter[ProxyAddress] = Counter()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") or phase in ("Failed", "Succeeded"):
+            continue
+        annotations = meta.get("annotations") or {}
+        address = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if address is not None:
+            seen[address] += 1
+    return seen.most_common(1)[0][0] if seen else None
+
+
+def service_address(service: Mapping[str, Any] | None) -> ProxyAddress | None:
+    """The address a (live) proxy Service serves on; None if absent, deleting or headless."""
+    if not service or (service.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    spec = service.get("spec") or {}
+    ip = spec.get("clusterIP") or spec.get("cluster_ip")
+    ports = spec.get("ports") or []
+    if not ip or ip == "None" or not ports:
+        return None
+    return ProxyAddress(str(ip), int(ports[0].get("port")))

@@ -1,0 +1,406 @@
+"""The runtime-class backend's driver: ensures a sandbox (NetworkPolicy, work volume, then its
+pod), observes its pod, suspends and resumes it, and keeps an eye on the namespace's managed
+egress proxy. What it creates comes from the pure builders in :mod:`.pods`, what a pod's status
+means from :mod:`.observe`; the API calls on the sandbox's other objects and disposal are
+:class:`.objects.RuntimeClassObjects`' part."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import naming
+from sandbox_operator.backends.base import (
+    Availability,
+    BackendObject,
+    DisposalError,
+    EnsureRequest,
+    Observation,
+    ObservedPhase,
+    PoolRef,
+    SandboxRef,
+    ServedBy,
+    StartupError,
+    TransientError,
+)
+from sandbox_operator.backends.egress_proxy import (
+    PROXY_ADDRESS_ANNOTATION,
+    ManagedEgressProxy,
+    ProxyAddress,
+    ProxyError,
+)
+from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
+from sandbox_operator.backends.runtimeclass.objects import RuntimeClassObjects
+from sandbox_operator.backends.runtimeclass.observe import (
+    EGRESS_PENDING,
+    RUNTIME_HANDLER_MISSING,
+    SANDBOX_EVENTS_AFTER_SECONDS,
+    SANDBOX_EVENTS_EVERY_SECONDS,
+    awaits_pod_sandbox,
+    classify_pod,
+    missing_handler,
+)
+from sandbox_operator.backends.runtimeclass.pods import (
+    POD,
+    build_pod,
+)
+from sandbox_operator.backends.warmpool import WarmPoolPods, pod_origin
+from sandbox_operator.contract import (
+    SANDBOX_WARM_POOL_KIND,
+    ConditionReason,
+    Egress,
+    SandboxSpec,
+)
+from sandbox_operator.egress.config import ManagedEgressProxySettings
+from sandbox_operator.kubeapi import api_message
+from sandbox_operator.kubecalls import call_json
+
+if TYPE_CHECKING:
+    from sandbox_operator.reconcile.views import Store
+
+#: The package's logger (the name it had when the package was one module).
+log = logging.getLogger(__package__)
+
+
+class RuntimeClassDriver(RuntimeClassObjects):
+    """Creates, observes and disposes sandbox pods on one RuntimeClass.
+
+    ``api`` is a :class:`kubernetes_asyncio.client.ApiClient`.
+    """
+
+    _proxy: ManagedEgressProxy | None = None
+    _proxy_task: asyncio.Task[None] | None = None
+    _warm: WarmPoolPods | None = None
+
+    def __init__(
+        self,
+        config: RuntimeClassBackendConfig,
+        api: Any,
+        *,
+        dispose_timeout: float = 30.0,
+        poll_interval: float = 0.5,
+        egress_proxy: ManagedEgressProxySettings | None = None,
+    ) -> None:
+        from kubernetes_asyncio import client
+
+        self._config = config
+        # The operator-run egress proxy, for a backend whose egressProxy is `managed` (config
+        # validation guarantees the operator-level section then exists).
+        if config.egress_proxy is not None and config.egress_proxy.managed:
+            if egress_proxy is None:
+                raise ValueError(f"backend {config.name}: managed egress proxy not configured")
+            self._proxy_settings = egress_proxy
+            self._proxy = ManagedEgressProxy(egress_proxy, api)
+        self._bind_api(api)
+        self._node: Any = client.NodeV1Api(api)
+        self._dispose_timeout = dispose_timeout
+        self._poll = poll_interval
+        # The operator's watched views of its pods and NetworkPolicies (``use_views``). Without
+        # them (tools, tests) every read goes to the API server, as a one-off caller expects.
+        self._pods: Store | None = None
+        self._network_policies: Store | None = None
+
+    async def start(self, notify: Callable[[str, str], None]) -> None:
+        """With a managed egress proxy: look at each namespace's proxy Service periodically
+        (one read per namespace) and wake the allowlisted sandboxes of a namespace whose
+        Service went away or moved (``notify(namespace, sandbox)``)."""
+        if self._proxy is None or self._pods is None:
+            return
+        pods = self._pods
+
+        def changed(namespace: str) -> None:
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                if meta.get("namespace") != namespace:
+                    continue
+                if PROXY_ADDRESS_ANNOTATION not in (meta.get("annotations") or {}):
+                    continue
+                for owner in meta.get("ownerReferences") or []:
+                    if owner.get("kind") == "Sandbox" and owner.get("name"):
+                        notify(namespace, str(owner["name"]))
+                    elif owner.get("kind") == SANDBOX_WARM_POOL_KIND and self.on_pool_change:
+                        self.on_pool_change(namespace, str(owner.get("name", "")))
+
+        self._proxy_task = asyncio.create_task(
+            self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
+        )
+
+    def use_views(self, pods: Store, network_policies: Store, claims: Store | None = None) -> None:
+        """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
+        with ``spec.storage``) from the operator's watched views from now on, and put what this
+        driver creates into them at once (so the next pass sees its own writes)."""
+        self._pods = pods
+        self._network_policies = network_policies
+        self._claims = claims
+
+    #: Called with (namespace, pool) when an idle pod of that pool was given a proxy address
+    #: that is no longer the namespace's proxy (the operator then replaces the pod).
+    on_pool_change: Callable[[str, str], None] | None = None
+
+    async def pool_proxy(self, pool: PoolRef, spec: SandboxSpec) -> ProxyAddress | None:
+        """For an allowlist template on a backend whose egress proxy the operator runs: the
+        namespace's proxy, applied with the pool among its owners, and its address (given to
+        each pod the pool makes). None otherwise.
+
+        Raises :class:`TransientError` or :class:`StartupError` as ``ensure`` does."""
+        if spec.egress is not Egress.ALLOWLIST or self._proxy is None:
+            return None
+        return await self._ensure_proxy(pool.namespace, pool)
+
+    async def _ensure_proxy(self, namespace: str, owner: SandboxRef | PoolRef) -> ProxyAddress:
+        """The namespace's managed proxy, applied with ``owner`` among its owners: its address.
+        A refusal that will not pass by itself is a :class:`StartupError`, else transient."""
+        assert self._proxy is not None
+        try:
+            return await self._proxy.ensure(namespace, owner)
+        except ProxyError as exc:
+            if exc.permanent:
+                raise StartupError(ConditionReason.STARTUP_FAILED, exc.message) from None
+            raise TransientError(exc.message) from None
+
+    def pool_pod_current(self, pod: Mapping[str, Any]) -> bool:
+        """Whether an idle pool pod can serve as it is: a pod given a managed proxy's address is
+        current only while the namespace's proxy Service is seen at that very address."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if given is None:
+            return True
+        if self._proxy is None:
+            return False
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        return self._proxy.seen_address(namespace) == given
+
+    def warm_pool_pods(self) -> WarmPoolPods | None:
+        """The warm pool calls on this backend (only with the operator's views: a pool is
+        counted and claimed from them)."""
+        if self._pods is None or self._network_policies is None:
+            return None
+        if self._warm is None:
+            self._warm = WarmPoolPods(self._api, self._pods, self._network_policies)
+        return self._warm
+
+    @property
+    def config(self) -> RuntimeClassBackendConfig:
+        return self._config
+
+    async def check_available(self) -> Availability:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        rc = self._config.runtime_class_name
+        try:
+            await self._node.read_runtime_class(rc)
+        except ApiException as exc:
+            if exc.status == 404:
+                return Availability(False, f"RuntimeClass {rc!r} does not exist in the cluster")
+            return Availability(False, f"RuntimeClass {rc!r} cannot be read (HTTP {exc.status})")
+        return Availability(True)
+
+    async def ensure(self, request: EnsureRequest) -> ServedBy:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        address: ProxyAddress | None = None
+        if request.spec.egress is Egress.ALLOWLIST and self._proxy is not None:
+            # The namespace's proxy first: the pod is given its Service's address.
+            address = await self._ensure_proxy(ns, request.sandbox)
+        manifest = build_pod(request, self._config, address)
+        name = manifest["metadata"]["name"]
+        # The NetworkPolicy goes first, so the pod never runs unconfined for a moment.
+        await self.ensure_network_policy(request)
+        if request.spec.storage is not None:
+            # The work volume before the pod that mounts it (a pod naming a missing claim
+            # would only wait, unschedulable).
+            await self.ensure_work_volume(request)
+        try:
+            if self._pods is not None:
+                created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
+                self._pods.upsert(created_pod)
+                meta = created_pod.get("metadata") or {}
+                return ServedBy("Pod", str(meta.get("name", name)), ns)
+            created = await self._core.create_namespaced_pod(ns, manifest)
+            return ServedBy("Pod", created.metadata.name, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise StartupError(
+                    ConditionReason.STARTUP_FAILED,
+                    f"pod was refused by the API server (HTTP {exc.status}): "
+                    f"{api_message(exc)[:500]}",
+                ) from None
+        existing = await self._read_pod(ns, name)
+        if existing is None and self._pods is not None:
+            # Not in the view yet (created by another replica a moment ago): ask once.
+            with contextlib.suppress(ApiException):
+                existing = self._sanitize(await self._core.read_namespaced_pod(name, ns))
+        if existing is None:  # deleted between our create and read: next pass creates it
+            return ServedBy("Pod", name, ns)
+        existing_meta = existing.get("metadata") or {}
+        owners = [o.get("uid") for o in existing_meta.get("ownerReferences") or []]
+        if request.sandbox.uid and request.sandbox.uid not in owners:
+            raise StartupError(
+                ConditionReason.KEY_UNCLEAN,
+                f"pod {name} exists but belongs to another Sandbox (a previous one with this "
+                "name that was not disposed yet)",
+            )
+        return ServedBy("Pod", name, ns)
+
+    def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
+        """A pod claimed from a warm pool for the sandbox (another name than its own): found in
+        the views by the sandbox label and its owner, even before status.servedBy records it."""
+        if self._pods is None or not sandbox.uid:
+            return None
+        value = lbl.sandbox_label_value(sandbox.name)
+        for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
+            meta = pod.get("metadata") or {}
+            if lbl.POOL_LABEL not in (meta.get("labels") or {}):
+                continue
+            if any(o.get("uid") == sandbox.uid for o in meta.get("ownerReferences") or []):
+                return pod
+        return None
+
+    async def observe(self, sandbox: SandboxRef) -> Observation:
+        pod = await self._read_pod(sandbox.namespace, naming.pod_name(sandbox.name))
+        recorded = sandbox.served_by
+        # A pod named before pods were always `sbx-...` (recorded in status.servedBy) keeps
+        # serving its Sandbox until it ends; dispose finds it by the sandbox label.
+        if (
+            pod is None
+            and recorded is not None
+            and recorded.kind == "Pod"
+            and recorded.name != naming.pod_name(sandbox.name)
+        ):
+            pod = await self._read_pod(recorded.namespace or sandbox.namespace, recorded.name)
+        if pod is None:
+            pod = self._claimed_pod(sandbox)
+        if pod is not None and sandbox.uid:
+            owners = [
+                o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or []
+            ]
+            if sandbox.uid not in owners:
+                # Someone else's pod under our name; not ours to report as our sandbox.
+                return Observation(
+                    ObservedPhase.ABSENT, None, "Foreign", "pod belongs to another Sandbox"
+                )
+        observation = classify_pod(pod)
+        if pod is not None:
+            observation = replace(observation, served_from=pod_origin(pod))
+        if pod is not None and observation.phase is ObservedPhase.STARTING:
+            now = datetime.now(UTC)
+            if awaits_pod_sandbox(pod, now):
+                observation = await self._check_handler(pod, observation)
+                if observation.phase is ObservedPhase.STARTING:
+                    # Nothing in the pod's own status will change while the node cannot run
+                    # it: look at the kubelet's events again a little later.
+                    observation = replace(
+                        observation,
+                        recheck_at=now + timedelta(seconds=SANDBOX_EVENTS_EVERY_SECONDS),
+                    )
+            elif observation.created_at is not None:
+                due = observation.created_at + timedelta(seconds=SANDBOX_EVENTS_AFTER_SECONDS)
+                if due > now and awaits_pod_sandbox(pod, due):
+                    observation = replace(observation, recheck_at=due)
+        if pod is not None and self._proxy is not None:
+            observation = await self._check_proxy(sandbox, pod, observation)
+        return observation
+
+    async def _check_handler(self, pod: Mapping[str, Any], observation: Observation) -> Observation:
+        """A pod stuck before its containers exist: does the node lack the runtime handler?"""
+        events = await self._sandbox_events(pod)
+        if events is None:
+            return observation
+        handler = missing_handler(events)
+        if handler is None:
+            return observation
+        rc = self._config.runtime_class_name
+        node = (pod.get("spec") or {}).get("nodeName", "")
+        return Observation(
+            ObservedPhase.STARTUP_FAILED,
+            observation.served_by,
+            RUNTIME_HANDLER_MISSING,
+            f"node {node} cannot run RuntimeClass {rc!r}: its container runtime has no handler "
+            f"{handler!r} configured",
+            observation.created_at,
+        )
+
+    async def _check_proxy(
+        self, sandbox: SandboxRef, pod: Mapping[str, Any], observation: Observation
+    ) -> Observation:
+        """A live pod given a managed proxy's address: is the proxy still there (one GET), and
+        has it admitted the sandbox? A ready pod the proxy does not serve yet would meet
+        connection refused or 403 UnknownSandbox on its first request, so it is reported
+        ``pending`` until the proxy has written ``status.egress.admitted``."""
+        if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
+            return observation
+        assert self._proxy is not None
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if given is None:
+            return observation
+        problem = await self._proxy.check(sandbox.namespace, sandbox, given)
+        if not problem:
+            if observation.phase is ObservedPhase.READY and sandbox.egress_admitted is None:
+                return replace(observation, pending=EGRESS_PENDING)
+            return observation
+        return Observation(
+            ObservedPhase.FAILED,
+            observation.served_by,
+            "EgressProxyLost",
+            problem,
+            observation.created_at,
+        )
+
+    # ---- suspend and resume (spec.storage): the pod goes, its work volume stays ---------------
+
+    @property
+    def suspends(self) -> bool:
+        """A sandbox with ``spec.storage`` can be suspended: its work dir is a PVC of its own."""
+        return True
+
+    async def suspend(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Delete the pod(s) serving the sandbox and nothing else: its PersistentVolumeClaim,
+        NetworkPolicy and identity stay. Returns the pods still there (their deletion requested;
+        with the operator's views the pod's deletion event brings it back), empty once none is.
+        Without the views, waits for the pod to be gone (like ``dispose``). Idempotent.
+
+        Raises :class:`TransientError` when the API server refuses or cannot be reached."""
+        try:
+            if self._pods is None:
+                for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
+                    if obj.kind == POD:
+                        await self._delete_and_wait(POD, obj.namespace, obj.name)
+                await self._delete_and_wait(POD, sandbox.namespace, naming.pod_name(sandbox.name))
+                return []
+            pods = [o for o in self._seen_children(sandbox) if o.kind == POD]
+            for obj in pods:
+                if not obj.deleting:
+                    await self._delete(obj.kind, obj.namespace, obj.name)
+            return pods
+        except DisposalError as exc:
+            raise TransientError(f"suspending: {exc.failure.detail}") from None
+
+    async def resume(self, request: EnsureRequest) -> ServedBy:
+        """A new pod on the kept work volume (and NetworkPolicy): ``ensure``, which finds both
+        and creates the pod. (Never a warm pool's pod: the operator claims none for a spec with
+        storage.) A work volume that is gone (deleted by hand while suspended) is not replaced by
+        an empty one: the files it held are lost, and starting anyway would hide that."""
+        if request.spec.storage is not None and not await self._work_volume_exists(request):
+            name = naming.work_volume_name(request.sandbox.name)
+            raise StartupError(
+                ConditionReason.FAILED,
+                f"its work volume (PersistentVolumeClaim {name}) is gone: the files it held are "
+                "lost, so the sandbox is not resumed on an empty one",
+            )
+        return await self.ensure(request)
+
+    async def close(self) -> None:
+        task = self._proxy_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._proxy_task = None

@@ -1,0 +1,410 @@
+"""The API calls on the objects a runtime-class sandbox is made of (its NetworkPolicy, work
+volume claim and pod, and the pod's events): creating the first two, reading, listing by label,
+and deleting, with the operator's watched views in front where it has them. A base class of
+:class:`~.driver.RuntimeClassDriver`, which decides what to create and what a pod's state means.
+
+The API objects (``_core``, ``_net``) are bound here (:meth:`RuntimeClassObjects._bind_api`), so
+the calls made on them read together with where they come from (tests/unit/test_chart_rbac.py
+derives the chart's RBAC from them, module by module)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import naming
+from sandbox_operator.backends.base import (
+    BackendObject,
+    DisposalError,
+    EnsureRequest,
+    SandboxRef,
+    StartupError,
+    TransientError,
+)
+from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
+from sandbox_operator.backends.runtimeclass.observe import backend_object, foreign_claim
+from sandbox_operator.backends.runtimeclass.pods import (
+    CLAIM,
+    NETWORK_POLICY,
+    POD,
+    build_network_policy,
+    build_work_volume_claim,
+)
+from sandbox_operator.contract import ConditionReason, DisposalCode, DisposalFailure, SandboxKey
+from sandbox_operator.egress.config import ManagedEgressProxySettings
+from sandbox_operator.kubeapi import api_message
+from sandbox_operator.kubecalls import call_json, read_or_none
+
+if TYPE_CHECKING:
+    from sandbox_operator.reconcile.views import Store
+
+#: The package's logger (the name it had when the package was one module).
+log = logging.getLogger(__package__)
+
+
+class RuntimeClassObjects:
+    """Creating, reading, listing and deleting a sandbox's objects on one RuntimeClass backend.
+
+    ``_core``/``_net`` are kubernetes_asyncio's CoreV1Api and NetworkingV1Api; the views
+    (``_pods``, ``_network_policies``, ``_claims``) are the operator's, None for one-off callers.
+    """
+
+    _config: RuntimeClassBackendConfig
+    _api: Any
+    _core: Any
+    _net: Any
+    _dispose_timeout: float
+    _poll: float
+    _pods: Store | None = None
+    _network_policies: Store | None = None
+    _claims: Store | None = None
+    _proxy_settings: ManagedEgressProxySettings | None = None
+
+    def _bind_api(self, api: Any) -> None:
+        """Talk to the API server through ``api`` (a :class:`kubernetes_asyncio.client.ApiClient`).
+        Typed as Any: bodies are plain manifests (dicts), which the client serializes as is."""
+        from kubernetes_asyncio import client
+
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self._net = client.NetworkingV1Api(api)
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    def _sanitize(self, obj: Any) -> Any:
+        return self._api.sanitize_for_serialization(obj)
+
+    # ---- creating and reading -------------------------------------------------------------
+
+    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self._pods is not None:
+            return self._pods.get(namespace, name)
+        return await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
+
+    async def ensure_network_policy(self, request: EnsureRequest) -> None:
+        """Create the sandbox's NetworkPolicy unless it exists (it never changes for a sandbox).
+
+        Raises :class:`StartupError` when the API server refuses it."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        np = build_network_policy(request, self._config, self._proxy_settings)
+        try:
+            if self._network_policies is None:
+                await self._net.create_namespaced_network_policy(ns, np)
+            elif self._network_policies.get(ns, np["metadata"]["name"]) is None:
+                created_np = await call_json(self._net.create_namespaced_network_policy, ns, np)
+                self._network_policies.upsert(created_np)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: already there
+                raise StartupError(
+                    ConditionReason.STARTUP_FAILED,
+                    f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
+                    f"{api_message(exc)[:500]}",
+                ) from None
+
+    async def ensure_work_volume(self, request: EnsureRequest) -> None:
+        """Create the sandbox's work volume (``spec.storage``) unless it is there: found in the
+        views (or created, or already there: 409) and owned by this Sandbox. A claim under its
+        name that another Sandbox owns (an earlier one of the same key, not disposed yet) or that
+        is being deleted raises :class:`StartupError` ``KeyUnclean``: starting on it would hand
+        the sandbox someone else's files, or a volume about to go."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = request.sandbox.namespace
+        claim = build_work_volume_claim(request)
+        name = claim["metadata"]["name"]
+        existing = self._claims.get(ns, name) if self._claims is not None else None
+        if existing is None:
+            try:
+                created = await call_json(
+                    self._core.create_namespaced_persistent_volume_claim, ns, claim
+                )
+                if self._claims is not None:
+                    self._claims.upsert(created)
+                return
+            except ApiException as exc:
+                if exc.status != 409:  # 409: already there (made by another pass or replica)
+                    raise StartupError(
+                        ConditionReason.STARTUP_FAILED,
+                        f"PersistentVolumeClaim {name} was refused by the API server "
+                        f"(HTTP {exc.status}): {api_message(exc)[:500]}",
+                    ) from None
+            try:
+                existing = await call_json(
+                    self._core.read_namespaced_persistent_volume_claim, name, ns
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # deleted between our create and read: the next pass
+                    raise TransientError(f"PersistentVolumeClaim {name} went away") from None
+                raise TransientError(
+                    f"reading PersistentVolumeClaim {name}: HTTP {exc.status}"
+                ) from None
+            if self._claims is not None:
+                self._claims.upsert(existing)
+        problem = foreign_claim(existing, request.sandbox.uid)
+        if problem:
+            raise StartupError(ConditionReason.KEY_UNCLEAN, problem)
+
+    async def _work_volume_exists(self, request: EnsureRequest) -> bool:
+        """Whether the sandbox's work volume exists: in the views, else asked once (a view not
+        synced yet must not read as "gone")."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns, name = request.sandbox.namespace, naming.work_volume_name(request.sandbox.name)
+        if self._claims is not None and self._claims.get(ns, name) is not None:
+            return True
+        try:
+            await call_json(self._core.read_namespaced_persistent_volume_claim, name, ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise TransientError(
+                f"reading PersistentVolumeClaim {name}: HTTP {exc.status}"
+            ) from None
+        return True
+
+    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The kubelet's ``FailedCreatePodSandBox`` events of ``pod``; None when unreadable."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        meta = pod.get("metadata") or {}
+        try:
+            listed = await self._core.list_namespaced_event(
+                meta.get("namespace", ""),
+                field_selector=f"involvedObject.uid={meta.get('uid', '')},"
+                "reason=FailedCreatePodSandBox",
+            )
+        except ApiException as exc:
+            log.warning("cannot read the events of pod %s (HTTP %s)", meta.get("name"), exc.status)
+            return None
+        events: list[dict[str, Any]] = self._sanitize(listed).get("items") or []
+        return events
+
+    # ---- deleting and listing -------------------------------------------------------------
+
+    def _call(self, verb: str, kind: str) -> Any:
+        """The API call that does ``verb`` (``delete``/``read``) to one object of ``kind`` by
+        (name, namespace)."""
+        calls: dict[tuple[str, str], Any] = {
+            ("delete", POD): self._core.delete_namespaced_pod,
+            ("read", POD): self._core.read_namespaced_pod,
+            ("delete", CLAIM): self._core.delete_namespaced_persistent_volume_claim,
+            ("read", CLAIM): self._core.read_namespaced_persistent_volume_claim,
+            ("delete", NETWORK_POLICY): self._net.delete_namespaced_network_policy,
+            ("read", NETWORK_POLICY): self._net.read_namespaced_network_policy,
+        }
+        return calls[verb, kind if kind in (POD, CLAIM) else NETWORK_POLICY]
+
+    async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async def delete() -> None:
+            await self._call("delete", kind)(name, namespace)
+
+        async def exists() -> bool:
+            try:
+                await self._call("read", kind)(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        try:
+            try:
+                await delete()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._dispose_timeout
+            while await exists():
+                if loop.time() >= deadline:
+                    raise DisposalError(
+                        DisposalFailure(
+                            code=DisposalCode.TIMEOUT,
+                            detail=f"{kind} {name} still present after {self._dispose_timeout:g}s",
+                            backend=self.name,
+                        )
+                    )
+                await asyncio.sleep(self._poll)
+        except ApiException as exc:
+            raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
+        except (TimeoutError, OSError) as exc:
+            raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
+
+    async def dispose(self, sandbox: SandboxRef) -> None:
+        name = naming.pod_name(sandbox.name)
+        errors: list[DisposalError] = []
+        # The pod first: its work volume (if any) is released only once no pod uses it.
+        own = (
+            (POD, name),
+            (NETWORK_POLICY, naming.network_policy_name(sandbox.name)),
+            (CLAIM, naming.work_volume_name(sandbox.name)),
+        )
+        for kind, obj_name in own:
+            try:
+                await self._delete_and_wait(kind, sandbox.namespace, obj_name)
+            except DisposalError as exc:
+                errors.append(exc)
+        # Anything else carrying this sandbox's label (e.g. left by an older naming scheme).
+        for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
+            if (obj.kind, obj.name) in own:
+                continue
+            try:
+                await self.dispose_object(obj)
+            except DisposalError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    # ---- disposal without waiting: the operator's watches say when it landed ----------------
+
+    def _seen(self, namespace: str, label: str, value: str) -> list[BackendObject]:
+        """The objects of every kind in the views whose ``label`` is ``value``."""
+        assert self._pods is not None and self._network_policies is not None
+        views = ((POD, self._pods), (NETWORK_POLICY, self._network_policies), (CLAIM, self._claims))
+        return [
+            backend_object(kind, obj)
+            for kind, view in views
+            if view is not None
+            for obj in view.select(namespace, label, value)
+        ]
+
+    def _this_backend(self, found: list[BackendObject]) -> list[BackendObject]:
+        """Drop what another backend labelled as its own (unlabelled objects count as ours)."""
+        backend = self.name
+        return [o for o in found if o.labels.get(lbl.BACKEND_LABEL, backend) == backend]
+
+    def _seen_children(self, sandbox: SandboxRef) -> list[BackendObject]:
+        assert self._pods is not None
+        value = lbl.sandbox_label_value(sandbox.name)
+        found = self._seen(sandbox.namespace, lbl.SANDBOX_LABEL, value)
+        recorded = sandbox.served_by
+        if (
+            recorded is not None
+            and recorded.kind == "Pod"
+            and not any(o.kind == "Pod" and o.name == recorded.name for o in found)
+        ):
+            pod = self._pods.get(recorded.namespace or sandbox.namespace, recorded.name)
+            if pod is not None:
+                found.append(backend_object("Pod", pod))
+        return self._this_backend(found)
+
+    @property
+    def watches_disposal(self) -> bool:
+        """True when disposal is asked for here and its landing is seen through the watches
+        (``request_disposal``); False: ``dispose`` deletes and waits by polling."""
+        return self._pods is not None
+
+    async def request_disposal(
+        self, sandbox: SandboxRef, *, requested: bool = False
+    ) -> list[BackendObject]:
+        """Delete what serves the sandbox and is not being deleted yet; return what is still
+        there (its deletion requested). No wait, no read: the views say what exists, and the
+        watch event of each deletion brings the operator back. ``requested``: a collection
+        delete already asked for these (a scope purge), whose effect the views may not show
+        yet; nothing is deleted again, only what remains is returned.
+
+        Raises :class:`DisposalError` when the API server refuses a deletion.
+        """
+        remaining = self._seen_children(sandbox)
+        if requested:
+            return remaining
+        for obj in remaining:
+            if not obj.deleting:
+                await self._delete(obj.kind, obj.namespace, obj.name)
+        return remaining
+
+    async def request_conversation_disposal(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> None:
+        """Delete every pod, NetworkPolicy and PersistentVolumeClaim of one conversation on this
+        backend: three calls (``deletecollection`` by label selector), whatever the number of
+        sandboxes."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        selector = lbl.format_selector(
+            {
+                lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
+                lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread_id),
+                lbl.BACKEND_LABEL: self.name,
+            }
+        )
+        try:
+            await call_json(
+                self._core.delete_collection_namespaced_pod, namespace, label_selector=selector
+            )
+            await call_json(
+                self._net.delete_collection_namespaced_network_policy,
+                namespace,
+                label_selector=selector,
+            )
+            await call_json(
+                self._core.delete_collection_namespaced_persistent_volume_claim,
+                namespace,
+                label_selector=selector,
+            )
+        except ApiException as exc:
+            raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
+
+    async def _delete(self, kind: str, namespace: str, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await call_json(self._call("delete", kind), name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
+        except (TimeoutError, OSError) as exc:
+            raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
+
+    async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
+        pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
+        nps = await self._net.list_namespaced_network_policy(namespace, label_selector=selector)
+        claims = await self._core.list_namespaced_persistent_volume_claim(
+            namespace, label_selector=selector
+        )
+        out = [backend_object(POD, self._sanitize(p)) for p in pods.items]
+        out += [backend_object(NETWORK_POLICY, self._sanitize(n)) for n in nps.items]
+        out += [backend_object(CLAIM, self._sanitize(c)) for c in claims.items]
+        return self._this_backend(out)
+
+    async def list_by_scope(
+        self, namespace: str, scope: str, thread_id: str
+    ) -> list[BackendObject]:
+        return await self._list(namespace, lbl.scope_selector(scope, thread_id))
+
+    async def list_by_key(self, namespace: str, key: SandboxKey) -> list[BackendObject]:
+        if self._pods is not None and self._network_policies is not None:
+            return self._this_backend(self._seen(namespace, lbl.KEY_LABEL, lbl.key_value(key)))
+        return await self._list(namespace, lbl.key_selector(key))
+
+    async def dispose_object(self, obj: BackendObject) -> None:
+        await self._delete_and_wait(obj.kind, obj.namespace, obj.name)
+
+
+def _unreachable(backend: str, what: str, exc: BaseException) -> DisposalError:
+    return DisposalError(
+        DisposalFailure(
+            code=DisposalCode.UNREACHABLE,
+            detail=f"{what}: {type(exc).__name__}",
+            backend=backend,
+        )
+    )
+
+
+def _disposal_error(backend: str, what: str, exc: Any) -> DisposalError:
+    status = getattr(exc, "status", None)
+    code = DisposalCode.REFUSED if status in (401, 403) else DisposalCode.UNKNOWN
+    return DisposalError(
+        DisposalFailure(code=code, detail=f"{what}: HTTP {status}", backend=backend)
+    )

@@ -1,0 +1,177 @@
+"""What the API's objects say about a runtime-class sandbox, as pure functions over their JSON:
+a pod's phase (:func:`classify_pod`), a node lacking the runtime handler, a work volume that is
+not the sandbox's own, and any owned object as a :class:`BackendObject`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.backends.base import (
+    BackendObject,
+    Observation,
+    ObservedPhase,
+    ServedBy,
+)
+from sandbox_operator.backends.runtimeclass.pods import CONTAINER_NAME
+from sandbox_operator.kubeapi import parse_time
+
+#: Waiting reasons that mean the container will not start without someone changing something.
+FATAL_WAITING_REASONS = frozenset(
+    {
+        "ErrImageNeverPull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImagePull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "StartError",
+        "CrashLoopBackOff",
+    }
+)
+
+PULL_REASONS = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull"})
+
+#: Why a ready pod under a managed egress proxy is not usable yet (Ready stays False with it).
+EGRESS_PENDING = "waiting for the egress proxy to admit the sandbox"
+
+#: What container runtimes answer (in the kubelet's FailedCreatePodSandBox events) when the node
+#: has no handler for a RuntimeClass: containerd, then CRI-O. The kubelet retries such a pod
+#: forever, so without reading them the sandbox would only ever end as StartupTimeout.
+MISSING_HANDLER_PATTERNS = (
+    re.compile(r'no runtime for "([^"]*)" is configured'),
+    re.compile(r"failed to find runtime handler (\S+)"),
+)
+#: How long a pod may wait for its pod sandbox before the kubelet's events are read (the normal
+#: path never pays for the list call).
+SANDBOX_EVENTS_AFTER_SECONDS = 3.0
+#: While a pod still waits for its pod sandbox after that, how often its events are read again.
+SANDBOX_EVENTS_EVERY_SECONDS = 5.0
+RUNTIME_HANDLER_MISSING = "RuntimeHandlerMissing"
+
+
+def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
+    """What a pod's status says about its sandbox (pure; ``pod`` is the API's JSON shape)."""
+    if pod is None:
+        return Observation(ObservedPhase.ABSENT)
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    served = ServedBy(
+        kind="Pod",
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+    )
+    created = parse_time(meta.get("creationTimestamp"))
+    if meta.get("deletionTimestamp"):
+        return Observation(
+            ObservedPhase.DISPOSING, served, "Terminating", "pod is being deleted", created
+        )
+    phase = status.get("phase", "Pending")
+    statuses = status.get("containerStatuses") or []
+    cs = next((c for c in statuses if c.get("name") == CONTAINER_NAME), None)
+    ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if phase in ("Failed", "Succeeded"):
+        term = ((cs or {}).get("state") or {}).get("terminated") or {}
+        why = term.get("reason") or status.get("reason") or phase
+        code = term.get("exitCode")
+        msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
+        if status.get("message"):
+            msg += f": {status['message']}"
+        return Observation(ObservedPhase.FAILED, served, str(why), msg, created)
+    if cs is not None:
+        state = cs.get("state") or {}
+        waiting = state.get("waiting")
+        terminated = state.get("terminated")
+        if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
+            reason = str(waiting["reason"])
+            msg = f"container cannot start: {reason}"
+            if reason in PULL_REASONS:
+                # The kubelet's pull message names registry endpoints and resolvers: keep it out.
+                msg += f" (image {cs.get('image') or 'unknown'} is not available to the node)"
+            elif waiting.get("message"):
+                msg += f": {str(waiting['message'])[:300]}"
+            return Observation(ObservedPhase.STARTUP_FAILED, served, reason, msg, created)
+        if terminated:
+            reason = str(terminated.get("reason") or "Terminated")
+            msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
+            return Observation(ObservedPhase.FAILED, served, reason, msg, created)
+        if state.get("running") is not None and cs.get("ready"):
+            ready_at = parse_time((ready_cond or {}).get("lastTransitionTime"))
+            return Observation(
+                ObservedPhase.READY, served, "Running", "pod is running", created, ready_at
+            )
+    # Unschedulable or still creating: not (yet) fatal; the startup timeout bounds it.
+    detail = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            detail = f"not scheduled: {cond.get('reason', '')} {cond.get('message', '')}".strip()
+    if not detail and cs and (cs.get("state") or {}).get("waiting"):
+        detail = str(cs["state"]["waiting"].get("reason") or "")
+    return Observation(
+        ObservedPhase.STARTING, served, detail or phase, detail or f"pod is {phase}", created
+    )
+
+
+def missing_handler(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """The runtime handler a node lacks, as its container runtime told the kubelet, if so."""
+    for event in events:
+        if event.get("reason") != "FailedCreatePodSandBox":
+            continue
+        for pattern in MISSING_HANDLER_PATTERNS:
+            found = pattern.search(str(event.get("message") or ""))
+            if found:
+                return found.group(1).strip("\"'")
+    return None
+
+
+def awaits_pod_sandbox(pod: Mapping[str, Any], now: datetime) -> bool:
+    """A pod bound to a node for a while whose containers the kubelet has not created yet."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending" or not (pod.get("spec") or {}).get("nodeName"):
+        return False
+    waiting = [
+        ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        for c in status.get("containerStatuses") or []
+    ]
+    if any(reason not in (None, "ContainerCreating") for reason in waiting):
+        return False
+    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and (now - created).total_seconds() >= SANDBOX_EVENTS_AFTER_SECONDS
+
+
+def foreign_claim(claim: Mapping[str, Any], uid: str) -> str:
+    """Why a sandbox (Sandbox ``uid``) may not start on the work volume ``claim`` found under
+    its name, or "": the claim belongs to another Sandbox, or is being deleted."""
+    meta = claim.get("metadata") or {}
+    name = meta.get("name", "")
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    if uid and uid not in owners:
+        return (
+            f"PersistentVolumeClaim {name} exists but belongs to another Sandbox (a previous one "
+            "with this name that was not disposed yet)"
+        )
+    if meta.get("deletionTimestamp"):
+        return f"PersistentVolumeClaim {name} is being deleted (a previous sandbox's work volume)"
+    return ""
+
+
+def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
+    meta = obj.get("metadata") or {}
+    labels = dict(meta.get("labels") or {})
+    owner = next(
+        (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "Sandbox"),
+        "",
+    )
+    return BackendObject(
+        kind=kind,
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", ""),
+        sandbox_name=labels.get(lbl.SANDBOX_LABEL, ""),
+        owner_uid=owner,
+        deleting=bool(meta.get("deletionTimestamp")),
+        labels=labels,
+    )

@@ -1,0 +1,307 @@
+"""What a runtime-class sandbox is made of, as pure functions over the request: its pod, its
+NetworkPolicy and its work volume's PersistentVolumeClaim. Kept apart from the driver so what gets
+created is testable without a cluster (the security profile is in the package docstring)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from sandbox_operator import labels as lbl
+from sandbox_operator import naming
+from sandbox_operator.backends.base import EnsureRequest
+from sandbox_operator.backends.egress_proxy import (
+    PROXY_ADDRESS_ANNOTATION,
+    ProxyAddress,
+    proxy_labels,
+)
+from sandbox_operator.backends.owners import owner_reference
+from sandbox_operator.backends.runtimeclass.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.contract import Egress, SandboxSpec
+from sandbox_operator.egress.config import ManagedEgressProxySettings
+
+CONTAINER_NAME = "sandbox"
+WORK_VOLUME = "work"
+TMP_VOLUME = "tmp"
+
+POD = "Pod"
+NETWORK_POLICY = "NetworkPolicy"
+#: The work volume of a sandbox with ``spec.storage`` (named ``naming.work_volume_name``).
+CLAIM = "PersistentVolumeClaim"
+
+#: The only name server of a sandbox that may reach none (see :func:`dns_settings`): the pod's
+#: own loopback, where nothing listens, so every lookup is refused inside the pod.
+NO_DNS_NAMESERVER = "127.0.0.1"
+#: ``use-vc``: glibc and Go ask over TCP, which the closed port refuses with a RST, no ICMP error
+#: (gVisor's netstack rate-limits those even on loopback: 300 lookups over UDP, 18 took 5 s).
+#: Resolvers that ignore it ask over UDP: busybox gets the loopback ICMP error; musl's unconnected
+#: socket never sees one, so ``timeout:1 attempts:1`` bound its lookups to a second, not five.
+NO_DNS_OPTIONS: Final = (("use-vc", None), ("timeout", "1"), ("attempts", "1"))
+
+#: The version of what :func:`pod_manifest` makes of a spec. Bump it whenever the same spec gives
+#: a different pod (version 2: closed sandboxes got the no-DNS settings), so idle warm pool pods
+#: made the old way stop matching their pool's shape and are replaced rather than claimed.
+POD_TEMPLATE_VERSION: Final = 2
+
+
+def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": request.sandbox.namespace,
+        "labels": dict(request.labels),
+        "annotations": dict(request.annotations),
+    }
+    if request.sandbox.uid:
+        meta["ownerReferences"] = [owner_reference(request.sandbox)]
+    return meta
+
+
+def _resources(spec: SandboxSpec) -> dict[str, Any]:
+    """Requests and limits of the sandbox container, always both for cpu and memory.
+
+    ``spec`` is expected to carry resources resolved under the host policy (the reconciler passes
+    ``policy.resolve_spec(host, spec)``); whatever is still unset gets the built-in defaults, so a
+    pod never runs without limits or with requests above them. Resolving is idempotent.
+    """
+    from sandbox_operator.contract import HostPolicy
+    from sandbox_operator.policy import resolve_resources
+
+    resolved = resolve_resources(HostPolicy(), spec)
+    return {
+        part: {r: str(getattr(getattr(resolved, part), r)) for r in ("cpu", "memory")}
+        for part in ("requests", "limits")
+    }
+
+
+def container_security_context(pod: PodSettings) -> dict[str, Any]:
+    ctx: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "readOnlyRootFilesystem": pod.read_only_root_filesystem,
+        "runAsNonRoot": pod.run_as_non_root,
+    }
+    if pod.run_as_user is not None:
+        ctx["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        ctx["runAsGroup"] = pod.run_as_group
+    return ctx
+
+
+def proxy_by_name(url: str | None) -> bool:
+    """Whether a proxy URL names its host (which the sandbox must then resolve) rather than
+    giving a number (an IP literal, as the operator-run proxy's address always is)."""
+    host = urlsplit(url).hostname if url else None
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def dns_settings(spec: SandboxSpec, proxy_url: str | None) -> dict[str, Any]:
+    """``dnsPolicy``/``dnsConfig`` of a sandbox pod: the cluster's resolver only where one is
+    reachable and needed; otherwise a configuration that fails every lookup at once.
+
+    Why: under the cluster's resolver a closed sandbox's lookups are REJECTed by its deny-all
+    NetworkPolicy with ICMP errors, which the node rate-limits to about one a second, so every
+    other lookup waited out the resolver's 5 s timeout (0.1, 5.0, 0.003, 5.0 s back to back).
+
+    * ``unrestricted``: the cluster's resolver (``ClusterFirst``, the Kubernetes default).
+    * ``allowlist`` with a proxy URL that names its host (an external proxy given by name): the
+      cluster's resolver, because the sandbox must resolve that name itself (the platform's own
+      policies then have to let it reach the resolver: the sandbox's policy allows the proxy only).
+    * everything else (``closed``; ``allowlist`` with the proxy as a number, which the operator-run
+      proxy always is, or with no proxy): nothing reachable to ask, so ``dnsPolicy: None`` with
+      :data:`NO_DNS_NAMESERVER` and :data:`NO_DNS_OPTIONS`, no search domains. ``/etc/hosts``
+      (``hostAliases``) is still read first.
+    """
+    if spec.egress is Egress.UNRESTRICTED or (
+        spec.egress is Egress.ALLOWLIST and proxy_by_name(proxy_url)
+    ):
+        return {"dnsPolicy": "ClusterFirst"}
+    options = [
+        {"name": name} if value is None else {"name": name, "value": value}
+        for name, value in NO_DNS_OPTIONS
+    ]
+    return {
+        "dnsPolicy": "None",
+        "dnsConfig": {"nameservers": [NO_DNS_NAMESERVER], "options": options},
+    }
+
+
+def build_pod(
+    request: EnsureRequest,
+    backend: RuntimeClassBackendConfig,
+    managed_proxy: ProxyAddress | None = None,
+) -> dict[str, Any]:
+    """The pod manifest that serves a sandbox on a runtime-class backend.
+
+    ``managed_proxy``: the address of the namespace's operator-run egress proxy (for a backend
+    whose ``egressProxy`` is ``managed``), given to the sandbox as a number (an allowlisted
+    sandbox resolves no names) and recorded on the pod for recovery.
+    """
+    metadata = _metadata(request, naming.pod_name(request.sandbox.name))
+    claim = naming.work_volume_name(request.sandbox.name) if request.spec.storage else None
+    return pod_manifest(request.spec, backend, metadata, managed_proxy, work_claim=claim)
+
+
+def build_work_volume_claim(request: EnsureRequest) -> dict[str, Any]:
+    """The PersistentVolumeClaim of a sandbox's work directory (``spec.storage``): labelled and
+    owned like its pod (so disposal, scope purges and the garbage collector find it), sized and
+    classed by the spec (no ``storageClassName``: the cluster's default class)."""
+    storage = request.spec.storage
+    if storage is None:
+        raise ValueError("the spec asks for no storage")
+    spec: dict[str, Any] = {
+        "accessModes": [str(storage.access_mode)],
+        "resources": {"requests": {"storage": str(storage.size)}},
+    }
+    if storage.storage_class_name is not None:
+        spec["storageClassName"] = storage.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": CLAIM,
+        "metadata": _metadata(request, naming.work_volume_name(request.sandbox.name)),
+        "spec": spec,
+    }
+
+
+def pod_manifest(
+    spec: SandboxSpec,
+    backend: RuntimeClassBackendConfig,
+    metadata: dict[str, Any],
+    managed_proxy: ProxyAddress | None = None,
+    *,
+    work_claim: str | None = None,
+) -> dict[str, Any]:
+    """The pod for ``spec`` on ``backend`` with the given metadata: everything of a sandbox pod
+    but who it serves (a Sandbox's pod, or a warm pool's pod made before it serves anyone).
+
+    ``work_claim``: the PersistentVolumeClaim mounted at the work dir (a spec with ``storage``)
+    instead of an emptyDir; ``/tmp`` stays an emptyDir either way."""
+    pod = backend.pod
+    work_dir = spec.work_dir
+    pod_security: dict[str, Any] = {
+        "runAsNonRoot": pod.run_as_non_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if pod.run_as_user is not None:
+        pod_security["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        pod_security["runAsGroup"] = pod.run_as_group
+    if pod.fs_group is not None:
+        pod_security["fsGroup"] = pod.fs_group
+    work_volume: dict[str, Any] = {"name": WORK_VOLUME, "emptyDir": {}}
+    if work_claim is not None:
+        work_volume = {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": work_claim}}
+    elif pod.work_dir_size_limit:
+        work_volume["emptyDir"]["sizeLimit"] = pod.work_dir_size_limit
+    mounts = [{"name": WORK_VOLUME, "mountPath": work_dir}]
+    volumes = [work_volume]
+    if work_dir != "/tmp":
+        mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
+        volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": pod.tmp_size_limit}})
+    env = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "SANDBOX_WORK_DIR", "value": work_dir},
+    ]
+    proxy = backend.egress_proxy
+    proxy_url = None
+    if proxy is not None and proxy.managed:
+        proxy_url = managed_proxy.url if managed_proxy is not None else None
+    elif proxy is not None:
+        proxy_url = proxy.url
+    if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy_url:
+        for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+            env.append({"name": var, "value": proxy_url})
+        if proxy.no_proxy:
+            env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": list(pod.keep_alive_command),
+        "workingDir": work_dir,
+        "env": env,
+        "resources": _resources(spec),
+        "securityContext": container_security_context(pod),
+        "volumeMounts": mounts,
+        "stdin": False,
+        "tty": False,
+    }
+    pod_spec: dict[str, Any] = {
+        "runtimeClassName": backend.runtime_class_name,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": volumes,
+        **dns_settings(spec, proxy_url),
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed and proxy_url:
+        assert managed_proxy is not None
+        metadata.setdefault("annotations", {})[PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_network_policy(
+    request: EnsureRequest,
+    backend: RuntimeClassBackendConfig | None = None,
+    managed: ManagedEgressProxySettings | None = None,
+) -> dict[str, Any]:
+    """The NetworkPolicy of a sandbox pod: no ingress ever; egress by the spec's mode.
+
+    ``closed`` denies all egress (DNS included). ``unrestricted`` leaves egress open (only served
+    when the host policy allows it and the backend declares it). ``allowlist`` allows egress only
+    to the backend's egress proxy (which enforces the allowlist); without a proxy, none at all.
+    The operator-run proxy (``managed``) is its own namespace's pods with the proxy labels, on
+    its port: the sandbox dials the Service's cluster IP, which is translated to the pod's
+    address before the policy judges the packet.
+    """
+    name = naming.network_policy_name(request.sandbox.name)
+    selector = {lbl.SANDBOX_LABEL: lbl.sandbox_label_value(request.sandbox.name)}
+    policy_types = ["Ingress", "Egress"]
+    spec: dict[str, Any] = {
+        "podSelector": {"matchLabels": selector},
+        "policyTypes": policy_types,
+        "ingress": [],
+        "egress": [],
+    }
+    if request.spec.egress is Egress.UNRESTRICTED:
+        spec["policyTypes"] = ["Ingress"]
+        del spec["egress"]
+    proxy = backend.egress_proxy if backend is not None else None
+    if request.spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed:
+        if managed is not None:
+            spec["egress"] = [
+                {
+                    "to": [{"podSelector": {"matchLabels": proxy_labels()}}],
+                    "ports": [{"protocol": "TCP", "port": managed.port}],
+                }
+            ]
+    elif request.spec.egress is Egress.ALLOWLIST and proxy is not None:
+        peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
+        if proxy.namespace_selector is not None:
+            peer["namespaceSelector"] = {"matchLabels": dict(proxy.namespace_selector)}
+        spec["egress"] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": proxy.port}]}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(request, name),
+        "spec": spec,
+    }

@@ -1,0 +1,124 @@
+"""The base of every contract model (camelCase wire spelling, unknown fields refused, frozen),
+the shared bounds and patterns, the enum-set field types and the transfer limits: what the spec,
+the backend declarations and the host policy all build on."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from .enums import (
+    Capability,
+    Egress,
+    Isolation,
+    IsolationScope,
+    OsFamily,
+    parse_isolation,
+)
+
+MiB: Final = 1024 * 1024
+
+#: Longest string the key fields may carry (a DNS subdomain's length).
+KEY_MAX_LENGTH: Final = 253
+#: Most hosts an egress allowlist may name.
+EGRESS_ALLOW_MAX_ITEMS: Final = 64
+#: Most outputs a spec may declare.
+DECLARED_OUTPUTS_MAX_ITEMS: Final = 64
+#: Longest host name (DNS).
+HOST_MAX_LENGTH: Final = 253
+#: Longest relative output path.
+PATH_MAX_LENGTH: Final = 1024
+
+#: A string without C0 control characters or DEL (key parts, workDir, output paths). A pattern,
+#: not only a validator, so the CRD carries it and the API server refuses such a spec with a 422
+#: instead of the operator failing it after it was accepted. The same text is a Python and an RE2
+#: (Go, the API server's) expression.
+NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]*$"
+#: As :data:`NO_CONTROL_PATTERN`, and not empty.
+NON_EMPTY_NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]+$"
+
+
+class ContractModel(BaseModel):
+    """Base of every contract model: camelCase aliases, unknown fields refused, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-ready dict in the camelCase wire spelling, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _parse_isolation_input(value: object) -> object:
+    if isinstance(value, str):
+        return parse_isolation(value)
+    return value
+
+
+#: An ``Isolation`` field: strings are parsed strictly (unknown and retired spellings refused).
+IsolationValue = Annotated[Isolation, BeforeValidator(_parse_isolation_input)]
+
+
+def _ordered_values(values: frozenset[Any]) -> list[str]:
+    """Serialize an enum set in the enum's definition order, so output is deterministic."""
+    if not values:
+        return []
+    enum_type = type(next(iter(values)))
+    return [member.value for member in enum_type if member in values]
+
+
+_SetSerializer = PlainSerializer(_ordered_values, return_type=list[str], when_used="json")
+
+CapabilitySet = Annotated[frozenset[Capability], _SetSerializer]
+EgressSet = Annotated[frozenset[Egress], _SetSerializer]
+OsFamilySet = Annotated[frozenset[OsFamily], _SetSerializer]
+IsolationScopeSet = Annotated[frozenset[IsolationScope], _SetSerializer]
+
+
+class TransferLimits(ContractModel):
+    """Ceilings on one direction of file transfer. All three bound a transfer together."""
+
+    max_bytes_per_file: int = Field(
+        default=8 * MiB,
+        ge=0,
+        le=1 << 40,
+        description="Largest single file, in bytes.",
+    )
+    max_total_bytes: int = Field(
+        default=32 * MiB,
+        ge=0,
+        le=1 << 42,
+        description="Largest sum of all files in one transfer, in bytes.",
+    )
+    max_files: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Most files in one transfer.",
+    )
+
+    @model_validator(mode="after")
+    def _per_file_within_total(self) -> TransferLimits:
+        if self.max_bytes_per_file > self.max_total_bytes:
+            raise ValueError(
+                f"maxBytesPerFile ({self.max_bytes_per_file}) exceeds maxTotalBytes "
+                f"({self.max_total_bytes})"
+            )
+        return self
+
+
+#: The default ceilings, also what a backend that declares no limits is held to.
+DEFAULT_TRANSFER_LIMITS: Final = TransferLimits()
