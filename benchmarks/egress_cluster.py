@@ -57,7 +57,7 @@ from tests.e2e.test_egress_closed import Outside, node_address, unrestricted_pod
 from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_LABEL  # noqa: E402
 from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, build_operator_image  # noqa: E402
 
-from sandbox_operator.egress.testing import serve_http_in_thread  # noqa: E402
+from sandbox_operator.testing.egress import serve_http_in_thread  # noqa: E402
 
 BODY = b"egress-bench-ok"
 WARMUP = 20

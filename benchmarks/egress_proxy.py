@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sandbox_operator.egress.testing import (  # noqa: E402
+from sandbox_operator.testing.egress import (  # noqa: E402
     connect_through,
     open_from,
     read_reply_head,

@@ -148,7 +148,7 @@ async def pod_sandbox(runtime: str, namespace: str, kubeconfig: str) -> AsyncIte
 
 @asynccontextmanager
 async def local_sandbox() -> AsyncIterator[Sandbox]:
-    from sandbox_operator.conformance.fakes import local_sandbox as make
+    from sandbox_operator.testing.fakes import local_sandbox as make
 
     with tempfile.TemporaryDirectory(prefix="bench-hosttools-") as root:
         yield make(root=root, requires=REQUIRES)

@@ -51,7 +51,7 @@ from sandbox_operator.egress.probe import (
     expect_proxy_refused,
     judge,
 )
-from sandbox_operator.egress.testing import make_self_signed_cert, serve_http_in_thread
+from sandbox_operator.testing.egress import make_self_signed_cert, serve_http_in_thread
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod

@@ -29,7 +29,7 @@ from sandbox_operator.egress.probe import (
     judge,
     run_probe,
 )
-from sandbox_operator.egress.testing import serve_http_in_thread
+from sandbox_operator.testing.egress import serve_http_in_thread
 from tests.e2e.test_cluster_node import exec_in
 from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
 

@@ -24,13 +24,13 @@ from sandbox_operator.contract import GROUP, VERSION
 from sandbox_operator.egress import EgressProxy, ProxyConfig, StaticResolver
 from sandbox_operator.egress.decisions import Decision, DecisionReason, Verdict
 from sandbox_operator.egress.kube import KubeEgressController, kube_api_client
-from sandbox_operator.egress.testing import (
+from sandbox_operator.reconcile.kube import Kube
+from sandbox_operator.testing.egress import (
     LocalServer,
     connect_through,
     get_through,
     start_http_server,
 )
-from sandbox_operator.reconcile.kube import Kube
 from tests.fixtures.operator import Kit
 
 pytestmark = pytest.mark.integration

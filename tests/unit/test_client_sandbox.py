@@ -17,8 +17,8 @@ from sandbox_operator.client import (
     SandboxFileNotFound,
     TransferCapExceeded,
 )
-from sandbox_operator.conformance.fakes import local_sandbox
 from sandbox_operator.contract import Capability
+from sandbox_operator.testing.fakes import local_sandbox
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from sandbox_operator.conformance import (
     check_reclaim,
     check_sandbox,
 )
-from sandbox_operator.conformance.fakes import DEFECTS, local_sandbox
 from sandbox_operator.contract import Capability
+from sandbox_operator.testing.fakes import DEFECTS, local_sandbox
 
 SMALL_IN = {"max_bytes_per_file": 64 * 1024, "max_total_bytes": 128 * 1024, "max_files": 8}
 

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandbox_operator.conformance.egress import check_egress
-from sandbox_operator.conformance.fakes import local_sandbox
 from sandbox_operator.contract import Capability
 from sandbox_operator.egress import EgressProxy, StaticResolver
 from sandbox_operator.egress.probe import ProbeTarget
-from sandbox_operator.egress.testing import LocalServer, loopback_proxy_config, start_http_server
+from sandbox_operator.testing.egress import LocalServer, loopback_proxy_config, start_http_server
+from sandbox_operator.testing.fakes import local_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3")
 

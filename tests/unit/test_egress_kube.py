@@ -31,7 +31,7 @@ from sandbox_operator.egress import (
 from sandbox_operator.egress.__main__ import main as egress_main
 from sandbox_operator.egress.decisions import Decision, FanoutSink
 from sandbox_operator.egress.kube import KubeEgressController
-from sandbox_operator.egress.testing import connect_through, get_through, start_http_server
+from sandbox_operator.testing.egress import connect_through, get_through, start_http_server
 
 
 class ApiError(Exception):

@@ -24,7 +24,7 @@ from sandbox_operator.egress.probe import (
     parse_results,
     run_probe,
 )
-from sandbox_operator.egress.testing import LocalServer, loopback_proxy_config, start_http_server
+from sandbox_operator.testing.egress import LocalServer, loopback_proxy_config, start_http_server
 
 RESOLVER = StaticResolver(
     {"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"], "inside.test": ["127.0.0.9"]}
@@ -124,7 +124,7 @@ def test_missing_report_is_an_error() -> None:
 
 
 async def test_tls_through_a_connect_tunnel(proxy: EgressProxy) -> None:
-    from sandbox_operator.egress.testing import self_signed_cert
+    from sandbox_operator.testing.egress import self_signed_cert
 
     async with self_signed_cert(("allowed.test",)) as cert:
         server = await start_http_server(

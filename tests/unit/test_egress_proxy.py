@@ -29,7 +29,7 @@ from sandbox_operator.egress import (
     Verdict,
     token_digest,
 )
-from sandbox_operator.egress.testing import (
+from sandbox_operator.testing.egress import (
     LocalServer,
     connect_through,
     get_through,

@@ -51,8 +51,8 @@ from sandbox_operator.client.hosttools.errors import (
 )
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, StoreFileRead
 from sandbox_operator.client.sandbox import Sandbox
-from sandbox_operator.conformance.fakes import DefectiveDataPlane, local_sandbox
 from sandbox_operator.contract import Capability, TransferLimits
+from sandbox_operator.testing.fakes import DefectiveDataPlane, local_sandbox
 
 SMALL = TransferLimits(max_bytes_per_file=256, max_total_bytes=1024, max_files=4)
 

@@ -1,19 +1,34 @@
-"""Probe machinery: named probes, failures collected and reported together."""
+"""Probe machinery: named probes, failures collected and reported together, and the few
+sandbox chores (a scratch area, ``cat``, ``test -e``, "is it still running") every suite needs."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 from sandbox_operator.client.dataplane import ExecResult
+from sandbox_operator.client.errors import CapabilityNotRequired
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.contract import Capability
 
 E = TypeVar("E", bound=BaseException)
+P = ParamSpec("P")
+
+#: The ``Sandbox`` method each capability gates, and the arguments a suite tries it with on a
+#: spec that did not require the capability (the call must be refused before it does anything).
+GATED: Final[Mapping[Capability, tuple[str, tuple[object, ...]]]] = {
+    Capability.EXEC: ("exec", (["true"],)),
+    Capability.FILES_IN: ("write_file", ("x", b"")),
+    Capability.FILES_OUT: ("read_file", ("x",)),
+    Capability.FILES_LIST: ("list_dir", ()),
+    Capability.FILES_DELETE: ("remove", ("x",)),
+}
 
 
 class ProbeFailed(AssertionError):
@@ -84,6 +99,35 @@ class Probes:
         else:
             self.report.passed.append(name)
 
+    async def run_all(self, *probes: Callable[[], Awaitable[None]]) -> None:
+        """Run each probe, in order, under its function's name."""
+        for probe in probes:
+            await self.run(probe.__name__, probe)
+
+    async def gate(self, sandbox: Sandbox, capability: Capability) -> bool:
+        """Whether the suite for ``capability`` can run: the spec requires it and ``exec`` (which
+        sets up the fixtures). When it cannot, the rest is skipped; and when ``capability``
+        itself was not required, the method it gates must refuse (:meth:`refuses`)."""
+        needed = dict.fromkeys((Capability.EXEC, capability))
+        missing = [c.value for c in needed if c not in sandbox.required]
+        if not missing:
+            return True
+        if capability not in sandbox.required:
+            await self.refuses(sandbox, capability)
+        self.skip(f"all (spec does not require {', '.join(missing)})")
+        return False
+
+    async def refuses(self, sandbox: Sandbox, capability: Capability) -> None:
+        """Probe that the method ``capability`` gates (:data:`GATED`), on a spec that did not
+        require it, is refused with :class:`CapabilityNotRequired` naming it."""
+        method, args = GATED[capability]
+
+        async def refused() -> None:
+            call = getattr(sandbox, method)(*args)
+            await expect_raises(CapabilityNotRequired, call, method, capability=capability.value)
+
+        await self.run(f"{method}_refused_without_capability", refused)
+
     @contextlib.asynccontextmanager
     async def guard(self) -> AsyncIterator[None]:
         """Record a failure of the suite's own setup as a probe named ``setup``."""
@@ -127,6 +171,24 @@ async def expect_raises(
     raise ProbeFailed(f"{what}: did not raise (returned {value!r:.80})")
 
 
+def asserting(
+    suite: Callable[P, Awaitable[ConformanceReport]],
+) -> Callable[P, Awaitable[ConformanceReport]]:
+    """The ``assert_*`` form of a ``check_*`` suite: the same run, raising one
+    :class:`ConformanceError` that lists every failed probe (the report when all passed)."""
+
+    async def run(*args: P.args, **kwargs: P.kwargs) -> ConformanceReport:
+        report = await suite(*args, **kwargs)
+        report.raise_for_failures()
+        return report
+
+    run.__name__ = run.__qualname__ = (
+        f"{suite.__name__.replace('check_', 'assert_', 1)}_conformance"
+    )
+    run.__doc__ = f"Run :func:`{suite.__name__}`; raise :class:`ConformanceError` on any failure."
+    return run
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
         raise ProbeFailed(message)
@@ -150,14 +212,51 @@ def q(text: str) -> str:
     return shlex.quote(text)
 
 
-class Area:
-    """A scratch directory for one suite under the work dir, plus one outside it."""
+async def cat(sandbox: Sandbox, absolute: str) -> bytes:
+    """A file's bytes as ``cat`` in the sandbox sees them (not through the file methods)."""
+    res = await sandbox.exec(["cat", absolute], cwd="/")
+    if res.exit_code != 0:
+        raise AssertionError(f"cat {absolute!r} failed: {res.stderr_text[:200]}")
+    return res.stdout
 
-    def __init__(self, sandbox: Sandbox, suite: str) -> None:
+
+async def exists(sandbox: Sandbox, absolute: str) -> bool:
+    """Whether anything (a dangling link too) is at ``absolute``, checked with ``test``."""
+    res = await sandbox.exec(["sh", "-c", 'test -e "$1" || test -L "$1"', "sh", absolute], cwd="/")
+    return res.exit_code == 0
+
+
+_RUNNING = (
+    'for p in "$@"; do kill -0 "$p" 2>/dev/null && '
+    "! grep -q '^State:.*Z' /proc/$p/status 2>/dev/null && echo \"$p\"; done; true"
+)
+
+
+async def still_running(sandbox: Sandbox, pids: Sequence[int], *, tries: int = 20) -> list[int]:
+    """Which of ``pids`` are alive (zombies count as gone) after waiting up to ``tries`` half
+    seconds for every one of them to go."""
+    alive = list(pids)
+    for attempt in range(tries):
+        res = await sandbox.exec(["sh", "-c", _RUNNING, "sh", *map(str, pids)], cwd="/")
+        alive = [int(p) for p in res.stdout_text.split()]
+        if not alive or attempt == tries - 1:
+            break
+        await asyncio.sleep(0.5)
+    return alive
+
+
+class Area:
+    """A scratch directory for one suite under the work dir, plus one outside it.
+
+    ``setup``, when given, is a shell script run in the area once both exist, with ``$OUT``
+    naming the outside directory: the suite's fixture of files and links."""
+
+    def __init__(self, sandbox: Sandbox, suite: str, *, setup: str = "") -> None:
         self.sandbox = sandbox
         self.rel = f"conformance-{suite}-{token()}"
         self.abs = f"{sandbox.work_dir}/{self.rel}"
         self.outside = ""
+        self.setup = setup
 
     async def __aenter__(self) -> Area:
         res = await sh(
@@ -165,6 +264,12 @@ class Area:
             f'mkdir -p {q(self.abs)} && d=$(mktemp -d) && chmod 755 "$d" && echo "$d"',
         )
         self.outside = res.stdout_text.strip()
+        if self.setup:
+            try:
+                await sh(self.sandbox, f"cd {q(self.abs)} && OUT={q(self.outside)} && {self.setup}")
+            except BaseException:
+                await self.__aexit__()
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

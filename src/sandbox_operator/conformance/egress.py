@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from sandbox_operator.client.sandbox import Sandbox
-from sandbox_operator.conformance._probe import ConformanceReport, Probes, check
+from sandbox_operator.conformance._probe import ConformanceReport, Probes, asserting, check
 from sandbox_operator.contract import Capability, Egress
 from sandbox_operator.egress.probe import (
     Expectation,
@@ -39,8 +39,9 @@ from sandbox_operator.egress.probe import (
 SLACK = 2.0
 
 
-def _failed(expectations: Sequence[Expectation]) -> str:
-    return judge([e for e in expectations if not e.ok])
+def _hold(expectations: Sequence[Expectation]) -> None:
+    """Every expectation holds; the failure names the ones that did not."""
+    check(all(e.ok for e in expectations), judge([e for e in expectations if not e.ok]))
 
 
 async def check_egress(
@@ -81,83 +82,57 @@ async def check_egress(
         async def closed_reaches_nothing() -> None:
             check(bool(reachable), "no reachable targets given: nothing to prove")
             results = await probe(direct(reachable))
-            exps = [expect_blocked(r, within=within) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_blocked(r, within=within) for r in results])
 
         async def closed_refuses_the_proxy_route_too() -> None:
             # Traffic through a proxy, if one was named, is blocked as well.
             if not proxy:
                 return
             results = await probe(through(reachable[:1], Via.CONNECT))
-            exps = [expect_blocked(r, within=within) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_blocked(r, within=within) for r in results])
 
-        await probes.run("closed_reaches_nothing", closed_reaches_nothing)
-        await probes.run("closed_refuses_the_proxy_route_too", closed_refuses_the_proxy_route_too)
+        await probes.run_all(closed_reaches_nothing, closed_refuses_the_proxy_route_too)
 
     elif mode is Egress.ALLOWLIST:
 
         async def allowed_answers_over_connect() -> None:
             check(bool(allowed), "no allowed targets given")
             results = await probe(through(allowed, Via.CONNECT))
-            exps = [expect_answered(r, body_contains=body_contains) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_answered(r, body_contains=body_contains) for r in results])
 
         async def allowed_answers_over_http() -> None:
             check(bool(allowed), "no allowed targets given")
             results = await probe(through(allowed, Via.HTTP))
-            exps = [expect_answered(r, body_contains=body_contains) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_answered(r, body_contains=body_contains) for r in results])
 
         async def denied_refused_with_403() -> None:
             check(bool(denied), "no denied targets given")
             results = await probe(through(denied, Via.CONNECT) + through(denied, Via.HTTP))
-            exps = [expect_proxy_refused(r, status=403) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_proxy_refused(r, status=403) for r in results])
 
         async def direct_route_blocked() -> None:
             targets = direct(reachable)
             check(bool(targets), "no reachable targets given to try directly")
             results = await probe(targets)
-            exps = [expect_blocked(r, within=within) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_blocked(r, within=within) for r in results])
 
-        await probes.run("allowed_answers_over_connect", allowed_answers_over_connect)
-        await probes.run("allowed_answers_over_http", allowed_answers_over_http)
-        await probes.run("denied_refused_with_403", denied_refused_with_403)
-        await probes.run("direct_route_blocked", direct_route_blocked)
+        await probes.run_all(
+            allowed_answers_over_connect,
+            allowed_answers_over_http,
+            denied_refused_with_403,
+            direct_route_blocked,
+        )
 
     else:
 
         async def unrestricted_reaches() -> None:
             check(bool(reachable), "no reachable targets given: nothing to prove")
             results = await probe(direct(reachable))
-            exps = [expect_answered(r, body_contains=body_contains) for r in results]
-            check(all(e.ok for e in exps), _failed(exps))
+            _hold([expect_answered(r, body_contains=body_contains) for r in results])
 
-        await probes.run("unrestricted_reaches", unrestricted_reaches)
+        await probes.run_all(unrestricted_reaches)
 
     return probes.done()
 
 
-async def assert_egress_conformance(
-    sandbox: Sandbox,
-    *,
-    reachable: Sequence[ProbeTarget],
-    allowed: Sequence[ProbeTarget] = (),
-    denied: Sequence[ProbeTarget] = (),
-    proxy: str = "",
-    body_contains: str = "",
-    deadline: float = 3.0,
-) -> ConformanceReport:
-    report = await check_egress(
-        sandbox,
-        reachable=reachable,
-        allowed=allowed,
-        denied=denied,
-        proxy=proxy,
-        body_contains=body_contains,
-        deadline=deadline,
-    )
-    report.raise_for_failures()
-    return report
+assert_egress_conformance = asserting(check_egress)

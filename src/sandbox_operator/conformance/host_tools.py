@@ -33,21 +33,13 @@ import asyncio
 import contextlib
 import json
 import time
-import warnings
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from sandbox_operator.client.errors import CapabilityNotRequired
-from sandbox_operator.client.hosttools import (
-    Delivery,
-    HostToolCallRecord,
-    HostToolRegistry,
-    HostToolRun,
-    HostToolsWarning,
-    host_tool,
-)
+from sandbox_operator.client.hosttools import Delivery, HostToolRegistry, HostToolRun
 from sandbox_operator.client.hosttools.channel import (
+    CHANNEL_CAPABILITIES,
     SHIM_FILE,
     GuestRunLayout,
     HostToolRunResult,
@@ -62,174 +54,33 @@ from sandbox_operator.client.hosttools.errors import (
     SignalOutcome,
 )
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.conformance._host_tools_support import (
+    FORGED_SHIM,
+    PAYLOAD,
+    PRELUDE,
+    REQUIRED,
+    SHADOWED_DEPENDENCIES,
+    Host,
+    acks,
+    expect_record,
+    no_overclaim,
+    ran_ok,
+    registry_for,
+    reported,
+)
 from sandbox_operator.conformance._probe import (
     Area,
     ConformanceReport,
-    ProbeFailed,
     Probes,
+    asserting,
     check,
+    exists,
     expect_raises,
     q,
+    still_running,
 )
-from sandbox_operator.contract import Capability
 
-#: What the suite's spec must require.
-REQUIRED = (Capability.EXEC, Capability.FILES_IN, Capability.FILES_OUT, Capability.HOST_TOOLS)
-
-#: A value that exercises JSON end to end: non-ASCII in keys and values, escapes, NUL, line and
-#: paragraph separators, deep nesting, every JSON type, large and negative numbers.
-PAYLOAD: dict[str, Any] = {
-    "text": "héllo wörld ✓ 🎉 — ünïcode, 中文, עברית",
-    "escapes": 'quote" back\\slash /slash\ttab\nnewline\r\x00nul\x1bescape\u2028\u2029',
-    "ключ из слов": "value",
-    "numbers": [0, -1, 2**62, -(2**62), 3.5, -0.25, 1e300, 1.5e-300],
-    "literals": [True, False, None, "", [], {}],
-    "nested": {"a": [{"b": [{"c": [[["deep"]]]}]}], "empty": {"list": [], "object": {}}},
-}
-
-#: The guest side every probe's program starts with: the shim and a way to report an outcome.
-_PRELUDE = """\
-import json, os, sys
-import sandbox_host_tools as host
-
-
-def attempt(fn):
-    try:
-        return {"ok": fn()}
-    except host.HostToolError as exc:
-        return {"refused": type(exc).__name__}
-    except Exception as exc:
-        return {"raised": type(exc).__name__}
-
-
-def report(value):
-    sys.stdout.write("RESULT " + json.dumps(value) + "\\n")
-    sys.stdout.flush()
-"""
-
-#: A module planted in ``work/`` under the shim's name: imported instead of the shim, it answers
-#: every tool with a forgery.
-_FORGED_SHIM = """\
-class HostToolError(Exception):
-    pass
-
-
-def call(tool, /, **arguments):
-    return "FORGED"
-
-
-def echo(**arguments):
-    return "FORGED"
-"""
-
-#: Modules the shim imports that live on disk (``os`` and ``time`` are built in or frozen): one
-#: of these in ``work/`` would run in the program before the shim does anything.
-_SHADOWED_DEPENDENCIES = ("json", "threading")
-
-
-class _Host:
-    """The host side of the suite's tools: counts what each body actually did."""
-
-    def __init__(self) -> None:
-        self.executed: Counter[str] = Counter()
-
-
-def _registry(host: _Host, *, max_calls: int) -> HostToolRegistry:
-    registry = HostToolRegistry(max_calls_per_run=max_calls)
-
-    @host_tool(source=None, sink=None, identity=None)
-    def echo(value: Any) -> Any:
-        host.executed["echo"] += 1
-        return value
-
-    @host_tool(source=None, sink="conformance-counter", identity=None)
-    def commit(n: int) -> int:
-        host.executed["commit"] += 1
-        return n + 1
-
-    @host_tool(source="conformance-generator", sink=None, identity=None)
-    def blob(size: int) -> str:
-        host.executed["blob"] += 1
-        return "x" * size
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", HostToolsWarning)
-        for fn in (echo, commit, blob):
-            registry.register(fn)
-    return registry
-
-
-def _reported(stdout: bytes) -> Any:
-    """The value the program passed to ``report`` (its last RESULT line)."""
-    lines = [
-        ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith("RESULT ")
-    ]
-    if not lines:
-        raise ProbeFailed(f"the program reported nothing (stdout {stdout[-300:]!r})")
-    return json.loads(lines[-1][len("RESULT ") :])
-
-
-def _acks(stdout: bytes) -> set[int]:
-    """Sequences the guest says it received an answer for (``ACK <n>`` lines)."""
-    text = stdout.decode("utf-8", "replace")
-    return {int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("ACK ")}
-
-
-def _record(records: tuple[HostToolCallRecord, ...], sequence: int) -> HostToolCallRecord:
-    for record in records:
-        if record.sequence == sequence:
-            return record
-    raise ProbeFailed(f"no record of call {sequence} (records: {records})")
-
-
-def _expect_record(
-    record: HostToolCallRecord,
-    *,
-    tool: str,
-    refusal: str | None,
-    executed: bool,
-    completed: bool,
-    delivery: Delivery = Delivery.DELIVERED,
-) -> None:
-    got = (record.tool, record.refusal, record.executed, record.completed, record.delivery)
-    want = (tool, refusal, executed, completed, delivery)
-    check(got == want, f"call {record.sequence}: record {got}, expected {want}")
-    if delivery is Delivery.DELIVERED:
-        check(record.response_bytes > 0, f"call {record.sequence}: delivered 0 bytes")
-    else:
-        check(record.response_bytes == 0, f"call {record.sequence}: undelivered but bytes")
-
-
-def _no_overclaim(records: tuple[HostToolCallRecord, ...], acks: set[int]) -> None:
-    """Every answer a record calls delivered was received by the guest."""
-    claimed = {r.sequence for r in records if r.delivery is Delivery.DELIVERED}
-    missing = sorted(claimed - acks)
-    check(
-        not missing,
-        f"records say calls {missing} were delivered; the guest never received them",
-    )
-
-
-def _ok(result: HostToolRunResult) -> None:
-    check(
-        result.exit_code == 0,
-        f"program exited {result.exit_code}: {result.stderr_text[-400:]}",
-    )
-
-
-async def _exists(sandbox: Sandbox, absolute: str) -> bool:
-    res = await sandbox.exec(["sh", "-c", 'test -e "$1" || test -L "$1"', "sh", absolute], cwd="/")
-    return res.exit_code == 0
-
-
-async def _running(sandbox: Sandbox, pids: list[int]) -> list[int]:
-    """Which of ``pids`` are still alive (zombies count as gone)."""
-    script = (
-        'for p in "$@"; do kill -0 "$p" 2>/dev/null && '
-        "! grep -q '^State:.*Z' /proc/$p/status 2>/dev/null && echo \"$p\"; done; true"
-    )
-    res = await sandbox.exec(["sh", "-c", script, "sh", *map(str, pids)], cwd="/")
-    return [int(p) for p in res.stdout_text.split()]
+__all__ = ["PAYLOAD", "REQUIRED", "assert_host_tools_conformance", "check_host_tools"]
 
 
 async def check_host_tools(
@@ -243,18 +94,13 @@ async def check_host_tools(
     probes = Probes("host_tools")
     missing = [c.value for c in REQUIRED if c not in sandbox.required]
     if missing:
-        channel_missing = [
-            c
-            for c in (Capability.EXEC, Capability.FILES_IN, Capability.FILES_OUT)
-            if c not in sandbox.required
-        ]
+        channel_missing = [c for c in CHANNEL_CAPABILITIES if c not in sandbox.required]
         if channel_missing:
-            host = _Host()
-            run = _registry(host, max_calls=4).start_run(
+            run = registry_for(Host(), max_calls=4).start_run(
                 limits_in=sandbox.spec.files_in, limits_out=sandbox.spec.files_out
             )
 
-            async def refused() -> None:
+            async def run_refused_without_capability() -> None:
                 await expect_raises(
                     CapabilityNotRequired,
                     run_with_host_tools(sandbox, "pass", run, timeout=run_timeout),
@@ -262,13 +108,13 @@ async def check_host_tools(
                     capability=channel_missing[0].value,
                 )
 
-            await probes.run("run_refused_without_capability", refused)
+            await probes.run_all(run_refused_without_capability)
         probes.skip(f"all (spec does not require {', '.join(missing)})")
         return probes.done()
 
-    host = _Host()
-    registry = _registry(host, max_calls=32)
-    capped = _registry(host, max_calls=3)
+    host = Host()
+    registry = registry_for(host, max_calls=32)
+    capped = registry_for(host, max_calls=3)
     layouts: list[GuestRunLayout] = []
 
     def start(reg: HostToolRegistry = registry, **limits: Any) -> HostToolRun:
@@ -287,12 +133,24 @@ async def check_host_tools(
         layouts.append(layout)
         return await run_with_host_tools(
             sandbox,
-            _PRELUDE + body,
+            PRELUDE + body,
             run,
             files=files,
             layout=layout,
             timeout=timeout or run_timeout,
         )
+
+    async def answered(
+        body: str, run: HostToolRun, want: Any = ..., **options: Any
+    ) -> tuple[HostToolRunResult, Any]:
+        """Run ``body`` to a clean exit; return it and the value it reported (``want``, if given:
+        anything else is a failure)."""
+        result = await execute(body, run, **options)
+        ran_ok(result)
+        got = reported(result.stdout)
+        if want is not ...:
+            check(got == want, f"guest saw {str(got)[:300]}, expected {want}")
+        return result, got
 
     async with probes.guard(), Area(sandbox, "hosttools") as area:
 
@@ -309,23 +167,15 @@ async def check_host_tools(
                 'print("ACK 2", flush=True)\n'
             )
             before = host.executed["echo"]
-            result = await execute(body, run)
-            _ok(result)
-            verdict = _reported(result.stdout)
+            result, verdict = await answered(body, run)
             check(verdict["dump"] == expected, f"answer differs: {verdict['dump'][:300]!r}")
             check(verdict["equal"] is True, "the decoded answer is not equal to the value sent")
             check(verdict["via_call"] is True, "host.call('echo', ...) answered differently")
             check(host.executed["echo"] - before == 2, "echo ran other than twice")
             check(len(result.records) == 2, f"{len(result.records)} records for 2 calls")
             for sequence in (1, 2):
-                _expect_record(
-                    _record(result.records, sequence),
-                    tool="echo",
-                    refusal=None,
-                    executed=True,
-                    completed=True,
-                )
-            _no_overclaim(result.records, _acks(result.stdout))
+                expect_record(result.records, sequence, "echo", ran=True)
+            no_overclaim(result.records, acks(result.stdout))
 
         async def unregistered_tool_refused() -> None:
             run = start()
@@ -333,19 +183,9 @@ async def check_host_tools(
                 "report([attempt(lambda: host.call('no_such_tool', x=1)),"
                 " attempt(lambda: host.call('../echo', value=1))])\n"
             )
-            result = await execute(body, run)
-            _ok(result)
-            got = _reported(result.stdout)
-            want = [{"refused": "HostToolNotRegistered"}] * 2
-            check(got == want, f"guest saw {got}, expected {want}")
-            for sequence in (1, 2):
-                _expect_record(
-                    _record(result.records, sequence),
-                    tool=("no_such_tool", "../echo")[sequence - 1],
-                    refusal="HostToolNotRegistered",
-                    executed=False,
-                    completed=False,
-                )
+            result, _ = await answered(body, run, [{"refused": "HostToolNotRegistered"}] * 2)
+            for sequence, tool in ((1, "no_such_tool"), (2, "../echo")):
+                expect_record(result.records, sequence, tool, "HostToolNotRegistered", ran=False)
 
         async def bad_arguments_refused_not_executed() -> None:
             run = start()
@@ -356,20 +196,10 @@ async def check_host_tools(
                 " attempt(lambda: host.commit(n=[1]))])\n"
             )
             before = host.executed["commit"]
-            result = await execute(body, run)
-            _ok(result)
-            got = _reported(result.stdout)
-            want = [{"refused": "HostToolArgumentsInvalid"}] * 4
-            check(got == want, f"guest saw {got}, expected {want}")
+            result, _ = await answered(body, run, [{"refused": "HostToolArgumentsInvalid"}] * 4)
             check(host.executed["commit"] == before, "the tool ran on invalid arguments")
-            for record in result.records:
-                _expect_record(
-                    record,
-                    tool="commit",
-                    refusal="HostToolArgumentsInvalid",
-                    executed=False,
-                    completed=False,
-                )
+            for r in result.records:
+                expect_record(r, r.sequence, "commit", "HostToolArgumentsInvalid", ran=False)
 
         async def cap_counts_refusals() -> None:
             run = start(capped)
@@ -379,26 +209,17 @@ async def check_host_tools(
                 " attempt(lambda: host.commit(n=1)),"
                 " attempt(lambda: host.commit(n=2))])\n"
             )
-            before = host.executed["commit"]
-            result = await execute(body, run)
-            _ok(result)
-            got = _reported(result.stdout)
             want = [
                 {"refused": "HostToolNotRegistered"},
                 {"refused": "HostToolArgumentsInvalid"},
                 {"ok": 2},
                 {"refused": "HostToolCallCapExceeded"},
             ]
-            check(got == want, f"guest saw {got}, expected {want}")
+            before = host.executed["commit"]
+            result, _ = await answered(body, run, want)
             check(host.executed["commit"] - before == 1, "commit ran other than once")
             check(run.calls_made == 3, f"calls_made {run.calls_made}, expected the cap (3)")
-            _expect_record(
-                _record(result.records, 4),
-                tool="commit",
-                refusal="HostToolCallCapExceeded",
-                executed=False,
-                completed=False,
-            )
+            expect_record(result.records, 4, "commit", "HostToolCallCapExceeded", ran=False)
 
         async def oversized_response_refused() -> None:
             run = start(max_bytes_per_file=4096)
@@ -407,34 +228,23 @@ async def check_host_tools(
                 " attempt(lambda: host.blob(size=10))])\n"
             )
             before = host.executed["blob"]
-            result = await execute(body, run)
-            _ok(result)
-            got = _reported(result.stdout)
             want = [{"refused": "HostToolResponseTooLarge"}, {"ok": "x" * 10}]
-            check(got == want, f"guest saw {str(got)[:300]}, expected {want}")
+            result, _ = await answered(body, run, want)
             check(host.executed["blob"] - before == 2, "blob ran other than twice")
-            _expect_record(
-                _record(result.records, 1),
-                tool="blob",
-                refusal="HostToolResponseTooLarge",
-                executed=True,
-                completed=True,
-            )
+            expect_record(result.records, 1, "blob", "HostToolResponseTooLarge", ran=True)
 
         async def transport_removed() -> None:
             run = start()
-            result = await execute("report(host.echo(value='bye'))\n", run)
-            _ok(result)
-            check(_reported(result.stdout) == "bye", "wrong answer")
+            result, _ = await answered("report(host.echo(value='bye'))\n", run, "bye")
             layout = result.layout
             check(result.transport_removed is True, "the channel reports the transport kept")
             check(
-                not await _exists(sandbox, layout.transport_path),
+                not await exists(sandbox, layout.transport_path),
                 "the transport directory is still there after the run",
             )
-            check(await _exists(sandbox, layout.work_path), "work/ is gone before collection")
+            check(await exists(sandbox, layout.work_path), "work/ is gone before collection")
             check(await reclaim_run(sandbox, layout) is True, "reclaim_run reports failure")
-            check(not await _exists(sandbox, layout.root_path), "the run directory is still there")
+            check(not await exists(sandbox, layout.root_path), "the run directory is still there")
 
         async def cwd_is_work_dir() -> None:
             run = start()
@@ -443,9 +253,7 @@ async def check_host_tools(
                 " 'data': open('data/in.txt', encoding='utf-8').read(),"
                 " 'echo': host.echo(value='here')})\n"
             )
-            result = await execute(body, run, files={"data/in.txt": "hello ✓"})
-            _ok(result)
-            got = _reported(result.stdout)
+            result, got = await answered(body, run, files={"data/in.txt": "hello ✓"})
             layout = result.layout
             check(got["echo"] == "here", f"echo answered {got['echo']!r}")
             check(got["data"] == "hello ✓", f"the caller's file reads {got['data']!r}")
@@ -461,25 +269,23 @@ async def check_host_tools(
             # Through `files`: the shim's name is the channel's own.
             await expect_raises(
                 HostToolFileNameReserved,
-                execute("report(1)\n", start(), files={SHIM_FILE: _FORGED_SHIM}),
+                execute("report(1)\n", start(), files={SHIM_FILE: FORGED_SHIM}),
                 "a run file named like the shim",
             )
             # Placed in work/ by other means (a write, an earlier program), together with
             # modules the shim imports: the program must still import the real ones.
             layout = guest_run_layout(sandbox)
-            await sandbox.write_file(f"{layout.work}/{SHIM_FILE}", _FORGED_SHIM)
+            await sandbox.write_file(f"{layout.work}/{SHIM_FILE}", FORGED_SHIM)
             shadows = {
                 f"{name}.py": f"raise ImportError('work/{name}.py was imported')\n"
-                for name in _SHADOWED_DEPENDENCIES
+                for name in SHADOWED_DEPENDENCIES
             }
             body = (
                 "report({'shim': os.path.dirname(os.path.realpath(host.__file__)),"
                 " 'echo': host.echo(value='real')})\n"
             )
             before = host.executed["echo"]
-            result = await execute(body, start(), files=shadows, layout=layout)
-            _ok(result)
-            got = _reported(result.stdout)
+            _, got = await answered(body, start(), files=shadows, layout=layout)
             check(got["echo"] == "real", f"the program's echo answered {got['echo']!r}")
             check(host.executed["echo"] - before == 1, "the host never served the call")
             check(
@@ -515,21 +321,17 @@ async def check_host_tools(
             check(b"started" in exc.stdout, f"partial stdout {exc.stdout[:200]!r}")
             check(exc.transport_removed is True, "transport not removed after the overrun")
             check(
-                not await _exists(sandbox, layout.transport_path),
+                not await exists(sandbox, layout.transport_path),
                 "the transport directory is still there after the overrun",
             )
             res = await sandbox.exec(["cat", pids], cwd="/")
             check(res.exit_code == 0, "the program never wrote its pids")
             started = [int(p) for p in res.stdout_text.split()]
-            alive = started
-            for _ in range(20):
-                alive = await _running(sandbox, started)
-                if not alive:
-                    return
-                await asyncio.sleep(0.5)
-            raise ProbeFailed(
+            alive = await still_running(sandbox, started)
+            check(
+                not alive,
                 f"still running after the signal ({exc.signal.value}): {alive} of "
-                f"launcher/program/child {started}"
+                f"launcher/program/child {started}",
             )
 
         async def delivery_uncertain_when_cut() -> None:
@@ -549,20 +351,15 @@ async def check_host_tools(
             )
             assert isinstance(exc, HostToolDeliveryUncertain)
             check(host.executed["commit"] - before == 1, "the tool ran other than once")
-            _expect_record(
-                exc.record,
-                tool="commit",
-                refusal=None,
-                executed=True,
-                completed=True,
-                delivery=Delivery.UNCERTAIN,
+            expect_record(
+                exc.record, exc.record.sequence, "commit", ran=True, delivery=Delivery.UNCERTAIN
             )
             check(len(run.records) == 1, f"{len(run.records)} records for one call")
             check(run.answered(1), "the call is not marked answered (it could be re-run)")
             await asyncio.sleep(0.5)
             check(host.executed["commit"] - before == 1, "the call was re-run")
             check(
-                exc.transport_removed is True and not await _exists(sandbox, layout.transport_path),
+                exc.transport_removed is True and not await exists(sandbox, layout.transport_path),
                 "transport left behind after the failed delivery",
             )
 
@@ -574,23 +371,17 @@ async def check_host_tools(
             try:
                 result = await execute(body, start(), timeout=min(run_timeout, 30.0))
             except HostToolRunTimeout as timed_out:
-                _no_overclaim(timed_out.records, _acks(timed_out.stdout))
+                no_overclaim(timed_out.records, acks(timed_out.stdout))
                 raise
-            _ok(result)
-            _no_overclaim(result.records, _acks(result.stdout))
+            ran_ok(result)
+            no_overclaim(result.records, acks(result.stdout))
             check(len(result.records) == 3, f"{len(result.records)} records for 3 calls")
 
-        await probes.run("round_trip_exact", round_trip_exact)
-        await probes.run("unregistered_tool_refused", unregistered_tool_refused)
-        await probes.run("bad_arguments_refused_not_executed", bad_arguments_refused_not_executed)
-        await probes.run("cap_counts_refusals", cap_counts_refusals)
-        await probes.run("oversized_response_refused", oversized_response_refused)
-        await probes.run("transport_removed", transport_removed)
-        await probes.run("cwd_is_work_dir", cwd_is_work_dir)
-        await probes.run("model_files_cannot_shadow_shim", model_files_cannot_shadow_shim)
-        await probes.run("overrun_signalled", overrun_signalled)
-        await probes.run("delivery_uncertain_when_cut", delivery_uncertain_when_cut)
-        await probes.run("delivered_means_received", delivered_means_received)
+        await probes.run_all(round_trip_exact, unregistered_tool_refused)
+        await probes.run_all(bad_arguments_refused_not_executed, cap_counts_refusals)
+        await probes.run_all(oversized_response_refused, transport_removed, cwd_is_work_dir)
+        await probes.run_all(model_files_cannot_shadow_shim, overrun_signalled)
+        await probes.run_all(delivery_uncertain_when_cut, delivered_means_received)
 
         for layout in layouts:
             with contextlib.suppress(Exception):
@@ -603,10 +394,4 @@ async def check_host_tools(
     return probes.done()
 
 
-async def assert_host_tools_conformance(
-    sandbox: Sandbox, *, run_timeout: float = 60.0, overrun_timeout: float = 6.0
-) -> None:
-    report = await check_host_tools(
-        sandbox, run_timeout=run_timeout, overrun_timeout=overrun_timeout
-    )
-    report.raise_for_failures()
+assert_host_tools_conformance = asserting(check_host_tools)

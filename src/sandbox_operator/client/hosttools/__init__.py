@@ -1,7 +1,9 @@
 """Host tools: functions in the agent's process that model-written code in a sandbox may call.
 
 :mod:`.registry` is the contract (declarations, the registry, one run's door, call records; no
-I/O); :mod:`.channel` carries calls over exec and files; :mod:`.errors` holds the typed refusals.
+I/O); :mod:`.channel` carries calls over exec and files, with :mod:`.layout` (where a run lives
+in the sandbox) and :mod:`.guest` (the shim, launcher and scripts it runs there); :mod:`.errors`
+holds the typed refusals.
 See docs/host-tools.md.
 """
 

@@ -6,16 +6,16 @@ finds by polling, answered by a response file the host writes back. This module 
 It needs ``EXEC``, ``FILES_IN`` and ``FILES_OUT`` and deliberately not ``FILES_LIST``: the host
 never lists a directory the guest controls, it asks for the one name it expects next.
 
-Everything after setup rides one exec, the *poll* (:data:`_POLL`), and each poll does up to two
-things: it writes the previous call's answer (sent on its stdin, written as a temporary file and
-renamed, under the ``filesIn`` cap), then waits in the guest until the next request or the exit
+Everything after setup rides one exec, the *poll* (:data:`.guest.POLL`), and each poll does up to
+two things: it writes the previous call's answer (sent on its stdin, written as a temporary file
+and renamed, under the ``filesIn`` cap), then waits in the guest until the next request or the exit
 marker appears and returns it with its bytes (under the ``filesOut`` caps). Carrying both ways on
 one exec is what makes a call cost one round trip instead of three (find, read, write back); it
 also keeps channel traffic out of the handle's ``StoreFileRead`` records, which are about what a
 host read from a sandbox, not about the channel's own files.
 
-**Layout.** One run lives in ``<work dir>/.host-tools/<run id>/`` as two sibling directories
-(:func:`guest_run_layout`):
+**Layout** (:mod:`.layout`). One run lives in ``<work dir>/.host-tools/<run id>/`` as two sibling
+directories (:func:`guest_run_layout`):
 
 * ``work/``: the program's working directory and the only place files a caller names (and so
   perhaps a model named) are written; artifacts stay there for the caller to collect.
@@ -24,7 +24,7 @@ host read from a sandbox, not about the channel's own files.
   here, not from ``work/``, because Python puts the *script's* directory first on ``sys.path``: a
   guest file named like the shim in ``work/`` therefore cannot replace the real one.
 
-**The guest side.** :func:`host_tool_shim` generates a small Python module
+**The guest side** (:mod:`.guest`). :func:`host_tool_shim` generates a small Python module
 (``sandbox_host_tools``) the program imports: ``call(tool, **arguments)`` writes the request
 atomically (a temporary file, then a hard link to the first free sequence number, so two writers
 cannot claim the same one), waits for the response and returns its ``result`` or raises an
@@ -87,38 +87,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
-import secrets
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from sandbox_operator.client.dataplane import ExecResult
-from sandbox_operator.client.errors import CapabilityNotRequired, PathRefused, TransferCapExceeded
+from sandbox_operator.client.errors import CapabilityNotRequired, TransferCapExceeded
 from sandbox_operator.client.hosttools.errors import (
     HostToolChannelError,
     HostToolDeliveryUncertain,
-    HostToolFileNameReserved,
     HostToolRunTimeout,
     SignalOutcome,
+)
+from sandbox_operator.client.hosttools.guest import (
+    POLL,
+    START,
+    STOP,
+    host_tool_shim,
+    launcher_source,
+)
+from sandbox_operator.client.hosttools.layout import (
+    HOST_TOOLS_DIRECTORY,
+    LAUNCHER_FILE,
+    RESERVED_NAMES,
+    SHIM_FILE,
+    SHIM_MODULE,
+    TRANSPORT_FILES,
+    GuestRunLayout,
+    check_files,
+    guest_run_layout,
 )
 from sandbox_operator.client.hosttools.registry import (
     HostToolAnswer,
     HostToolCallRecord,
     HostToolRun,
 )
-from sandbox_operator.client.paths import collision_key, confine
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import Capability
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "CHANNEL_CAPABILITIES",
     "HOST_TOOLS_DIRECTORY",
     "RESERVED_NAMES",
+    "RUN_CAPABILITIES",
+    "SHIM_FILE",
     "SHIM_MODULE",
     "GuestRunLayout",
     "HostToolRunResult",
@@ -135,404 +151,10 @@ CHANNEL_CAPABILITIES: Final = (Capability.EXEC, Capability.FILES_IN, Capability.
 #: judged: a backend declaring it; a spec that did not ask for it gets no host-tool calls).
 RUN_CAPABILITIES: Final = (*CHANNEL_CAPABILITIES, Capability.HOST_TOOLS)
 
-#: Every run's directory sits under this one, inside the sandbox's work dir.
-HOST_TOOLS_DIRECTORY: Final = ".host-tools"
-WORK_DIRECTORY: Final = "work"
-TRANSPORT_DIRECTORY: Final = "transport"
-
-#: The module name the program imports (``import sandbox_host_tools``).
-SHIM_MODULE: Final = "sandbox_host_tools"
-SHIM_FILE: Final = f"{SHIM_MODULE}.py"
-LAUNCHER_FILE: Final = "launcher.py"
-PROGRAM_FILE: Final = "program.py"
-STDOUT_FILE: Final = "stdout"
-STDERR_FILE: Final = "stderr"
-EXIT_FILE: Final = "exit"
-PID_FILE: Final = "pid"
-CALLS_DIRECTORY: Final = "calls"
-
-#: Top-level names a caller's ``files`` may not use (compared case-folded): the transport's own
-#: file names and the shim module's name. ``work/`` is not on the program's import path, so these
-#: are refused to keep a run unambiguous to read, not because a collision could reach the
-#: transport; any ``sandbox_host_tools.*`` (``.pyc``, an extension module) is refused as well.
-RESERVED_NAMES: Final = frozenset(
-    {
-        SHIM_MODULE,
-        SHIM_FILE,
-        LAUNCHER_FILE,
-        PROGRAM_FILE,
-        STDOUT_FILE,
-        STDERR_FILE,
-        EXIT_FILE,
-        PID_FILE,
-        CALLS_DIRECTORY,
-        "__pycache__",
-    }
-)
-
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 #: Slack on top of a poll's own budget before its exec is abandoned as hung.
 _EXEC_SLACK = 30.0
 #: How long cleanup on a failure path may take before it is abandoned (it is best-effort).
 _CLEANUP_TIMEOUT = 20.0
-
-
-# --------------------------------------------------------------------------------------------
-# Layout
-
-
-@dataclass(frozen=True)
-class GuestRunLayout:
-    """Where one run's files live. ``root``, ``work`` and ``transport`` are relative to the
-    sandbox's work dir (what :class:`Sandbox` file methods take); the ``*_path`` properties are
-    the same directories as absolute paths inside the sandbox (what a guest process sees)."""
-
-    run_id: str
-    sandbox_work_dir: str
-    root: str
-    work: str
-    transport: str
-
-    def _absolute(self, relative: str) -> str:
-        return f"{self.sandbox_work_dir}/{relative}"
-
-    @property
-    def root_path(self) -> str:
-        return self._absolute(self.root)
-
-    @property
-    def work_path(self) -> str:
-        return self._absolute(self.work)
-
-    @property
-    def transport_path(self) -> str:
-        return self._absolute(self.transport)
-
-    def transport_file(self, name: str) -> str:
-        """A transport file's path relative to the sandbox work dir."""
-        return f"{self.transport}/{name}"
-
-    def request(self, sequence: int) -> str:
-        return self.transport_file(f"{CALLS_DIRECTORY}/{sequence}.req")
-
-    def response(self, sequence: int) -> str:
-        return self.transport_file(f"{CALLS_DIRECTORY}/{sequence}.resp")
-
-
-def guest_run_layout(sandbox: Sandbox, run_id: str | None = None) -> GuestRunLayout:
-    """A fresh run's layout in ``sandbox``; ``run_id`` defaults to a random token, so a run's
-    directory cannot be guessed (and pre-planted) by an earlier program in the same sandbox."""
-    rid = run_id if run_id is not None else secrets.token_hex(12)
-    if not _RUN_ID.fullmatch(rid):
-        raise ValueError(f"run id {rid!r} is not 1-64 letters, digits, '-' or '_'")
-    root = f"{HOST_TOOLS_DIRECTORY}/{rid}"
-    return GuestRunLayout(
-        run_id=rid,
-        sandbox_work_dir=sandbox.work_dir,
-        root=root,
-        work=f"{root}/{WORK_DIRECTORY}",
-        transport=f"{root}/{TRANSPORT_DIRECTORY}",
-    )
-
-
-def _check_files(
-    layout: GuestRunLayout, files: Mapping[str, bytes | str]
-) -> list[tuple[str, bytes | str]]:
-    """Each caller file as a path under ``work/``, refused before anything is written: absolute
-    and escaping paths (lexical confinement under ``work/``) and reserved top-level names."""
-    checked: list[tuple[str, bytes | str]] = []
-    for name, data in files.items():
-        if name.startswith("/"):
-            raise PathRefused(
-                path=name, rule="absolute_outside_work_dir", detail="name run files relative"
-            )
-        confined = confine(name, layout.work_path)
-        first = collision_key(confined.parts[0])
-        if first in RESERVED_NAMES or first.startswith(f"{SHIM_MODULE}."):
-            raise HostToolFileNameReserved(name)
-        checked.append((f"{layout.work}/{confined.relative}", data))
-    return checked
-
-
-# --------------------------------------------------------------------------------------------
-# Guest-side text
-
-
-_SHIM_TEMPLATE = '''\
-"""Host tools for this program (generated; editing it changes nothing on the host).
-
-    import sandbox_host_tools as host
-    answer = host.call("lookup", order=7)     # or host.lookup(order=7)
-
-A refusal raises an exception whose class name is the refusal's type (a subclass of
-HostToolError), e.g. HostToolNotRegistered or HostToolCallCapExceeded.
-"""
-
-import json as _json
-import os as _os
-import threading as _threading
-import time as _time
-
-TOOLS = tuple(_json.loads(%(tools)r))
-_CALLS = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "calls")
-_LOCK = _threading.Lock()
-_NEXT = [1]
-_CLASSES = {}
-
-
-class HostToolError(Exception):
-    """A host-tool call the host refused or could not complete."""
-
-
-def _error_class(name):
-    if not (isinstance(name, str) and name.isidentifier()):
-        return HostToolError
-    if name not in _CLASSES:
-        _CLASSES[name] = type(name, (HostToolError,), {"__module__": __name__})
-    return _CLASSES[name]
-
-
-def _claim(body):
-    tmp = _os.path.join(_CALLS, ".req-%%d-%%s" %% (_os.getpid(), _os.urandom(6).hex()))
-    with open(tmp, "wb") as fh:
-        fh.write(body)
-    try:
-        seq = _NEXT[0]
-        while True:
-            target = _os.path.join(_CALLS, "%%d.req" %% seq)
-            try:
-                _os.link(tmp, target)
-                break
-            except FileExistsError:
-                seq += 1
-            except OSError:
-                if _os.path.lexists(target):
-                    seq += 1
-                    continue
-                _os.rename(tmp, target)
-                break
-        _NEXT[0] = seq + 1
-        return seq
-    finally:
-        try:
-            _os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-
-
-def call(tool, /, **arguments):
-    """Call host tool ``tool`` with keyword ``arguments``; returns its JSON result."""
-    body = _json.dumps({"tool": tool, "arguments": arguments}).encode("utf-8")
-    with _LOCK:
-        seq = _claim(body)
-        path = _os.path.join(_CALLS, "%%d.resp" %% seq)
-        delay = 0.002
-        while True:
-            try:
-                with open(path, "rb") as fh:
-                    raw = fh.read()
-                break
-            except FileNotFoundError:
-                _time.sleep(delay)
-                delay = min(delay * 2, 0.02)
-    answer = _json.loads(raw)
-    if answer.get("ok") is True:
-        return answer.get("result")
-    error = answer.get("error") or {}
-    raise _error_class(error.get("type"))(str(error.get("message") or ""))
-
-
-def _bind(name):
-    def tool(**arguments):
-        return call(name, **arguments)
-
-    tool.__name__ = tool.__qualname__ = name
-    return tool
-
-
-for _name in TOOLS:
-    if _name.isidentifier() and _name not in globals():
-        globals()[_name] = _bind(_name)
-'''
-
-
-def host_tool_shim(names: Sequence[str]) -> str:
-    """The guest module text for a run whose registry carries ``names``.
-
-    Tool names are embedded as JSON data, never as code: a name becomes a module-level function
-    only through ``globals()`` at import time, and never shadows the shim's own names."""
-    return _SHIM_TEMPLATE % {"tools": json.dumps(sorted(names))}
-
-
-_LAUNCHER_TEMPLATE = '''\
-"""Start one host-tool program detached from the exec that ran this (generated)."""
-
-import os
-import signal
-import subprocess
-import sys
-import traceback
-
-CONFIG = %(config)r
-
-
-def _path(name):
-    return os.path.join(CONFIG["transport"], name)
-
-
-def _write_atomic(name, data):
-    target = _path(name)
-    tmp = "%%s.tmp-%%d" %% (target, os.getpid())
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, target)
-
-
-def main():
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        os.setsid()
-        reach = "group"
-    except OSError:
-        reach = "process"
-    # A new session has no controlling terminal, so no hangup can arrive: give the program the
-    # default disposition back rather than an inherited "ignore".
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    os.makedirs(_path(CONFIG["calls"]), exist_ok=True)
-    os.makedirs(CONFIG["work"], exist_ok=True)
-    _write_atomic(CONFIG["shim_file"], CONFIG["shim"].encode("utf-8"))
-    _write_atomic(CONFIG["program_file"], CONFIG["program"].encode("utf-8"))
-    if reach == "group":
-        _write_atomic(CONFIG["pid"], ("%%d group\\n" %% os.getpid()).encode())
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-    # The program runs in the work dir, where caller-named files land: an empty or relative
-    # PYTHONPATH entry (an image's "/app:" names the working directory) would let a file there
-    # shadow a module the shim imports. Absolute entries are the image's own, and kept.
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
-    if kept:
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    else:
-        env.pop("PYTHONPATH", None)
-    with open(_path(CONFIG["stdout"]), "wb") as out, open(_path(CONFIG["stderr"]), "wb") as err:
-        try:
-            child = subprocess.Popen(
-                [sys.executable, "-u", _path(CONFIG["program_file"])],
-                cwd=CONFIG["work"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-            )
-        except OSError as exc:
-            err.write(("could not start the program: %%s\\n" %% type(exc).__name__).encode())
-            return 127
-        if reach == "process":
-            _write_atomic(CONFIG["pid"], ("%%d process\\n" %% child.pid).encode())
-        code = child.wait()
-    return 128 - code if code < 0 else code
-
-
-if __name__ == "__main__":
-    try:
-        status = main()
-    except BaseException:
-        status = 126
-        try:
-            with open(_path(CONFIG["stderr"]), "ab") as fh:
-                fh.write(traceback.format_exc().encode("utf-8", "replace"))
-        except OSError:
-            pass
-    _write_atomic(CONFIG["exit"], ("%%d\\n" %% status).encode())
-'''
-
-
-def _launcher_source(layout: GuestRunLayout, *, program: str, shim: str) -> str:
-    """The launcher, carrying the program and the shim so that setup is one write, not three."""
-    config = {
-        "transport": layout.transport_path,
-        "work": layout.work_path,
-        "calls": CALLS_DIRECTORY,
-        "shim_file": SHIM_FILE,
-        "program_file": PROGRAM_FILE,
-        "stdout": STDOUT_FILE,
-        "stderr": STDERR_FILE,
-        "pid": PID_FILE,
-        "exit": EXIT_FILE,
-        "shim": shim,
-        "program": program,
-    }
-    return _LAUNCHER_TEMPLATE % {"config": config}
-
-
-# Scripts the host runs over exec (POSIX sh: dash, bash, busybox ash). Arguments, never
-# interpolation: every path and number reaches the script as "$n".
-
-# Start the launcher detached: every descriptor redirected, so the exec returns at once.
-_START = r"""cd "$1" || exit 125
-command -v python3 >/dev/null 2>&1 || exit 127
-if command -v nohup >/dev/null 2>&1; then
-  nohup python3 -I launcher.py </dev/null >/dev/null 2>&1 &
-else
-  python3 -I launcher.py </dev/null >/dev/null 2>&1 &
-fi
-exit 0
-"""
-
-# One tick of the channel. First, when $7 > 0, write the answer to call $7 ($8 bytes on stdin) as
-# calls/$7.resp (a temporary file, then a rename) and say "wrote $7" only when a regular file is
-# then at that name; a directory or link the guest put there ("mv" would move the answer *into*
-# a directory, and succeed) or a rename that did not land says "unwritten $7". Then
-# long-poll: once request $2 exists, "req <size>" and (when size <= $6) its bytes; once the exit
-# marker exists, "exit <code>" and the output (stdout here, stderr on stderr, each cut at $5
-# bytes); "idle" after $3 naps of $4 seconds with neither.
-_POLL = r"""d=$1; n=$2; ticks=$3; nap=$4; cap=$5; rcap=$6; w=$7; wlen=$8; i=0; r=$d/calls/$n.req
-if [ "$w" -gt 0 ]; then
-  t=$d/calls/.resp-$w.tmp; f=$d/calls/$w.resp
-  if { [ ! -d "$f" ] && [ ! -L "$f" ] && head -c "$wlen" > "$t" \
-    && [ "$(wc -c < "$t" | tr -dc '0-9')" = "$wlen" ] && mv -f "$t" "$f" \
-    && [ -f "$f" ] && [ ! -L "$f" ]; } 2>/dev/null; then echo "wrote $w"
-  else rm -f "$t" 2>/dev/null; echo "unwritten $w"; fi
-fi
-while :; do
-  if [ -e "$r" ]; then
-    s=$(wc -c < "$r" 2>/dev/null | tr -dc '0-9')
-    printf 'req %s\n' "${s:-unknown}"
-    if [ -n "$s" ] && [ "$s" -le "$rcap" ] 2>/dev/null; then head -c "$rcap" "$r" 2>/dev/null; fi
-    exit 0
-  fi
-  if [ -e "$d/exit" ]; then
-    printf 'exit %s\n' "$(head -c 32 "$d/exit" 2>/dev/null | tr -dc '0-9-')"
-    [ -f "$d/stdout" ] && head -c "$cap" "$d/stdout" 2>/dev/null
-    [ -f "$d/stderr" ] && head -c "$cap" "$d/stderr" >&2 2>/dev/null
-    exit 0
-  fi
-  [ "$i" -ge "$ticks" ] && { echo idle; exit 0; }
-  i=$((i + 1))
-  sleep "$nap" 2>/dev/null || sleep 1
-done
-"""
-
-# Stop the program: SIGKILL to the group (or the process) the pid file names, refusing pid 0/1,
-# then "group"/"process"/"not_sent" and the output so far (stdout here, stderr on stderr).
-_STOP = r"""d=$1; cap=$2; out=not_sent; pid=; reach=
-[ -f "$d/pid" ] && { read -r pid reach < "$d/pid"; } 2>/dev/null
-case $pid in ''|*[!0-9]*) pid= ;; esac
-if [ -n "$pid" ] && [ "$pid" -gt 1 ] 2>/dev/null; then
-  if [ "$reach" = group ] && kill -9 "-$pid" 2>/dev/null; then out=group
-  elif kill -9 "$pid" 2>/dev/null; then out=process
-  fi
-fi
-echo "$out"
-if [ "$cap" -gt 0 ]; then
-  [ -f "$d/stdout" ] && head -c "$cap" "$d/stdout" 2>/dev/null
-  [ -f "$d/stderr" ] && head -c "$cap" "$d/stderr" >&2 2>/dev/null
-fi
-exit 0
-"""
-
-
-# --------------------------------------------------------------------------------------------
-# The host side
 
 
 @dataclass(frozen=True)
@@ -572,33 +194,28 @@ class _Finished:
     stderr: bytes
 
 
+@dataclass
 class _Channel:
     """One run's host-side loop: poll, answer through the door, stop the program on the way out."""
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        run: HostToolRun,
-        layout: GuestRunLayout,
-        *,
-        poll_interval: float,
-        long_poll: float,
-    ) -> None:
-        self.sandbox = sandbox
-        self.run = run
-        self.layout = layout
-        self.poll_interval = poll_interval
-        self.long_poll = long_poll
-        self.output_cap = sandbox.spec.files_out.max_bytes_per_file
-        self.started = False
-        self.finished = False
-        self.signalled = False
+    sandbox: Sandbox
+    run: HostToolRun
+    layout: GuestRunLayout
+    poll_interval: float
+    long_poll: float
+    started: bool = False
+    finished: bool = False
+    signalled: bool = False
+    output_cap: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output_cap = self.sandbox.spec.files_out.max_bytes_per_file
 
     async def start(self) -> None:
         transport = self.layout.transport_path
         self.started = True  # from here on the program may be running: a failure stops it
         res = await self.sandbox.exec(
-            ["sh", "-c", _START, "sbx-start", transport], cwd=transport, timeout=60.0
+            ["sh", "-c", START, "sbx-start", transport], cwd=transport, timeout=60.0
         )
         if res.exit_code == 127:
             raise HostToolChannelError("the sandbox has no python3 to run a host-tool program")
@@ -610,8 +227,8 @@ class _Channel:
     async def serve(self, *, timeout: float, deadline: float) -> _Finished:  # noqa: ASYNC109
         """Poll and answer until the program exits or ``deadline`` (monotonic) passes.
 
-        An answer rides the next poll (see :data:`_POLL`), so it is written even when the deadline
-        passed while its tool ran: a handled call is always offered back before a stop."""
+        An answer rides the next poll (see :data:`.guest.POLL`), so it is written even when the
+        deadline passed while its tool ran: a handled call is always offered back before a stop."""
         sequence = 1
         pending: HostToolAnswer | None = None
         while True:
@@ -658,7 +275,7 @@ class _Channel:
         argv = [
             "sh",
             "-c",
-            _POLL,
+            POLL,
             "sbx-poll",
             self.layout.transport_path,
             str(sequence),
@@ -713,14 +330,14 @@ class _Channel:
         return body
 
     def _finished(self, tick: str, out: bytes, err: bytes) -> _Finished:
-        for name, data in ((STDOUT_FILE, out), (STDERR_FILE, err)):
+        for key, data in (("stdout", out), ("stderr", err)):
             if len(data) > self.output_cap:
                 raise TransferCapExceeded(
                     direction="filesOut",
                     cap="max_bytes_per_file",
                     limit=self.output_cap,
                     actual=len(data),
-                    path=self.layout.transport_file(name),
+                    path=self.layout.transport_file(TRANSPORT_FILES[key]),
                 )
         code_text = tick[len("exit") :].strip()
         try:
@@ -751,7 +368,7 @@ class _Channel:
                 [
                     "sh",
                     "-c",
-                    _STOP,
+                    STOP,
                     "sbx-stop",
                     self.layout.transport_path,
                     str(output_bytes),
@@ -780,19 +397,29 @@ def _require(sandbox: Sandbox) -> None:
             raise CapabilityNotRequired(method="run_with_host_tools", capability=capability.value)
 
 
-async def _remove_transport(sandbox: Sandbox, layout: GuestRunLayout) -> bool:
-    """Remove the transport directory (one round trip); False, and a warning, when it stays."""
+async def _reclaim(
+    sandbox: Sandbox, layout: GuestRunLayout, relative: str, *, lost: str, stays: str
+) -> bool:
+    """Remove ``relative`` (one round trip, bounded); False, and a warning that what was ``lost``
+    (not removed) ``stays`` readable, when it could not."""
     try:
-        await asyncio.wait_for(sandbox.reclaim(layout.transport), _CLEANUP_TIMEOUT)
+        await asyncio.wait_for(sandbox.reclaim(relative), _CLEANUP_TIMEOUT)
     except Exception as exc:
         log.warning(
-            "host-tool run %s: its transport files (requests, responses, output) were not "
-            "removed from the sandbox (%s); they stay readable to later runs there",
+            "host-tool run %s: %s from the sandbox (%s); %s readable to later runs there",
             layout.run_id,
+            lost,
             type(exc).__name__,
+            stays,
         )
         return False
     return True
+
+
+async def _remove_transport(sandbox: Sandbox, layout: GuestRunLayout) -> bool:
+    """Remove the transport directory; False, and a warning, when it stays."""
+    lost = "its transport files (requests, responses, output) were not removed"
+    return await _reclaim(sandbox, layout, layout.transport, lost=lost, stays="they stay")
 
 
 async def run_with_host_tools(
@@ -829,8 +456,8 @@ async def run_with_host_tools(
         # program's answer. One HostToolRun serves one program run.
         raise ValueError("this HostToolRun already served a program; start a new run")
     layout = layout if layout is not None else guest_run_layout(sandbox)
-    checked = _check_files(layout, files or {})
-    launcher = _launcher_source(layout, program=program, shim=host_tool_shim(run.registry.names))
+    checked = check_files(layout, files or {})
+    launcher = launcher_source(layout, program=program, shim=host_tool_shim(run.registry.names))
     channel = _Channel(sandbox, run, layout, poll_interval=poll_interval, long_poll=long_poll)
     try:
         for path, data in checked:
@@ -872,14 +499,5 @@ async def reclaim_run(sandbox: Sandbox, layout: GuestRunLayout) -> bool:
     Returns False (and logs a warning) when it could not: that is a data-retention failure, not
     an untidy one, because a sandbox is reused for the rest of its conversation and every later
     run in it can read what is left."""
-    try:
-        await asyncio.wait_for(sandbox.reclaim(layout.root), _CLEANUP_TIMEOUT)
-    except Exception as exc:
-        log.warning(
-            "host-tool run %s: its run directory was not removed from the sandbox (%s); it "
-            "stays readable to later runs there",
-            layout.run_id,
-            type(exc).__name__,
-        )
-        return False
-    return True
+    lost = "its run directory was not removed"
+    return await _reclaim(sandbox, layout, layout.root, lost=lost, stays="it stays")

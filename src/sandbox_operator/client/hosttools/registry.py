@@ -39,7 +39,7 @@ import re
 import typing
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -320,44 +320,39 @@ class HostToolRegistry:
             limits_in=limits_in,
             limits_out=limits_out,
             key=key,
-            call=call if call is not None else current_call(),
+            call_id=call if call is not None else current_call(),
         )
 
 
+@dataclass(eq=False)
 class HostToolRun:
-    """One program run's door to the registry: its cap, its caps on bytes, its records."""
+    """One program run's door to the registry: its cap, its caps on bytes, its records.
 
-    def __init__(
-        self,
-        registry: HostToolRegistry,
-        *,
-        limits_in: TransferLimits,
-        limits_out: TransferLimits,
-        key: SandboxKey | None,
-        call: str | None,
-    ) -> None:
-        self.registry = registry
-        self.limits_in = limits_in
-        self.limits_out = limits_out
-        self.key = key
-        self.call_id = call
-        self.calls_made = 0
-        self._records: dict[int, HostToolCallRecord] = {}
-        self._answers: dict[int, bytes] = {}
-        self._next_direct = 0
-        self._lock = asyncio.Lock()
+    Opened by :meth:`HostToolRegistry.start_run`; ``call_id`` is the tool call it serves."""
+
+    registry: HostToolRegistry
+    _: KW_ONLY
+    limits_in: TransferLimits
+    limits_out: TransferLimits
+    key: SandboxKey | None
+    call_id: str | None
+    calls_made: int = field(default=0, init=False)
+    _records: dict[int, HostToolCallRecord] = field(default_factory=dict, init=False, repr=False)
+    _answers: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
+    _next_direct: int = field(default=0, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    #: The cap on one request (it leaves the sandbox: ``limits_out``), in bytes.
+    max_request_bytes: int = field(init=False)
+    #: The cap on one answer (it enters the sandbox: ``limits_in``), in bytes.
+    max_response_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_request_bytes = self.limits_out.max_bytes_per_file
+        self.max_response_bytes = self.limits_in.max_bytes_per_file
 
     @property
     def records(self) -> tuple[HostToolCallRecord, ...]:
         return tuple(self._records.values())  # in the order the calls arrived
-
-    @property
-    def max_request_bytes(self) -> int:
-        return self.limits_out.max_bytes_per_file
-
-    @property
-    def max_response_bytes(self) -> int:
-        return self.limits_in.max_bytes_per_file
 
     def answered(self, sequence: int) -> bool:
         """Whether this sequence was handled already (it is never executed again)."""
@@ -474,12 +469,8 @@ class HostToolRun:
         record = self._records.get(sequence)
         if record is None or record.delivery is not Delivery.PENDING:
             return
-        settled = HostToolCallRecord(
-            sequence=record.sequence,
-            tool=record.tool,
-            refusal=record.refusal,
-            executed=record.executed,
-            completed=record.completed,
+        settled = replace(
+            record,
             delivery=delivery,
             response_bytes=nbytes if delivery is Delivery.DELIVERED else 0,
         )

@@ -1,10 +1,13 @@
 # ruff: noqa: ASYNC230, ASYNC240
-"""Deliberately defective data planes: the suites must catch each defect.
+"""Sandboxes over local processes, correct or deliberately defective, for tests.
 
-:class:`DefectiveDataPlane` wraps a correct local data plane and breaks exactly the behaviours named
-in ``defects``; the unit tests run every suite against each defect and assert that the probes
-meant to catch it fail (and that the correct data plane passes). Local processes, no isolation:
-for tests only.
+:func:`local_sandbox` is a :class:`~sandbox_operator.client.sandbox.Sandbox` handle whose data
+plane runs commands as local processes in a private directory: the client's whole surface (exec,
+files, host tools, outputs) without a cluster. No isolation whatsoever: for tests only.
+
+:class:`DefectiveDataPlane` wraps that correct local data plane and breaks exactly the behaviours
+named in ``defects`` (:data:`DEFECTS`): the conformance suites (:mod:`sandbox_operator.conformance`)
+must catch each one, which is how this repository proves every probe can fail.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sandbox_operator.client.dataplane import (
-    DEFAULT_OUTPUT_BUDGET,
     DirEntry,
     ExecDataPlane,
     ExecResult,
@@ -84,6 +87,8 @@ def _kill_marked(token: str) -> None:
 
 
 class DefectiveDataPlane(ExecDataPlane):
+    """The local exec data plane with the named :data:`DEFECTS` switched on (none: correct)."""
+
     def __init__(self, defects: set[str] | frozenset[str], *, env: Mapping[str, str] | None = None):
         unknown = set(defects) - DEFECTS
         if unknown:
@@ -91,21 +96,14 @@ class DefectiveDataPlane(ExecDataPlane):
         super().__init__(LocalExecTransport(env))
         self.defects = frozenset(defects)
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        cwd: str,
-        create_cwd: bool = False,
-        env: Mapping[str, str] | None = None,
-        timeout: float,  # noqa: ASYNC109
-        max_output_bytes: int = DEFAULT_OUTPUT_BUDGET,
-    ) -> ExecResult:
+    async def exec(self, argv: Sequence[str], **options: Any) -> ExecResult:
+        """The correct exec (same keywords as :meth:`ExecDataPlane.exec`), with the exec defects
+        applied to the arguments and, for ``exec_reaps_detached``, to what the command left."""
+        cwd, env = options.pop("cwd"), options.pop("env", None)
         if "exec_through_shell" in self.defects and argv[0] != "sh":
             argv = ["sh", "-c", " ".join(argv)]
         if "exec_ignores_cwd" in self.defects and cwd != "/":
-            create_cwd, cwd = False, "/"
+            options["create_cwd"], cwd = False, "/"
         prefix = "".join(_SHELL_DEFECTS[d] for d in sorted(self.defects & set(_SHELL_DEFECTS)))
         if prefix and list(argv[:2]) == ["sh", "-c"]:
             argv = ["sh", "-c", prefix + argv[2], *argv[3:]]
@@ -115,15 +113,7 @@ class DefectiveDataPlane(ExecDataPlane):
         if "exec_reaps_detached" in self.defects:
             env = {**(env or {}), _EXEC_MARK: token}
         try:
-            return await super().exec(
-                argv,
-                stdin=stdin,
-                cwd=cwd,
-                create_cwd=create_cwd,
-                env=env,
-                timeout=timeout,
-                max_output_bytes=max_output_bytes,
-            )
+            return await super().exec(argv, cwd=cwd, env=env, **options)
         finally:
             if "exec_reaps_detached" in self.defects:
                 # A few sweeps: a process forked or exec'd during one sweep (its /proc entry

@@ -1,7 +1,10 @@
-"""Helpers to exercise the proxy on this machine: local upstream servers and proxy clients.
+"""Egress test kit: local upstream servers, self-signed certificates and proxy clients.
 
-Everything here listens on and connects to loopback addresses only (127.0.0.0/8) unless the
-caller passes another local address. Used by the unit tests and benchmarks/egress_proxy.py.
+For exercising :mod:`sandbox_operator.egress` (the proxy, a sandbox's reach) on one machine:
+servers to stand for "outside" hosts and clients that speak to the proxy from a chosen source
+address, the way a sandbox's pod would. Everything listens on and connects to loopback addresses
+(127.0.0.0/8) unless the caller passes another local address. Public and versioned with the
+package (see docs/testing.md); used by this repository's tests and benchmarks as well.
 """
 
 from __future__ import annotations
