@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/scale.py [--sizes 100,1000,10000] [--idle-seconds 60]
     .venv/bin/python benchmarks/scale.py --smoke            # CI: N=20, short idle, ~1-2 min
     .venv/bin/python benchmarks/scale.py --sizes 100 --real-node
+    .venv/bin/python benchmarks/scale.py --sizes '' --ceiling 1000   # the API server alone
     .venv/bin/python benchmarks/scale.py --cleanup          # remove what a killed run left
 
 Needs the local cluster (``make cluster-up``) or ``$KUBECONFIG`` pointing at a cluster that has
@@ -35,6 +36,10 @@ One size N (fake nodes):
 The table also gives the CPU each cluster process (hack/cluster.py's pid files: API server,
 etcd, scheduler, controller-manager, kwok, kube-router, ...) and this script spent in the create
 phase, as a share of one core: where a large run's time goes.
+
+``--ceiling N`` (no operator, one namespace): N Sandbox POSTs alone, then N more each followed
+by one status write (an Admitted condition, the least an admission can cost), ``--concurrency``
+in flight: what this API server accepts by itself, the bound under any admission rate here.
 
 ``--real-node`` (runc and gVisor, the real node; one operator with both backends, scope "gvisor"
 raising its floor to hardened_container): (a) ``--rounds`` (3) rounds of a burst of 40 Sandboxes
@@ -1601,6 +1606,98 @@ def run_cleaning_up(run: Callable[[], Awaitable[None]], cleanup: Callable[[bool]
     return 0 if ok else 1
 
 
+@dataclass
+class Ceiling:
+    """What this API server accepts with no operator running: the bound under any admission rate.
+
+    ``post_s``: N Sandbox POSTs alone; ``admit_s``: N more, each POST followed by one status
+    write (an Admitted condition), the least an admission can cost, pipelined the same way."""
+
+    n: int
+    concurrency: int
+    post_s: float = 0.0
+    admit_s: float = 0.0
+    errors: int = 0
+    apiserver_cpu: float | None = None
+    etcd_cpu: float | None = None
+
+
+async def api_ceiling(kube: Kube, n: int, args: argparse.Namespace, cleanup: list[str]) -> Ceiling:
+    run_id = f"ceiling-{secrets.token_hex(3)}"
+    ns = f"bench-scale-{run_id}"
+    cleanup.append(ns)
+    result = Ceiling(n, args.concurrency)
+    say(f"ceiling N={n}: namespace {ns}, no operator")
+    await create_namespaces(kube, [ns], run_id)
+    pids = component_pids()
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    admitted = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Admitted",
+                    "status": "True",
+                    "reason": "Admitted",
+                    "message": "bench",
+                    "lastTransitionTime": now,
+                }
+            ]
+        }
+    }
+
+    async def post(name: str, then_admit: bool) -> None:
+        code, _obj = await kube.request("POST", sbx_path(ns), sandbox_body(name, "none", run_id))
+        if code != 201:
+            result.errors += 1
+            return
+        if then_admit:
+            code, _obj = await kube.request(
+                "PATCH",
+                sbx_path(ns, name) + "/status",
+                admitted,
+                content_type="application/merge-patch+json",
+            )
+            if code != 200:
+                result.errors += 1
+
+    try:
+        for then_admit in (False, True):
+            prefix = "adm" if then_admit else "post"
+            cpu0 = {c: cpu_seconds(pid) for c, pid in pids.items()}
+            t0 = time.monotonic()
+            await gather_limited(
+                args.concurrency,
+                [functools.partial(post, f"{prefix}-{i}", then_admit) for i in range(n)],
+            )
+            took = time.monotonic() - t0
+            if then_admit:
+                result.admit_s = took
+                cpu = {c: cpu_seconds(pid) for c, pid in pids.items()}
+                for comp, attr in (("kube-apiserver", "apiserver_cpu"), ("etcd", "etcd_cpu")):
+                    before, after = cpu0.get(comp), cpu.get(comp)
+                    if before is not None and after is not None:
+                        setattr(result, attr, (after - before) / took)
+            else:
+                result.post_s = took
+    finally:
+        await strip_and_delete(kube, [ns])
+    return result
+
+
+def ceiling_table(c: Ceiling) -> str:
+    def share(cpu: float | None) -> str:
+        return "n/a" if cpu is None else f"{100 * cpu:.0f}%"
+
+    rows = [
+        ["Sandbox POSTs alone (/s)", per_s(c.n, c.post_s)],
+        ["POST + one status write each (/s)", per_s(c.n, c.admit_s)],
+        ["  API server CPU (share of a core)", share(c.apiserver_cpu)],
+        ["  etcd CPU (share of a core)", share(c.etcd_cpu)],
+        ["requests refused / failed", str(c.errors)],
+    ]
+    return table(["", f"N={c.n}, {c.concurrency} in flight"], rows)
+
+
 async def amain(
     args: argparse.Namespace, kubeconfig: str, local: bool, state: dict[str, Any]
 ) -> None:
@@ -1637,6 +1734,14 @@ async def amain(
             )
             print(size_table(results, args.idle_seconds), flush=True)
             print()
+        if args.ceiling:
+            ceiling = await api_ceiling(kube, args.ceiling, args, cleanup)
+            print()
+            print(
+                "API server ceiling, no operator: what the API server alone accepts "
+                "(an upper bound on admissions/s on this machine)"
+            )
+            print(ceiling_table(ceiling), flush=True)
         if args.real_node:
             bursts, idles = await real_node(kube, args, kubeconfig, local, cleanup)
             print()
@@ -1676,6 +1781,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-metrics", dest="metrics", action="store_false",
                    help="do not pass --metrics-port to the operator")  # fmt: skip
     p.add_argument("--real-node", action="store_true", help="also the real-node step")
+    p.add_argument(
+        "--ceiling", type=int, default=0, metavar="N",
+        help="also N Sandbox POSTs (and N POST + status write) with no operator: the API "
+        "server's own ceiling",
+    )  # fmt: skip
     p.add_argument("--runtimes", default="runc,gvisor", help="real-node runtimes")
     p.add_argument("--burst", type=int, default=40, help="real-node burst size")
     p.add_argument("--rounds", type=int, default=3, help="real-node burst rounds (alternating)")
@@ -1687,8 +1797,9 @@ def main(argv: list[str] | None = None) -> int:
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     if args.smoke:
         args.sizes, args.idle_seconds, args.real_node = [20], min(args.idle_seconds, 10), False
+        args.ceiling = min(args.ceiling, 20) if args.ceiling else 20
     if args.cleanup:
-        args.sizes, args.real_node = [], False
+        args.sizes, args.real_node, args.ceiling = [], False, 0
     flags = "" if args.cleanup else operator_run_flags()
     args.metrics_host = "--metrics-host" in flags
     args.metrics_flag = "--metrics-port" in flags
