@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-__all__ = ["api_message", "new_api_client", "parse_time"]
+__all__ = ["api_message", "in_cluster_api_client", "new_api_client", "parse_time"]
 
 
 async def new_api_client(
@@ -38,8 +38,7 @@ async def new_api_client(
     explicit = kubeconfig is not None or context is not None or bool(os.environ.get("KUBECONFIG"))
     if not explicit and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return k8s.ApiClient(configuration=cfg)
+            return in_cluster_api_client(configuration=cfg)
         except k8s_config.ConfigException:
             pass  # a service host without a service account: try the kubeconfig
     # $KUBECONFIG read now: the library reads it once, at import time.
@@ -49,6 +48,14 @@ async def new_api_client(
         context=context,
         client_configuration=cfg,
     )
+    return k8s.ApiClient(configuration=cfg)
+
+
+def in_cluster_api_client(*, configuration: k8s.Configuration | None = None) -> k8s.ApiClient:
+    """An ApiClient from the pod's service account (raises ``ConfigException`` outside a pod).
+    Synchronous: reading the mounted token needs no I/O loop, so a constructor can call it."""
+    cfg = configuration if configuration is not None else k8s.Configuration()
+    k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     return k8s.ApiClient(configuration=cfg)
 
 

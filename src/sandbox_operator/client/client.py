@@ -26,7 +26,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
@@ -80,7 +79,7 @@ from sandbox_operator.contract import (
     SandboxResourceSpec,
     SandboxSpec,
 )
-from sandbox_operator.kubeapi import new_api_client
+from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 
 _observe_log = logging.getLogger("sandbox_operator.client.observer")
 
@@ -159,12 +158,11 @@ class SandboxClient(SuspendCalls, ScopeCalls):
     @classmethod
     def in_cluster(cls, namespace: str | None = None, **kwargs: Any) -> SandboxClient:
         """From the pod's service account (namespace: the pod's own unless given)."""
-        cfg = k8s.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        api = in_cluster_api_client()
         if namespace is None:
             with open(_SA_NAMESPACE) as fh:
                 namespace = fh.read().strip()
-        return cls(k8s.ApiClient(configuration=cfg), namespace, **kwargs)
+        return cls(api, namespace, **kwargs)
 
     async def close(self) -> None:
         await self.ws_api.close()
