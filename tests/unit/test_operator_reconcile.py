@@ -322,6 +322,26 @@ async def test_scope_not_found_then_found(world):
     assert "d" in driver.pods
 
 
+async def test_a_scope_the_views_have_not_seen_yet_is_read_before_scope_not_found(world):
+    """The scope's watch event can arrive after the Sandbox's (a client creates a scope and at
+    once a Sandbox naming it): a scope the views lack is read once before ScopeNotFound, which
+    a waiting client takes as terminal."""
+    rt, kube, driver = world
+    sync(rt, kube)
+    kube.add("sandboxscopes", "fresh", {"scope": "s", "threadId": "t3"})
+    kube.add("sandboxes", "e", {**SPEC, "scopeRef": "fresh"})
+    rt.views.put_sandbox(copy.deepcopy(kube.objs[("sandboxes", "e")]))
+    assert rt.views.scopes.get(NS, "fresh") is None  # the scope's event has not arrived
+    await sandbox_reconciler.reconcile_sandbox(rt, NS, "e")
+    assert cond(kube, "e", "Admitted")["status"] == "True"
+    assert "e" in driver.pods
+    # A scope that really is missing is still ScopeNotFound.
+    kube.add("sandboxes", "f", {**SPEC, "scopeRef": "nowhere"})
+    rt.views.put_sandbox(copy.deepcopy(kube.objs[("sandboxes", "f")]))
+    await sandbox_reconciler.reconcile_sandbox(rt, NS, "f")
+    assert cond(kube, "f", "Admitted")["reason"] == "ScopeNotFound"
+
+
 async def test_failed_disposal_keeps_finalizer_and_makes_key_unclean(world):
     rt, kube, driver = world
     kube.add("sandboxes", "e1", SPEC)

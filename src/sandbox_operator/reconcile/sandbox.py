@@ -1,15 +1,14 @@
 """Reconcile one Sandbox: read the views, compute the wanted state, write only the difference.
 
-A pass reads the Sandbox, its SandboxScope and its pod from the in-memory views (``views.py``),
-never from the API server, and asks the pure functions of ``compute.py`` what the status should
+A pass reads the Sandbox, its SandboxScope and its pod from the in-memory views (``views.py``;
+the API server only to confirm a scope the views miss), and asks the pure functions of ``compute.py`` what the status should
 say and whether anything is to be created or disposed. It then makes at most one create or
 disposal request and one status patch (with the object's ``resourceVersion`` as a precondition:
 a concurrent writer makes the pass run again on the newer object). A pass over a Ready,
 unchanged Sandbox makes no API call at all.
 
-Passes are triggered by watch events (the Sandbox, its scope, its pod) and by deadlines the
-previous pass computed (startup timeout, TTL, idle timeout, disposal retry); nothing polls.
-No policy lives here: admission is ``sandbox_operator.policy`` through ``compute.admit``.
+Passes run on watch events (the Sandbox, its scope, its pod) and on the deadlines the previous
+pass computed (startup, TTL, idle, disposal retry); nothing polls. No policy lives here.
 """
 
 from __future__ import annotations
@@ -136,6 +135,16 @@ async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | N
     return await _reconcile(rt, obj)
 
 
+async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> dict[str, Any] | None:
+    """The SandboxScope a Sandbox names, from the views; a miss is confirmed with one read: its
+    watch event can lag the Sandbox's (a scope created just before, under load), and
+    ``ScopeNotFound`` is terminal for a waiting client. Passes run on events, not on a timer."""
+    seen = rt.views.scopes.get(namespace, scope_ref)
+    if seen is not None:
+        return seen
+    return await rt.kube.get_scope(namespace, scope_ref)
+
+
 async def _ensure_metadata(
     rt: Runtime, obj: dict[str, Any], scope: compute.ScopeResolution, key: SandboxKey | None
 ) -> dict[str, Any] | None:
@@ -227,7 +236,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         return None
     spec = parsed
     scope = compute.resolve_scope(
-        rt.views.scopes.get(namespace, spec.scope_ref),
+        await _scope_object(rt, namespace, spec.scope_ref),
         spec.scope_ref,
         namespace,
         conversation_holder=rt.views.conversation_holder(namespace, spec.scope_ref),
