@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -351,6 +352,17 @@ def _ensure_sampler() -> None:
     except RuntimeError:
         return
     _sampler = loop.create_task(_sample_streams(), name="metrics-stream-sampler")
+
+
+async def stop_stream_sampler() -> None:
+    """Cancel the stream sampler (the operator's cleanup): kopf gives tasks it did not start
+    five seconds to end on their own before it cancels them, and every stop would wait that."""
+    global _sampler
+    task, _sampler = _sampler, None
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _sample_streams() -> None:

@@ -772,3 +772,20 @@ async def test_a_streamed_body_is_counted_as_it_arrives_not_only_at_its_end(monk
     eof[0]()  # the end of the body: the rest, once
     await asyncio.sleep(0.1)
     assert counted() - before == 1500
+
+
+async def test_the_stream_sampler_is_stopped_by_the_operators_cleanup(monkeypatch) -> None:
+    """A stream still open at shutdown keeps the sampler alive; kopf would give that task five
+    seconds before cancelling it, on every stop. The cleanup stops it at once."""
+    monkeypatch.setattr(metrics, "STREAM_SAMPLE_SECONDS", 0.05)
+    content = SimpleNamespace(total_bytes=0, on_eof=lambda _cb: None)
+    req = metrics._Request("watch", "sandboxes", "kopf")
+    req.read_at_eof(SimpleNamespace(content=content))  # never reaches its end
+    sampler = metrics._sampler
+    assert sampler is not None and not sampler.done()
+    await asyncio.sleep(0.12)
+    assert not sampler.done()  # an open stream keeps it sampling
+    await metrics.stop_stream_sampler()
+    assert sampler.done() and metrics._sampler is None
+    await metrics.stop_stream_sampler()  # idempotent
+    metrics._LIVE_STREAMS.clear()

@@ -263,6 +263,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = getattr(memo, "runtime", None)
     if rt is not None:
         await rt.close()
+    await metrics.stop_stream_sampler()
 
 
 @kopf.on.probe(id="backends")
