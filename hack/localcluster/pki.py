@@ -77,6 +77,12 @@ def leaf_certs(ip: str) -> list[Cert]:
     ]
 
 
+def _ec_key(path: Path, log: Path) -> None:
+    """A P-256 private key at ``path`` (the CA's and every leaf's)."""
+    run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(path)],
+        log=log)  # fmt: skip
+
+
 def ensure_pki(ip: str) -> None:
     marker = PKI / "node-ip"
     same_ip = marker.exists() and marker.read_text() == ip
@@ -89,19 +95,7 @@ def ensure_pki(ip: str) -> None:
         os.chmod(PKI, 0o700)
         ca_key, ca_crt = PKI / "ca.key", PKI / "ca.crt"
         if not ca_crt.exists():
-            run(
-                [
-                    "openssl",
-                    "ecparam",
-                    "-name",
-                    "prime256v1",
-                    "-genkey",
-                    "-noout",
-                    "-out",
-                    str(ca_key),
-                ],
-                log=log,
-            )
+            _ec_key(ca_key, log)
             run(
                 ["openssl", "req", "-x509", "-new", "-key", str(ca_key), "-sha256", "-days", "3650",
                  "-subj", "/CN=sandbox-operator-ca", "-out", str(ca_crt),
@@ -138,19 +132,7 @@ def ensure_pki(ip: str) -> None:
                 lines.append(f"subjectAltName={','.join(cert.sans)}")
             ext.write_text("\n".join(lines) + "\n")
             subj = f"/CN={cert.cn}" + (f"/O={cert.org}" if cert.org else "")
-            run(
-                [
-                    "openssl",
-                    "ecparam",
-                    "-name",
-                    "prime256v1",
-                    "-genkey",
-                    "-noout",
-                    "-out",
-                    str(key),
-                ],
-                log=log,
-            )
+            _ec_key(key, log)
             run(
                 ["openssl", "req", "-new", "-key", str(key), "-subj", subj, "-out", str(csr)],
                 log=log,
