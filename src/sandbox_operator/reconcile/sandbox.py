@@ -1,11 +1,10 @@
 """Reconcile one Sandbox: read the views, compute the wanted state, write only the difference.
 
 A pass reads the Sandbox, its SandboxScope and its pod from the in-memory views (``views.py``;
-the API server only to confirm a scope the views miss), and asks the pure functions of ``compute.py`` what the status should
-say and whether anything is to be created or disposed. It then makes at most one create or
-disposal request and one status patch (with the object's ``resourceVersion`` as a precondition:
-a concurrent writer makes the pass run again on the newer object). A pass over a Ready,
-unchanged Sandbox makes no API call at all.
+the API server only to confirm a scope the views miss), asks ``compute.py`` what the status
+should say and what to create or dispose, then makes at most one create or disposal request and
+one status patch (``resourceVersion`` as a precondition: a concurrent writer makes the pass run
+again on the newer object). A pass over a Ready, unchanged Sandbox makes no API call at all.
 
 Passes run on watch events (the Sandbox, its scope, its pod) and on the deadlines the previous
 pass computed (startup, TTL, idle, disposal retry); nothing polls. No policy lives here.
