@@ -583,3 +583,37 @@ async def test_channel_traffic_is_not_reported_as_store_reads(tmp_path: Path) ->
     assert [(e.tool, e.delivery, e.response_bytes) for e in recorder.calls] == [
         ("add", "delivered", result.records[0].response_bytes)
     ]
+
+
+def test_the_shim_stops_waiting_once_the_channel_is_removed(tmp_path: Path) -> None:
+    """A program left waiting for an answer (the host crashed, or ended the run without
+    answering) must not poll forever: once the run's transport is removed it raises."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "sandbox_host_tools.py").write_text(host_tool_shim(["lookup"]))
+    program = (
+        "import sandbox_host_tools as host\n"
+        "try:\n"
+        "    host.lookup(order=1)\n"
+        "except host.HostToolError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "calls" / "1.req").exists():
+            assert time.monotonic() < deadline, "the program never asked"
+            time.sleep(0.01)
+        assert proc.poll() is None  # waiting for its answer
+        (tmp_path / "calls" / "1.req").unlink()
+        (tmp_path / "calls").rmdir()
+        out, _ = proc.communicate(timeout=10)
+        assert out.strip() == "HostToolError the host-tool channel is closed"
+    finally:
+        proc.kill()
+        proc.wait()

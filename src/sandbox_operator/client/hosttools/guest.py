@@ -88,6 +88,10 @@ def call(tool, /, **arguments):
                     raw = fh.read()
                 break
             except FileNotFoundError:
+                if not _os.path.isdir(_CALLS):
+                    # The host removed the run's transport (it ended or gave up on the run):
+                    # no answer can come, so stop waiting instead of polling forever.
+                    raise HostToolError("the host-tool channel is closed") from None
                 _time.sleep(delay)
                 delay = min(delay * 2, 0.02)
     answer = _json.loads(raw)
