@@ -46,6 +46,7 @@ from sandbox_operator.contract import (
     parse_isolation,
     refusal_condition_reason,
 )
+from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import BackendProfile, check_call_key, effective_floor, select_backend
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
@@ -292,7 +293,7 @@ def suspension(
             return Suspension("suspended", SUSPENDED_BY_SPEC)
         return Suspension("suspend", SUSPENDED_BY_SPEC)
     if recorded == SUSPENDED_BY_IDLE:
-        since = _time(status.get("suspendedAt"))
+        since = parse_time(status.get("suspendedAt"))
         if last_activity is None or since is None or last_activity <= since:
             return Suspension("suspended", SUSPENDED_BY_IDLE)
         return Suspension("resume")
@@ -306,7 +307,7 @@ def _ttl_reached(
 ) -> datetime | None:
     """When the TTL ends the sandbox (``None`` when it has no creation time); whether it has is
     ``result <= now``."""
-    created = _time(_meta(obj).get("creationTimestamp"))
+    created = parse_time(_meta(obj).get("creationTimestamp"))
     if created is None:
         return None
     return created + timedelta(seconds=spec.sandbox_spec().lifetime.ttl_seconds)
@@ -430,10 +431,6 @@ class Plan:
     requeue_after: float | None = None
 
 
-def _time(value: Any) -> datetime | None:
-    return cnd.parse_time(value)
-
-
 def refusal_plan(admission: Admission) -> Plan:
     return Plan(
         conditions=(
@@ -470,10 +467,9 @@ def plan(
             return refusal_plan(Admission(False, R.KEY_UNCLEAN, msg))
 
     admitted_cond = cnd.find(status.get("conditions"), ADMITTED) or {}
-    admitted_at = (
-        _time(admitted_cond.get("lastTransitionTime")) if cnd.is_true(status, ADMITTED) else None
-    ) or now
-    resumed_at = _time(status.get("resumedAt"))
+    admitted = cnd.is_true(status, ADMITTED)
+    admitted_at = (parse_time(admitted_cond.get("lastTransitionTime")) if admitted else None) or now
+    resumed_at = parse_time(status.get("resumedAt"))
     if resumed_at is not None and resumed_at > admitted_at:
         # A resumed sandbox's startup clock (and its idle clock's floor) is the resume.
         admitted_at = resumed_at
@@ -484,7 +480,7 @@ def plan(
     ready_cond = cnd.find(status.get("conditions"), READY) or {}
     lifetime = spec.sandbox_spec().lifetime
     annotations = meta.get("annotations") or {}
-    ready_since = _time(ready_cond.get("lastTransitionTime")) if was_ready else None
+    ready_since = parse_time(ready_cond.get("lastTransitionTime")) if was_ready else None
     # Anyone who may annotate the Sandbox may write it: garbage or a stamp from the future is
     # ignored, one a little ahead is now (labels.read_last_activity).
     last_activity = lbl.read_last_activity(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION), now)
@@ -493,7 +489,7 @@ def plan(
         lifetime=lifetime,
         was_ready=was_ready,
         ready_since=ready_since,
-        sandbox_created=_time(meta.get("creationTimestamp")),
+        sandbox_created=parse_time(meta.get("creationTimestamp")),
         admitted_at=admitted_at,
         last_activity=last_activity,
         now=now,
@@ -521,7 +517,7 @@ def plan(
             lifetime_ttl=lifetime.ttl_seconds,
             lifetime_idle=lifetime.idle_timeout_seconds,
             startup_timeout=lifetime.startup_timeout_seconds,
-            sandbox_created=_time(meta.get("creationTimestamp")),
+            sandbox_created=parse_time(meta.get("creationTimestamp")),
             admitted_at=admitted_at,
             ready_since=ready_since if was_ready else observation.ready_at,
             last_activity=last_activity,

@@ -28,24 +28,12 @@ MAX_MESSAGE = 4096
 
 
 def now_rfc3339(now: datetime | None = None) -> str:
-    t = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _now(now).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _now(now: datetime | None) -> datetime:
     """The transition time written: UTC, whole seconds (as ``now_rfc3339`` spells it)."""
     return (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-
-
-def parse_time(value: Any) -> datetime | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def status_of(value: bool | ConditionStatus) -> ConditionStatus:

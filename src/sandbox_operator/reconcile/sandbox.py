@@ -37,6 +37,7 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxResourceSpec,
 )
+from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
@@ -503,7 +504,7 @@ def _startup_deadline(
     if obj is None:
         return None
     cond = cnd.find((obj.get("status") or {}).get("conditions"), ADMITTED) or {}
-    admitted_at = cnd.parse_time(cond.get("lastTransitionTime")) or now
+    admitted_at = parse_time(cond.get("lastTransitionTime")) or now
     timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
     return max(0.0, timeout - (now - admitted_at).total_seconds()) + 0.05
 
@@ -592,7 +593,7 @@ def _count(
         result = "admitted" if draft.is_true(ADMITTED) else "refused"
         metrics.ADMISSIONS.labels(result, reason).inc()
     if draft.is_true(READY) and not was_ready:
-        created = cnd.parse_time(_meta(obj).get("creationTimestamp"))
+        created = parse_time(_meta(obj).get("creationTimestamp"))
         backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
         if created is not None:
             seconds = (datetime.now(UTC) - created).total_seconds()

@@ -29,6 +29,7 @@ from sandbox_operator.contract import (
     SandboxScopeResourceStatus,
     SandboxWarmPoolResourceStatus,
 )
+from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.runtime import Runtime
 
@@ -237,7 +238,7 @@ def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
     egress = (status or {}).get("egress")
     if not isinstance(egress, Mapping):
         return None
-    return cnd.parse_time(egress.get("admitted"))
+    return parse_time(egress.get("admitted"))
 
 
 def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
