@@ -18,7 +18,8 @@
 # sandbox-operator), OPERATOR_NAMESPACE (default sandbox-operator-system), DEMO_NAMESPACE
 # (default default), OPERATOR_IMAGE (repository:tag of an image your cluster can pull: skips the
 # local build and import), READY_TIMEOUT (default 180s), WATCH_NAMESPACES (comma-separated: serve
-# only these namespaces instead of all, e.g. to leave the test suite's namespaces alone).
+# only these namespaces instead of all; on the local cluster it defaults to DEMO_NAMESPACE, so the
+# test suite's namespaces are left alone; set it empty to serve all).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -122,6 +123,11 @@ else
   step "cluster: bring up the local cluster (hack/cluster.py up)" cluster \
     "$PY" hack/cluster.py up
   export KUBECONFIG="$LOCAL_KUBECONFIG"
+  # `make test` runs next on this cluster and starts an operator of its own in each test
+  # namespace: an operator serving every namespace would reconcile the tests' Sandboxes too (two
+  # operators, one object). So on the local cluster the release serves only the demo namespace
+  # unless WATCH_NAMESPACES says otherwise (WATCH_NAMESPACES= , set and empty, serves all).
+  WATCH_NAMESPACES="${WATCH_NAMESPACES-$DEMO_NAMESPACE}"
 fi
 KUBECTL="$(kubectl_path)"; export KUBECTL
 HELM="$(helm_path)"
