@@ -339,7 +339,8 @@ class Sandbox:
 
     async def remove(self, path: str, *, recursive: bool = False) -> bool:
         """Remove ``path``; a symlink is removed itself, never followed. A missing path is
-        success (returns False). A directory needs ``recursive`` unless empty."""
+        success (returns False). A directory needs ``recursive``, even an empty one (maf-sandbox's
+        rule: a plane without enumeration cannot tell empty from full, so none decides on it)."""
         self._gate("remove", Capability.FILES_DELETE)
         target = confine(path, self.work_dir)
         return await self.dataplane.remove(target.work_dir, target.relative, recursive=recursive)

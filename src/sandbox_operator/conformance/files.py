@@ -318,7 +318,13 @@ async def check_files_delete(sandbox: Sandbox) -> ConformanceReport:
                 rule="destination_is_directory",
             )
             check(await exists(sandbox, area.absolute("d/e/g")), "dir content removed")
-            check(await sandbox.remove(area.path("empty")) is True, "empty dir not removed")
+            await expect_raises(
+                PathRefused,
+                sandbox.remove(area.path("empty")),
+                "non-recursive remove of an empty dir",
+                rule="destination_is_directory",
+            )
+            check(await exists(sandbox, area.absolute("empty")), "empty dir removed")
 
         async def recursive() -> None:
             check(await sandbox.remove(area.path("d"), recursive=True), "returned False")

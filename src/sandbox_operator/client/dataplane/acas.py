@@ -282,12 +282,7 @@ class AcasDataPlane:
             info = await self._stat(dest)
             if info is None:
                 return False
-            if (
-                info.is_dir
-                and not info.is_symlink
-                and not recursive
-                and await self.client.list_files(self.sandbox_id, dest)
-            ):
+            if info.is_dir and not info.is_symlink and not recursive:
                 raise PathRefused(path=relative, rule="destination_is_directory")
             try:
                 await self.client.delete_file(

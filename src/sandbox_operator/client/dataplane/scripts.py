@@ -139,7 +139,8 @@ sbx_walk
 if [ -L "$D" ]; then rm -f "$D" || exit 99; echo 1; exit 0; fi
 [ -e "$D" ] || { echo 0; exit 0; }
 if [ -d "$D" ]; then
-  if [ "$REC" = 1 ]; then rm -rf "$D" || exit 99; else rmdir "$D" 2>/dev/null || exit 96; fi
+  [ "$REC" = 1 ] || exit 96
+  rm -rf "$D" || exit 99
 else rm -f "$D" || exit 99; fi
 echo 1
 """
