@@ -1,0 +1,348 @@
+"""The maf-sandbox ``Sandbox`` over any of this project's data planes.
+
+:class:`OperatorSandbox` is the one place maf's path rules meet our data plane: every file method
+first discharges maf's confinement bundle (:mod:`maf_sandbox.paths`, the file name check and the
+filesystem path check) with :meth:`OperatorSandbox.lstat`, then hands the already-confined path to
+the data plane, whose scripts walk it again inside the sandbox right before acting. It is built
+over a :class:`~sandbox_operator.client.dataplane.DataPlane`, a storage base and a spec only, so
+the unit tests run maf's conformance suites against the local data plane (processes in a temp
+directory) and :class:`~sandbox_operator.maf.OperatorBackend` builds it over the pod data plane.
+
+Reach: the pod data plane runs every primitive as the guest's own user (``pods/exec`` into the
+sandbox container), so a path swapped between the check and the act reaches nothing the guest
+program could not reach itself. The same is true of the stat the check uses, and it is answered
+by a guest program (``sh``'s ``test``): the engine offers no other no-follow stat of a pod's
+filesystem, which maf's rule allows as the residual of acting at the guest's authority.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+from collections.abc import Sequence
+
+import maf_sandbox as maf
+from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
+from maf_sandbox.paths import (
+    confine_resolve_guest_delete_path,
+    confine_resolve_guest_list_path,
+    confine_resolve_guest_path,
+    confine_resolve_guest_read_path,
+    confine_resolve_guest_write_path,
+    ensure_guest_work_dir,
+    posix_work_dir_ancestors,
+    resolve_guest_working_directory,
+)
+
+from sandbox_operator.client.dataplane import DataPlane
+from sandbox_operator.client.dataplane.protocol import DEFAULT_OUTPUT_BUDGET, FileKind
+from sandbox_operator.client.errors import (
+    ExecSetupError,
+    ExecTimeout,
+    OutputBudgetExceeded,
+    PathRefused,
+    SandboxFileNotFound,
+    TransferCapExceeded,
+)
+
+_KINDS: dict[FileKind, maf.EntryKind] = {
+    "file": maf.EntryKind.FILE,
+    "dir": maf.EntryKind.DIRECTORY,
+    "symlink": maf.EntryKind.SYMLINK,
+    "other": maf.EntryKind.OTHER,
+}
+
+#: Refusals of the data plane's in-sandbox walk that mean "a link on the way" (maf: ValueError).
+_LINK_RULES = frozenset({"symlinked_work_dir", "symlinked_parent", "symlink_destination"})
+
+#: How long a primitive the caller gave no bound (stat, write, list, remove) may take.
+DEFAULT_OP_TIMEOUT = 60.0
+
+#: The exit status of a command that could not start because its working directory is missing.
+CWD_MISSING_EXIT = 125
+
+#: The interpreter :meth:`OperatorSandbox.run_code` evaluates a program with (program on stdin).
+RUN_CODE_ARGV = ("python3", "-")
+
+
+def _refusal(exc: PathRefused) -> Exception:
+    """The maf refusal type of a data plane's confinement refusal."""
+    if exc.rule in _LINK_RULES:
+        return ValueError(f"path refused: {exc.rule}")
+    if exc.rule == "destination_is_directory":
+        return IsADirectoryError(f"path refused: {exc.rule}")
+    if exc.rule in ("not_a_directory", "parent_not_directory"):
+        return NotADirectoryError(f"path refused: {exc.rule}")
+    return OSError(f"path refused: {exc.rule}")
+
+
+def _split(guest_path: str) -> tuple[str, str]:
+    """``(work_dir, relative)`` of an absolute, normalized guest path, for the data plane."""
+    return "/", guest_path.lstrip("/")
+
+
+class OperatorSandbox:
+    """A ``maf_sandbox.Sandbox`` over a data plane, a storage base and the spec it was acquired for.
+
+    ``base`` is the absolute guest path relative working directories address (``spec.work_dir``
+    when the spec names one). ``instance_id`` identifies the physical sandbox (the serving pod's
+    uid under the operator); ``freshly_created`` is True only when the acquire that built this
+    wrapper created the instance from a clean image. ``name``/``namespace``/``pod`` name the
+    Sandbox resource and its pod (empty for a wrapper built directly on a data plane).
+    """
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        spec: maf.SandboxSpec,
+        *,
+        base: str,
+        instance_id: str,
+        freshly_created: bool = False,
+        name: str = "",
+        namespace: str = "",
+        pod: str = "",
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+    ) -> None:
+        if not base.startswith("/") or posixpath.normpath(base) != base:
+            raise ValueError("base must be an absolute, normalized guest path")
+        self.dataplane = dataplane
+        self.spec = spec
+        self.base = base
+        self._instance_id = instance_id
+        self.freshly_created = freshly_created
+        self.name = name
+        self.namespace = namespace
+        self.pod = pod
+        self.op_timeout = op_timeout
+
+    def __repr__(self) -> str:
+        return f"OperatorSandbox(name={self.name!r}, pod={self.pod!r}, base={self.base!r})"
+
+    @property
+    def instance_id(self) -> str:
+        """The physical sandbox's identity: stable across acquires, new after replacement."""
+        return self._instance_id
+
+    # -- the unconfined no-follow stat maf's checks read ---------------------------------------
+
+    async def lstat(self, guest_path: str) -> maf.SandboxEntry | None:
+        """Describe an absolute guest path without following its last component; None when
+        nothing is there. A size is reported for regular files only."""
+        path = posixpath.normpath(guest_path)
+        if path == "/":
+            return maf.SandboxEntry(path=path, kind=maf.EntryKind.DIRECTORY, size_bytes=None)
+        work_dir, relative = _split(path)
+        try:
+            st = await self.dataplane.stat(work_dir, relative)
+        except SandboxFileNotFound:
+            return None
+        except PathRefused as exc:
+            raise _refusal(exc) from None
+        kind = _KINDS[st.kind]
+        size = st.size if kind is maf.EntryKind.FILE else None
+        return maf.SandboxEntry(path=path, kind=kind, size_bytes=size)
+
+    def _working_directory(self, working_directory: str) -> str:
+        return resolve_guest_working_directory(working_directory, self.base)
+
+    async def prepare(self) -> None:
+        """Make sure the storage base is a real directory (maf's acquire duty): missing parents
+        are created, a link or a non-directory on the way is refused."""
+        await ensure_guest_work_dir(
+            self.spec,
+            self.lstat,
+            self._create_directories,
+            resolve=posix_work_dir_ancestors,
+            base=self.base,
+        )
+
+    async def _create_directories(self, directories: tuple[str, ...]) -> None:
+        deepest = directories[-1]
+        result = await self.dataplane.exec(
+            ["mkdir", "-p", "--", deepest], cwd="/", timeout=self.op_timeout
+        )
+        if result.exit_code != 0:
+            raise OSError(f"could not create the storage base {deepest!r}")
+
+    # -- exec -----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        working_directory: str,
+        timeout: float,  # noqa: ASYNC109 (maf's signature)
+    ) -> maf.ExecResult:
+        """Run ``command`` (a sequence: argv verbatim; a string: an ``sh -c`` line) in the
+        resolved working directory. :class:`TimeoutError` means ``timeout`` expired and nothing
+        else: the data plane then kills the command's process group."""
+        cwd = self._working_directory(working_directory)
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return await self._exec(argv, cwd=cwd, timeout=timeout, stdin=None)
+
+    async def exec_bounded(
+        self,
+        command: str | Sequence[str],
+        *,
+        working_directory: str,
+        timeout: float,  # noqa: ASYNC109
+        max_output_bytes: int,
+    ) -> maf.ExecResult:
+        """:meth:`exec` with a caller's stdout + stderr budget (maf's ``BoundedExec``)."""
+        if type(max_output_bytes) is not int or max_output_bytes <= 0:
+            raise ValueError("max_output_bytes must be a positive integer")
+        cwd = self._working_directory(working_directory)
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return await self._exec(argv, cwd=cwd, timeout=timeout, stdin=None, budget=max_output_bytes)
+
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,  # noqa: ASYNC109
+        stdin: bytes | None,
+        budget: int = DEFAULT_OUTPUT_BUDGET,
+    ) -> maf.ExecResult:
+        try:
+            result = await self.dataplane.exec(
+                argv, cwd=cwd, timeout=timeout, stdin=stdin, max_output_bytes=budget
+            )
+        except ExecTimeout as exc:
+            raise TimeoutError(f"the command ran past its {timeout:g}s bound") from exc
+        except OutputBudgetExceeded as exc:
+            raise SandboxExecOutputLimitExceeded(
+                f"the command produced more than {budget} bytes of output"
+            ) from exc
+        except ExecSetupError as exc:
+            if exc.what == "cwd":
+                # The command never ran: reported as its result, as a shell's failed ``cd`` or an
+                # engine's exec into a missing directory is, never by creating the directory.
+                return maf.ExecResult(
+                    exit_code=CWD_MISSING_EXIT,
+                    stderr_bytes=f"working directory {cwd!r} is not a directory\n".encode(),
+                )
+            raise ValueError(f"the command could not be started: {exc.what}") from exc
+        return maf.ExecResult(
+            exit_code=result.exit_code, stdout_bytes=result.stdout, stderr_bytes=result.stderr
+        )
+
+    async def run_code(self, code: str, *, timeout: float) -> maf.ExecResult:  # noqa: ASYNC109
+        """Evaluate a Python program with the image's ``python3`` (program on stdin, in the
+        storage base): what it prints comes back, not the value of its last expression."""
+        if maf.Capability.RUN_CODE not in self.spec.required_capabilities:
+            raise NotImplementedError("RUN_CODE was not required by the spec")
+        return await self._exec(
+            RUN_CODE_ARGV, cwd=self.base, timeout=timeout, stdin=code.encode("utf-8")
+        )
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def write_file(self, path: str, content: str | bytes, *, working_directory: str) -> None:
+        wd = self._working_directory(working_directory)
+        guest = await confine_resolve_guest_write_path(self.lstat, path, wd)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        work_dir, relative = _split(guest)
+        try:
+            await self.dataplane.write_file(work_dir, relative, data)
+        except PathRefused as exc:
+            raise _refusal(exc) from None
+
+    async def stat_file(self, path: str, *, working_directory: str) -> maf.SandboxEntry | None:
+        wd = self._working_directory(working_directory)
+        guest = await confine_resolve_guest_read_path(self.lstat, path, wd)
+        entry = await self.lstat(guest)
+        if entry is None:
+            return None
+        return maf.SandboxEntry(
+            path=posixpath.normpath(path), kind=entry.kind, size_bytes=entry.size_bytes
+        )
+
+    async def read_file(self, path: str, *, working_directory: str, max_bytes: int) -> bytes:
+        wd = self._working_directory(working_directory)
+        guest = await confine_resolve_guest_read_path(self.lstat, path, wd)
+        entry = await self.lstat(guest)
+        if entry is None:
+            raise FileNotFoundError(f"no such file: {path!r}")
+        if entry.kind is not maf.EntryKind.FILE:
+            raise OSError(f"{path!r} is not a regular file and is refused")
+        if entry.size_bytes is not None and entry.size_bytes > max_bytes:
+            raise maf.SandboxTransferCapExceeded(
+                f"{path!r} is {entry.size_bytes} bytes and the caller allowed {max_bytes}"
+            )
+        work_dir, relative = _split(guest)
+        try:
+            return await self.dataplane.read_file(work_dir, relative, max_bytes=max_bytes)
+        except TransferCapExceeded as exc:
+            raise maf.SandboxTransferCapExceeded(
+                f"{path!r} is over the {max_bytes} bytes the caller allowed"
+            ) from exc
+        except SandboxFileNotFound:
+            raise FileNotFoundError(f"no such file: {path!r}") from None
+        except PathRefused as exc:
+            raise _refusal(exc) from None
+
+    async def list_dir(self, path: str, *, working_directory: str) -> tuple[maf.SandboxEntry, ...]:
+        wd = self._working_directory(working_directory)
+        guest = await confine_resolve_guest_list_path(self.lstat, path, wd)
+        work_dir, relative = _split(guest)
+        try:
+            entries = await self.dataplane.list_dir(work_dir, relative)
+        except SandboxFileNotFound:
+            raise FileNotFoundError(f"no such directory: {path!r}") from None
+        except PathRefused as exc:
+            raise _refusal(exc) from None
+        prefix = posixpath.normpath(path)
+        return tuple(
+            maf.SandboxEntry(
+                path=e.name if prefix == "." else posixpath.join(prefix, e.name),
+                kind=_KINDS[e.kind],
+                size_bytes=e.size if e.kind == "file" else None,
+            )
+            for e in entries
+        )
+
+    async def remove(self, path: str, *, working_directory: str, recursive: bool = False) -> None:
+        if maf.Capability.FILES_DELETE not in self.spec.required_capabilities:
+            raise NotImplementedError("FILES_DELETE was not required by the spec")
+        wd = self._working_directory(working_directory)
+        guest = await confine_resolve_guest_delete_path(self.lstat, path, wd)
+        work_dir, relative = _split(guest)
+        try:
+            await self.dataplane.remove(work_dir, relative, recursive=recursive)
+        except PathRefused as exc:
+            raise _refusal(exc) from None
+
+    async def reclaim(
+        self,
+        directory: str,
+        *,
+        working_directory: str,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Remove a framework directory and everything under it, as the guest's own user (so a
+        swapped component reaches nothing the guest could not delete itself); links inside are
+        unlinked, never followed. Absolute targets must be canonical and two components deep."""
+        wd = self._working_directory(working_directory)
+        if not posixpath.isabs(directory):
+            directory = confine_resolve_guest_path(directory, wd)
+            if directory == posixpath.normpath(wd):
+                raise ValueError("reclaim must name a child of the working directory")
+        if directory != posixpath.normpath(directory) or directory.startswith("//"):
+            raise ValueError("reclaim requires a canonical absolute path")
+        if len([part for part in directory.split("/") if part]) < 2:
+            raise ValueError("refusing to reclaim that close to the filesystem root")
+        work_dir, relative = _split(directory)
+        try:
+            async with asyncio.timeout(timeout):
+                await self.dataplane.remove(work_dir, relative, recursive=True)
+        except PathRefused as exc:
+            raise OSError(f"reclaim refused: {exc.rule}") from None
+
+    async def reset(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        """Not offered: the operator keeps no snapshot of a sandbox (no ``SNAPSHOT``)."""
+        raise NotImplementedError("the operator's sandboxes have no snapshot; dispose instead")
+
+
+__all__ = ["OperatorSandbox"]
