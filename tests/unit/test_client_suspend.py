@@ -102,6 +102,31 @@ class FakeServer:
             raise ApiException(status=404, reason="Not Found")
         self.changed()
 
+    async def patch_namespaced_custom_object_with_http_info(
+        self,
+        group: str,
+        version: str,
+        ns: str,
+        plural: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        field_manager: str = "",
+        _content_type: str = "",
+    ) -> tuple[dict[str, Any], int, dict[str, str]]:
+        created = (plural, name) not in self.objects
+        obj = await self.patch_namespaced_custom_object(
+            group,
+            version,
+            ns,
+            plural,
+            name,
+            body,
+            field_manager=field_manager,
+            _content_type=_content_type,
+        )
+        return obj, 201 if created else 200, {}
+
     async def patch_namespaced_custom_object(
         self,
         group: str,
@@ -564,6 +589,14 @@ async def test_acquire_never_owns_suspended(h: Harness) -> None:
     applies = [b for kind, n, b in h.server.patches if kind.startswith("application/apply")]
     assert applies and all("suspended" not in b["spec"] for b in applies)
     assert h.obj(sb.name)["spec"]["suspended"] is False
+
+
+async def test_only_the_acquire_that_created_the_sandbox_says_so(h: Harness) -> None:
+    first = await h.acquire()
+    again = await h.acquire()
+    assert first.created is True and again.created is False
+    assert again.resource is not None
+    assert again.resource["metadata"]["uid"] == first.resource["metadata"]["uid"]  # type: ignore[index]
 
 
 @pytest.mark.parametrize("how", ["spec", "idle"])

@@ -355,6 +355,9 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             observer=self.observer,
             effective_state=lambda: effective_state(obj, spec, host_tools=tools, call=call),
             lifecycle=self,
+            resource=obj,
+            created=bool(last.get("created"))
+            and last.get("created") == (obj.get("metadata") or {}).get("uid"),
         )
         dataplane.handle = sandbox
         return sandbox
@@ -369,11 +372,13 @@ class SandboxClient(SuspendCalls, ScopeCalls):
     async def _wait_ready(
         self, name: str, scope_ref: str, body: dict[str, Any], last: dict[str, str]
     ) -> Mapping[str, Any]:
-        obj = await self._apply(SANDBOX_PLURAL, name, body)
+        obj, created = await self._apply_created(SANDBOX_PLURAL, name, body)
         while (obj.get("metadata") or {}).get("deletionTimestamp"):
             # A previous sandbox under this key is still going away: wait, then recreate.
             await self._wait_gone(SANDBOX_PLURAL, name, None)
-            obj = await self._apply(SANDBOX_PLURAL, name, body)
+            obj, created = await self._apply_created(SANDBOX_PLURAL, name, body)
+        if created:
+            last["created"] = (obj.get("metadata") or {}).get("uid", "")
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.

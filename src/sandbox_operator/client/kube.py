@@ -106,10 +106,38 @@ class KubeCalls:
             return obj
         return await self._get_object(plural, name)
 
+    async def _patch_created(
+        self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
+    ) -> tuple[Mapping[str, Any], bool]:
+        """:meth:`_patch`, and whether this request created the object (HTTP 201: of several
+        concurrent applies of one name, exactly one gets it)."""
+        answer = await self.custom.patch_namespaced_custom_object_with_http_info(
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            body,
+            field_manager=manager,
+            _content_type=content_type,  # type: ignore[call-arg]
+        )
+        obj, status = answer[0], answer[1]
+        created = status == 201
+        if isinstance(obj, Mapping):
+            return obj, created
+        return await self._get_object(plural, name), created
+
     async def _apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
         """Server-side apply ``body`` as this client's field manager."""
+        obj, _ = await self._apply_created(plural, name, body)
+        return obj
+
+    async def _apply_created(
+        self, plural: str, name: str, body: dict[str, Any]
+    ) -> tuple[Mapping[str, Any], bool]:
+        """:meth:`_apply`, and whether this apply created the object."""
         try:
-            return await self._patch(
+            return await self._patch_created(
                 plural, name, body, manager=self.field_manager, content_type=APPLY_PATCH
             )
         except ApiException as exc:

@@ -15,7 +15,7 @@ import contextlib
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
@@ -101,7 +101,8 @@ class Sandbox:
     ``name``/``namespace`` name the Sandbox resource (empty for a handle built directly on a data
     plane); ``key`` is the sandbox key when known. ``observer`` receives the handle's events
     (``StoreFileRead``, ``OutputsCollected``); ``effective_state`` builds the value
-    :attr:`effective_state` returns, on first use.
+    :attr:`effective_state` returns, on first use. ``resource`` is the Sandbox object as it was
+    when it became Ready; ``created`` says whether the acquire that made this handle created it.
     """
 
     def __init__(
@@ -118,6 +119,8 @@ class Sandbox:
         observer: SandboxObserver | None = None,
         effective_state: EffectiveState | Callable[[], EffectiveState] | None = None,
         lifecycle: SuspendsSandboxes | None = None,
+        resource: Mapping[str, Any] | None = None,
+        created: bool = False,
     ) -> None:
         # What was asked for, and through what it is reached.
         self.spec = spec
@@ -134,6 +137,11 @@ class Sandbox:
         self.observer = observer
         self._effective_state = effective_state
         self._lifecycle = lifecycle
+        # The Sandbox object as it was when it became Ready, and whether the acquire that made
+        # this handle created that object (its server-side apply got 201, so no other acquire
+        # of the key did).
+        self.resource = resource
+        self.created = created
 
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
