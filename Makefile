@@ -4,8 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The maf-sandbox backend (sandbox_operator.maf) and its tier need Python 3.12 (maf-sandbox's
+# floor): a second venv. maf-sandbox-codeact is the published kind its tier runs unchanged.
+VENV_MAF := .venv-maf
+PY_MAF := $(VENV_MAF)/bin/python
+MAF_STAMP := $(VENV_MAF)/.installed
+MAF_PYENV_VERSION ?= 3.12.1
+MAF_CODEACT := maf-sandbox-codeact==0.25.0
+MAF_SOURCES = $(shell find src/sandbox_operator/maf -name '*.py')
 
-.PHONY: venv test test-unit test-integration test-e2e lint typecheck crds chart-crds image \
+.PHONY: venv venv-maf test test-unit test-integration test-e2e test-cluster test-maf lint typecheck crds chart-crds image \
         cluster-up cluster-down cluster-status images up down clean kwok-up kwok-down
 
 $(STAMP): pyproject.toml
@@ -16,12 +24,30 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(MAF_STAMP): pyproject.toml
+	@if ! test -x $(PY_MAF); then \
+	  if command -v pyenv >/dev/null && pyenv versions --bare | grep -qx '$(MAF_PYENV_VERSION)'; then \
+	    PYENV_VERSION=$(MAF_PYENV_VERSION) python -m venv $(VENV_MAF); \
+	  elif command -v python3.12 >/dev/null; then \
+	    python3.12 -m venv $(VENV_MAF); \
+	  else \
+	    echo "error: the maf tier needs Python 3.12: install python3.12 or pyenv's $(MAF_PYENV_VERSION)" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(PY_MAF) -m pip install -q --upgrade pip
+	$(PY_MAF) -m pip install -q -e '.[operator,acas,test,maf]' '$(MAF_CODEACT)'
+	touch $(MAF_STAMP)
+
+venv-maf: $(MAF_STAMP)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests hack benchmarks
 	$(VENV)/bin/ruff format --check src tests hack benchmarks
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) $(MAF_STAMP)
 	$(VENV)/bin/mypy
+	$(VENV_MAF)/bin/mypy --python-version 3.12 $(MAF_SOURCES)
 
 crds: $(STAMP)
 	$(PY) hack/gen_crds.py
@@ -40,19 +66,46 @@ up: $(STAMP)
 down:
 	bash hack/down.sh
 
-# The whole suite: static checks, unit tests, then integration and e2e tests against a real
-# cluster (the fixtures bring the local one up unless KUBECONFIG points at one).
-test: $(STAMP) lint typecheck
-	$(PY) -m pytest tests --durations=30
+# One pytest run: its output in build/test-NAME.log, its slowest tests in
+# build/durations-NAME.txt; the run's exit status.
+define pytest_run
+	@mkdir -p build
+	@set -o pipefail; $(2) 2>&1 | tee build/test-$(1).log; rc=$$?; \
+	sed -n '/slowest .*durations/,/^=/p' build/test-$(1).log > build/durations-$(1).txt; \
+	exit $$rc
+endef
+
+# The whole suite: static checks, then three runs: unit tests (4 workers), the integration and
+# e2e tests against a real cluster (the fixtures bring the local one up unless KUBECONFIG
+# points at one), and the maf tier on Python 3.12. All three run even if one fails; the
+# target fails if any did, after printing each run's slowest tests.
+test: $(STAMP) $(MAF_STAMP) lint typecheck
+	@rc=0; \
+	$(MAKE) --no-print-directory test-unit || rc=1; \
+	$(MAKE) --no-print-directory test-cluster || rc=1; \
+	$(MAKE) --no-print-directory test-maf || rc=1; \
+	for run in unit cluster maf; do \
+	  echo "== slowest tests of the $$run run (build/durations-$$run.txt)"; \
+	  cat build/durations-$$run.txt 2>/dev/null; \
+	done; \
+	exit $$rc
 
 test-unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(call pytest_run,unit,$(PY) -m pytest tests/unit -n 4 --durations=15)
+
+test-cluster: $(STAMP)
+	$(call pytest_run,cluster,$(PY) -m pytest tests/integration tests/e2e --durations=30)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest tests/integration
+	$(call pytest_run,integration,$(PY) -m pytest tests/integration --durations=15)
 
 test-e2e: $(STAMP)
-	$(PY) -m pytest tests/e2e
+	$(call pytest_run,e2e,$(PY) -m pytest tests/e2e --durations=15)
+
+# maf-sandbox's own conformance suites: over the local data plane (tests/unit/maf) and through
+# the operator on the real cluster, runc and gVisor (tests/maf).
+test-maf: $(MAF_STAMP)
+	$(call pytest_run,maf,$(PY_MAF) -m pytest tests/unit/maf tests/maf --durations=15)
 
 cluster-up: $(STAMP)
 	$(PY) hack/cluster.py up
@@ -76,4 +129,4 @@ kwok-down: $(STAMP)
 	$(PY) hack/cluster.py kwok down
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VENV_MAF) build dist src/*.egg-info
