@@ -157,6 +157,12 @@ class Sandbox:
         self._effective_state = built = state()
         return built
 
+    def report_activity(self) -> None:
+        """Count a use made through :attr:`dataplane` directly (a caller wrapping the data plane,
+        e.g. the maf backend), so the idle timeout sees it as it sees a use of this handle."""
+        record_key(self.key)
+        self._activity()
+
     # -- gating ---------------------------------------------------------------------------
 
     def _gate(self, method: str, capability: Capability) -> None:

@@ -6,6 +6,36 @@ over a :class:`~sandbox_operator.client.SandboxClient`; the sandboxes it hands o
 :class:`OperatorSandbox` wrappers over the client's data plane.
 """
 
+from sandbox_operator.maf._backend import OperatorBackend, sandbox_instance_id
+from sandbox_operator.maf._errors import (
+    ACQUIRE_ERRORS,
+    OperatorAcquireFailed,
+    OperatorAcquireTimedOut,
+    OperatorBackendMismatch,
+    OperatorSpecRejected,
+)
+from sandbox_operator.maf._published import (
+    BackendNotSelected,
+    PublishedBackendsMissing,
+    read_published,
+    select_backend,
+)
 from sandbox_operator.maf._sandbox import OperatorSandbox
+from sandbox_operator.maf._translate import declarations, operator_spec
 
-__all__ = ["OperatorSandbox"]
+__all__ = [
+    "ACQUIRE_ERRORS",
+    "BackendNotSelected",
+    "OperatorAcquireFailed",
+    "OperatorAcquireTimedOut",
+    "OperatorBackend",
+    "OperatorBackendMismatch",
+    "OperatorSandbox",
+    "OperatorSpecRejected",
+    "PublishedBackendsMissing",
+    "declarations",
+    "operator_spec",
+    "read_published",
+    "sandbox_instance_id",
+    "select_backend",
+]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import maf_sandbox as maf
 from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
@@ -89,6 +89,7 @@ class OperatorSandbox:
     uid under the operator); ``freshly_created`` is True only when the acquire that built this
     wrapper created the instance from a clean image. ``name``/``namespace``/``pod`` name the
     Sandbox resource and its pod (empty for a wrapper built directly on a data plane).
+    ``on_use`` is called at every method (the client's idle-timeout activity report).
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class OperatorSandbox:
         namespace: str = "",
         pod: str = "",
         op_timeout: float = DEFAULT_OP_TIMEOUT,
+        on_use: Callable[[], None] | None = None,
     ) -> None:
         if not base.startswith("/") or posixpath.normpath(base) != base:
             raise ValueError("base must be an absolute, normalized guest path")
@@ -115,6 +117,7 @@ class OperatorSandbox:
         self.namespace = namespace
         self.pod = pod
         self.op_timeout = op_timeout
+        self._on_use = on_use
 
     def __repr__(self) -> str:
         return f"OperatorSandbox(name={self.name!r}, pod={self.pod!r}, base={self.base!r})"
@@ -144,6 +147,8 @@ class OperatorSandbox:
         return maf.SandboxEntry(path=path, kind=kind, size_bytes=size)
 
     def _working_directory(self, working_directory: str) -> str:
+        if self._on_use is not None:
+            self._on_use()
         return resolve_guest_working_directory(working_directory, self.base)
 
     async def prepare(self) -> None:
@@ -233,6 +238,8 @@ class OperatorSandbox:
         storage base): what it prints comes back, not the value of its last expression."""
         if maf.Capability.RUN_CODE not in self.spec.required_capabilities:
             raise NotImplementedError("RUN_CODE was not required by the spec")
+        if self._on_use is not None:
+            self._on_use()
         return await self._exec(
             RUN_CODE_ARGV, cwd=self.base, timeout=timeout, stdin=code.encode("utf-8")
         )

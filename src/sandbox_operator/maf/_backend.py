@@ -1,0 +1,283 @@
+"""The operator as a ``maf_sandbox.SandboxBackend``: :class:`OperatorBackend`.
+
+One instance stands for one of the operator's backends (see :func:`~._published.select_backend`),
+so its ``isolation`` and ``declarations`` are that backend's, read from what the operator
+publishes; an acquire that the operator ends up serving from another backend is disposed and
+refused (:class:`~._errors.OperatorBackendMismatch`), so a sandbox the declarations do not
+describe is never handed out.
+
+The adapter acts as the host: it creates the conversation's SandboxScope, then acquires the
+Sandbox through the client (server-side apply, so concurrent acquires of one key converge on one
+object; the client waits on its watch). Disposal finds Sandboxes by the key's and conversation's
+labels, so any process can dispose what another created, and counts a Sandbox only once the
+API server no longer has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+import aiohttp
+import maf_sandbox as maf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.client import SandboxClient
+from sandbox_operator.client import errors as client_errors
+from sandbox_operator.contract import (
+    GROUP,
+    SANDBOX_PLURAL,
+    SERVED_FROM_COLD,
+    VERSION,
+    SandboxKey,
+    Selection,
+)
+from sandbox_operator.contract.published import PublishedBackends
+from sandbox_operator.maf._errors import (
+    NEEDS_DISPOSAL,
+    OperatorAcquireFailed,
+    OperatorBackendMismatch,
+    translate,
+)
+from sandbox_operator.maf._published import read_published, select_backend
+from sandbox_operator.maf._sandbox import OperatorSandbox
+from sandbox_operator.maf._translate import declarations, operator_spec
+
+#: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
+DEFAULT_DISPOSE_TIMEOUT = 120.0
+
+
+def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
+    """One physical sandbox: the Sandbox's uid, the serving object's name and when it last became
+    Ready. A replacement (a new pod after a resume, a recreated Sandbox) changes it; another
+    acquire of the same live sandbox does not."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    served = (status.get("servedBy") or {}).get("name", "")
+    ready = ""
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            ready = condition.get("lastTransitionTime", "")
+    return f"{meta.get('uid', '')}/{served}/{ready}"
+
+
+def _failure_code(exc: BaseException) -> maf.DisposalCode:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, client_errors.SandboxForbidden) or (
+        isinstance(exc, ApiException) and exc.status in (401, 403, 409, 422)
+    ):
+        return "refused"
+    if isinstance(exc, aiohttp.ClientError | ConnectionError) or (
+        isinstance(exc, ApiException) and exc.status in (0, 502, 503, 504)
+    ):
+        return "unreachable"
+    return "unknown"
+
+
+def _failure(exc: BaseException, what: str) -> maf.DisposalFailure:
+    """A disposal failure naming what failed by type and status only (no message: it can carry
+    an endpoint)."""
+    status = f" (HTTP {exc.status})" if isinstance(exc, ApiException) else ""
+    return maf.DisposalFailure(_failure_code(exc), f"{what}: {type(exc).__name__}{status}")
+
+
+class OperatorBackend:
+    """A maf-sandbox backend served by this operator's backend ``backend_name``.
+
+    Build it with :meth:`connect` (reads the published backends) or from a
+    :class:`~sandbox_operator.contract.published.PublishedBackends` already read.
+    ``default_image`` serves a spec naming no image; ``acquire_timeout`` bounds the wait for
+    Ready (default: the client's); ``dispose_timeout`` bounds a disposal's wait for the gone.
+    """
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        published: PublishedBackends,
+        *,
+        backend: str | None = None,
+        default_image: str | None = None,
+        acquire_timeout: float | None = None,
+        dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
+    ) -> None:
+        self.client = client
+        self.published = published
+        chosen = select_backend(published, backend)
+        self.backend_name = chosen.name
+        self._isolation = maf.Isolation(chosen.isolation)
+        self._declarations = declarations(chosen.declarations)
+        #: under perSpec, a named backend raises every spec's floor to its rung
+        self._floor = (
+            self._isolation
+            if backend is not None and published.host_policy.selection == Selection.PER_SPEC
+            else None
+        )
+        self.default_image = default_image
+        self.acquire_timeout = acquire_timeout
+        self.dispose_timeout = dispose_timeout
+        self._scopes: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        client: SandboxClient,
+        *,
+        backend: str | None = None,
+        default_image: str | None = None,
+        acquire_timeout: float | None = None,
+        dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
+    ) -> Self:
+        """Read what the operator publishes in ``client.namespace`` and stand for ``backend``
+        (see :func:`~._published.select_backend`)."""
+        published = await read_published(client)
+        return cls(
+            client,
+            published,
+            backend=backend,
+            default_image=default_image,
+            acquire_timeout=acquire_timeout,
+            dispose_timeout=dispose_timeout,
+        )
+
+    @property
+    def name(self) -> str:
+        return f"sandbox-operator/{self.backend_name}"
+
+    @property
+    def isolation(self) -> maf.Isolation:
+        return self._isolation
+
+    @property
+    def declarations(self) -> maf.BackendDeclarations:
+        return self._declarations
+
+    # -- acquire --------------------------------------------------------------------------
+
+    async def _scope(self, key: maf.SandboxKey) -> str:
+        """The conversation's SandboxScope, created (converged) once per process."""
+        conversation = (key.scope, key.thread_id)
+        ref = self._scopes.get(conversation)
+        if ref is None:
+            ref = await self.client.create_scope(scope=key.scope, thread_id=key.thread_id)
+            self._scopes[conversation] = ref
+        return ref
+
+    async def acquire(self, key: maf.SandboxKey, spec: maf.SandboxSpec) -> OperatorSandbox:
+        """Get or create the sandbox of ``(key, spec.kind)`` and wait until it is Ready."""
+        ours = operator_spec(spec, floor=self._floor, default_image=self.default_image)
+        scope_ref = await self._scope(key)
+        try:
+            handle = await self.client.acquire(
+                scope_ref, key.agent_id, ours, key.call_id, timeout=self.acquire_timeout
+            )
+        except client_errors.SandboxAcquireError as exc:
+            if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
+                self._scopes.pop((key.scope, key.thread_id), None)
+            raise await self._refusal(exc) from exc
+        obj = handle.resource or {}
+        status = obj.get("status") or {}
+        served_by = status.get("servedBy") or {}
+        if status.get("backend") != self.backend_name:
+            await handle.close()
+            _, failure = await self._delete_and_wait([handle.name])
+            raise OperatorBackendMismatch(
+                f"sandbox {handle.namespace}/{handle.name} was served by backend "
+                f"{status.get('backend')!r}, not {self.backend_name!r}; "
+                + ("it was disposed" if failure is None else f"its disposal failed: {failure}"),
+                reason="BackendMismatch",
+            )
+        fresh = handle.created and status.get("servedFrom") == SERVED_FROM_COLD
+        sandbox = OperatorSandbox(
+            handle.dataplane,
+            spec,
+            base=ours.work_dir,
+            instance_id=sandbox_instance_id(obj),
+            freshly_created=fresh,
+            name=handle.name,
+            namespace=handle.namespace,
+            pod=served_by.get("name", ""),
+            on_use=handle.report_activity,
+        )
+        await sandbox.prepare()
+        return sandbox
+
+    async def _refusal(self, exc: client_errors.SandboxAcquireError) -> Exception:
+        """maf's exception for a failed acquire; a fallback-permitting one only once the
+        Sandbox is gone."""
+        mapped = translate(exc)
+        if type(mapped) in NEEDS_DISPOSAL and exc.sandbox:
+            _, failure = await self._delete_and_wait([exc.sandbox])
+            if failure is not None:
+                return OperatorAcquireFailed(
+                    f"{exc}; the Sandbox could not be disposed ({failure})", reason=exc.reason
+                )
+        return mapped
+
+    # -- dispose --------------------------------------------------------------------------
+
+    async def _list(self, selector: str) -> list[Mapping[str, Any]]:
+        listing = await self.client.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.client.namespace, SANDBOX_PLURAL, label_selector=selector
+        )
+        items: list[Mapping[str, Any]] = listing.get("items", [])
+        return items
+
+    async def _delete_and_wait(
+        self, names: Sequence[str]
+    ) -> tuple[int, maf.DisposalFailure | None]:
+        """Delete each Sandbox and wait (bounded) until the API server no longer has it;
+        returns how many are gone and the folded failure for the rest."""
+
+        async def one(name: str) -> maf.DisposalFailure | None:
+            try:
+                async with asyncio.timeout(self.dispose_timeout):
+                    await self.client.dispose(name, wait=True)
+            except Exception as exc:
+                return _failure(exc, f"sandbox {name}")
+            return None
+
+        failures = [f for f in await asyncio.gather(*(one(n) for n in names)) if f is not None]
+        return len(names) - len(failures), maf.fold_disposal_failures(failures)
+
+    async def dispose(
+        self, key: maf.SandboxKey, *, kind: str | None = None, instance_id: str | None = None
+    ) -> maf.DisposalFailure | None:
+        """Delete the key's Sandboxes (of ``kind``; only the one whose
+        :func:`sandbox_instance_id` is ``instance_id``). Never raises; a stale ``instance_id``
+        selects nothing, never a replacement."""
+        ours = SandboxKey(
+            scope=key.scope, thread_id=key.thread_id, agent_dir=key.agent_id, call_id=key.call_id
+        )
+        try:
+            items = await self._list(lbl.key_selector(ours))
+        except Exception as exc:
+            return _failure(exc, "listing the key's sandboxes")
+        names = [
+            item["metadata"]["name"]
+            for item in items
+            if (kind is None or (item.get("spec") or {}).get("kind") == kind)
+            and (instance_id is None or sandbox_instance_id(item) == instance_id)
+        ]
+        _, failure = await self._delete_and_wait(names)
+        return failure
+
+    async def dispose_scope(self, scope: str, thread_id: str) -> maf.ScopePurge:
+        """Delete every Sandbox of the conversation (found by label, whoever created them),
+        then its SandboxScope. ``disposed`` counts the Sandboxes seen gone. Never raises."""
+        try:
+            items = await self._list(lbl.scope_selector(scope, thread_id))
+        except Exception as exc:
+            return maf.ScopePurge(0, _failure(exc, "listing the conversation's sandboxes"))
+        disposed, failure = await self._delete_and_wait(
+            [item["metadata"]["name"] for item in items]
+        )
+        ref = self._scopes.pop((scope, thread_id), None)
+        if failure is None and ref is not None:
+            try:
+                await self.client.delete_scope(ref)
+            except Exception as exc:
+                failure = _failure(exc, f"SandboxScope {ref}")
+        return maf.ScopePurge(disposed, failure)

@@ -1,0 +1,103 @@
+"""Reading what the operator publishes about its backends, and choosing the one a maf backend
+stands for (:func:`read_published`, :func:`select_backend`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from sandbox_operator.client import SandboxClient
+from sandbox_operator.contract import Selection
+from sandbox_operator.contract.published import (
+    PUBLISHED_CONFIGMAP,
+    PUBLISHED_KEY,
+    PublishedBackend,
+    PublishedBackends,
+)
+
+
+@dataclass(eq=False)
+class PublishedBackendsMissing(LookupError):
+    """The operator's published backends could not be read: ``what`` says which part is missing
+    or invalid (``configmap``, ``key``, ``document``), in ConfigMap ``configmap`` of
+    ``namespace`` under ``key``. Is an operator serving this namespace?"""
+
+    what: str
+    namespace: str
+    configmap: str = PUBLISHED_CONFIGMAP
+    key: str = PUBLISHED_KEY
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        text = (
+            f"published backends: {self.what} missing or invalid "
+            f"(ConfigMap {self.namespace}/{self.configmap}, key {self.key})"
+        )
+        super().__init__(f"{text}: {self.detail}" if self.detail else text)
+
+
+@dataclass(eq=False)
+class BackendNotSelected(LookupError):
+    """Which operator backend to stand for is not settled: ``backend=`` names none of the
+    published ``available`` ones, names one the fixed selection never serves, or (perSpec with
+    several backends) none was named. Pass ``backend=``."""
+
+    requested: str | None
+    available: tuple[str, ...]
+    selection: str
+
+    def __post_init__(self) -> None:
+        asked = f"backend {self.requested!r}" if self.requested else "no backend named"
+        super().__init__(
+            f"{asked} under {self.selection} selection; pass backend= one of "
+            f"{', '.join(self.available)}"
+        )
+
+
+async def read_published(client: SandboxClient) -> PublishedBackends:
+    """The document the operator published in the client's namespace."""
+    core = k8s.CoreV1Api(client.api)
+    try:
+        cm = await core.read_namespaced_config_map(PUBLISHED_CONFIGMAP, client.namespace)
+    except ApiException as exc:
+        raise PublishedBackendsMissing(
+            "configmap", client.namespace, detail=f"HTTP {exc.status}"
+        ) from None
+    raw = (cm.data or {}).get(PUBLISHED_KEY)
+    if not raw:
+        raise PublishedBackendsMissing("key", client.namespace)
+    try:
+        return PublishedBackends.model_validate(json.loads(raw))
+    except (ValueError, ValidationError) as exc:
+        raise PublishedBackendsMissing(
+            "document", client.namespace, detail=type(exc).__name__
+        ) from None
+
+
+def select_backend(published: PublishedBackends, backend: str | None) -> PublishedBackend:
+    """The operator backend a maf backend stands for: the named one; else the fixed selection's
+    (pinned, or the first); else, under perSpec with exactly one backend, that one."""
+    by_name = {b.name: b for b in published.backends}
+    policy = published.host_policy
+    fixed = policy.selection == Selection.FIXED
+    served = by_name.get(policy.pinned_backend or "") if fixed else None
+    if fixed and served is None:
+        served = published.backends[0]
+
+    def refuse() -> BackendNotSelected:
+        return BackendNotSelected(backend, tuple(by_name), policy.selection.value)
+
+    if backend is not None:
+        chosen = by_name.get(backend)
+        if chosen is None or (served is not None and chosen is not served):
+            raise refuse()
+        return chosen
+    if served is not None:
+        return served
+    if len(published.backends) == 1:
+        return published.backends[0]
+    raise refuse()

@@ -1,0 +1,157 @@
+"""Translations between maf-sandbox's vocabulary and this operator's contract, one direction each:
+the operator's published declarations -> maf's :class:`~maf_sandbox.BackendDeclarations`, and a
+maf :class:`~maf_sandbox.SandboxSpec` -> the contract's ``SandboxSpec``.
+
+Both are lossless or refuse: a declaration says only what the operator enforces (what the
+wrapper cannot serve, e.g. ``SNAPSHOT``, is left out), and a spec field the operator cannot hold
+to is refused with maf's own refusal type, never dropped silently. Two exceptions, named here
+because they are deliberate: ``labels`` (our spec has no place for them; they describe the spec
+to maf's observers) and the router-side fields (``min_cleanup``, ``exclusive_admission``,
+``confined_to_guest_call_path``, ``program``, ``execution_contract``, ``host_tools``'s surface,
+``outputs_named_at_call_time``), which maf's router enforces itself before and after acquire.
+"""
+
+from __future__ import annotations
+
+import maf_sandbox as maf
+
+from sandbox_operator import contract
+from sandbox_operator.contract.hostpolicy import BackendDeclarations as OperatorDeclarations
+
+#: Capabilities the wrapper serves whenever the operator declares them.
+_SERVED = frozenset(
+    {
+        contract.Capability.EXEC,
+        contract.Capability.RUN_CODE,
+        contract.Capability.HOST_TOOLS,
+        contract.Capability.FILES_IN,
+        contract.Capability.FILES_OUT,
+        contract.Capability.FILES_LIST,
+        contract.Capability.FILES_DELETE,
+    }
+)
+#: Left out of maf's declarations even when the operator declares them, and why.
+WITHHELD: dict[contract.Capability, str] = {
+    contract.Capability.SNAPSHOT: "the wrapper has no reset: the operator keeps no snapshot",
+    contract.Capability.ATTACHED_IDENTITY: "maf's attached identity needs a policy we do not hold",
+}
+
+#: The media type a declared output without one is collected as (ours requires one).
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+
+
+def _limits(limits: contract.TransferLimits) -> maf.TransferLimits:
+    return maf.TransferLimits(
+        max_bytes_per_file=limits.max_bytes_per_file,
+        max_total_bytes=limits.max_total_bytes,
+        max_files=limits.max_files,
+    )
+
+
+def declarations(published: OperatorDeclarations) -> maf.BackendDeclarations:
+    """maf's declarations of one published operator backend.
+
+    ``RECLAIM`` is declared with ``FILES_DELETE``: the wrapper reclaims with the same data-plane
+    removal, at the guest's own authority. ``HOST_TOOLS`` brings maf's exec program channel, so
+    maf's host tools run over our exec unchanged. Egress is declared per mode, never per method
+    or path (``egress_method_tokens`` empty), and ``observes_egress`` is False: the wrapper does
+    not implement maf's ``ObservesEgress``."""
+    caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
+    if maf.Capability.FILES_DELETE in caps:
+        caps.add(maf.Capability.RECLAIM)
+    host_tools = maf.Capability.HOST_TOOLS in caps
+    return maf.BackendDeclarations(
+        capabilities=frozenset(caps),
+        limits=maf.SandboxLimits(
+            files_in=_limits(published.limits), files_out=_limits(published.limits)
+        ),
+        egress_modes=frozenset(maf.Egress(e.value) for e in published.egress_modes),
+        os_families=frozenset(maf.OsFamily(f.value) for f in published.os_families),
+        isolation_scopes=frozenset(maf.IsolationScope(s.value) for s in published.isolation_scopes),
+        observes_egress=False,
+        egress_method_tokens=frozenset(),
+        program_channels=(maf.ExecProgramChannel(),) if host_tools else (),
+    )
+
+
+def _egress_host(entry: str | maf.EgressRule) -> str:
+    if isinstance(entry, str):
+        return entry
+    if entry.methods is not None or entry.paths is not None:
+        raise maf.SandboxCapabilityNotSupported(
+            f"egress rule {entry.host!r} names methods or paths; the operator enforces hosts only"
+        )
+    if entry.authority is not None:
+        raise maf.SandboxAttachedIdentityNotPermitted(
+            f"egress rule {entry.host!r} attaches an authority; the operator attaches none"
+        )
+    return entry.host
+
+
+def _requires(spec: maf.SandboxSpec) -> frozenset[contract.Capability]:
+    known = {c.value for c in contract.Capability}
+    required = spec.required_capabilities
+    unknown = sorted(c.value for c in required if c.value not in known)
+    if unknown:
+        raise maf.SandboxCapabilityNotSupported(
+            f"the operator has no capability {', '.join(unknown)}"
+        )
+    return frozenset(contract.Capability(c.value) for c in required)
+
+
+def _output(output: maf.DeclaredOutput) -> contract.DeclaredOutput:
+    return contract.DeclaredOutput(
+        path=output.path,
+        media_type=output.media_type or DEFAULT_MEDIA_TYPE,
+        required=output.required,
+        name=output.name,
+        disposition=contract.Disposition(output.disposition.value),
+    )
+
+
+def operator_spec(
+    spec: maf.SandboxSpec,
+    *,
+    floor: maf.Isolation | None = None,
+    default_image: str | None = None,
+) -> contract.SandboxSpec:
+    """The contract spec a maf spec asks for. ``floor`` raises ``min_isolation`` (never lowers
+    it); ``image_id`` (a pinned reference) wins over ``image``, and ``default_image`` serves a
+    spec naming neither. Raises maf's refusal for what the operator cannot enforce, and
+    ``ValueError`` for a spec the contract rejects."""
+    image = spec.image_id or spec.image or default_image
+    if not image:
+        raise ValueError(f"kind {spec.kind!r} names no image and the backend has no default")
+    min_isolation = spec.min_isolation
+    if floor is not None and (min_isolation is None or _rank(floor) > _rank(min_isolation)):
+        min_isolation = floor
+    fields: dict[str, object] = {
+        "kind": spec.kind,
+        "image": image,
+        "requires": _requires(spec),
+        "isolation_scope": contract.IsolationScope(spec.isolation_scope.value),
+        "egress": contract.Egress(spec.egress.value),
+        "egress_allow": tuple(_egress_host(e) for e in spec.egress_allow),
+        "files_in": _contract_limits(spec.files_in),
+        "files_out": _contract_limits(spec.files_out),
+        "declared_outputs": tuple(_output(o) for o in spec.declared_outputs),
+    }
+    if spec.work_dir is not None:
+        fields["work_dir"] = spec.work_dir
+    if min_isolation is not None:
+        fields["min_isolation"] = contract.Isolation(min_isolation.value)
+    if spec.requires_os_family is not None:
+        fields["requires_os_family"] = contract.OsFamily(spec.requires_os_family.value)
+    return contract.SandboxSpec.model_validate(fields)
+
+
+def _contract_limits(limits: maf.TransferLimits) -> contract.TransferLimits:
+    return contract.TransferLimits(
+        max_bytes_per_file=limits.max_bytes_per_file,
+        max_total_bytes=limits.max_total_bytes,
+        max_files=limits.max_files,
+    )
+
+
+def _rank(level: maf.Isolation) -> int:
+    return list(maf.Isolation).index(level)

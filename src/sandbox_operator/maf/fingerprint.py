@@ -1,0 +1,296 @@
+"""An engine-side view of one sandbox's pod, for maf-sandbox's ``assert_nothing_left_behind``.
+
+:class:`NodeFingerprintSubject` is a ``maf_sandbox.conformance.FingerprintSubject`` for a pod
+served on *this* node (the local cluster's): it asks containerd (``ctr``) for the container's
+task, then reads the host kernel's view of it, never running anything inside the sandbox (a
+guest utility could lie or be missing):
+
+- changed paths: every entry of the root overlay's upper directory (the container's writable
+  layer: what containerd's snapshot marks changed stays changed even when its bytes return), and
+  every entry of each other writable mount (the pod's volumes, ``/dev``, ``/dev/shm``, the
+  runtime's ``/etc/hosts``...) read through ``/proc/PID/root`` and compared with the first
+  fingerprint's;
+- running programs: every host process in the container's PID namespace, named by pid, kernel
+  start time and command name, so a replacement with the same command line differs.
+
+The first fingerprint is the baseline: the writable layer may already hold the mount points the
+runtime created (``/etc/hostname`` and friends) before any call, so "changed" means changed since
+the first fingerprint, which ``assert_nothing_left_behind`` takes before the call it measures.
+
+gVisor cannot be observed this way: runsc keeps the container's root filesystem overlay in the
+sentry (its default ``--overlay2=root:self``: one opaque filestore file on the host) and runs the
+container's processes as the sentry's tasks, so the host has no per-path diff. The subject then
+answers ``None`` (maf's "unsupported") and says why in :attr:`unsupported_reason`, rather than
+report an incomplete view as a clean one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from maf_sandbox.conformance import SandboxFingerprint
+
+#: Filesystems that hold no files a call could leave behind (the kernel's views and handles).
+PSEUDO_FILESYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "securityfs", "debugfs"}
+)
+
+GVISOR_UNOBSERVABLE = (
+    "gVisor: runsc keeps the container's root filesystem overlay inside the sentry (a single "
+    "opaque filestore file on the node) and its processes are sentry tasks, so the node offers "
+    "no per-path diff of the sandbox; only a guest utility could list them"
+)
+
+
+def default_containerd_socket() -> Path:
+    """The local cluster's containerd socket (hack/localcluster/layout.py's path)."""
+    cache = Path(os.environ.get("SANDBOX_OPERATOR_CACHE", Path.home() / ".cache/sandbox-operator"))
+    state = Path(os.environ.get("SANDBOX_OPERATOR_STATE", cache / "state"))
+    return state / "containerd" / "containerd.sock"
+
+
+class PodSandbox(Protocol):
+    """What the subject needs of a sandbox: where its pod is (``OperatorSandbox`` has both)."""
+
+    @property
+    def pod_name(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+
+class FingerprintError(RuntimeError):
+    """The node's view of the sandbox could not be read completely; the probe must fail."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """The sandbox's container as containerd runs it."""
+
+    container_id: str
+    pid: int
+    runtime_binary: str
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What makes an entry "the same": a directory by its own metadata (its entries are listed
+    separately), a device by its number, anything else also by size and change times."""
+    base = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_gid, st.st_ino)
+    if stat.S_ISDIR(st.st_mode):
+        return base
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return (*base, st.st_rdev)
+    return (*base, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class NodeFingerprintSubject:
+    """The node's view of one sandbox's pod: its container's changed paths and processes.
+
+    Runs where containerd runs (the local cluster's node, as root). Create one per measured
+    sandbox: the first :meth:`fingerprint` is its baseline.
+    """
+
+    def __init__(
+        self,
+        sandbox: PodSandbox,
+        *,
+        container: str | None = None,
+        containerd_socket: Path | None = None,
+        ctr: str = "ctr",
+        max_entries: int = 50_000,
+        timeout: float = 30.0,
+    ) -> None:
+        self.pod_name = sandbox.pod_name
+        self.namespace = sandbox.namespace
+        self.container = container
+        self.socket = containerd_socket or default_containerd_socket()
+        self.ctr = ctr
+        self.max_entries = max_entries
+        self.timeout = timeout
+        #: Why this sandbox cannot be fingerprinted from the node (set when that is found).
+        self.unsupported_reason: str | None = None
+        self._task: Task | None = None
+        self._baseline: dict[str, tuple[int, ...]] | None = None
+
+    async def _ctr(self, *args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            self.ctr,
+            "--address",
+            str(self.socket),
+            "-n",
+            "k8s.io",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        if proc.returncode:
+            raise FingerprintError(f"ctr {args[0]} {args[1]} failed: {err.decode()[-500:]}")
+        return out.decode()
+
+    async def _locate(self) -> Task:
+        """The pod's (app) container and its task's pid, by the CRI's labels."""
+        filters = [
+            f'labels."io.kubernetes.pod.name"=={self.pod_name}',
+            f'labels."io.kubernetes.pod.namespace"=={self.namespace}',
+        ]
+        ids = (await self._ctr("containers", "ls", "-q", ",".join(filters))).split()
+        found: list[tuple[str, dict[str, Any]]] = []
+        for cid in ids:
+            info: dict[str, Any] = json.loads(await self._ctr("containers", "info", cid))
+            labels = info.get("Labels") or {}
+            if labels.get("io.cri-containerd.kind") != "container":
+                continue  # the pod's sandbox (pause) container
+            if self.container and labels.get("io.kubernetes.container.name") != self.container:
+                continue
+            found.append((cid, info))
+        if len(found) != 1:
+            names = sorted(
+                (i.get("Labels") or {}).get("io.kubernetes.container.name", "?") for _, i in found
+            )
+            raise FingerprintError(
+                f"pod {self.namespace}/{self.pod_name}: expected one app container, found {names}"
+            )
+        cid, info = found[0]
+        options = (info.get("Runtime") or {}).get("Options") or {}
+        binary = str(options.get("BinaryName") or options.get("binary_name") or "")
+        pid = 0
+        for line in (await self._ctr("tasks", "ls")).splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == cid:
+                if fields[2] != "RUNNING":
+                    raise FingerprintError(f"container {cid[:12]} is {fields[2]}, not running")
+                pid = int(fields[1])
+        if pid <= 0:
+            raise FingerprintError(f"container {cid[:12]} has no running task")
+        return Task(cid, pid, binary)
+
+    async def fingerprint(self) -> SandboxFingerprint | None:
+        """Snapshot the container's changed paths and processes; ``None`` on gVisor."""
+        task = await self._locate()
+        if self._task is not None and task.container_id != self._task.container_id:
+            raise FingerprintError("the sandbox's container was replaced between fingerprints")
+        if "runsc" in Path(task.runtime_binary).name:
+            self.unsupported_reason = GVISOR_UNOBSERVABLE
+            if self._baseline is not None:
+                raise FingerprintError("the sandbox moved to gVisor between fingerprints")
+            return None
+        self._task = task
+        entries, programs = await asyncio.to_thread(self._read, task.pid)
+        if self._baseline is None:
+            self._baseline = entries
+        changed = {
+            path
+            for path in entries.keys() | self._baseline.keys()
+            if entries.get(path) != self._baseline.get(path)
+        }
+        return SandboxFingerprint(
+            changed_paths=frozenset(p.split(":", 1)[1] for p in changed),
+            running_programs=frozenset(programs),
+        )
+
+    # -- the host's view (blocking; run in a thread)
+
+    def _read(self, pid: int) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        mounts = _mountinfo(pid)
+        entries: dict[str, tuple[int, ...]] = {}
+        root = next((m for m in mounts if m.point == "/"), None)
+        if root is None or root.fstype != "overlay" or "upperdir" not in root.super_options:
+            raise FingerprintError("the container's root is not an overlay with an upper layer")
+        upper = Path(root.super_options["upperdir"])
+        self._walk(upper, "/", "upper", entries, same_device=False)
+        for mount in mounts:
+            if mount.point == "/" or mount.fstype in PSEUDO_FILESYSTEMS or not mount.writable:
+                continue
+            if mount.point.startswith(("/proc/", "/sys/")) and mount.fstype not in ("tmpfs",):
+                continue  # masked kernel paths (bind mounts of /dev/null)
+            host_path = Path(f"/proc/{pid}/root{mount.point}")
+            self._walk(host_path, mount.point, "mount", entries, same_device=True)
+        return entries, _pid_namespace_programs(pid)
+
+    def _walk(
+        self,
+        top: Path,
+        shown_as: str,
+        kind: str,
+        entries: dict[str, tuple[int, ...]],
+        *,
+        same_device: bool,
+    ) -> None:
+        """Every entry under ``top`` (without following links or crossing into other mounts),
+        keyed ``kind:path as the sandbox sees it``."""
+        try:
+            top_stat = top.lstat()
+        except OSError as exc:
+            raise FingerprintError(f"cannot read {shown_as}: {exc.strerror}") from exc
+        if kind == "mount":
+            entries[f"mount:{shown_as}"] = _identity(top_stat)
+        if not stat.S_ISDIR(top_stat.st_mode):
+            return
+        stack = [(top, shown_as.rstrip("/"))]
+        while stack:
+            directory, shown = stack.pop()
+            try:
+                listing = list(os.scandir(directory))
+            except OSError as exc:
+                raise FingerprintError(f"cannot list {shown or '/'}: {exc.strerror}") from exc
+            for entry in listing:
+                st = entry.stat(follow_symlinks=False)
+                if same_device and st.st_dev != top_stat.st_dev:
+                    continue  # another mount: read as its own if it is writable
+                path = f"{shown}/{entry.name}"
+                entries[f"{kind}:{path}"] = _identity(st)
+                if len(entries) > self.max_entries:
+                    raise FingerprintError(f"more than {self.max_entries} entries to compare")
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((Path(entry.path), path))
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    writable: bool
+    super_options: dict[str, str]
+
+
+def _mountinfo(pid: int) -> list[Mount]:
+    """The container's mounts as its own mount namespace lists them."""
+    mounts: list[Mount] = []
+    text = Path(f"/proc/{pid}/mountinfo").read_text()
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        point = fields[4].encode().decode("unicode_escape")
+        options = set(fields[5].split(","))
+        supers: dict[str, str] = {}
+        for item in tail[2].split(",") if len(tail) > 2 else ():
+            key, _, value = item.partition("=")
+            supers[key] = value
+        mounts.append(Mount(point, tail[0], "rw" in options, supers))
+    return mounts
+
+
+def _pid_namespace_programs(pid: int) -> set[str]:
+    """Every host process in ``pid``'s PID namespace, as ``pid:start time:command``."""
+    namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    programs: set[str] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+                continue
+            raw = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        command = raw[raw.index("(") + 1 : raw.rindex(")")]
+        start = raw[raw.rindex(")") + 2 :].split()[19]
+        programs.add(f"{name}:{start}:{command}")
+    return programs

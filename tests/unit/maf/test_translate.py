@@ -1,0 +1,142 @@
+"""Declarations translated from a published document, the backend chosen from it, and maf specs
+mapped onto the contract's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import maf_sandbox as maf
+import pytest
+
+from sandbox_operator import contract
+from sandbox_operator.client import SandboxClient
+from sandbox_operator.contract.published import PublishedBackends
+from sandbox_operator.maf import (
+    BackendNotSelected,
+    OperatorBackend,
+    declarations,
+    operator_spec,
+    select_backend,
+)
+
+
+def _backend(name: str, isolation: str, **declared: Any) -> dict[str, Any]:
+    return {"name": name, "type": "runtimeClass", "isolation": isolation, "declarations": declared}
+
+
+RUNC = _backend(
+    "runc",
+    "container",
+    capabilities=["exec", "files_in", "files_out", "files_delete", "host_tools", "snapshot"],
+    egressModes=["closed", "allowlist"],
+    osFamilies=["posix"],
+    isolationScopes=["conversation", "call"],
+    limits={"maxBytesPerFile": 1000, "maxTotalBytes": 2000, "maxFiles": 3},
+)
+GVISOR = _backend("gvisor", "hardened_container", capabilities=["exec", "files_in"])
+
+
+def published(*backends: dict[str, Any], **policy: Any) -> PublishedBackends:
+    return PublishedBackends.model_validate({"hostPolicy": policy, "backends": list(backends)})
+
+
+def test_declarations_say_what_the_operator_enforces() -> None:
+    doc = published(RUNC)
+    got = declarations(doc.backends[0].declarations)
+    assert got.capabilities == {
+        maf.Capability.EXEC,
+        maf.Capability.FILES_IN,
+        maf.Capability.FILES_OUT,
+        maf.Capability.FILES_DELETE,
+        maf.Capability.HOST_TOOLS,
+        maf.Capability.RECLAIM,
+    }  # no SNAPSHOT: the wrapper cannot reset
+    limits = maf.TransferLimits(1000, 2000, 3)
+    assert got.limits == maf.SandboxLimits(files_in=limits, files_out=limits)
+    assert got.egress_modes == {maf.Egress.CLOSED, maf.Egress.ALLOWLIST}
+    assert got.os_families == {maf.OsFamily.POSIX}
+    assert got.isolation_scopes == {maf.IsolationScope.CONVERSATION, maf.IsolationScope.CALL}
+    assert got.observes_egress is False and got.egress_method_tokens == frozenset()
+    assert [type(c) for c in got.program_channels] == [maf.ExecProgramChannel]
+
+
+def test_silence_stays_silence() -> None:
+    got = declarations(published(GVISOR).backends[0].declarations)
+    assert got.capabilities == {maf.Capability.EXEC, maf.Capability.FILES_IN}
+    assert got.egress_modes == frozenset() and got.os_families == frozenset()
+    assert got.program_channels == ()
+
+
+def test_backend_selection() -> None:
+    both = published(RUNC, GVISOR)
+    assert select_backend(both, None).name == "runc"  # fixed: the first
+    pinned = published(RUNC, GVISOR, pinnedBackend="gvisor")
+    assert select_backend(pinned, None).name == "gvisor"
+    with pytest.raises(BackendNotSelected):
+        select_backend(pinned, "runc")  # fixed on gvisor: runc never serves
+    per_spec = published(RUNC, GVISOR, selection="perSpec")
+    with pytest.raises(BackendNotSelected):
+        select_backend(per_spec, None)
+    assert select_backend(per_spec, "gvisor").name == "gvisor"
+    assert select_backend(published(GVISOR, selection="perSpec"), None).name == "gvisor"
+    with pytest.raises(BackendNotSelected):
+        select_backend(both, "kata")
+
+
+def test_the_backend_is_a_maf_backend() -> None:
+    client = SandboxClient.__new__(SandboxClient)  # never called: no cluster in unit tests
+    backend = OperatorBackend(
+        client, published(RUNC, GVISOR, selection="perSpec"), backend="gvisor"
+    )
+    assert isinstance(backend, maf.SandboxBackend)
+    assert backend.name == "sandbox-operator/gvisor"
+    assert backend.isolation is maf.Isolation.HARDENED_CONTAINER
+    assert backend.declarations.capabilities == {maf.Capability.EXEC, maf.Capability.FILES_IN}
+
+
+def _maf_spec(**fields: Any) -> maf.SandboxSpec:
+    return maf.SandboxSpec(kind="python", image="python:3.12", **fields)
+
+
+def test_spec_maps_field_by_field() -> None:
+    spec = _maf_spec(
+        work_dir="/maf-sandbox/work",
+        requires=frozenset({maf.Capability.EXEC, maf.Capability.FILES_OUT}),
+        egress=maf.Egress.ALLOWLIST,
+        egress_allow=("pypi.org", maf.EgressRule(host="files.pythonhosted.org")),
+        files_in=maf.TransferLimits(10, 20, 2),
+        declared_outputs=(maf.DeclaredOutput(path="out/a.png", media_type="image/png"),),
+        min_isolation=maf.Isolation.CONTAINER,
+        isolation_scope=maf.IsolationScope.CALL,
+        requires_os_family=maf.OsFamily.POSIX,
+    )
+    ours = operator_spec(spec)
+    assert ours.kind == "python" and ours.image == "python:3.12"
+    assert ours.work_dir == "/maf-sandbox/work"
+    assert ours.requires == {contract.Capability.EXEC, contract.Capability.FILES_OUT}
+    assert ours.egress is contract.Egress.ALLOWLIST
+    assert ours.egress_allow == ("pypi.org", "files.pythonhosted.org")
+    assert (ours.files_in.max_bytes_per_file, ours.files_in.max_files) == (10, 2)
+    assert [(o.path, o.media_type) for o in ours.declared_outputs] == [("out/a.png", "image/png")]
+    assert ours.min_isolation == "container"
+    assert ours.isolation_scope is contract.IsolationScope.CALL
+    assert ours.requires_os_family is contract.OsFamily.POSIX
+
+
+def test_floor_raises_never_lowers() -> None:
+    assert operator_spec(_maf_spec(), floor=maf.Isolation.MICROVM).min_isolation == "microvm"
+    strong = _maf_spec(min_isolation=maf.Isolation.VM)
+    assert operator_spec(strong, floor=maf.Isolation.CONTAINER).min_isolation == "vm"
+
+
+def test_what_the_operator_cannot_enforce_is_refused() -> None:
+    methods = _maf_spec(
+        egress=maf.Egress.ALLOWLIST,
+        egress_allow=(maf.EgressRule(host="api.example.com", methods=("GET",)),),
+    )
+    with pytest.raises(maf.SandboxCapabilityNotSupported):
+        operator_spec(methods)
+    with pytest.raises(ValueError, match="no image"):
+        operator_spec(maf.SandboxSpec(kind="python"))
+    assert operator_spec(maf.SandboxSpec(kind="python"), default_image="img").image == "img"
+    assert operator_spec(maf.SandboxSpec(kind="python", work_dir=None), default_image="i").work_dir
