@@ -1,0 +1,597 @@
+"""maf-sandbox's route beside this project's own client: acquire -> first exec -> dispose through
+``maf_sandbox.SandboxRouter`` over :class:`sandbox_operator.maf.OperatorBackend`, and the same
+sequence on :class:`sandbox_operator.client.SandboxClient`, cold and from a warm pool, on the real
+local node under runc and gVisor. Prints a table per run.
+
+    .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
+    .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, ~1-2 min
+    .venv-maf/bin/python benchmarks/maf.py --cleanup      # remove what a killed run left
+
+Python 3.12 (``.venv-maf``: maf-sandbox's floor). Needs the local cluster (``make cluster-up``)
+or ``$KUBECONFIG`` pointing at a cluster with a real node and the RuntimeClasses ``runc`` and
+``gvisor``. The CRDs are applied (server-side) first.
+
+Why this exists: a host that adopts maf-sandbox reaches the operator through the router and the
+adapter, not through the client. What that layer costs per sandbox (the router's admission
+checks, the adapter's translation, its scope bookkeeping, maf's storage-base check at acquire,
+its label-listed disposal) is only visible measured beside the client it wraps, in one run, on
+one cluster, in alternating order.
+
+Per runtime, one namespace and one operator subprocess serving it (``python -m
+sandbox_operator.cli run --standalone``) with a single backend (``runc``: isolation container,
+``gvisor``: hardened_container; host floor container, selection fixed): how OperatorBackend is
+meant to be used, one maf backend per operator backend, so every runtime is reachable without a
+spec floor. One SandboxClient serves both routes (one connection pool, one watch code path):
+
+* **maf**: ``SandboxRouter([OperatorBackend.connect(client, backend=<runtime>)],
+  min_isolation=<the runtime's rung>)`` (maf's default floor is microvm, which neither runtime
+  reaches; the router still checks the backend against it). The sequence is
+  ``router.acquire(key, spec)``, ``sandbox.exec(["true"], working_directory=<work dir>)``,
+  ``router.dispose(key)``. Each sample is a new key (agent ``agent-NNNN``) in one conversation.
+* **own client**: ``client.acquire(scope, agent, spec)``, ``sandbox.exec(["true"])``,
+  ``client.dispose(sandbox, wait=True)``. The spec is the one the adapter itself sends for the
+  maf spec (``sandbox_operator.maf.operator_spec``), so both routes ask the operator for exactly
+  the same Sandbox; ``wait=True`` because the adapter's dispose returns once the API server no
+  longer has the Sandbox (maf's "landed"), and the client's own dispose returns after the DELETE.
+
+The maf spec: kind ``bench-warm`` or ``bench-cold``, image busybox, work dir /workspace, requires
+exec (nothing else; resources at the host's defaults). A SandboxWarmPool ``warm-<runtime>`` with
+``--pool-replicas`` (2) idle pods has the ``bench-warm`` spec as its template (the template
+fields of the very contract spec both routes send); ``bench-cold`` differs only in its kind, so
+no pool has its shape and its pod is created for it.
+
+Rounds: ``--count`` N rounds, each measuring maf cold, own cold, maf warm, own warm, in an order
+that rotates by one every round. Before every measurement the pool is full (``--pool-replicas``
+idle Ready pods, none starting: a refill is never part of a measurement), the previous Sandbox
+and its pod are gone, and no watch event came for 1 s. First ``--warmup`` (1) untimed cold
+round of each route: the adapter creates the conversation's SandboxScope once per process, and
+both routes open their first connections; a host pays that once, not per sandbox.
+
+Table (per runtime; times ``time.perf_counter`` around each awaited call, seconds, "p50 / p90",
+nearest rank):
+
+* ``done``: samples where acquire, exec (exit 0) and dispose all succeeded, of N;
+* ``from pool``: of those, Sandboxes whose status.servedFrom (as this script's watch saw it) is
+  the pool (warm should be N/N, cold 0/N);
+* ``acquire``: until the call returns a usable handle (Ready; for maf also the router's checks,
+  the adapter's published-backend match and maf's storage-base check, which execs in the guest);
+* ``first exec``: ``true`` in the work dir, the handle's first command from the caller;
+* ``dispose``: until the Sandbox is gone from the API server (its pod may still be terminating);
+* ``total``: the three added per sample;
+* ``maf / own``: the ratio of those p50s and of those p90s, per temperature.
+
+Caveats: one operator, one node, shared with whatever else runs on the cluster (the last line
+gives this machine's load average during the run: measure on a quiet cluster). Ratios are per
+runtime and per run; with N = 10 the p90 is the 9th of 10 samples.
+
+Everything the script creates lives in namespaces labelled ``sandbox-operator.dev/bench=maf``
+and is deleted at the end, also on Ctrl-C or an error (``--cleanup`` deletes what a killed run
+left). Every wait is bounded. No latency is asserted anywhere: the smoke test checks that every
+row was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+# maf-sandbox says once per process that it is experimental; known, and noise in a table.
+warnings.filterwarnings("ignore", message="maf_sandbox is experimental")
+try:
+    import maf_sandbox as maf
+except ImportError:  # pragma: no cover - the wrong interpreter
+    sys.exit("benchmarks/maf.py needs maf-sandbox (Python 3.12): run it with .venv-maf/bin/python")
+
+from benchmarks.scale import (  # noqa: E402
+    BENCH_LABEL,
+    BUSYBOX,
+    DECLARATIONS,
+    RUN_LABEL,
+    Kube,
+    apply_crds,
+    delete_run_namespaces,
+    leftovers,
+    pct,
+    run_cleaning_up,
+    stop_operators,
+    strip_and_delete,
+    table,
+)
+from benchmarks.warm_pool import (  # noqa: E402
+    POOLS,
+    Tracker,
+    path,
+    sample_load,
+    teardown,
+    wait_until,
+)
+from tests.fixtures.cluster import LOCAL_KUBECONFIG  # noqa: E402
+from tests.fixtures.operator import OperatorProcess  # noqa: E402
+
+from sandbox_operator import contract, naming  # noqa: E402
+from sandbox_operator.client import SandboxClient  # noqa: E402
+from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP  # noqa: E402
+from sandbox_operator.maf import OperatorBackend, operator_spec  # noqa: E402
+
+BENCH = "maf"  # the value of BENCH_LABEL on this script's namespaces
+SCOPE, WORK_DIR = "bench", "/workspace"
+RUNTIMES = {"runc": "container", "gvisor": "hardened_container"}  # backend -> isolation
+ROUTES = ("maf", "own")
+TEMPS = ("cold", "warm")
+#: one round's measurements; the order rotates by one per round
+ROUND = (("maf", "cold"), ("own", "cold"), ("maf", "warm"), ("own", "warm"))
+PHASES = ("acquire", "first exec", "dispose", "total")
+ROUTE_LABEL = {"maf": "maf router", "own": "own client"}
+EXEC_TIMEOUT = 60.0
+T = TypeVar("T")
+
+#: Every operator subprocess started, so that an interrupted run still stops them.
+OPERATORS: list[OperatorProcess] = []
+
+
+def say(msg: str) -> None:
+    print(f"[maf {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Specs and objects
+
+
+def maf_spec(temp: str) -> maf.SandboxSpec:
+    """The workload both routes run: only the kind differs between warm and cold."""
+    return maf.SandboxSpec(
+        kind=f"bench-{temp}",
+        image=BUSYBOX,
+        work_dir=WORK_DIR,
+        requires=frozenset({maf.Capability.EXEC}),
+    )
+
+
+def pool_template(spec: contract.SandboxSpec) -> dict[str, Any]:
+    """The pool template of a contract spec: its template fields as the spec sets them."""
+    fields = spec.model_dump(include=set(contract.WARM_POOL_TEMPLATE_FIELDS), exclude_unset=True)
+    return contract.WarmPoolTemplate.model_validate(fields).to_wire()
+
+
+def operator_config(rt: str) -> dict[str, Any]:
+    return {
+        "hostPolicy": {"minIsolation": "container", "selection": "fixed", "pinnedBackend": rt},
+        "backends": [
+            {
+                "name": rt,
+                "type": "runtimeClass",
+                "runtimeClassName": rt,
+                "isolation": RUNTIMES[rt],
+                "declarations": DECLARATIONS,
+            }
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Sample:
+    route: str  # maf | own
+    temp: str  # cold | warm
+    sandbox: str
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    served_from: str | None = None
+    failed: str | None = None  # the exception's type and message, when a step failed
+
+
+@dataclass
+class RuntimeResult:
+    runtime: str
+    pool: str
+    samples: list[Sample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def of(self, route: str, temp: str) -> list[Sample]:
+        return [s for s in self.samples if s.route == route and s.temp == temp]
+
+
+# --------------------------------------------------------------------------------------------
+# One runtime
+
+
+class RuntimeBench:
+    """One namespace, one operator with the runtime's single backend, one client, one router."""
+
+    def __init__(self, kube: Kube, args: argparse.Namespace, kubeconfig: str, rt: str) -> None:
+        self.kube, self.args, self.kubeconfig, self.rt = kube, args, kubeconfig, rt
+        self.run_id = f"maf-{secrets.token_hex(3)}"
+        self.ns = f"bench-maf-{rt}-{self.run_id}"
+        self.thread = f"thread-{self.run_id}"
+        self.pool = f"warm-{rt}"
+        self.tracker = Tracker()
+        self.counter = 0
+        self.watches: list[asyncio.Task[None]] = []
+        self.op: OperatorProcess | None = None
+        self.client: SandboxClient | None = None
+        self.router: maf.SandboxRouter | None = None
+
+    # -- setup
+
+    async def setup(self) -> None:
+        kube, ns = self.kube, self.ns
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {BENCH_LABEL: BENCH, RUN_LABEL: self.run_id}},
+        }
+        code, obj = await kube.request("POST", "/api/v1/namespaces", body)
+        if code != 201:
+            raise RuntimeError(f"namespace {ns}: HTTP {code} {str(obj)[:300]}")
+        for _ in range(120):  # pods are refused until the default ServiceAccount exists
+            code, _obj = await kube.request(
+                "GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+            )
+            if code == 200:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(f"namespace {ns}: no default ServiceAccount after 60s")
+        t = self.tracker
+        self.watches = [
+            asyncio.create_task(kube.watch(path(ns, "sandboxes"), t.on_sandbox)),
+            asyncio.create_task(kube.watch(path(ns, "pods"), t.on_pod)),
+        ]
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-maf-{self.rt}-"))
+        cfg = workdir / "operator.yaml"
+        cfg.write_text(yaml.safe_dump(operator_config(self.rt)))
+        extra = ("--standalone", "--log-level", self.args.operator_log_level)
+        self.op = OperatorProcess(cfg, ns, workdir / "operator.log", self.kubeconfig, extra)
+        OPERATORS.append(self.op)
+        self.op.start(wait=True)
+        say(f"{self.rt}: namespace {ns}, operator log {self.op.log_path}")
+        self.client = await SandboxClient.from_kubeconfig(ns, kubeconfig=self.kubeconfig)
+        await self.client.create_scope(scope=SCOPE, thread_id=self.thread)
+        await self.put_pool(self.args.pool_replicas)
+        if not await self.wait_pool():
+            raise RuntimeError(f"pool {self.pool} never filled: {t.pool_progress(self.pool)}")
+        code, pool = await kube.request("GET", path(ns, POOLS, self.pool))
+        backend = ((pool.get("status") or {}) if code == 200 else {}).get("backend")
+        if backend != self.rt:
+            raise RuntimeError(f"pool {self.pool} is on backend {backend!r}, not {self.rt}")
+        if "maf" in self.args.routes:
+            adapter = await self.connect()
+            self.router = maf.SandboxRouter(
+                [adapter], min_isolation=maf.Isolation(RUNTIMES[self.rt])
+            )
+
+    async def connect(self) -> OperatorBackend:
+        """The adapter, once the operator has published its backends (it writes the ConfigMap
+        after it starts; bounded)."""
+        assert self.client is not None
+        deadline = time.monotonic() + 60
+        while True:
+            code, _obj = await self.kube.request(
+                "GET", f"/api/v1/namespaces/{self.ns}/configmaps/{PUBLISHED_CONFIGMAP}"
+            )
+            if code == 200 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        return await OperatorBackend.connect(self.client, backend=self.rt)
+
+    def spec(self, temp: str) -> tuple[maf.SandboxSpec, contract.SandboxSpec]:
+        """The maf spec and the contract spec the adapter sends for it."""
+        ours = maf_spec(temp)
+        return ours, operator_spec(ours)
+
+    async def put_pool(self, replicas: int) -> None:
+        body = {
+            "apiVersion": f"{contract.GROUP}/{contract.VERSION}",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": self.pool},
+            "spec": {
+                "replicas": replicas,
+                "maxCreating": max(replicas, 1),
+                "template": pool_template(self.spec("warm")[1]),
+            },
+        }
+        code, obj = await self.kube.request("POST", path(self.ns, POOLS), body)
+        if code not in (200, 201):
+            raise RuntimeError(f"pool {self.pool}: HTTP {code} {str(obj)[:300]}")
+
+    async def wait_pool(self) -> bool:
+        t, replicas = self.tracker, self.args.pool_replicas
+        return await wait_until(
+            f"pool {self.pool} full ({replicas})",
+            lambda: t.pool_full(self.pool, replicas),
+            self.args.fill_timeout,
+            lambda: t.pool_progress(self.pool),
+        )
+
+    # -- one measurement
+
+    def next_agent(self) -> str:
+        self.counter += 1
+        return f"agent-{self.counter:04d}"
+
+    async def measure(self, route: str, temp: str) -> Sample:
+        """acquire -> first exec -> dispose on one route, each step timed; then (untimed) wait
+        until the Sandbox and its pod are gone."""
+        assert self.client is not None
+        agent = self.next_agent()
+        key = maf.SandboxKey(SCOPE, self.thread, agent)
+        name = naming.sandbox_name(
+            contract.SandboxKey(scope=SCOPE, thread_id=self.thread, agent_dir=agent)
+        )
+        sample = Sample(route, temp, name)
+        box = self.tracker.box(name)
+        spec, ours = self.spec(temp)
+        step = "acquire"
+        try:
+            if route == "maf":
+                router = self.router
+                assert router is not None
+                sandbox = await self.timed(sample, "acquire", lambda: router.acquire(key, spec))
+                step = "first exec"
+                result = await self.timed(
+                    sample,
+                    "first exec",
+                    lambda: sandbox.exec(
+                        ["true"], working_directory=WORK_DIR, timeout=EXEC_TIMEOUT
+                    ),
+                )
+                exit_code = result.exit_code
+                step = "dispose"
+                await self.timed(sample, "dispose", lambda: router.dispose(key))
+            else:
+                client = self.client
+                scope_ref = naming.scope_name(SCOPE, self.thread)
+                handle = await self.timed(
+                    sample,
+                    "acquire",
+                    lambda: client.acquire(scope_ref, agent, ours, timeout=self.args.timeout),
+                )
+                step = "first exec"
+                own = await self.timed(
+                    sample, "first exec", lambda: handle.exec(["true"], timeout=EXEC_TIMEOUT)
+                )
+                exit_code = own.exit_code
+                step = "dispose"
+                await self.timed(sample, "dispose", lambda: client.dispose(handle, wait=True))
+            if exit_code != 0:
+                raise RuntimeError(f"`true` exited {exit_code}")
+        except Exception as exc:
+            sample.failed = f"{step}: {type(exc).__name__}: {str(exc)[:300]}"
+            say(f"  {self.rt} {route} {temp} {name}: {sample.failed}")
+            with contextlib.suppress(Exception):
+                await self.client.dispose(name)
+        sample.phases["total"] = sum(sample.phases.get(p, 0.0) for p in PHASES[:3])
+        created = "acquire" in sample.phases
+
+        def gone() -> bool:
+            pod = self.tracker.pods.get(box.pod or naming.pod_name(name))
+            return (bool(box.gone) or not (created or box.added)) and (
+                pod is None or bool(pod.gone)
+            )
+
+        await wait_until(f"Sandbox {name} and its pod gone", gone, 120)
+        sample.served_from = box.served_from
+        return sample
+
+    @staticmethod
+    async def timed(sample: Sample, phase: str, call: Callable[[], Awaitable[T]]) -> T:
+        start = time.perf_counter()
+        value = await call()
+        sample.phases[phase] = time.perf_counter() - start
+        return value
+
+    # -- the run
+
+    async def run(self, result: RuntimeResult) -> None:
+        args = self.args
+        for _ in range(args.warmup):
+            for route in args.routes:
+                await self.settle()
+                warm = await self.measure(route, "cold")
+                say(f"{self.rt}: warm-up {route}: {warm.failed or 'ok'} (not counted)")
+        say(f"{self.rt}: {args.count} rounds of maf / own client, cold / warm (order rotating)")
+        rounds = [(route, temp) for route, temp in ROUND if route in args.routes]
+        for i in range(args.count):
+            order = rounds[i % len(rounds) :] + rounds[: i % len(rounds)]
+            for route, temp in order:
+                if not await self.wait_pool():
+                    result.notes.append(f"round {i}: pool not full before {route} {temp}")
+                await self.settle()
+                result.samples.append(await self.measure(route, temp))
+            done = result.samples[-len(rounds) :]
+            say(
+                f"{self.rt}: round {i + 1}/{args.count}: "
+                + ", ".join(
+                    f"{s.route} {s.temp} {s.phases['total']:.2f}s"
+                    if not s.failed
+                    else f"{s.route} {s.temp} FAILED"
+                    for s in done
+                )
+            )
+
+    async def settle(self, seconds: float = 1.0) -> None:
+        await wait_until("quiet", lambda: self.tracker.quiet(seconds), 15)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.delete_scope(naming.scope_name(SCOPE, self.thread))
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        for w in self.watches:
+            w.cancel()
+        await asyncio.gather(*self.watches, return_exceptions=True)
+        await teardown(self.kube, [self.ns], self.op)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def cell(values: list[float]) -> str:
+    return f"{pct(values, 50):.3f} / {pct(values, 90):.3f}" if values else "n/a"
+
+
+def ratio(top: list[float], bottom: list[float]) -> str:
+    if not top or not bottom:
+        return "n/a"
+    parts = []
+    for q in (50, 90):
+        b = pct(bottom, q)
+        parts.append(f"{pct(top, q) / b:.2f}" if b > 0 else "n/a")
+    return " / ".join(parts)
+
+
+def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
+    header = ["", "done", "from pool", *(f"{p} p50 / p90 (s)" for p in PHASES)]
+    rows: list[list[str]] = []
+    for r in results:
+        served = f"SandboxWarmPool/{r.pool}"
+        for temp in TEMPS:
+            ok: dict[str, list[Sample]] = {}
+            for route in args.routes:
+                samples = r.of(route, temp)
+                ok[route] = [s for s in samples if not s.failed]
+                pooled = sum(1 for s in ok[route] if s.served_from == served)
+                rows.append(
+                    [
+                        f"{r.runtime}: {ROUTE_LABEL[route]}, {temp}",
+                        f"{len(ok[route])}/{len(samples)}",
+                        f"{pooled}/{len(ok[route])}",
+                        *(cell([s.phases[p] for s in ok[route]]) for p in PHASES),
+                    ]
+                )
+            if len(ok) < len(ROUTES):
+                continue
+            rows.append(
+                [
+                    f"{r.runtime}: maf / own, {temp}",
+                    "",
+                    "",
+                    *(
+                        ratio([s.phases[p] for s in ok["maf"]], [s.phases[p] for s in ok["own"]])
+                        for p in PHASES
+                    ),
+                ]
+            )
+    out = [
+        f"acquire -> first exec -> dispose, {args.count} rounds (order rotating), "
+        f"pool of {args.pool_replicas} full before each; seconds (perf_counter), nearest rank",
+        table(header, rows),
+    ]
+    for r in results:
+        out += [f"  {r.runtime}: {n}" for n in r.notes]
+        out += [
+            f"  {r.runtime}: {s.route} {s.temp} {s.sandbox} failed: {s.failed}"
+            for s in r.samples
+            if s.failed
+        ]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+async def amain(args: argparse.Namespace, kubeconfig: str, state: dict[str, Any]) -> None:
+    kube = Kube(kubeconfig, 16)
+    try:
+        old = await leftovers(kube, BENCH)
+        if old:
+            say(f"deleting namespaces an earlier run left: {', '.join(old)}")
+            await strip_and_delete(kube, old)
+        if args.cleanup:
+            return
+        await apply_crds(kube)
+        results: list[RuntimeResult] = []
+        loads: list[float] = []
+        sampler = asyncio.create_task(sample_load(loads))
+        try:
+            for rt in args.runtimes:
+                bench = RuntimeBench(kube, args, kubeconfig, rt)
+                state.setdefault("namespaces", []).append(bench.ns)
+                result = RuntimeResult(rt, bench.pool)
+                try:
+                    await bench.setup()
+                    await bench.run(result)
+                except Exception:
+                    if bench.op is not None:
+                        print(f"--- operator log (tail), {bench.op.log_path}:")
+                        print(bench.op.log()[-4000:])
+                    raise
+                finally:
+                    await bench.close()
+                results.append(result)
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+        print()
+        print(report(results, args), flush=True)
+        if loads:
+            print(
+                f"  this machine's 1-min load average during the run (every 5 s): mean "
+                f"{sum(loads) / len(loads):.1f}, max {max(loads):.1f}, on {os.cpu_count()} CPUs"
+            )
+    finally:
+        await kube.aclose()
+
+
+def final_cleanup(kubeconfig: str, state: dict[str, Any], interrupted: bool) -> None:
+    """Stop any operator still running; after an interruption or error also delete this run's
+    namespaces."""
+    stop_operators(OPERATORS)
+    if interrupted:
+        delete_run_namespaces(kubeconfig, state.get("namespaces", []), BENCH)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--runtimes", default="runc,gvisor", help="comma-separated (runc, gvisor)")
+    p.add_argument("--routes", default="maf,own", help="comma-separated (maf, own)")
+    p.add_argument("--count", type=int, default=10, help="rounds (one sample of each row each)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed cold rounds first, per route")
+    p.add_argument("--pool-replicas", type=int, default=2, help="the warm pool's idle pods")
+    p.add_argument("--timeout", type=float, default=120, help="per acquire, seconds")
+    p.add_argument("--fill-timeout", type=float, default=180, help="pool filling, seconds")
+    p.add_argument("--operator-log-level", default="info", choices=["debug", "info", "warning"])
+    p.add_argument("--smoke", action="store_true", help="CI: runc, count 2")
+    p.add_argument("--cleanup", action="store_true", help="only delete what earlier runs left")
+    args = p.parse_args(argv)
+    args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    unknown = set(args.runtimes) - set(RUNTIMES)
+    if unknown:
+        p.error(f"unknown runtime(s): {', '.join(sorted(unknown))}")
+    args.routes = [r for r in ROUTES if r in args.routes.split(",")]
+    if not args.routes:
+        p.error("--routes: maf, own or both")
+    if args.smoke:
+        args.runtimes, args.count = ["runc"], 2
+    kubeconfig = os.environ.get("KUBECONFIG") or str(LOCAL_KUBECONFIG)
+    os.environ["KUBECONFIG"] = kubeconfig
+    state: dict[str, Any] = {}
+    return run_cleaning_up(
+        lambda: amain(args, kubeconfig, state),
+        lambda interrupted: final_cleanup(kubeconfig, state, interrupted),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
