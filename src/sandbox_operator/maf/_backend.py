@@ -84,6 +84,11 @@ def _failure(exc: BaseException, what: str) -> maf.DisposalFailure:
     return maf.DisposalFailure(_failure_code(exc), f"{what}: {type(exc).__name__}{status}")
 
 
+def _unlisted(exc: BaseException, what: str) -> maf.DisposalFailure:
+    """The query enumerating what to delete failed: nothing is known to be gone."""
+    return maf.DisposalFailure("unlisted", _failure(exc, what).detail)
+
+
 class OperatorBackend:
     """A maf-sandbox backend served by this operator's backend ``backend_name``.
 
@@ -254,7 +259,7 @@ class OperatorBackend:
         try:
             items = await self._list(lbl.key_selector(ours))
         except Exception as exc:
-            return _failure(exc, "listing the key's sandboxes")
+            return _unlisted(exc, "listing the key's sandboxes")
         names = [
             item["metadata"]["name"]
             for item in items
@@ -270,7 +275,7 @@ class OperatorBackend:
         try:
             items = await self._list(lbl.scope_selector(scope, thread_id))
         except Exception as exc:
-            return maf.ScopePurge(0, _failure(exc, "listing the conversation's sandboxes"))
+            return maf.ScopePurge(0, _unlisted(exc, "listing the conversation's sandboxes"))
         disposed, failure = await self._delete_and_wait(
             [item["metadata"]["name"] for item in items]
         )

@@ -216,6 +216,9 @@ class OperatorSandbox:
             )
         except ExecTimeout as exc:
             raise TimeoutError(f"the command ran past its {timeout:g}s bound") from exc
+        except TimeoutError as exc:
+            # Not the caller's bound (a transport's own): never surfaced as a TimeoutError.
+            raise ConnectionError("the data plane timed out reaching the sandbox") from exc
         except OutputBudgetExceeded as exc:
             raise SandboxExecOutputLimitExceeded(
                 f"the command produced more than {budget} bytes of output"

@@ -1,0 +1,204 @@
+"""OperatorBackend's acquire and disposal decisions over a stand-in client (the cluster tier runs
+the real one): freshness, the backend check, fallback only after disposal, the perSpec floor,
+and disposal counted as gone."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import maf_sandbox as maf
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sandbox_operator import labels as lbl
+from sandbox_operator.client import SandboxClient
+from sandbox_operator.client import errors as client_errors
+from sandbox_operator.client.dataplane import local_dataplane
+from sandbox_operator.contract import SandboxKey, SandboxSpec
+from sandbox_operator.maf import (
+    OperatorAcquireFailed,
+    OperatorBackend,
+    OperatorBackendMismatch,
+    OperatorSandbox,
+    sandbox_instance_id,
+)
+from tests.unit.maf.test_translate import GVISOR, RUNC, published
+
+
+def sandbox_object(name: str, kind: str, backend: str, served_from: str = "cold") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}"},
+        "spec": {"kind": kind},
+        "status": {
+            "backend": backend,
+            "servedFrom": served_from,
+            "servedBy": {"kind": "Pod", "name": f"{name}-pod"},
+            "conditions": [{"type": "Ready", "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+        },
+    }
+
+
+class Handle:
+    def __init__(self, name: str, obj: Mapping[str, Any], created: bool) -> None:
+        self.name, self.namespace, self.resource, self.created = name, "ns", obj, created
+        self.dataplane = local_dataplane()
+        self.uses = 0
+
+    def report_activity(self) -> None:
+        self.uses += 1
+
+    async def close(self) -> None:
+        return None
+
+
+class Custom:
+    def __init__(self, client: StandIn) -> None:
+        self.client = client
+
+    async def list_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, *, label_selector: str
+    ) -> dict[str, Any]:
+        if self.client.list_fails:
+            raise ApiException(status=503)
+        self.client.selectors.append(label_selector)
+        return {"items": list(self.client.objects.values())}
+
+
+class StandIn:
+    """What OperatorBackend uses of a SandboxClient, recorded."""
+
+    namespace = "ns"
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.specs: list[SandboxSpec] = []
+        self.disposed: list[str] = []
+        self.serve: tuple[str, str] = ("runc", "cold")
+        self.created = True
+        self.fail: client_errors.SandboxAcquireError | None = None
+        self.undeletable: set[str] = set()
+        self.list_fails = False
+        self.selectors: list[str] = []
+        self.custom = Custom(self)
+
+    async def create_scope(self, *, scope: str, thread_id: str) -> str:
+        return f"scope-{scope}-{thread_id}"
+
+    async def delete_scope(self, name: str) -> None:
+        return None
+
+    async def acquire(
+        self, scope_ref: str, agent_dir: str, spec: SandboxSpec, call_id: str = "", **kw: Any
+    ) -> Handle:
+        self.specs.append(spec)
+        if self.fail is not None:
+            raise self.fail
+        name = f"sbx-{agent_dir}-{spec.kind}"
+        obj = sandbox_object(name, spec.kind, *self.serve)
+        self.objects[name] = obj
+        return Handle(name, obj, self.created)
+
+    async def dispose(self, name: str, *, wait: bool = False) -> None:
+        if name in self.undeletable:
+            raise TimeoutError
+        self.disposed.append(name)
+        self.objects.pop(name, None)
+
+
+KEY = maf.SandboxKey("tenant", "thread", "agent")
+CAPS = frozenset({maf.Capability.EXEC, maf.Capability.FILES_IN})
+
+
+@pytest.fixture
+def spec(tmp_path: Any) -> maf.SandboxSpec:
+    return maf.SandboxSpec(
+        kind="python", image="img", work_dir=os.path.join(tmp_path, "work"), requires=CAPS
+    )
+
+
+def backend(client: StandIn, **kw: Any) -> OperatorBackend:
+    doc = kw.pop("doc", published(RUNC, GVISOR))
+    return OperatorBackend(cast(SandboxClient, client), doc, **kw)
+
+
+async def test_fresh_only_when_created_cold(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    got = await backend(client).acquire(KEY, spec)
+    assert isinstance(got, OperatorSandbox) and got.freshly_created is True
+    assert got.instance_id == sandbox_instance_id(client.objects[got.name])
+    assert got.pod == f"{got.name}-pod"
+    client.created = False
+    assert (await backend(client).acquire(KEY, spec)).freshly_created is False
+    client.created, client.serve = True, ("runc", "pool-a")
+    assert (await backend(client).acquire(KEY, spec)).freshly_created is False
+
+
+async def test_served_by_another_backend_is_disposed_and_refused(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    client.serve = ("gvisor", "cold")
+    with pytest.raises(OperatorBackendMismatch):
+        await backend(client).acquire(KEY, spec)
+    assert client.disposed == ["sbx-agent-python"]
+
+
+async def test_named_backend_under_per_spec_raises_the_floor(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    client.serve = ("gvisor", "cold")
+    doc = published(RUNC, GVISOR, selection="perSpec")
+    await backend(client, doc=doc, backend="gvisor").acquire(KEY, spec)
+    assert client.specs[-1].min_isolation == "hardened_container"
+
+
+async def test_fallback_only_after_the_sandbox_is_gone(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    client.fail = client_errors.SandboxStartupTimeout(sandbox="sbx-x", namespace="ns")
+    with pytest.raises(maf.SandboxBackendUnavailable):
+        await backend(client).acquire(KEY, spec)
+    assert client.disposed == ["sbx-x"]
+    client.undeletable = {"sbx-x"}
+    with pytest.raises(OperatorAcquireFailed) as raised:
+        await backend(client).acquire(KEY, spec)
+    assert not isinstance(raised.value, maf.SandboxBackendUnavailable)
+
+
+async def test_refusals_are_maf_refusals(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    client.fail = client_errors.SandboxEgressNotEnforced(sandbox="s", namespace="ns")
+    with pytest.raises(maf.SandboxEgressNotEnforced):
+        await backend(client).acquire(KEY, spec)
+    assert client.disposed == []
+
+
+async def test_dispose_selects_by_key_kind_and_instance() -> None:
+    client = StandIn()
+    for kind in ("python", "bash"):
+        client.objects[f"sbx-{kind}"] = sandbox_object(f"sbx-{kind}", kind, "runc")
+    b = backend(client)
+    assert await b.dispose(KEY, kind="python", instance_id="stale") is None
+    assert client.disposed == []
+    ours = SandboxKey(scope="tenant", thread_id="thread", agent_dir="agent")
+    assert client.selectors == [lbl.key_selector(ours)]
+    python_id = sandbox_instance_id(client.objects["sbx-python"])
+    assert await b.dispose(KEY, kind="python", instance_id=python_id) is None
+    assert client.disposed == ["sbx-python"]
+    assert await b.dispose(KEY) is None
+    assert client.disposed == ["sbx-python", "sbx-bash"]
+
+
+async def test_scope_purge_counts_only_what_is_gone() -> None:
+    client = StandIn()
+    for name in ("a", "b", "c"):
+        client.objects[name] = sandbox_object(name, "python", "runc")
+    client.undeletable = {"b"}
+    purge = await backend(client).dispose_scope("tenant", "thread")
+    assert purge.disposed == 2
+    assert purge.undisposed is not None and purge.undisposed.code == "timeout"
+    assert client.selectors == [lbl.scope_selector("tenant", "thread")]
+    client.list_fails = True
+    purge = await backend(client).dispose_scope("tenant", "thread")
+    assert purge.disposed == 0 and purge.undisposed is not None
+    assert purge.undisposed.code == "unlisted"
+    failure = await backend(client).dispose(KEY)
+    assert failure is not None and failure.code == "unlisted"
