@@ -202,3 +202,25 @@ async def test_scope_purge_counts_only_what_is_gone() -> None:
     assert purge.undisposed.code == "unlisted"
     failure = await backend(client).dispose(KEY)
     assert failure is not None and failure.code == "unlisted"
+
+
+async def test_maf_router_serves_through_the_backend(spec: maf.SandboxSpec) -> None:
+    """maf's own router accepts the backend (declarations readable, rung placed) and routes a
+    spec to it per spec, refusing one the declarations do not cover before any acquire."""
+    client = StandIn()
+    client.serve = ("gvisor", "cold")
+    closed = {**GVISOR, "declarations": {**GVISOR["declarations"], "egressModes": ["closed"]}}
+    doc = published(RUNC, closed, selection="perSpec")
+    router = maf.SandboxRouter(
+        [backend(client, doc=doc, backend="gvisor")],
+        min_isolation=maf.Isolation.HARDENED_CONTAINER,
+        selection=maf.Selection.PER_SPEC,
+    )
+    got = await router.acquire(KEY, spec)
+    assert got.instance_id == sandbox_instance_id(client.objects["sbx-agent-python"])
+    listing = maf.SandboxSpec(
+        kind="ls", image="img", requires=CAPS | {maf.Capability.FILES_LIST}, work_dir=None
+    )
+    with pytest.raises(maf.SandboxCapabilityNotSupported):
+        await router.acquire(maf.SandboxKey("tenant", "thread", "other"), listing)
+    assert [s.kind for s in client.specs] == ["python"]
