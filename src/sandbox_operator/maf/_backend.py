@@ -173,11 +173,25 @@ class OperatorBackend:
     async def acquire(self, key: maf.SandboxKey, spec: maf.SandboxSpec) -> OperatorSandbox:
         """Get or create the sandbox of ``(key, spec.kind)`` and wait until it is Ready."""
         ours = operator_spec(spec, floor=self._floor, default_image=self.default_image)
-        scope_ref = await self._scope(key)
         try:
-            handle = await self.client.acquire(
-                scope_ref, key.agent_id, ours, key.call_id, timeout=self.acquire_timeout
-            )
+            try:
+                handle = await self.client.acquire(
+                    await self._scope(key),
+                    key.agent_id,
+                    ours,
+                    key.call_id,
+                    timeout=self.acquire_timeout,
+                )
+            except client_errors.SandboxScopeNotFound:
+                # Our remembered SandboxScope was purged (by any process): converge it once more.
+                self._scopes.pop((key.scope, key.thread_id), None)
+                handle = await self.client.acquire(
+                    await self._scope(key),
+                    key.agent_id,
+                    ours,
+                    key.call_id,
+                    timeout=self.acquire_timeout,
+                )
         except client_errors.SandboxAcquireError as exc:
             if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
                 self._scopes.pop((key.scope, key.thread_id), None)

@@ -37,6 +37,7 @@ from maf_sandbox.paths import (
 from sandbox_operator.client.dataplane import DataPlane
 from sandbox_operator.client.dataplane.protocol import DEFAULT_OUTPUT_BUDGET, FileKind
 from sandbox_operator.client.errors import (
+    DataPlaneError,
     ExecSetupError,
     ExecTimeout,
     OutputBudgetExceeded,
@@ -142,6 +143,8 @@ class OperatorSandbox:
             return None
         except PathRefused as exc:
             raise _refusal(exc) from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
         kind = _KINDS[st.kind]
         size = st.size if kind is maf.EntryKind.FILE else None
         return maf.SandboxEntry(path=path, kind=kind, size_bytes=size)
@@ -258,6 +261,8 @@ class OperatorSandbox:
             await self.dataplane.write_file(work_dir, relative, data)
         except PathRefused as exc:
             raise _refusal(exc) from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
 
     async def stat_file(self, path: str, *, working_directory: str) -> maf.SandboxEntry | None:
         wd = self._working_directory(working_directory)
@@ -292,6 +297,8 @@ class OperatorSandbox:
             raise FileNotFoundError(f"no such file: {path!r}") from None
         except PathRefused as exc:
             raise _refusal(exc) from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
 
     async def list_dir(self, path: str, *, working_directory: str) -> tuple[maf.SandboxEntry, ...]:
         wd = self._working_directory(working_directory)
@@ -303,6 +310,8 @@ class OperatorSandbox:
             raise FileNotFoundError(f"no such directory: {path!r}") from None
         except PathRefused as exc:
             raise _refusal(exc) from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
         prefix = posixpath.normpath(path)
         return tuple(
             maf.SandboxEntry(
@@ -323,6 +332,8 @@ class OperatorSandbox:
             await self.dataplane.remove(work_dir, relative, recursive=recursive)
         except PathRefused as exc:
             raise _refusal(exc) from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
 
     async def reclaim(
         self,
@@ -349,6 +360,8 @@ class OperatorSandbox:
                 await self.dataplane.remove(work_dir, relative, recursive=True)
         except PathRefused as exc:
             raise OSError(f"reclaim refused: {exc.rule}") from None
+        except DataPlaneError as exc:
+            raise OSError(str(exc)) from exc
 
     async def reset(self, *, timeout: float) -> None:  # noqa: ASYNC109
         """Not offered: the operator keeps no snapshot of a sandbox (no ``SNAPSHOT``)."""

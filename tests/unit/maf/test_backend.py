@@ -224,3 +224,23 @@ async def test_maf_router_serves_through_the_backend(spec: maf.SandboxSpec) -> N
     with pytest.raises(maf.SandboxCapabilityNotSupported):
         await router.acquire(maf.SandboxKey("tenant", "thread", "other"), listing)
     assert [s.kind for s in client.specs] == ["python"]
+
+
+async def test_a_purged_scope_is_converged_again(spec: maf.SandboxSpec) -> None:
+    client = StandIn()
+    b = backend(client)
+    await b.acquire(KEY, spec)
+    client.fail = client_errors.SandboxScopeNotFound(sandbox="", namespace="ns")
+    original = client.acquire
+    calls: list[str] = []
+
+    async def once_missing(scope_ref: str, *args: Any, **kw: Any) -> Handle:
+        calls.append(scope_ref)
+        if len(calls) == 1:
+            raise client_errors.SandboxScopeNotFound(sandbox="", namespace="ns")
+        client.fail = None
+        return await original(scope_ref, *args, **kw)
+
+    client.acquire = once_missing  # type: ignore[method-assign]
+    assert (await b.acquire(KEY, spec)).name == "sbx-agent-python"
+    assert len(calls) == 2
