@@ -17,6 +17,7 @@ from sandbox_operator.maf._errors import (
 from sandbox_operator.maf._published import (
     BackendNotSelected,
     PublishedBackendsMissing,
+    parse_published,
     read_published,
     select_backend,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "PublishedBackendsMissing",
     "declarations",
     "operator_spec",
+    "parse_published",
     "read_published",
     "sandbox_instance_id",
     "select_backend",

@@ -4,6 +4,7 @@ stands for (:func:`read_published`, :func:`select_backend`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubernetes_asyncio import client as k8s
@@ -67,15 +68,19 @@ async def read_published(client: SandboxClient) -> PublishedBackends:
         raise PublishedBackendsMissing(
             "configmap", client.namespace, detail=f"HTTP {exc.status}"
         ) from None
-    raw = (cm.data or {}).get(PUBLISHED_KEY)
+    return parse_published(cm.data, client.namespace)
+
+
+def parse_published(data: Mapping[str, str] | None, namespace: str) -> PublishedBackends:
+    """The document in a ConfigMap's ``data`` (:data:`PUBLISHED_KEY`), or the typed error
+    naming what is missing or invalid."""
+    raw = (data or {}).get(PUBLISHED_KEY)
     if not raw:
-        raise PublishedBackendsMissing("key", client.namespace)
+        raise PublishedBackendsMissing("key", namespace)
     try:
         return PublishedBackends.model_validate(json.loads(raw))
     except (ValueError, ValidationError) as exc:
-        raise PublishedBackendsMissing(
-            "document", client.namespace, detail=type(exc).__name__
-        ) from None
+        raise PublishedBackendsMissing("document", namespace, detail=type(exc).__name__) from None
 
 
 def select_backend(published: PublishedBackends, backend: str | None) -> PublishedBackend:

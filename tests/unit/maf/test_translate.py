@@ -10,12 +10,18 @@ import pytest
 
 from sandbox_operator import contract
 from sandbox_operator.client import SandboxClient
-from sandbox_operator.contract.published import PublishedBackends
+from sandbox_operator.contract.published import (
+    PUBLISHED_CONFIGMAP,
+    PUBLISHED_KEY,
+    PublishedBackends,
+)
 from sandbox_operator.maf import (
     BackendNotSelected,
     OperatorBackend,
+    PublishedBackendsMissing,
     declarations,
     operator_spec,
+    parse_published,
     select_backend,
 )
 
@@ -140,3 +146,17 @@ def test_what_the_operator_cannot_enforce_is_refused() -> None:
         operator_spec(maf.SandboxSpec(kind="python"))
     assert operator_spec(maf.SandboxSpec(kind="python"), default_image="img").image == "img"
     assert operator_spec(maf.SandboxSpec(kind="python", work_dir=None), default_image="i").work_dir
+
+
+def test_published_document_read_or_refused_by_name() -> None:
+    doc = published(RUNC)
+    data = {PUBLISHED_KEY: doc.model_dump_json(by_alias=True)}
+    assert parse_published(data, "ns") == doc
+    with pytest.raises(PublishedBackendsMissing) as missing:
+        parse_published({}, "ns")
+    assert missing.value.what == "key" and PUBLISHED_CONFIGMAP in str(missing.value)
+    with pytest.raises(PublishedBackendsMissing) as invalid:
+        parse_published({PUBLISHED_KEY: '{"backends": []}'}, "ns")
+    assert invalid.value.what == "document"
+    with pytest.raises(PublishedBackendsMissing):
+        parse_published({PUBLISHED_KEY: "not json"}, "ns")
