@@ -52,7 +52,11 @@ nearest rank):
 
 * ``done``: samples where acquire, exec (exit 0) and dispose all succeeded, of N;
 * ``from pool``: of those, Sandboxes whose status.servedFrom (as this script's watch saw it) is
-  the pool (warm should be N/N, cold 0/N);
+  the pool (warm should be N/N, cold 0/N); for an acquire that created more than one, the last;
+* ``Sandboxes``: Sandbox objects created per acquire (mean; the watch counts the uids under the
+  key's name). 1.0 for the client. More on the maf route means maf's router disposed what the
+  adapter handed it and acquired again: it does so with a sandbox the backend does not report
+  ``freshly_created`` (one it cannot know is clean), and the time shows in ``acquire``;
 * ``acquire``: until the call returns a usable handle (Ready; for maf also the router's checks,
   the adapter's published-backend match and maf's storage-base check, which execs in the guest);
 * ``first exec``: ``true`` in the work dir, the handle's first command from the caller;
@@ -184,6 +188,29 @@ def operator_config(rt: str) -> dict[str, Any]:
     }
 
 
+class Seen(Tracker):
+    """warm_pool.py's watch record, plus every Sandbox object (by uid) seen under each name: an
+    acquire may create more than one (maf's router disposes a sandbox it cannot tell is fresh
+    and acquires again), and "gone" means the last of them is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uids: dict[str, list[str]] = {}
+        self.live: dict[str, set[str]] = {}
+
+    def on_sandbox(self, kind: str, obj: dict[str, Any], t: float) -> None:
+        super().on_sandbox(kind, obj, t)
+        meta = obj.get("metadata") or {}
+        name, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+        uids, live = self.uids.setdefault(name, []), self.live.setdefault(name, set())
+        if uid and uid not in uids:
+            uids.append(uid)
+        if kind == "DELETED":
+            live.discard(uid)
+        elif uid:
+            live.add(uid)
+
+
 # --------------------------------------------------------------------------------------------
 # Results
 
@@ -195,6 +222,7 @@ class Sample:
     sandbox: str
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     served_from: str | None = None
+    created: int = 0  # Sandbox objects this sample's acquire created under its name
     failed: str | None = None  # the exception's type and message, when a step failed
 
 
@@ -222,7 +250,7 @@ class RuntimeBench:
         self.ns = f"bench-maf-{rt}-{self.run_id}"
         self.thread = f"thread-{self.run_id}"
         self.pool = f"warm-{rt}"
-        self.tracker = Tracker()
+        self.tracker = Seen()
         self.counter = 0
         self.watches: list[asyncio.Task[None]] = []
         self.op: OperatorProcess | None = None
@@ -379,16 +407,17 @@ class RuntimeBench:
             with contextlib.suppress(Exception):
                 await self.client.dispose(name)
         sample.phases["total"] = sum(sample.phases.get(p, 0.0) for p in PHASES[:3])
-        created = "acquire" in sample.phases
+        t = self.tracker
+        acquired = "acquire" in sample.phases
 
         def gone() -> bool:
-            pod = self.tracker.pods.get(box.pod or naming.pod_name(name))
-            return (bool(box.gone) or not (created or box.added)) and (
-                pod is None or bool(pod.gone)
-            )
+            pod = t.pods.get(box.pod or naming.pod_name(name))
+            seen = bool(t.uids.get(name)) or not acquired
+            return seen and not t.live.get(name) and (pod is None or bool(pod.gone))
 
         await wait_until(f"Sandbox {name} and its pod gone", gone, 120)
         sample.served_from = box.served_from
+        sample.created = len(t.uids.get(name, ()))
         return sample
 
     @staticmethod
@@ -461,7 +490,7 @@ def ratio(top: list[float], bottom: list[float]) -> str:
 
 
 def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
-    header = ["", "done", "from pool", *(f"{p} p50 / p90 (s)" for p in PHASES)]
+    header = ["", "done", "from pool", "Sandboxes", *(f"{p} p50 / p90 (s)" for p in PHASES)]
     rows: list[list[str]] = []
     for r in results:
         served = f"SandboxWarmPool/{r.pool}"
@@ -476,6 +505,7 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
                         f"{r.runtime}: {ROUTE_LABEL[route]}, {temp}",
                         f"{len(ok[route])}/{len(samples)}",
                         f"{pooled}/{len(ok[route])}",
+                        f"{sum(s.created for s in ok[route]) / max(len(ok[route]), 1):.1f}",
                         *(cell([s.phases[p] for s in ok[route]]) for p in PHASES),
                     ]
                 )
@@ -484,6 +514,7 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
             rows.append(
                 [
                     f"{r.runtime}: maf / own, {temp}",
+                    "",
                     "",
                     "",
                     *(
