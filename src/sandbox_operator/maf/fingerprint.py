@@ -27,6 +27,7 @@ report an incomplete view as a clean one.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import stat
@@ -158,8 +159,7 @@ class NodeFingerprintSubject:
                 f"pod {self.namespace}/{self.pod_name}: expected one app container, found {names}"
             )
         cid, info = found[0]
-        options = (info.get("Runtime") or {}).get("Options") or {}
-        binary = str(options.get("BinaryName") or options.get("binary_name") or "")
+        binary = _runtime_binary((info.get("Runtime") or {}).get("Options") or {})
         pid = 0
         for line in (await self._ctr("tasks", "ls")).splitlines()[1:]:
             fields = line.split()
@@ -176,7 +176,7 @@ class NodeFingerprintSubject:
         task = await self._locate()
         if self._task is not None and task.container_id != self._task.container_id:
             raise FingerprintError("the sandbox's container was replaced between fingerprints")
-        if "runsc" in Path(task.runtime_binary).name:
+        if "runsc" in task.runtime_binary:
             self.unsupported_reason = GVISOR_UNOBSERVABLE
             if self._baseline is not None:
                 raise FingerprintError("the sandbox moved to gVisor between fingerprints")
@@ -250,6 +250,19 @@ class NodeFingerprintSubject:
                     raise FingerprintError(f"more than {self.max_entries} entries to compare")
                 if stat.S_ISDIR(st.st_mode):
                     stack.append((Path(entry.path), path))
+
+
+def _runtime_binary(options: dict[str, Any]) -> str:
+    """The shim's runtime binary from containerd's runc options: ``ctr`` shows them as JSON or,
+    for the CRI's containers, as the protobuf ``containerd.runc.v1.Options`` in base64, whose
+    binary name field is a plain string in it."""
+    if "BinaryName" in options or "binary_name" in options:
+        return str(options.get("BinaryName") or options.get("binary_name"))
+    try:
+        raw = base64.b64decode(str(options.get("value", "")))
+    except ValueError:
+        return ""
+    return raw.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
