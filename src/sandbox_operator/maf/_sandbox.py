@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import maf_sandbox as maf
 from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
@@ -30,6 +30,7 @@ from maf_sandbox.paths import (
     confine_resolve_guest_read_path,
     confine_resolve_guest_write_path,
     ensure_guest_work_dir,
+    guest_path_and_ancestors,
     posix_work_dir_ancestors,
     resolve_guest_working_directory,
 )
@@ -64,6 +65,24 @@ CWD_MISSING_EXIT = 125
 
 #: The interpreter :meth:`OperatorSandbox.run_code` evaluates a program with (program on stdin).
 RUN_CODE_ARGV = ("python3", "-")
+
+
+#: Describes each argument without following it, one line each: ``symlink``, ``dir``,
+#: ``file <size>``, ``other`` or ``none`` (nothing visible there). Names never reach the output.
+_LSTAT_MANY = r"""for p in "$@"; do
+  if [ -L "$p" ]; then echo symlink
+  elif [ -d "$p" ]; then echo dir
+  elif [ -f "$p" ]; then n=$(wc -c < "$p" 2>/dev/null); echo file $n
+  elif [ -e "$p" ]; then echo other
+  else echo none; fi
+done
+"""
+
+
+def _file_kind(text: str) -> FileKind:
+    if text in ("file", "dir", "symlink", "other"):
+        return text  # type: ignore[return-value]
+    raise OSError(f"unexpected file kind {text!r}")
 
 
 def _refusal(exc: PathRefused) -> Exception:
@@ -149,6 +168,50 @@ class OperatorSandbox:
         size = st.size if kind is maf.EntryKind.FILE else None
         return maf.SandboxEntry(path=path, kind=kind, size_bytes=size)
 
+    async def lstat_many(self, guest_paths: Sequence[str]) -> dict[str, maf.SandboxEntry | None]:
+        """:meth:`lstat` of several absolute guest paths in one command (one round trip instead
+        of one per path component: maf's path check stats every component from the root)."""
+        paths = [posixpath.normpath(p) for p in guest_paths]
+        answer: dict[str, maf.SandboxEntry | None] = {}
+        asked = [p for p in dict.fromkeys(paths) if p != "/"]
+        if "/" in paths:
+            answer["/"] = maf.SandboxEntry(path="/", kind=maf.EntryKind.DIRECTORY, size_bytes=None)
+        if not asked:
+            return answer
+        try:
+            result = await self.dataplane.exec(
+                ["sh", "-c", _LSTAT_MANY, "sbx", *asked], cwd="/", timeout=self.op_timeout
+            )
+        except (DataPlaneError, ExecSetupError, ExecTimeout) as exc:
+            raise OSError(f"the sandbox could not describe its paths: {exc}") from exc
+        lines = result.stdout.decode(errors="replace").splitlines()
+        if result.exit_code != 0 or len(lines) != len(asked):
+            raise OSError("the sandbox could not describe its paths")
+        for path, line in zip(asked, lines, strict=True):
+            kind, _, size = line.partition(" ")
+            if kind == "none":
+                answer[path] = None
+                continue
+            entry_kind = _KINDS[_file_kind(kind)]
+            size_bytes = int(size) if entry_kind is maf.EntryKind.FILE and size.isdigit() else None
+            answer[path] = maf.SandboxEntry(path=path, kind=entry_kind, size_bytes=size_bytes)
+        return answer
+
+    async def _stat_for(
+        self, guest_path: str, working_directory: str
+    ) -> Callable[[str], Awaitable[maf.SandboxEntry | None]]:
+        """A no-follow stat for maf's checks on ``guest_path`` (already confined lexically),
+        answered from one batch over every component from the root down to it."""
+        known = await self.lstat_many(guest_path_and_ancestors(guest_path, working_directory))
+
+        async def stat(path: str) -> maf.SandboxEntry | None:
+            normalized = posixpath.normpath(path)
+            if normalized in known:
+                return known[normalized]
+            return await self.lstat(normalized)
+
+        return stat
+
     def _working_directory(self, working_directory: str) -> str:
         if self._on_use is not None:
             self._on_use()
@@ -157,9 +220,14 @@ class OperatorSandbox:
     async def prepare(self) -> None:
         """Make sure the storage base is a real directory (maf's acquire duty): missing parents
         are created, a link or a non-directory on the way is refused."""
+        known = await self.lstat_many(posix_work_dir_ancestors(self.base))
+
+        async def stat(path: str) -> maf.SandboxEntry | None:
+            return known[path] if path in known else await self.lstat(path)
+
         await ensure_guest_work_dir(
             self.spec,
-            self.lstat,
+            stat,
             self._create_directories,
             resolve=posix_work_dir_ancestors,
             base=self.base,
@@ -254,7 +322,8 @@ class OperatorSandbox:
 
     async def write_file(self, path: str, content: str | bytes, *, working_directory: str) -> None:
         wd = self._working_directory(working_directory)
-        guest = await confine_resolve_guest_write_path(self.lstat, path, wd)
+        stat = await self._stat_for(confine_resolve_guest_path(path, wd), wd)
+        guest = await confine_resolve_guest_write_path(stat, path, wd)
         data = content.encode("utf-8") if isinstance(content, str) else content
         work_dir, relative = _split(guest)
         try:
@@ -266,8 +335,9 @@ class OperatorSandbox:
 
     async def stat_file(self, path: str, *, working_directory: str) -> maf.SandboxEntry | None:
         wd = self._working_directory(working_directory)
-        guest = await confine_resolve_guest_read_path(self.lstat, path, wd)
-        entry = await self.lstat(guest)
+        stat = await self._stat_for(confine_resolve_guest_path(path, wd), wd)
+        guest = await confine_resolve_guest_read_path(stat, path, wd)
+        entry = await stat(guest)
         if entry is None:
             return None
         return maf.SandboxEntry(
@@ -276,8 +346,9 @@ class OperatorSandbox:
 
     async def read_file(self, path: str, *, working_directory: str, max_bytes: int) -> bytes:
         wd = self._working_directory(working_directory)
-        guest = await confine_resolve_guest_read_path(self.lstat, path, wd)
-        entry = await self.lstat(guest)
+        stat = await self._stat_for(confine_resolve_guest_path(path, wd), wd)
+        guest = await confine_resolve_guest_read_path(stat, path, wd)
+        entry = await stat(guest)
         if entry is None:
             raise FileNotFoundError(f"no such file: {path!r}")
         if entry.kind is not maf.EntryKind.FILE:
@@ -302,7 +373,8 @@ class OperatorSandbox:
 
     async def list_dir(self, path: str, *, working_directory: str) -> tuple[maf.SandboxEntry, ...]:
         wd = self._working_directory(working_directory)
-        guest = await confine_resolve_guest_list_path(self.lstat, path, wd)
+        stat = await self._stat_for(confine_resolve_guest_path(path, wd), wd)
+        guest = await confine_resolve_guest_list_path(stat, path, wd)
         work_dir, relative = _split(guest)
         try:
             entries = await self.dataplane.list_dir(work_dir, relative)
@@ -326,7 +398,8 @@ class OperatorSandbox:
         if maf.Capability.FILES_DELETE not in self.spec.required_capabilities:
             raise NotImplementedError("FILES_DELETE was not required by the spec")
         wd = self._working_directory(working_directory)
-        guest = await confine_resolve_guest_delete_path(self.lstat, path, wd)
+        stat = await self._stat_for(confine_resolve_guest_path(path, wd), wd)
+        guest = await confine_resolve_guest_delete_path(stat, path, wd)
         work_dir, relative = _split(guest)
         try:
             await self.dataplane.remove(work_dir, relative, recursive=recursive)

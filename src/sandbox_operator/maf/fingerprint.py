@@ -33,7 +33,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from maf_sandbox.conformance import SandboxFingerprint
 
@@ -56,14 +56,14 @@ def default_containerd_socket() -> Path:
     return state / "containerd" / "containerd.sock"
 
 
-class PodSandbox(Protocol):
-    """What the subject needs of a sandbox: where its pod is (``OperatorSandbox`` has both)."""
-
-    @property
-    def pod_name(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
+def pod_of(sandbox: object) -> tuple[str, str]:
+    """``(namespace, pod name)`` of a sandbox that names its pod (``OperatorSandbox``: ``pod``
+    and ``namespace``; ``pod_name`` is read too)."""
+    namespace = getattr(sandbox, "namespace", "")
+    pod = getattr(sandbox, "pod_name", "") or getattr(sandbox, "pod", "")
+    if not (isinstance(namespace, str) and namespace and isinstance(pod, str) and pod):
+        raise TypeError(f"{type(sandbox).__name__} names no pod and namespace")
+    return namespace, pod
 
 
 class FingerprintError(RuntimeError):
@@ -99,7 +99,7 @@ class NodeFingerprintSubject:
 
     def __init__(
         self,
-        sandbox: PodSandbox,
+        sandbox: object,
         *,
         container: str | None = None,
         containerd_socket: Path | None = None,
@@ -107,8 +107,7 @@ class NodeFingerprintSubject:
         max_entries: int = 50_000,
         timeout: float = 30.0,
     ) -> None:
-        self.pod_name = sandbox.pod_name
-        self.namespace = sandbox.namespace
+        self.namespace, self.pod_name = pod_of(sandbox)
         self.container = container
         self.socket = containerd_socket or default_containerd_socket()
         self.ctr = ctr

@@ -8,6 +8,7 @@ import os
 import posixpath
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import maf_sandbox as maf
 import pytest
@@ -100,3 +101,34 @@ async def test_program_channel(root: str) -> None:
         )
     finally:
         await sandbox.dataplane.close()
+
+
+class CountingPlane:
+    """A data plane recording how many round trips each method costs."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def test_a_file_method_costs_two_round_trips_whatever_the_depth(root: str) -> None:
+    plane = CountingPlane(local_dataplane({"TMPDIR": root}))
+    work = posixpath.join(root, "a", "b", "c", "work")
+    sandbox = OperatorSandbox(plane, _spec(work), base=work, instance_id="local")
+    await sandbox.prepare()
+    plane.calls.clear()
+    await sandbox.write_file("d/e/f/g.txt", b"x", working_directory=".")
+    assert plane.calls == ["exec", "write_file"]  # one batch of stats, one write
+    plane.calls.clear()
+    assert await sandbox.read_file("d/e/f/g.txt", working_directory=".", max_bytes=8) == b"x"
+    assert plane.calls == ["exec", "read_file"]
+    await plane.inner.close()
