@@ -109,6 +109,15 @@ class SyncSandbox(_Twin[Sandbox]):
     def __repr__(self) -> str:
         return f"Sync{self.aio!r}"
 
+    def report_activity(self) -> None:
+        """:meth:`Sandbox.report_activity`, run on the twin's loop: the report is a task there,
+        and this thread has no running loop to start it on."""
+
+        async def report() -> None:
+            self.aio.report_activity()
+
+        self._run(report())
+
     exec = _blocking(Sandbox.exec)
     run_code = _blocking(Sandbox.run_code)
     write_file = _blocking(Sandbox.write_file)
