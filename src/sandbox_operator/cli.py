@@ -222,6 +222,17 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every health probe
     if args.metrics_port:
         _start_metrics(args.metrics_host, args.metrics_port)
+    from sandbox_operator.reconcile.publish import publication_namespaces
+
+    publish_to = publication_namespaces(
+        args.namespace, bool(args.all_namespaces), os.environ.get("POD_NAMESPACE")
+    )
+    if not publish_to:
+        print(
+            "publish: serving all namespaces without POD_NAMESPACE: the backends ConfigMap is "
+            "not published",
+            file=sys.stderr,
+        )
     liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
     kopf.run(
         clusterwide=bool(args.all_namespaces),
@@ -231,8 +242,9 @@ def _run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         identity=_peering_identity(),  # type: ignore[arg-type]  # kopf does not export Identity
         liveness_endpoint=liveness,
-        # The handlers' only way to the configuration: startup reads memo.config.
-        memo=kopf.Memo(config=config),
+        # The handlers' only way to the configuration: startup reads memo.config (and where to
+        # publish what it serves: reconcile/publish.py).
+        memo=kopf.Memo(config=config, publish_namespaces=publish_to),
     )
     return EXIT_OK
 

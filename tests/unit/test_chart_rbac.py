@@ -25,12 +25,16 @@ import pytest
 import yaml
 
 from sandbox_operator.backends import egress_proxy
+from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from tests.unit.test_chart_render import ROOT, by_kind, template
 
 SRC = ROOT / "src" / "sandbox_operator"
 # The operator process: everything but the client library, its conformance suites and the egress
-# proxy (which are not run by the operator and hold no operator credentials).
-EXCLUDED = ("client", "conformance", "egress")
+# proxy, and the maf-sandbox backend over the client (none of them is run by the operator and
+# none holds operator credentials).
+EXCLUDED = ("client", "conformance", "egress", "maf")
+#: The module publishing the backends ConfigMap (granted by name: test_published_configmap_...).
+PUBLISHER = Path("reconcile/publish.py")
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -66,10 +70,12 @@ METHOD = re.compile(
 KOPF_STATEFUL = {"create", "update", "delete", "resume", "timer", "daemon", "field"}
 
 
-def modules() -> Iterator[tuple[Path, ast.Module]]:
+def modules(
+    *, only: Path | None = None, skip: Path | None = None
+) -> Iterator[tuple[Path, ast.Module]]:
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC)
-        if rel.parts[0] in EXCLUDED:
+        if rel.parts[0] in EXCLUDED or rel == skip or (only is not None and rel != only):
             continue
         yield path, ast.parse(path.read_text(), str(path))
 
@@ -198,8 +204,8 @@ def _plural(stem: str) -> str:
     return PLURALS.get(stem, stem.replace("_", "") + "s")
 
 
-def scan() -> Scan:
-    trees = list(modules())
+def scan(*, only: Path | None = None, skip: Path | None = None) -> Scan:
+    trees = list(modules(only=only, skip=skip))
     resolver = Resolver(trees)
     result = Scan()
     for path, tree in trees:
@@ -296,7 +302,7 @@ def proxy_role_grants(*, named: bool = False) -> set[Grant]:
 def proxy_object_grants() -> set[Grant]:
     """Verbs the code uses on the proxy's objects, plus create: server-side apply of a missing
     object is authorized as create (seen on the local cluster's API server)."""
-    used = {g for g in scan().grants if (g[0], g[1]) in PROXY_RESOURCES}
+    used = {g for g in scan(skip=PUBLISHER).grants if (g[0], g[1]) in PROXY_RESOURCES}
     assert {v for _, _, v in used} <= {"get", "patch"}, used
     return used | {(g, r, "create") for g, r in PROXY_RESOURCES}
 
@@ -371,9 +377,15 @@ def test_chart_rbac_equals_the_verbs_the_operator_uses(
     assert not extra, f"the chart grants these but the operator never uses them: {extra}"
 
 
+def unpublished(rules: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rules by resource name other than the published ConfigMap's."""
+    published = [PUBLISHED_CONFIGMAP]
+    return [r for r in rules if r.get("resourceNames", published) != published]
+
+
 def test_no_secret_access_and_no_escalation() -> None:
     objs = template()
-    assert not [r for role in by_kind(objs, "Role") for r in role["rules"] if "resourceNames" in r]
+    assert not unpublished(r for role in by_kind(objs, "Role") for r in role["rules"])
     granted = chart_grants(objs)
     assert not {g for g in granted if g[1] in ("secrets", "serviceaccounts/token")}
     assert not {g for g in granted if g[2] in ("escalate", "bind", "impersonate")}
@@ -415,8 +427,7 @@ def test_acas_credential_secret_is_granted_by_name(tmp_path: Path, namespace: st
     named = [
         (role["metadata"]["namespace"], rule)
         for role in by_kind(objs, "Role")
-        for rule in role["rules"]
-        if "resourceNames" in rule
+        for rule in unpublished(role["rules"])
     ]
     assert named == [
         (
@@ -440,7 +451,7 @@ def test_workload_identity_credential_needs_no_secret(tmp_path: Path) -> None:
     objs = template(
         values_files=[acas_values(tmp_path, {"source": "workloadIdentity", "clientId": "x"})]
     )
-    assert not [r for role in by_kind(objs, "Role") for r in role["rules"] if "resourceNames" in r]
+    assert not unpublished(r for role in by_kind(objs, "Role") for r in role["rules"])
 
 
 def named_grants(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[Grant]]:
@@ -449,6 +460,8 @@ def named_grants(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[Grant]
     for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
         for rule in role["rules"]:
             for name in rule.get("resourceNames", []):
+                if name == PUBLISHED_CONFIGMAP:
+                    continue  # see test_published_configmap_is_granted_by_name
                 out.setdefault((role["kind"], name), set()).update(
                     (g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
                     for v in rule["verbs"]
@@ -476,3 +489,28 @@ def test_managed_egress_proxy_objects_are_granted_by_name(
     plain = template(values)
     assert not named_grants(plain)
     assert ("", "events", "patch") not in chart_grants(plain)
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
+def test_published_configmap_is_granted_by_name(cluster_wide: bool) -> None:
+    """The operator reads and applies its backends ConfigMap (reconcile/publish.py), by name,
+    where it publishes: each served namespace, or its own when it serves all of them."""
+    used = scan(only=PUBLISHER).grants
+    assert used == {("", "configmaps", "get"), ("", "configmaps", "patch")}
+    wanted = used | {("", "configmaps", "create")}  # an apply of a missing object is a create
+    values = {} if cluster_wide else {"watchNamespaces": "{team-a,team-b}"}
+    objs = template(values, namespace="so-system")
+    where: dict[str, set[Grant]] = {}
+    for role in by_kind(objs, "Role") + by_kind(objs, "ClusterRole"):
+        if role["metadata"]["name"].endswith("-agent") or "agent-" in role["metadata"]["name"]:
+            continue
+        for rule in role["rules"]:
+            if rule.get("resourceNames") == [PUBLISHED_CONFIGMAP]:
+                ns = role["metadata"].get("namespace", "*")
+                where.setdefault(ns, set()).update(
+                    (g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
+                    for v in rule["verbs"]
+                )  # fmt: skip
+    expected = {"so-system"} if cluster_wide else {"team-a", "team-b"}
+    assert where == dict.fromkeys(expected, wanted)
+    assert not {g for g in chart_grants(objs) if g[1] == "configmaps"}  # nothing unnamed

@@ -57,6 +57,41 @@ def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
     )
 
 
+def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> None:
+    """Serving all namespaces, the operator publishes in its own namespace: the agent's subjects
+    get ``get`` on that one ConfigMap there, and the per-namespace agent Role none."""
+    objs = template(
+        {
+            "agentRole.create": "true",
+            "agentRole.namespaces": "{agents}",
+            "agentRole.subjects[0].kind": "ServiceAccount",
+            "agentRole.subjects[0].name": "agent",
+            "agentRole.subjects[0].namespace": "agents",
+        },
+        namespace="so-system",
+    )
+    agent = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
+    assert not [r for r in agent["rules"] if "configmaps" in r["resources"]]
+    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-published")
+                and "agent" in r["metadata"]["name"])  # fmt: skip
+    assert role["metadata"]["namespace"] == "so-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["sandbox-operator-backends"],
+            "verbs": ["get"],
+        }
+    ]
+    binding = next(
+        b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    assert binding["metadata"]["namespace"] == "so-system"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}
+    ]
+
+
 def set_args(values: dict[str, str] | None) -> list[str]:
     out: list[str] = []
     for key, value in (values or {}).items():
@@ -262,6 +297,7 @@ def test_agent_role_grants_sandboxes_and_exec_only() -> None:
         {
             "agentRole.create": "true",
             "agentRole.namespaces": "{agents}",
+            "watchNamespaces": "{agents}",
             "agentRole.subjects[0].kind": "ServiceAccount",
             "agentRole.subjects[0].name": "agent",
             "agentRole.subjects[0].namespace": "agents",
@@ -282,7 +318,21 @@ def test_agent_role_grants_sandboxes_and_exec_only() -> None:
     assert ("", "pods/exec", "create") in grants
     # Nothing that creates pods or touches other kinds of object.
     assert not {v for g, res, v in grants if res == "pods"} - {"get"}
-    assert all(res in {"sandboxes", "sandboxscopes", "pods", "pods/exec"} for _, res, _ in grants)
+    assert all(
+        res in {"sandboxes", "sandboxscopes", "pods", "pods/exec", "configmaps"}
+        for _, res, _ in grants
+    )
+    # The one ConfigMap it may read: the backends the operator publishes (by name, get only).
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["sandbox-operator-backends"],
+            "verbs": ["get"],
+        }
+    ]
+    assert all("resourceNames" in r for r in role["rules"] if "configmaps" in r["resources"])
     binding = next(
         b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"].endswith("-agent")
     )

@@ -62,6 +62,9 @@ compares them with the Kubernetes calls the operator's code makes.
   resources: [events]
   verbs: [patch]
 {{- end }}
+{{- if .Values.watchNamespaces }}
+{{ include "sandbox-operator.publishedRule" . }}
+{{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
@@ -88,4 +91,16 @@ compares them with the Kubernetes calls the operator's code makes.
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]
 {{- end }}
+{{- end }}
+
+{{/*
+The ConfigMap the operator publishes its backends in (reconcile/publish.py), in every namespace
+it serves or, serving all of them, in its own: read, then server-side applied only when it
+differs (an apply of a missing object is authorized as create, by name).
+*/}}
+{{- define "sandbox-operator.publishedRule" -}}
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: [sandbox-operator-backends]
+  verbs: [get, create, patch]
 {{- end }}

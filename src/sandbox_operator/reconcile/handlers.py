@@ -51,6 +51,12 @@ from sandbox_operator.contract import (
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.pool import reconcile_pool
+from sandbox_operator.reconcile.publish import (
+    Publisher,
+    document_text,
+    publish_until_done,
+    published_backends,
+)
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
 from sandbox_operator.reconcile.sandbox import (
     CONFLICT_RETRY_SECONDS,
@@ -250,11 +256,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.runtime = rt
     memo.resync_task = asyncio.create_task(_resync_forever(rt), name="resync")
     memo.trim_task = asyncio.create_task(_trim_when_quiet(rt), name="trim")
+    # What this operator serves, for clients that must know before any sandbox exists (in the
+    # background: publishing never holds up serving Sandboxes; see reconcile/publish.py).
+    memo.publish_task = asyncio.create_task(
+        publish_until_done(
+            Publisher(api).publish,
+            getattr(memo, "publish_namespaces", ()),
+            document_text(published_backends(config)),
+        ),
+        name="publish",
+    )
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for attr in ("resync_task", "trim_task"):
+    for attr in ("resync_task", "trim_task", "publish_task"):
         task = getattr(memo, attr, None)
         if task is not None:
             task.cancel()
