@@ -2,7 +2,8 @@
 
 :class:`OperatorSandbox` is the one place maf's path rules meet our data plane: every file method
 first discharges maf's confinement bundle (:mod:`maf_sandbox.paths`, the file name check and the
-filesystem path check) with :meth:`OperatorSandbox.lstat`, then hands the already-confined path to
+filesystem path check) with no-follow stats read in one batch (:meth:`OperatorSandbox.lstat_many`:
+one command for every component from the root, not one per component), then hands the path to
 the data plane, whose scripts walk it again inside the sandbox right before acting. It is built
 over a :class:`~sandbox_operator.client.dataplane.DataPlane`, a storage base and a spec only, so
 the unit tests run maf's conformance suites against the local data plane (processes in a temp
