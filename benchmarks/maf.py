@@ -361,12 +361,12 @@ class RuntimeBench:
         assert self.client is not None
         agent = self.next_agent()
         key = maf.SandboxKey(SCOPE, self.thread, agent)
+        spec, ours = self.spec(temp)
         name = naming.sandbox_name(
-            contract.SandboxKey(scope=SCOPE, thread_id=self.thread, agent_dir=agent)
+            contract.SandboxKey(scope=SCOPE, thread_id=self.thread, agent_dir=agent), ours.kind
         )
         sample = Sample(route, temp, name)
         box = self.tracker.box(name)
-        spec, ours = self.spec(temp)
         step = "acquire"
         try:
             if route == "maf":

@@ -1,6 +1,8 @@
 """Labels and annotations that tie every object the operator creates to its sandbox key.
 
-A sandbox key is (scope, threadId, agentDir, callId). Its parts are free-form strings chosen by the
+A sandbox key is (scope, threadId, agentDir, callId); a sandbox's identity is the key and its
+workload kind (``spec.kind``): two kinds under one key are two sandboxes, each with its own image
+and egress. The key's parts are free-form strings chosen by the
 host, so they cannot be label values as they are (63 characters, a restricted alphabet). Each part
 is hashed into a label value instead, and the original strings are kept in annotations for people.
 Hashing is domain-separated per part, so a scope and a thread id with the same text get different
@@ -27,6 +29,9 @@ CONVERSATION_LABEL = f"{GROUP}/conversation"
 AGENT_DIR_LABEL = f"{GROUP}/agent-dir"
 CALL_LABEL = f"{GROUP}/call"
 KEY_LABEL = f"{GROUP}/key"
+#: The workload kind (``spec.kind``, a label value as it is): with the key label, the identity of a
+#: sandbox. The key label alone selects every kind under a key (a disposal of the whole key).
+KIND_LABEL = f"{GROUP}/kind"
 SANDBOX_LABEL = f"{GROUP}/sandbox"
 BACKEND_LABEL = f"{GROUP}/backend"
 #: On a warm pool's pods: the SandboxWarmPool that made the pod (kept after a claim, so the
@@ -138,8 +143,9 @@ def key_value(key: KeyLike) -> str:
     return hash_part("key", key.scope, key.thread_id, key.agent_dir, key.call_id)
 
 
-def key_labels(key: KeyLike) -> dict[str, str]:
-    """The hashed key parts, as labels. Every value is <= 63 characters and label-safe."""
+def key_labels(key: KeyLike, kind: str) -> dict[str, str]:
+    """The hashed key parts and the kind, as labels. Every value is <= 63 characters and
+    label-safe (the contract's kind pattern is a label value's)."""
     return {
         MANAGED_BY_LABEL: MANAGED_BY_VALUE,
         SCOPE_LABEL: scope_value(key.scope),
@@ -148,6 +154,7 @@ def key_labels(key: KeyLike) -> dict[str, str]:
         AGENT_DIR_LABEL: hash_part("agent-dir", key.agent_dir),
         CALL_LABEL: hash_part("call", key.call_id),
         KEY_LABEL: key_value(key),
+        KIND_LABEL: kind,
     }
 
 
@@ -168,9 +175,11 @@ def sandbox_label_value(sandbox_name: str) -> str:
     return object_name(sandbox_name)
 
 
-def object_labels(key: KeyLike, sandbox_name: str, backend: str | None = None) -> dict[str, str]:
+def object_labels(
+    key: KeyLike, sandbox_name: str, backend: str | None = None, *, kind: str
+) -> dict[str, str]:
     """Labels for an object that serves one sandbox (pod, NetworkPolicy, remote session)."""
-    labels = key_labels(key)
+    labels = key_labels(key, kind)
     labels[SANDBOX_LABEL] = sandbox_label_value(sandbox_name)
     if backend is not None:
         labels[BACKEND_LABEL] = backend
@@ -192,8 +201,15 @@ def scope_selector(scope: str, thread_id: str) -> str:
 
 
 def key_selector(key: KeyLike) -> str:
-    """A label selector for everything of one sandbox key."""
+    """A label selector for everything of one sandbox key, whatever its kinds."""
     return format_selector({MANAGED_BY_LABEL: MANAGED_BY_VALUE, KEY_LABEL: key_value(key)})
+
+
+def identity_selector(key: KeyLike, kind: str) -> str:
+    """A label selector for everything of one sandbox: its key and its kind."""
+    return format_selector(
+        {MANAGED_BY_LABEL: MANAGED_BY_VALUE, KEY_LABEL: key_value(key), KIND_LABEL: kind}
+    )
 
 
 def sandbox_selector(sandbox_name: str) -> str:

@@ -1,10 +1,11 @@
-"""Deterministic object names derived from a sandbox key.
+"""Deterministic object names derived from a sandbox's identity, its key and its kind.
 
-The client names a Sandbox from its key, and the operator names the objects that serve it from the
-Sandbox's name, so two callers racing on one key meet on one object and a restarted operator finds
-what it created before. Every name is a DNS-1123 label (lowercase alphanumerics and '-', starting
-and ending with an alphanumeric, at most 63 characters), valid for any resource kind and as a label
-value.
+The client names a Sandbox from its key and its workload kind (two kinds under one key are two
+sandboxes, never one whose spec conflicts), and the operator names the objects that serve it from
+the Sandbox's name, so two callers racing on one key and kind meet on one object and a restarted
+operator finds what it created before. Every name is a DNS-1123 label (lowercase alphanumerics
+and '-', starting and ending with an alphanumeric, at most 63 characters), valid for any resource
+kind and as a label value.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ def _compose(prefix: str, readable: str, digest: str) -> str:
     return name
 
 
-def sandbox_name(key: KeyLike) -> str:
-    """The name of the Sandbox resource for a key: ``sbx-<agentDir slug>-<hash of the key>``."""
-    digest = hash_part("name", key.scope, key.thread_id, key.agent_dir, key.call_id)[:_HASH_LEN]
+def sandbox_name(key: KeyLike, kind: str) -> str:
+    """The name of the Sandbox resource for a key and a workload kind:
+    ``sbx-<agentDir slug>[-<callId slug>]-<kind slug>-<hash of the key and the kind>``, at most
+    54 characters (room for ``pod_name``'s and ``work_volume_name``'s suffixes)."""
+    digest = hash_part("name", key.scope, key.thread_id, key.agent_dir, key.call_id, kind)
     readable = slug(key.agent_dir)
     if key.call_id:
         readable = "-".join(p for p in (readable[:14], slug(key.call_id, 9)) if p)
-    return _compose("sbx", readable, digest)
+    readable = "-".join(p for p in (readable, slug(kind, 8)) if p)
+    return _compose("sbx", readable, digest[:_HASH_LEN])
 
 
 def scope_name(scope: str, thread_id: str) -> str:

@@ -238,7 +238,7 @@ def test_a_deleted_sandbox_held_by_a_foreign_finalizer_does_not_hold_a_key(
     # Another key's labels, on a Sandbox whose scope does not exist (so the operator never learns
     # its own key and leaves the labels as they are), with a finalizer of someone else's.
     holder = kit.sandbox_body("holder", scope_ref="no-such-scope")
-    holder["metadata"]["labels"] = lbl.key_labels(victim_key)
+    holder["metadata"]["labels"] = lbl.key_labels(victim_key, "shell")
     holder["metadata"]["finalizers"] = [FOREIGN_FINALIZER]
     agent.create(holder)
     try:
@@ -372,7 +372,9 @@ def test_the_metadata_policy_keeps_the_operators_metadata_out_of_the_agents_reac
     # What the client writes passes, and the operator (exempt) serves it.
     key = SandboxKey(scope="tenant-a", thread_id="thread-1", agent_dir="agents/ok", call_id="")
     stamp = {lbl.LAST_ACTIVITY_ANNOTATION: "2026-01-01T00:00:00Z"}
-    ok = body("ok", labels=lbl.key_labels(key), annotations={**lbl.key_annotations(key), **stamp})
+    ok = body(
+        "ok", labels=lbl.key_labels(key, "shell"), annotations={**lbl.key_annotations(key), **stamp}
+    )
     ok["spec"]["agentDir"] = "agents/ok"
     agent.create(ok)
     kit.wait_condition("ok", "Ready", status="True", timeout=60)

@@ -81,7 +81,7 @@ async def test_acquire_exec_dispose(aclient: SandboxClient, kit: Kit, operator: 
     scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="t-1")
     sb = await aclient.acquire(scope_ref, "agents/shell", spec())
     key = SandboxKey(scope="tenant-a", thread_id="t-1", agent_dir="agents/shell")
-    assert sb.name == naming.sandbox_name(key)
+    assert sb.name == naming.sandbox_name(key, "shell")
     res = await sb.exec(["echo", "a b$(echo x)c"])
     assert res.stdout == b"a b$(echo x)c\n"
     # A second acquire of the same key returns the same sandbox.

@@ -507,7 +507,7 @@ def test_a_claim_the_operator_did_not_record_is_found_and_reported(kit, start_op
     patch = {
         "metadata": {
             "resourceVersion": pod.metadata.resource_version,
-            "labels": lbl.object_labels(key, "orphan", "runc"),
+            "labels": lbl.object_labels(key, "orphan", "runc", kind="shell"),
             "annotations": lbl.key_annotations(key),
             "ownerReferences": [
                 {

@@ -67,8 +67,8 @@ async def test_racing_acquires_converge_on_one_object(
     assert all(isinstance(r, SandboxNotReadyInTime) for r in results), results
     names = {r.sandbox for r in results if isinstance(r, SandboxNotReadyInTime)}
     key = SandboxKey(scope="tenant-a", thread_id="race", agent_dir="agents/r")
-    assert names == {naming.sandbox_name(key)}
-    assert [s["metadata"]["name"] for s in kit.list()] == [naming.sandbox_name(key)]
+    assert names == {naming.sandbox_name(key, "shell")}
+    assert [s["metadata"]["name"] for s in kit.list()] == [naming.sandbox_name(key, "shell")]
     managers = {m["manager"] for m in kit.list()[0]["metadata"]["managedFields"]}
     assert {aclient.field_manager, other.field_manager} <= managers
 

@@ -158,8 +158,8 @@ async def test_list_walks_pages(client: AcasClient) -> None:
 async def test_key_labels_find_a_conversation(client: AcasClient) -> None:
     key = SandboxKey(scope="tenant a", thread_id="thread/1", agent_dir="agents/x")
     other = SandboxKey(scope="tenant a", thread_id="thread/2", agent_dir="agents/x")
-    mine = await running(client, object_labels(key, "sbx-1", "acas-test"))
-    await running(client, object_labels(other, "sbx-2", "acas-test"))
+    mine = await running(client, object_labels(key, "sbx-1", "acas-test", kind="python"))
+    await running(client, object_labels(other, "sbx-2", "acas-test", kind="python"))
     selector = dict(
         pair.split("=", 1) for pair in scope_selector("tenant a", "thread/1").split(",")
     )

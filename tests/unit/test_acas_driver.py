@@ -62,7 +62,7 @@ def request(
         key=key,
         spec=spec(**spec_kw),
         isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(key, name, "acas-test"),
+        labels=lbl.object_labels(key, name, "acas-test", kind="python"),
         annotations=lbl.key_annotations(key),
     )
 
@@ -106,7 +106,7 @@ async def test_ensure_creates_a_labelled_confined_sandbox(
     served = await driver.ensure(req)
     assert served.kind == REMOTE_KIND
     remote = standin.state.sandboxes[served.name]
-    for k, v in lbl.key_labels(req.key).items():
+    for k, v in lbl.key_labels(req.key, req.spec.kind).items():
         assert remote.labels[k] == v
     assert remote.labels[lbl.SANDBOX_LABEL] == "sbx-1"
     assert remote.labels[NAMESPACE_LABEL] == "ns1"

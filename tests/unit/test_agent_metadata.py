@@ -230,7 +230,7 @@ def test_the_metadata_policy_exempts_the_operator_and_names_what_the_client_writ
     key = type("K", (), {"scope": "s", "thread_id": "t", "agent_dir": "a", "call_id": "c"})()
     for name in lbl.key_annotations(key):
         assert f'"{name}"' in exprs["badAnnotations"]
-    for name in lbl.key_labels(key):
+    for name in lbl.key_labels(key, "python"):
         if name.startswith(f"{lbl.GROUP}/"):
             assert f'"{name}"' in exprs["badLabels"]
     assert f'"{lbl.LAST_ACTIVITY_ANNOTATION}"' in exprs["badAnnotations"]

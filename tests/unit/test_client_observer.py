@@ -393,7 +393,7 @@ async def test_whole_sequence_joined_by_key_and_call(harness: Harness) -> None:
             return LandedArtifact(artifact.name, artifact.media_type, artifact.size, "h", "d")
 
     key = h.key()
-    name = naming.sandbox_name(key)
+    name = naming.sandbox_name(key, spec.kind)
     async with h.client.tool_call("call-1"):
         sb = await h.client.acquire("conv", "agent", spec)
         await sb.write_file("out.txt", b"hello")

@@ -361,7 +361,8 @@ class Harness:
         self.operator.start()
 
     def name(self, agent_dir: str = "agent") -> str:
-        return naming.sandbox_name(SandboxKey(scope="tenant", thread_id="t1", agent_dir=agent_dir))
+        key = SandboxKey(scope="tenant", thread_id="t1", agent_dir=agent_dir)
+        return naming.sandbox_name(key, "t")
 
     def obj(self, name: str) -> dict[str, Any]:
         return self.server.objects[(SANDBOX_PLURAL, name)]

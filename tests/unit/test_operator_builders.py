@@ -42,7 +42,7 @@ def request(**spec) -> EnsureRequest:
         key=KEY,
         spec=SandboxSpec.model_validate(base),
         isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(KEY, "sbx-coder-1", "gvisor"),
+        labels=lbl.object_labels(KEY, "sbx-coder-1", "gvisor", kind="shell"),
         annotations=lbl.key_annotations(KEY),
     )
 
@@ -319,7 +319,7 @@ def _named_request(name: str) -> EnsureRequest:
         key=base.key,
         spec=base.spec,
         isolation_scope=base.isolation_scope,
-        labels=lbl.object_labels(KEY, name, "gvisor"),
+        labels=lbl.object_labels(KEY, name, "gvisor", kind="shell"),
         annotations=base.annotations,
     )
 
@@ -336,7 +336,7 @@ def test_every_sandbox_pod_name_starts_with_the_agent_exec_prefix():
     prefix = yaml.safe_load((CHART / "values.yaml").read_text())["agentRole"]["sandboxPodPrefix"]
     assert prefix == naming.SANDBOX_OBJECT_PREFIX
     names = ["box", "my-sandbox", "a" * 63, "My.Dotted.Name", "sbx", "sbxfoo", "x" * 200]
-    names.append(naming.sandbox_name(KEY))
+    names.append(naming.sandbox_name(KEY, "shell"))
     pod_names = [naming.pod_name(n) for n in names]
     for name, pod_name in zip(names, pod_names, strict=True):
         assert pod_name.startswith(prefix), (name, pod_name)
@@ -347,7 +347,7 @@ def test_every_sandbox_pod_name_starts_with_the_agent_exec_prefix():
         assert pod["metadata"]["labels"][lbl.SANDBOX_LABEL] == lbl.sandbox_label_value(name)
     assert len(set(pod_names)) == len(names)
     # names the client gives (sbx-...) and other sbx- names are kept as they are
-    assert naming.pod_name(naming.sandbox_name(KEY)) == naming.sandbox_name(KEY)
+    assert naming.pod_name(naming.sandbox_name(KEY, "shell")) == naming.sandbox_name(KEY, "shell")
     assert naming.pod_name("sbx-coder-1") == "sbx-coder-1"
     assert naming.pod_name("box").startswith("sbx-box-")
     assert naming.network_policy_name("box") == naming.pod_name("box")

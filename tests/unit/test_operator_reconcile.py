@@ -364,6 +364,33 @@ async def test_failed_disposal_keeps_finalizer_and_makes_key_unclean(world):
     assert "e2" in driver.pods
 
 
+async def test_another_kind_under_the_key_is_another_sandbox(world):
+    """A sandbox's identity is (key, kind): an earlier sandbox of another kind under the same key,
+    live or failing to dispose, never holds this one back, while one of the same kind does."""
+    rt, kube, driver = world
+    kube.add("sandboxes", "py", {**SPEC, "kind": "python"})
+    await reconcile_sandbox(rt, NS, "py")
+    assert "py" in driver.pods  # live, with its pod labelled with its key and kind
+    assert driver.pods["py"]["labels"][lbl.KIND_LABEL] == "python"
+    assert kube.objs[("sandboxes", "py")]["metadata"]["labels"][lbl.KIND_LABEL] == "python"
+    kube.add("sandboxes", "sh", SPEC)  # same key, kind shell
+    await reconcile_sandbox(rt, NS, "sh")
+    assert cond(kube, "sh", "Admitted")["status"] == "True"
+    assert "sh" in driver.pods
+    driver.fail_dispose = True
+    await finalize_sandbox(rt, NS, "py")
+    assert cond(kube, "py", "Disposed")["reason"] == "DisposalFailed"
+    kube.add("sandboxes", "sh2", {**SPEC, "agentDir": "agents/b"})
+    kube.add("sandboxes", "py2", {**SPEC, "kind": "python"})  # py's identity again
+    kube.add("sandboxes", "sh3", SPEC)  # sh's identity: sh is live, its pod is sh's own
+    for name in ("sh2", "py2", "sh3"):
+        await reconcile_sandbox(rt, NS, name)
+    assert cond(kube, "sh2", "Admitted")["status"] == "True"
+    assert cond(kube, "py2", "Admitted")["reason"] == "KeyUnclean"
+    assert cond(kube, "sh3", "Admitted")["reason"] == "KeyUnclean"  # sh's pod is not its own
+    assert "py2" not in driver.pods and "sh3" not in driver.pods
+
+
 async def test_scope_counts_and_purge_lists_by_labels(world):
     rt, kube, driver = world
     for i in range(5):

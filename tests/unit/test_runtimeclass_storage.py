@@ -49,7 +49,7 @@ def request(storage: dict[str, Any] | None = STORAGE, uid: str = UID, **spec: An
         key=KEY,
         spec=SandboxSpec.model_validate(base),
         isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(KEY, NAME, "gvisor"),
+        labels=lbl.object_labels(KEY, NAME, "gvisor", kind="shell"),
         annotations=lbl.key_annotations(KEY),
     )
 

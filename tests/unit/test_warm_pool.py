@@ -285,12 +285,13 @@ def test_idle_means_owned_by_the_pool_unclaimed_and_not_deleting() -> None:
 
 def request(name: str = "box", spec: SandboxSpec | None = None) -> EnsureRequest:
     key = SandboxKey(scope="s", thread_id="t", agent_dir="agents/a", call_id="")
+    spec = spec or SandboxSpec(**TEMPLATE)
     return EnsureRequest(
         sandbox=SandboxRef(NS, name, f"uid-{name}"),
         key=key,
-        spec=resolve_spec(CONFIG.host_policy, spec or SandboxSpec(**TEMPLATE)),
+        spec=resolve_spec(CONFIG.host_policy, spec),
         isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(key, name, "gvisor"),
+        labels=lbl.object_labels(key, name, "gvisor", kind=spec.kind),
         annotations=lbl.key_annotations(key),
     )
 

@@ -251,7 +251,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         deadline = timeout if timeout is not None else self.default_timeout
         scope_obj = await self._read_scope(scope_ref)
         key = self.key_for(scope_obj, agent_dir, call_id)
-        name = naming.sandbox_name(key)
+        name = naming.sandbox_name(key, spec.kind)
         call = record_key(key)
         started = time.monotonic()
         try:
@@ -320,7 +320,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             "metadata": {
                 "name": name,
                 "namespace": self.namespace,
-                "labels": lbl.key_labels(key),
+                "labels": lbl.key_labels(key, spec.kind),
                 "annotations": lbl.key_annotations(key),
             },
             # ``suspended`` is not the acquirer's to own: suspend/resume (and kubectl) change it,
@@ -551,7 +551,8 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             if name is None:
                 with contextlib.suppress(Exception):
                     scope_obj = await self._read_scope(scope_ref)
-                    name = naming.sandbox_name(self.key_for(scope_obj, agent_dir, call_id))
+                    key = self.key_for(scope_obj, agent_dir, call_id)
+                    name = naming.sandbox_name(key, spec.kind)
             if name is not None:
                 await asyncio.shield(self.dispose(name))
 

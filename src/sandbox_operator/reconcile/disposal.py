@@ -47,15 +47,20 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta
 
 
-async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) -> str | None:
-    """Why the key is not clean (an earlier sandbox of this key is not disposed yet), or None.
+async def key_unclean(
+    rt: Runtime, namespace: str, key: SandboxKey, kind: str, uid: str
+) -> str | None:
+    """Why the sandbox's identity (key, kind) is not clean (an earlier sandbox of this key and
+    kind is not disposed yet), or None.
 
-    Found in the views by labels alone: another Sandbox of the key that is being deleted or
-    whose disposal failed, or backend objects of the key that belong to another Sandbox.
+    Found in the views by labels alone: another Sandbox of the key and kind that is being deleted
+    or whose disposal failed, or backend objects of the key and kind that belong to another
+    Sandbox. Another kind under the same key is another sandbox, and never holds this one back;
+    a backend object without the kind label (made before it existed) is taken as this kind's.
     """
     for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
         ometa = _meta(other)
-        if ometa.get("uid") == uid:
+        if ometa.get("uid") == uid or (other.get("spec") or {}).get("kind") != kind:
             continue
         name = ometa.get("name")
         if ometa.get("deletionTimestamp"):
@@ -74,6 +79,8 @@ async def key_unclean(rt: Runtime, namespace: str, key: SandboxKey, uid: str) ->
         except Exception as exc:
             return f"cannot list backend {driver.name} for this key: {type(exc).__name__}"
         for o in objects:
+            if o.labels.get(lbl.KIND_LABEL, kind) != kind:
+                continue
             if (o.owner_uid and o.owner_uid != uid) or o.deleting:
                 return f"{o.kind} {o.name} of an earlier sandbox with this key is not disposed yet"
     return None

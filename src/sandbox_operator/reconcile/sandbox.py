@@ -146,16 +146,21 @@ async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> dict[str
 
 
 async def _ensure_metadata(
-    rt: Runtime, obj: dict[str, Any], scope: compute.ScopeResolution, key: SandboxKey | None
+    rt: Runtime,
+    obj: dict[str, Any],
+    scope: compute.ScopeResolution,
+    key: SandboxKey | None,
+    kind: str,
 ) -> dict[str, Any] | None:
-    """The finalizer, and (once the scope gives the key) the key labels and annotations, in one
-    patch and only when something is missing. Returns the object as it is now."""
+    """The finalizer, and (once the scope gives the key) the key and kind labels and the key
+    annotations, in one patch and only when something is missing. Returns the object as it is
+    now."""
     meta = _meta(obj)
     name = str(meta["name"])
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if key is not None and scope.spec is not None:
-        want_labels = lbl.key_labels(key)
+        want_labels = lbl.key_labels(key, kind)
         want_labels[lbl.SANDBOX_LABEL] = lbl.sandbox_label_value(name)
         have_labels = meta.get("labels") or {}
         labels = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
@@ -242,7 +247,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         conversation_holder=rt.views.conversation_holder(namespace, spec.scope_ref),
     )
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
-    fresh = await _ensure_metadata(rt, obj, scope, key)
+    fresh = await _ensure_metadata(rt, obj, scope, key, spec.kind)
     if fresh is None:
         return None
     obj = fresh
@@ -284,7 +289,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     was_ready = cnd.is_true(obj.get("status"), READY)
     unclean = None
     if observation.phase is ObservedPhase.ABSENT and not was_ready and admission.key is not None:
-        unclean = await key_unclean(rt, namespace, admission.key, uid)
+        unclean = await key_unclean(rt, namespace, admission.key, spec.kind, uid)
     plan = compute.plan(
         obj, spec, admission, observation, key_unclean=unclean, scope_problem=scope.problem, now=now
     )
@@ -313,7 +318,7 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
             # With the host's default resources filled in (requests under limits).
             spec=resolve_spec(rt.config.host_policy, spec.sandbox_spec()),
             isolation_scope=admission.isolation_scope or spec.sandbox_spec().isolation_scope,
-            labels=lbl.object_labels(admission.key, name, admission.backend),
+            labels=lbl.object_labels(admission.key, name, admission.backend, kind=spec.kind),
             annotations=lbl.key_annotations(admission.key),
         )
         try:

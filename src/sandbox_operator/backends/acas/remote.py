@@ -40,7 +40,7 @@ DEFAULT_MEMORY = "2048Mi"
 REMOTE_KIND = "AcasSandbox"
 NAMESPACE_LABEL = f"{lbl.GROUP}/namespace"
 OWNER_UID_LABEL = f"{lbl.GROUP}/owner-uid"
-KIND_LABEL = f"{lbl.GROUP}/kind"
+KIND_LABEL = lbl.KIND_LABEL
 #: The Sandbox's own name (the sandbox label holds `object_name(name)`, which differs for dotted
 #: or long names). Set when the name is at most 63 characters; older sandboxes lack it.
 SANDBOX_NAME_LABEL = f"{lbl.GROUP}/sandbox-name"
