@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.config import parse_config
+from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract.published import PUBLISHED_KEY, PublishedBackends
 from sandbox_operator.reconcile.publish import (
     RETRY_FIRST_SECONDS,
@@ -44,6 +44,19 @@ def test_document_is_the_configs_policy_and_backends_in_order() -> None:
     doc = PublishedBackends.model_validate_json(document_text(published_backends(config)))
     assert doc.host_policy == config.host_policy
     assert [b.declarations for b in doc.backends] == [b.declarations for b in config.backends]
+
+
+def test_document_is_what_admission_holds_backends_to() -> None:
+    """Each backend as published is the profile admission judges it by (name, rung,
+    declarations, in the order perSpec selection walks), under the same host policy: a reader
+    never learns more, or other, than the operator enforces."""
+    for config in (_config(), _config(floor="container", selection="perSpec")):
+        doc = PublishedBackends.model_validate_json(document_text(published_backends(config)))
+        judged = profiles(config)
+        assert [(b.name, b.isolation, b.declarations) for b in doc.backends] == [
+            (p.name, p.isolation, p.declarations) for p in judged
+        ]
+        assert doc.host_policy == config.host_policy
 
 
 def test_document_follows_the_configuration() -> None:
