@@ -66,7 +66,10 @@ nearest rank):
 
 Caveats: one operator, one node, shared with whatever else runs on the cluster (the last line
 gives this machine's load average during the run: measure on a quiet cluster). Ratios are per
-runtime and per run; with N = 10 the p90 is the 9th of 10 samples.
+runtime and per run; with N = 10 the p90 is the 9th of 10 samples. On the local node the totals
+fall close to whole seconds (the node reports pod starts and stops on a one-second beat, likely
+the kubelet's 1 s relist), so a difference under a second in one phase often moves the total by
+a whole second or not at all: compare the phases, not only the totals.
 
 Everything the script creates lives in namespaces labelled ``sandbox-operator.dev/bench=maf``
 and is deleted at the end, also on Ctrl-C or an error (``--cleanup`` deletes what a killed run
