@@ -96,20 +96,25 @@ async def test_storage_base(
         await router.dispose(key)
 
 
-async def test_fresh_acquire_and_instance_disposal(
-    backend: OperatorBackend, key: maf.SandboxKey
-) -> None:
-    """A new instance reports fresh and a reacquire resumes it, not fresh; disposing it by
-    instance id twice removes it and keeps its sibling (the key's other kind), observed through
-    the API server (the Sandbox objects' instance ids)."""
-    spec = spec_for(backend, kind="first")
-    sibling_spec = spec_for(backend, kind="second")
+async def test_fresh_acquire(backend: OperatorBackend, key: maf.SandboxKey) -> None:
+    """A new instance reports fresh; a reacquire resumes it and does not."""
+    spec = spec_for(backend, kind="fresh")
     first = await backend.acquire(key, spec)
     try:
         await conformance.assert_fresh_acquire_conformance(
             first, lambda: backend.acquire(key, spec)
         )
-        sibling = await backend.acquire(key, sibling_spec)
+    finally:
+        assert await backend.dispose(key) is None
+
+
+async def test_instance_disposal(backend: OperatorBackend, key: maf.SandboxKey) -> None:
+    """Disposing one instance by id, twice, removes it and keeps its sibling: the same key's
+    other kind (another sandbox: maf's ``dispose(key, kind=...)`` addresses one of several),
+    observed through the API server (the Sandbox objects' instance ids)."""
+    first = await backend.acquire(key, spec_for(backend, kind="first"))
+    try:
+        sibling = await backend.acquire(key, spec_for(backend, kind="second"))
 
         async def exists(identity: str) -> bool:
             listing = await backend.client.custom.list_namespaced_custom_object(
