@@ -125,3 +125,22 @@ async def test_refusal_raised_without_waiting_for_deadline(
     assert time.monotonic() - start < 30
     assert type(info.value) is refusal_error_for(info.value.reason)
     assert info.value.sandbox and info.value.namespace == aclient.namespace
+
+
+async def test_dispose_with_a_uid_never_deletes_a_replacement(
+    aclient: SandboxClient, kit: Kit
+) -> None:
+    """``dispose(name, uid=...)`` deletes that very object: the API server refuses the delete
+    (precondition) when the name now holds a Sandbox recreated since it was read, and the
+    client reads that as 'what was meant is gone'. Without a uid the name is deleted whatever
+    holds it."""
+    first = kit.sandbox("sbx-replaced")
+    kit.delete("sbx-replaced")
+    kit.wait_gone("sbx-replaced")
+    replacement = kit.sandbox("sbx-replaced")
+    assert replacement["metadata"]["uid"] != first["metadata"]["uid"]
+    await aclient.dispose("sbx-replaced", wait=True, uid=first["metadata"]["uid"])
+    still = kit.get("sbx-replaced")
+    assert still is not None and still["metadata"]["uid"] == replacement["metadata"]["uid"]
+    await aclient.dispose("sbx-replaced", wait=True, uid=replacement["metadata"]["uid"])
+    assert kit.get("sbx-replaced") is None

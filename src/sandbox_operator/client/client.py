@@ -404,8 +404,12 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             message=f"SandboxScope {scope_ref!r} was deleted while waiting",
         )
 
-    async def dispose(self, sandbox: Sandbox | str, *, wait: bool = False) -> None:
-        """Delete a Sandbox (by handle or name). Missing is success.
+    async def dispose(
+        self, sandbox: Sandbox | str, *, wait: bool = False, uid: str | None = None
+    ) -> None:
+        """Delete a Sandbox (by handle or name). Missing is success. ``uid`` deletes only that
+        very object (a delete precondition): a Sandbox recreated under the name since it was
+        read is never taken for it.
 
         With an observer, the Sandbox is read first: egress decisions not yet reported are
         delivered (``EgressObserved``), and a dispose by name learns the key from the object;
@@ -416,29 +420,29 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         if not isinstance(sandbox, str):
             with contextlib.suppress(Exception):
                 await sandbox.close()
-        uid = ""
+        seen_uid = ""
         if self.observer is not None:
             obj: Mapping[str, Any] | None = None
             with contextlib.suppress(Exception):  # reporting must not stop the delete
                 obj = await self._get_object(SANDBOX_PLURAL, name)
             if isinstance(obj, Mapping):
                 key = key or key_from_object(obj)
-                uid = (obj.get("metadata") or {}).get("uid", "")
+                seen_uid = (obj.get("metadata") or {}).get("uid", "")
                 try:
                     self._report_egress_obj(obj, key)
                 except Exception as exc:
                     _log_report_failure(exc)
         call = record_key(key)
         try:
-            await self._delete(SANDBOX_PLURAL, name)
+            await self._delete(SANDBOX_PLURAL, name, uid=uid)
         except BaseException as exc:
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
-        self._egress_marks.pop((name, uid), None)
+        self._egress_marks.pop((name, seen_uid), None)
         self._activity_stamps.pop(name, None)
         if wait:
-            await self._wait_gone(SANDBOX_PLURAL, name, 120.0)
+            await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
 
     def _disposed(
         self, key: SandboxKey | None, call: str | None, name: str, exc: BaseException | None

@@ -174,12 +174,25 @@ class KubeCalls:
                 ) from None
             self._refuse(exc, "patch sandboxes", self._no_sandbox(name))
 
-    async def _delete(self, plural: str, name: str) -> None:
-        """Delete one object; missing is success."""
+    async def _delete(self, plural: str, name: str, *, uid: str | None = None) -> None:
+        """Delete one object; missing is success. With ``uid``, only that very object: the API
+        server refuses the delete (409) when the name now holds another one (a replacement), which
+        is success too, because the object meant is gone."""
         try:
-            await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, name
-            )
+            if uid:
+                await self.custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    plural,
+                    name,
+                    body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
+                )
+            else:
+                await self.custom.delete_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, name
+                )
         except ApiException as exc:
-            if exc.status != 404:
-                self._refuse(exc, f"delete {plural}")
+            if exc.status == 404 or (uid and exc.status == 409):
+                return
+            self._refuse(exc, f"delete {plural}")

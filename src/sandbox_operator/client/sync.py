@@ -229,8 +229,8 @@ class SyncSandboxClient(_Twin[SandboxClient]):
         )
         return SyncSandbox(sandbox, self._loop)
 
-    def dispose(self, sandbox: _AnySandbox, *, wait: bool = False) -> None:
-        self._run(self.aio.dispose(_aio(sandbox), wait=wait))
+    def dispose(self, sandbox: _AnySandbox, *, wait: bool = False, uid: str | None = None) -> None:
+        self._run(self.aio.dispose(_aio(sandbox), wait=wait, uid=uid))
 
     def suspend(
         self, sandbox: _AnySandbox, *, wait: bool = True, timeout: float | None = None

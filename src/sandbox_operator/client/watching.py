@@ -85,14 +85,27 @@ class WatchCalls(KubeCalls):
                     return
                 rv = _resource_version(new)
 
-    async def _wait_gone(self, plural: str, name: str, timeout: float | None) -> None:  # noqa: ASYNC109
+    async def _wait_gone(
+        self,
+        plural: str,
+        name: str,
+        timeout: float | None,  # noqa: ASYNC109
+        *,
+        uid: str | None = None,
+    ) -> None:
+        """Return once the object is gone; with ``uid``, once that very object is (a
+        replacement under the same name does not keep the wait going)."""
+
         async def read() -> Mapping[str, Any] | None:
             try:
-                return await self._get_object(plural, name)
+                obj = await self._get_object(plural, name)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
                 raise
+            if uid and (obj.get("metadata") or {}).get("uid") != uid:
+                return None
+            return obj
 
         async with asyncio.timeout(timeout):
             await self._until_gone(plural, name, read, marked=False)

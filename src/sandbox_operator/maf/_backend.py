@@ -63,6 +63,12 @@ def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('uid', '')}/{served}/{ready}"
 
 
+def _target(item: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A listed Sandbox as a delete target: its name and uid."""
+    meta = item["metadata"]
+    return meta["name"], meta.get("uid") or None
+
+
 def _failure_code(exc: BaseException) -> maf.DisposalCode:
     if isinstance(exc, TimeoutError):
         return "timeout"
@@ -201,7 +207,8 @@ class OperatorBackend:
         served_by = status.get("servedBy") or {}
         if status.get("backend") != self.backend_name:
             await handle.close()
-            _, failure = await self._delete_and_wait([handle.name])
+            uid = (obj.get("metadata") or {}).get("uid") or None
+            _, failure = await self._delete_and_wait([(handle.name, uid)])
             raise OperatorBackendMismatch(
                 f"sandbox {handle.namespace}/{handle.name} was served by backend "
                 f"{status.get('backend')!r}, not {self.backend_name!r}; "
@@ -228,7 +235,7 @@ class OperatorBackend:
         Sandbox is gone."""
         mapped = translate(exc)
         if type(mapped) in NEEDS_DISPOSAL and exc.sandbox:
-            _, failure = await self._delete_and_wait([exc.sandbox])
+            _, failure = await self._delete_and_wait([(exc.sandbox, None)])
             if failure is not None:
                 return OperatorAcquireFailed(
                     f"{exc}; the Sandbox could not be disposed ({failure})", reason=exc.reason
@@ -245,21 +252,24 @@ class OperatorBackend:
         return items
 
     async def _delete_and_wait(
-        self, names: Sequence[str]
+        self, targets: Sequence[tuple[str, str | None]]
     ) -> tuple[int, maf.DisposalFailure | None]:
-        """Delete each Sandbox and wait (bounded) until the API server no longer has it;
-        returns how many are gone and the folded failure for the rest."""
+        """Delete each ``(name, uid)`` Sandbox, with a uid that very object (the delete's
+        precondition, so one recreated under the name since it was read is never taken for
+        it), and wait (bounded) until the API server no longer has it; returns how many are
+        gone and the folded failure for the rest."""
 
-        async def one(name: str) -> maf.DisposalFailure | None:
+        async def one(name: str, uid: str | None) -> maf.DisposalFailure | None:
             try:
                 async with asyncio.timeout(self.dispose_timeout):
-                    await self.client.dispose(name, wait=True)
+                    await self.client.dispose(name, wait=True, uid=uid)
             except Exception as exc:
                 return _failure(exc, f"sandbox {name}")
             return None
 
-        failures = [f for f in await asyncio.gather(*(one(n) for n in names)) if f is not None]
-        return len(names) - len(failures), maf.fold_disposal_failures(failures)
+        done = await asyncio.gather(*(one(name, uid) for name, uid in targets))
+        failures = [f for f in done if f is not None]
+        return len(targets) - len(failures), maf.fold_disposal_failures(failures)
 
     async def dispose(
         self, key: maf.SandboxKey, *, kind: str | None = None, instance_id: str | None = None
@@ -274,13 +284,13 @@ class OperatorBackend:
             items = await self._list(lbl.key_selector(ours))
         except Exception as exc:
             return _unlisted(exc, "listing the key's sandboxes")
-        names = [
-            item["metadata"]["name"]
+        chosen = [
+            item
             for item in items
             if (kind is None or (item.get("spec") or {}).get("kind") == kind)
             and (instance_id is None or sandbox_instance_id(item) == instance_id)
         ]
-        _, failure = await self._delete_and_wait(names)
+        _, failure = await self._delete_and_wait([_target(item) for item in chosen])
         return failure
 
     async def dispose_scope(self, scope: str, thread_id: str) -> maf.ScopePurge:
@@ -290,9 +300,7 @@ class OperatorBackend:
             items = await self._list(lbl.scope_selector(scope, thread_id))
         except Exception as exc:
             return maf.ScopePurge(0, _unlisted(exc, "listing the conversation's sandboxes"))
-        disposed, failure = await self._delete_and_wait(
-            [item["metadata"]["name"] for item in items]
-        )
+        disposed, failure = await self._delete_and_wait([_target(item) for item in items])
         ref = self._scopes.pop((scope, thread_id), None)
         if failure is None and ref is not None:
             try:

@@ -100,9 +100,12 @@ class StandIn:
         self.objects[name] = obj
         return Handle(name, obj, self.created)
 
-    async def dispose(self, name: str, *, wait: bool = False) -> None:
+    async def dispose(self, name: str, *, wait: bool = False, uid: str | None = None) -> None:
         if name in self.undeletable:
             raise TimeoutError
+        current = self.objects.get(name)
+        if uid is not None and current is not None and current["metadata"]["uid"] != uid:
+            return  # the API server's precondition: another object holds the name now
         self.disposed.append(name)
         self.objects.pop(name, None)
 
@@ -185,6 +188,26 @@ async def test_dispose_selects_by_key_kind_and_instance() -> None:
     assert client.disposed == ["sbx-python"]
     assert await b.dispose(KEY) is None
     assert client.disposed == ["sbx-python", "sbx-bash"]
+
+
+async def test_dispose_never_takes_a_replacement_for_what_it_listed() -> None:
+    """A Sandbox recreated under the name between the listing and the delete is a replacement:
+    the delete names the listed object's uid, so the replacement stays."""
+    client = StandIn()
+    client.objects["sbx-python"] = sandbox_object("sbx-python", "python", "runc")
+    real_list = client.custom.list_namespaced_custom_object
+
+    async def list_then_replace(*args: Any, **kw: Any) -> dict[str, Any]:
+        listed = await real_list(*args, **kw)
+        replacement = sandbox_object("sbx-python", "python", "runc")
+        replacement["metadata"]["uid"] = "uid-replacement"
+        client.objects = {"sbx-python": replacement}
+        return listed
+
+    client.custom.list_namespaced_custom_object = list_then_replace  # type: ignore[method-assign]
+    assert await backend(client).dispose(KEY, kind="python") is None
+    assert client.disposed == []
+    assert client.objects["sbx-python"]["metadata"]["uid"] == "uid-replacement"
 
 
 async def test_scope_purge_counts_only_what_is_gone() -> None:
