@@ -217,6 +217,11 @@ def test_failed_disposal_reports_disposal_failed_and_refuses_the_same_key(kit, s
         kit.sandbox("second", agent_dir="agents/same")
         kit.wait_condition("second", "Admitted", reasons=("KeyUnclean",), status="False")
         assert kit.pod("second") is None
+        # Same key, another kind: another sandbox (maf-sandbox's identity is (key, kind)), which
+        # the earlier one's failed disposal does not hold back.
+        kit.sandbox("other-kind", agent_dir="agents/same", kind="python")
+        kit.wait_condition("other-kind", "Admitted", status="True")
+        kit.wait_pod("other-kind")
     finally:
         kit.core.patch_namespaced_pod(
             naming.pod_name("first"), kit.ns, {"metadata": {"finalizers": None}}

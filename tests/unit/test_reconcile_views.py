@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.reconcile.views import Views, slim_pod
+from sandbox_operator.reconcile.views import Views, slim_plain, slim_pod
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
 
@@ -97,6 +97,22 @@ def test_children_are_found_by_the_sandbox_label() -> None:
     assert views.children("ns", "a")
     views.pods.remove("ns", "sbx-a", "p")
     assert views.children("ns", "a") == []
+
+
+def test_a_childs_view_keeps_the_labels_of_its_identity() -> None:
+    """KeyUnclean reads a child's key and kind labels from the views: a sandbox's identity is
+    (key, kind), and a pod of another kind under the key must not hold a sandbox back."""
+    labels = {
+        lbl.KEY_LABEL: "k",
+        lbl.KIND_LABEL: "python",
+        lbl.SANDBOX_LABEL: "a",
+        lbl.BACKEND_LABEL: "runc",
+        "team": "x",
+    }
+    meta = {"name": "n", "namespace": "ns", "uid": "u", "resourceVersion": "1", "labels": labels}
+    for slim in (slim_pod, slim_plain):
+        kept = slim({"metadata": meta, "spec": {}, "status": {}})["metadata"]["labels"]
+        assert kept == {k: v for k, v in labels.items() if k != "team"}
 
 
 async def test_the_queue_runs_a_key_once_per_burst_and_again_if_added_meanwhile() -> None:

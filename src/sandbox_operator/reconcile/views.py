@@ -107,9 +107,11 @@ def _plain(value: Any) -> Any:
 
 
 #: The labels a child object (pod, NetworkPolicy, PersistentVolumeClaim) keeps in the views:
-#: what selection and the drivers read. A Sandbox keeps all of its labels (their values are
-#: compared with the key's).
-_CHILD_LABELS = frozenset((*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL))
+#: what selection and the drivers read (the kind: KeyUnclean tells a sandbox's identity, its key
+#: and kind, by it). A Sandbox keeps all of its labels (their values are compared with the key's).
+_CHILD_LABELS = frozenset(
+    (*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL, lbl.KIND_LABEL)
+)
 #: Kubernetes's PodReady condition type (the pod's, not the Sandbox's ``ConditionType.READY``).
 POD_READY = "Ready"
 #: The pod conditions classify_pod reads.
