@@ -4,9 +4,10 @@ The client never decides a conversation's scope or thread: it takes ``scope_ref`
 ``SandboxScope`` the *host* created in the namespace, and reads scope and thread from it. The
 model, which only ever talks to tools, cannot name another conversation's sandbox.
 
-``acquire`` is get-or-create: the Sandbox's name is derived from the key
-(:func:`sandbox_operator.naming.sandbox_name`) and the object is written with server-side apply,
-so two callers racing on one key converge on one object (and one pod). Then the client *watches*
+``acquire`` is get-or-create: the Sandbox's name is derived from the key and the spec's kind
+(:func:`sandbox_operator.naming.sandbox_name`; two kinds under one key are two sandboxes) and the
+object is written with server-side apply, so two callers racing on one key and kind converge on
+one object (and one pod). Then the client *watches*
 the Sandbox (it never polls) until ``Ready=True`` or a terminal reason, raising that reason's
 exception the moment the operator reports it; it also watches the SandboxScope, so a scope
 deleted while a caller waits raises promptly.
