@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.client import (
     SandboxClient,
@@ -87,6 +88,23 @@ async def test_different_spec_for_same_key_conflicts(
             )
     finally:
         await other.close()
+
+
+async def test_two_kinds_under_one_key_are_two_sandboxes(aclient: SandboxClient, kit: Kit) -> None:
+    """maf-sandbox's identity is (key, kind): another kind (with its own image) under the same key
+    is another Sandbox, never a spec conflict; the key label still selects both."""
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="kinds")
+    for kind, image in (("shell", "sandbox-operator.dev/busybox:1"), ("py", "example/py:1")):
+        with pytest.raises(SandboxNotReadyInTime):
+            await aclient.acquire(scope_ref, "agents/k", spec(kind=kind, image=image), timeout=1)
+    key = SandboxKey(scope="tenant-a", thread_id="kinds", agent_dir="agents/k")
+    by_name = {s["metadata"]["name"]: s for s in kit.list()}
+    assert set(by_name) == {naming.sandbox_name(key, "shell"), naming.sandbox_name(key, "py")}
+    for kind in ("shell", "py"):
+        obj = by_name[naming.sandbox_name(key, kind)]
+        assert obj["spec"]["kind"] == kind
+        assert obj["metadata"]["labels"][lbl.KIND_LABEL] == kind
+        assert obj["metadata"]["labels"][lbl.KEY_LABEL] == lbl.key_value(key)
 
 
 async def test_scope_deleted_while_waiting(aclient: SandboxClient) -> None:
