@@ -140,10 +140,12 @@ class OperatorBackend:
         default_image: str | None = None,
         acquire_timeout: float | None = None,
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
+        published_namespace: str | None = None,
     ) -> Self:
-        """Read what the operator publishes in ``client.namespace`` and stand for ``backend``
-        (see :func:`~._published.select_backend`)."""
-        published = await read_published(client)
+        """Read what the operator publishes in ``client.namespace`` (or, for an operator serving
+        all namespaces, in its own: ``published_namespace``) and stand for ``backend`` (see
+        :func:`~._published.select_backend`)."""
+        published = await read_published(client, namespace=published_namespace)
         return cls(
             client,
             published,

@@ -59,16 +59,19 @@ class BackendNotSelected(LookupError):
         )
 
 
-async def read_published(client: SandboxClient) -> PublishedBackends:
-    """The document the operator published in the client's namespace."""
+async def read_published(
+    client: SandboxClient, *, namespace: str | None = None
+) -> PublishedBackends:
+    """The document the operator published in ``namespace`` (default: the client's). An
+    operator serving named namespaces publishes in each of them; one serving all namespaces
+    publishes in its own namespace only (the chart's release namespace), so name that one."""
+    where = namespace or client.namespace
     core = k8s.CoreV1Api(client.api)
     try:
-        cm = await core.read_namespaced_config_map(PUBLISHED_CONFIGMAP, client.namespace)
+        cm = await core.read_namespaced_config_map(PUBLISHED_CONFIGMAP, where)
     except ApiException as exc:
-        raise PublishedBackendsMissing(
-            "configmap", client.namespace, detail=f"HTTP {exc.status}"
-        ) from None
-    return parse_published(cm.data, client.namespace)
+        raise PublishedBackendsMissing("configmap", where, detail=f"HTTP {exc.status}") from None
+    return parse_published(cm.data, where)
 
 
 def parse_published(data: Mapping[str, str] | None, namespace: str) -> PublishedBackends:
