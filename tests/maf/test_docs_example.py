@@ -65,7 +65,9 @@ def agents_namespace(
             raise
     _gone(core_v1, NAMESPACE, 120)
     core_v1.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE, labels={TEST_LABEL: "true"}))
+        client.V1Namespace(
+            metadata=client.V1ObjectMeta(name=NAMESPACE, labels={TEST_LABEL: "true"})
+        )
     )
     config_path = tmp_path / "operator-config.yaml"
     config_path.write_text(yaml.safe_dump(local_config()))
