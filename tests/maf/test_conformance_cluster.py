@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import socket
+import warnings
 from collections.abc import Awaitable, Callable
 
 import maf_sandbox as maf
@@ -48,11 +49,16 @@ def spec_for(
     return maf.SandboxSpec(kind=kind, requires=requires, **fields)  # type: ignore[arg-type]
 
 
+class ProbeSkipped(UserWarning):
+    """A maf probe that did not run on this backend, with maf's reason (pytest's warnings
+    summary shows it, so a skip is never silent)."""
+
+
 def report(suite: str, results: tuple[conformance.ProbeResult, ...]) -> list[str]:
-    """Print each skipped probe with maf's reason; the failures as lines."""
+    """Warn of each skipped probe with maf's reason; the failures as lines."""
     for r in results:
         if r.skipped is not None:
-            print(f"{suite}: probe {r.probe.name} skipped: {r.skipped}")
+            warnings.warn(f"{suite}: probe {r.probe.name} skipped: {r.skipped}", ProbeSkipped, 2)
     return [f"{suite}/{r.probe.name}: {r.failure}" for r in results if r.failure is not None]
 
 
