@@ -267,3 +267,35 @@ async def test_a_purged_scope_is_converged_again(spec: maf.SandboxSpec) -> None:
     client.acquire = once_missing  # type: ignore[method-assign]
     assert (await b.acquire(KEY, spec)).name == "sbx-agent-python"
     assert len(calls) == 2
+
+
+async def test_the_routers_record_names_the_served_backend_rung_and_egress(
+    spec: maf.SandboxSpec,
+) -> None:
+    """What maf's router records for an acquire through this backend (its SandboxAcquired event
+    and the EffectiveState built from it) names the operator backend, its rung and the egress
+    modes the operator publishes for it."""
+    events: list[maf.SandboxAcquired] = []
+
+    class Recorder(maf.SandboxObserver):
+        def sandbox_acquired(self, event: maf.SandboxAcquired) -> None:
+            events.append(event)
+
+    client = StandIn()
+    client.serve = ("gvisor", "cold")
+    modes = ["closed", "allowlist"]
+    gvisor = {**GVISOR, "declarations": {**GVISOR["declarations"], "egressModes": modes}}
+    router = maf.SandboxRouter(
+        [backend(client, doc=published(RUNC, gvisor, selection="perSpec"), backend="gvisor")],
+        min_isolation=maf.Isolation.HARDENED_CONTAINER,
+        observer=Recorder(),
+    )
+    await router.acquire(KEY, spec)
+    (event,) = [e for e in events if e.refusal is None]
+    assert event.backend == "sandbox-operator/gvisor"
+    assert event.isolation is maf.Isolation.HARDENED_CONTAINER
+    assert event.declarations is not None
+    assert event.declarations.egress_modes == {maf.Egress(m) for m in modes}
+    state = maf.EffectiveState.of(event).as_dict()
+    assert state["backend"] == "sandbox-operator/gvisor"
+    assert state["isolation"] == "hardened_container"
