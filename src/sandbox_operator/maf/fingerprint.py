@@ -17,11 +17,21 @@ The first fingerprint is the baseline: the writable layer may already hold the m
 runtime created (``/etc/hostname`` and friends) before any call, so "changed" means changed since
 the first fingerprint, which ``assert_nothing_left_behind`` takes before the call it measures.
 
-gVisor cannot be observed this way: runsc keeps the container's root filesystem overlay in the
-sentry (its default ``--overlay2=root:self``: one opaque filestore file on the host) and runs the
-container's processes as the sentry's tasks, so the host has no per-path diff. The subject then
-answers ``None`` (maf's "unsupported") and says why in :attr:`unsupported_reason`, rather than
-report an incomplete view as a clean one.
+On gVisor the host kernel does not see the container's processes or its root filesystem (the
+sentry runs them), so the subject reads what the node still offers, again without a guest
+utility:
+
+- running programs: ``runsc --root <containerd's runsc state> ps <container>`` through the
+  cluster's runsc wrapper (the shim's binary), the sentry's own task list (pid, start, command);
+- changed paths: every writable bind mount of the container's OCI spec (the pod's volumes, the
+  work dir's among them, ``/etc/hosts``, ``/dev/shm``...) read at its host source, which gVisor's
+  gofer writes through to.
+
+Not measured on gVisor (stated in :attr:`NodeFingerprintSubject.not_measured`): the root
+filesystem's overlay (runsc's default ``--overlay2=root:self`` keeps its upper layer in one
+opaque filestore file; this operator's pods run with a read-only root unless a backend's
+``read_only_root_filesystem`` is turned off, so no call can change it)
+and the sentry's own tmpfs mounts (``/dev``), which have no host source.
 """
 
 from __future__ import annotations
@@ -42,10 +52,10 @@ PSEUDO_FILESYSTEMS = frozenset(
     {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "securityfs", "debugfs"}
 )
 
-GVISOR_UNOBSERVABLE = (
-    "gVisor: runsc keeps the container's root filesystem overlay inside the sentry (a single "
-    "opaque filestore file on the node) and its processes are sentry tasks, so the node offers "
-    "no per-path diff of the sandbox; only a guest utility could list them"
+GVISOR_NOT_MEASURED = (
+    "gVisor: the root filesystem's overlay (kept inside the sentry's filestore; the pod's root is "
+    "read-only unless the backend turns that off) and the sentry's own tmpfs mounts (/dev), "
+    "which have no host source"
 )
 
 
@@ -115,6 +125,9 @@ class NodeFingerprintSubject:
         self.timeout = timeout
         #: Why this sandbox cannot be fingerprinted from the node (set when that is found).
         self.unsupported_reason: str | None = None
+        #: What of the sandbox the node's view leaves out (set on gVisor), for the report.
+        self.not_measured: str | None = None
+        self._gvisor = False
         self._task: Task | None = None
         self._baseline: dict[str, tuple[int, ...]] | None = None
 
@@ -175,13 +188,23 @@ class NodeFingerprintSubject:
         task = await self._locate()
         if self._task is not None and task.container_id != self._task.container_id:
             raise FingerprintError("the sandbox's container was replaced between fingerprints")
-        if "runsc" in task.runtime_binary:
-            self.unsupported_reason = GVISOR_UNOBSERVABLE
-            if self._baseline is not None:
-                raise FingerprintError("the sandbox moved to gVisor between fingerprints")
-            return None
+        if self._task is not None and ("runsc" in task.runtime_binary) != self._gvisor:
+            raise FingerprintError("the sandbox's runtime changed between fingerprints")
+        self._gvisor = "runsc" in task.runtime_binary
+        if self._gvisor:
+            self.not_measured = GVISOR_NOT_MEASURED
+            mounts = await self._writable_binds(task)
+            entries = await asyncio.to_thread(self._read_binds, mounts)
+            programs = await self._runsc_programs(task)
+            self._task = task
+            return self._compare(entries, programs)
         self._task = task
         entries, programs = await asyncio.to_thread(self._read, task.pid)
+        return self._compare(entries, programs)
+
+    def _compare(
+        self, entries: dict[str, tuple[int, ...]], programs: set[str]
+    ) -> SandboxFingerprint:
         if self._baseline is None:
             self._baseline = entries
         changed = {
@@ -193,6 +216,57 @@ class NodeFingerprintSubject:
             changed_paths=frozenset(p.split(":", 1)[1] for p in changed),
             running_programs=frozenset(programs),
         )
+
+    # -- gVisor: the OCI spec's writable binds and the sentry's task list
+
+    async def _writable_binds(self, task: Task) -> list[tuple[str, Path]]:
+        """``(destination, host source)`` of each writable bind mount of the container."""
+        info: dict[str, Any] = json.loads(await self._ctr("containers", "info", task.container_id))
+        binds: list[tuple[str, Path]] = []
+        for mount in (info.get("Spec") or {}).get("mounts") or []:
+            options = mount.get("options") or []
+            if mount.get("type") != "bind" or "ro" in options:
+                continue
+            binds.append((str(mount["destination"]), Path(mount["source"])))
+        if not binds:
+            raise FingerprintError(f"container {task.container_id[:12]} has no writable mount")
+        return binds
+
+    def _read_binds(self, binds: list[tuple[str, Path]]) -> dict[str, tuple[int, ...]]:
+        entries: dict[str, tuple[int, ...]] = {}
+        for destination, source in binds:
+            self._walk(source, destination, "mount", entries, same_device=True)
+        return entries
+
+    async def _runsc_programs(self, task: Task) -> set[str]:
+        """The sentry's tasks of this container, as ``pid:start:command`` (``runsc ps``)."""
+        binary, root = task.runtime_binary, str(self.socket.parent / "runsc")
+        if not binary.startswith("/"):  # containerd's runc Options: 6 binary_name, 7 root
+            options = _protobuf_strings(binary.encode("latin-1"))
+            binary, root = options.get(6, ""), options.get(7, root)
+        if "runsc" not in binary:
+            raise FingerprintError("the container's runtime names no runsc binary")
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "--root",
+            f"{root}/k8s.io",  # the runtime's root holds one directory per containerd namespace
+            "ps",
+            task.container_id,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        if proc.returncode:
+            raise FingerprintError(f"runsc ps failed: {err.decode()[-500:]}")
+        lines = out.decode().splitlines()
+        if not lines or lines[0].split()[:2] != ["UID", "PID"]:
+            raise FingerprintError("runsc ps printed no process table")
+        programs: set[str] = set()
+        for line in lines[1:]:
+            fields = line.split(None, 8)
+            if len(fields) == 9:  # UID PID PPID PGID C TTY STIME TIME CMD
+                programs.add(f"{fields[1]}:{fields[6]}:{fields[8]}")
+        return programs
 
     # -- the host's view (blocking; run in a thread)
 
@@ -261,7 +335,42 @@ def _runtime_binary(options: dict[str, Any]) -> str:
         raw = base64.b64decode(str(options.get("value", "")))
     except ValueError:
         return ""
-    return raw.decode("utf-8", "replace")
+    return raw.decode("latin-1")
+
+
+def _protobuf_strings(raw: bytes) -> dict[int, str]:
+    """The length-delimited fields of a flat protobuf message, by field number (containerd's
+    runc ``Options``: 6 = binary_name, 7 = root); other wire types are stepped over."""
+
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = raw[at]
+            value |= (byte & 0x7F) << shift
+            at += 1
+            if not byte & 0x80:
+                return value, at
+            shift += 7
+
+    fields: dict[int, str] = {}
+    at = 0
+    try:
+        while at < len(raw):
+            tag, at = varint(at)
+            wire = tag & 7
+            if wire == 0:
+                _, at = varint(at)
+            elif wire == 2:
+                size, at = varint(at)
+                fields[tag >> 3] = raw[at : at + size].decode("utf-8", "replace")
+                at += size
+            elif wire in (1, 5):
+                at += 8 if wire == 1 else 4
+            else:
+                break
+    except IndexError:
+        pass
+    return fields
 
 
 @dataclass(frozen=True)
