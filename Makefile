@@ -78,9 +78,10 @@ endef
 # The whole suite: static checks, then three runs: unit tests (4 workers), the integration and
 # e2e tests against a real cluster (the fixtures bring the local one up unless KUBECONFIG
 # points at one), and the maf tier on Python 3.12. All three run even if one fails; the
-# target fails if any did, after printing each run's slowest tests.
+# target fails if any did, after printing each run's slowest tests and, last, one closing line
+# summing the three runs' (hack/pytest_total.py: CI reads the verdict from the last one).
 test: $(STAMP) $(MAF_STAMP) lint typecheck
-	@rc=0; \
+	@rc=0; rm -f build/test-unit.log build/test-cluster.log build/test-maf.log; \
 	$(MAKE) --no-print-directory test-unit || rc=1; \
 	$(MAKE) --no-print-directory test-cluster || rc=1; \
 	$(MAKE) --no-print-directory test-maf || rc=1; \
@@ -88,6 +89,8 @@ test: $(STAMP) $(MAF_STAMP) lint typecheck
 	  echo "== slowest tests of the $$run run (build/durations-$$run.txt)"; \
 	  cat build/durations-$$run.txt 2>/dev/null; \
 	done; \
+	$(PY) hack/pytest_total.py build/test-unit.log build/test-cluster.log build/test-maf.log \
+	  || rc=1; \
 	exit $$rc
 
 test-unit: $(STAMP)
