@@ -2,9 +2,9 @@
 real local cluster, once on runc and once on gVisor (conftest: one operator per runtime), through
 ``maf_sandbox.SandboxRouter`` over :class:`~sandbox_operator.maf.OperatorBackend`.
 
-Every suite the backend's declarations call for runs; a probe maf skips says why in the output
-(``-rs``, and printed). The guest-facing suites share one sandbox, the EXEC suite last (it may
-leave the sandbox busy); the suites that need fresh instances acquire their own.
+Every suite the backend's declarations call for runs; a probe maf skips says why in pytest's
+warnings summary (``ProbeSkipped``). The guest-facing suites share one sandbox, the EXEC suite
+last (it may leave the sandbox busy); the suites that need fresh instances acquire their own.
 """
 
 from __future__ import annotations
