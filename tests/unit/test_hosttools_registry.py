@@ -32,6 +32,7 @@ from sandbox_operator.client.hosttools import (
     UserIdentityUnavailable,
     host_tool,
 )
+from sandbox_operator.client.hosttools.registry import request_depth
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver
 from sandbox_operator.contract import SandboxKey, TransferLimits
 
@@ -222,6 +223,77 @@ async def test_malformed_requests_refused() -> None:
         assert body["error"]["type"] == HostToolRequestInvalid.__name__
     body = answer((await run.handle_request(9, b'{"tool": "lookup", "arguments": 3}')).payload)
     assert body["error"]["type"] == HostToolArgumentsInvalid.__name__
+
+
+async def test_a_deeply_nested_request_is_a_typed_refusal_with_a_record() -> None:
+    """A request nested deeper than the parser can recurse (200 KB of brackets) is refused as
+    invalid and recorded, never a RecursionError out of the door; brackets inside strings are
+    data and do not count."""
+    registry = HostToolRegistry()
+    registry.register(lookup)
+    big = TransferLimits(max_bytes_per_file=512 * 1024, max_total_bytes=1024 * 1024, max_files=4)
+    run = registry.start_run(limits_in=big, limits_out=big, key=KEY)
+    nested = b'{"tool": "lookup", "arguments": {"order": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    body = answer((await run.handle_request(1, nested)).payload)
+    assert body["error"]["type"] == HostToolRequestInvalid.__name__
+    assert "deeper than 32" in body["error"]["message"]
+    record = run.records[0]
+    assert (record.sequence, record.executed, record.refusal) == (
+        1,
+        False,
+        "HostToolRequestInvalid",
+    )
+    # Brackets in a string are not nesting: the call is served (a top-level key beside
+    # ``tool`` and ``arguments`` is ignored).
+    text = json.dumps({"tool": "lookup", "arguments": {"order": 1, "detail": False}})
+    padded = text[:-1] + ', "pad": "' + "[{" * 1000 + '"}'
+    body = answer((await run.handle_request(2, padded.encode())).payload)
+    assert body["ok"] is True
+    assert [r.sequence for r in run.records] == [1, 2]
+
+
+def test_request_depth_reads_brackets_outside_strings() -> None:
+    assert request_depth(b"{}") == 1
+    assert request_depth(b'{"a": [[1], {"b": [2]}]}') == 4
+    assert request_depth(b'{"a": "' + b"[" * 100 + b'"}') == 1
+    # A string holding an escaped quote ends where JSON says; the brackets after it are real.
+    assert request_depth(b'{"a": "\\"", "b": ' + b"[" * 40) == 33  # counted up to the bound
+    assert request_depth(b"[" * 32 + b"]" * 32 + b"[" * 20) == 32
+
+
+async def test_the_request_cap_is_the_registrys_when_smaller_than_the_spec() -> None:
+    """The door parses at most the registry's ``max_request_bytes`` (1 MiB by default), whatever
+    ``filesOut`` allows; the refusal is answered and recorded."""
+    big = TransferLimits(
+        max_bytes_per_file=64 * 1024 * 1024, max_total_bytes=128 * 1024 * 1024, max_files=4
+    )
+    default = HostToolRegistry().start_run(limits_in=big, limits_out=big, key=KEY)
+    assert default.max_request_bytes == 1024 * 1024
+    registry = HostToolRegistry(max_request_bytes=100)
+    registry.register(lookup)
+    run = registry.start_run(limits_in=big, limits_out=big, key=KEY)
+    assert run.max_request_bytes == 100
+    body = answer(
+        (await run.handle_request(1, request("lookup", order=1, detail=True) * 4)).payload
+    )
+    assert body["error"]["type"] == HostToolRequestTooLarge.__name__
+    assert run.records[0].refusal == "HostToolRequestTooLarge"
+    with pytest.raises(ValueError, match="max_request_bytes"):
+        HostToolRegistry(max_request_bytes=0)
+
+
+async def test_malformed_requests_count_toward_the_cap() -> None:
+    """docs/host-tools.md: every request counts, the malformed ones included."""
+    registry = HostToolRegistry(max_calls_per_run=2)
+    registry.register(lookup)
+    run = run_of(registry)
+    for seq in (1, 2):
+        body = answer((await run.handle_request(seq, b"not json")).payload)
+        assert body["error"]["type"] == HostToolRequestInvalid.__name__
+    body = answer((await run.handle_request(3, request("lookup", order=1))).payload)
+    assert body["error"]["type"] == HostToolCallCapExceeded.__name__
+    assert run.calls_made == 2
+    assert [r.executed for r in run.records] == [False, False, False]
 
 
 async def test_cap_counts_refusals() -> None:

@@ -71,6 +71,15 @@ log = logging.getLogger(__name__)
 
 #: Calls one run may make, refusals included, unless the registry says otherwise.
 DEFAULT_MAX_HOST_TOOL_CALLS_PER_RUN = 32
+#: The largest request the door parses, unless the registry says otherwise; a run's cap is the
+#: smaller of this and the spec's ``filesOut.maxBytesPerFile``. JSON costs the host many times
+#: its size in objects (an 8 MiB request took ~200 MB), so the door bounds what it parses
+#: rather than what the sandbox may export.
+DEFAULT_MAX_HOST_TOOL_REQUEST_BYTES = 1024 * 1024
+#: The deepest nesting of arrays and objects a request may have; checked on the bytes before
+#: parsing, because the parser recurses once per level and a deep enough request raises
+#: ``RecursionError`` in the host instead of a refusal.
+MAX_HOST_TOOL_REQUEST_DEPTH = 32
 
 #: The parameter a user-identity tool receives the minted authority in; never guest-supplied.
 USER_IDENTITY_PARAMETER = "user_identity"
@@ -229,10 +238,14 @@ class HostToolRegistry:
         allowed_identities: frozenset[Identity] = frozenset({Identity.APP}),
         mint_user_identity: Callable[[], Awaitable[object]] | None = None,
         max_calls_per_run: int = DEFAULT_MAX_HOST_TOOL_CALLS_PER_RUN,
+        max_request_bytes: int = DEFAULT_MAX_HOST_TOOL_REQUEST_BYTES,
         observer: SandboxObserver | None = None,
     ) -> None:
         if max_calls_per_run < 0:
             raise ValueError("max_calls_per_run must be >= 0")
+        if max_request_bytes < 1:
+            raise ValueError("max_request_bytes must be >= 1")
+        self.max_request_bytes = max_request_bytes
         self.allowed_identities = frozenset(Identity(i) for i in allowed_identities)
         self.mint_user_identity = mint_user_identity
         self.max_calls_per_run = max_calls_per_run
@@ -341,13 +354,16 @@ class HostToolRun:
     _answers: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     _next_direct: int = field(default=0, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
-    #: The cap on one request (it leaves the sandbox: ``limits_out``), in bytes.
+    #: The cap on one request (it leaves the sandbox: ``limits_out``; never above the registry's
+    #: ``max_request_bytes``), in bytes.
     max_request_bytes: int = field(init=False)
     #: The cap on one answer (it enters the sandbox: ``limits_in``), in bytes.
     max_response_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.max_request_bytes = self.limits_out.max_bytes_per_file
+        self.max_request_bytes = min(
+            self.limits_out.max_bytes_per_file, self.registry.max_request_bytes
+        )
         self.max_response_bytes = self.limits_in.max_bytes_per_file
 
     @property
@@ -368,8 +384,10 @@ class HostToolRun:
                 return HostToolAnswer(sequence, self._answers[sequence])
             tool = "?"
             try:
+                # Every request counts, the malformed and the oversized included: a program
+                # that cannot form a call still spends the run's budget by trying.
+                self._count(tool)
                 if len(raw) > self.max_request_bytes:
-                    self._count(tool)
                     raise HostToolRequestTooLarge(tool, self.max_request_bytes, len(raw))
                 tool, arguments = _parse_request(raw)
                 payload = await self._serve(sequence, tool, arguments)
@@ -387,6 +405,7 @@ class HostToolRun:
             self._next_direct -= 1
             sequence = self._next_direct
             try:
+                self._count(tool)
                 payload = await self._serve(sequence, tool, dict(arguments))
             except HostToolCallRefused as refusal:
                 if sequence not in self._records:
@@ -397,7 +416,7 @@ class HostToolRun:
         return json.loads(payload)["result"]
 
     async def _serve(self, sequence: int, tool: str, arguments: dict[str, Any]) -> bytes:
-        self._count(tool)
+        """Validate and run one counted call (the caller counted it)."""
         registered = self.registry.get(tool)
         if registered is None:
             raise HostToolNotRegistered(tool)
@@ -526,10 +545,39 @@ class HostToolRun:
         notify(self.registry.observer, "host_tool_called", build)
 
 
+#: A JSON string (its escapes included): what the depth check skips, since brackets inside
+#: strings are data. Linear: no nested quantifier can backtrack.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_OPENERS = {ord("["), ord("{")}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def request_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in ``raw``, read without parsing it.
+
+    Brackets inside strings are skipped; for text that is not JSON the figure only bounds what a
+    parser would recurse into, which is what it is for. Past :data:`MAX_HOST_TOOL_REQUEST_DEPTH`
+    it stops counting and returns the first depth above it."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, delete=_NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        depth = depth + 1 if byte in _OPENERS else max(depth - 1, 0)
+        if depth > MAX_HOST_TOOL_REQUEST_DEPTH:
+            return depth  # past the bound: how far past does not matter, and stops the scan
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _parse_request(raw: bytes) -> tuple[str, dict[str, Any]]:
+    """The request's tool and arguments; every malformed request is a typed refusal (the depth
+    is bounded before parsing, and a parser failure of any kind is still a refusal)."""
+    if request_depth(raw) > MAX_HOST_TOOL_REQUEST_DEPTH:
+        raise HostToolRequestInvalid(
+            "?", f"the request nests deeper than {MAX_HOST_TOOL_REQUEST_DEPTH} levels"
+        )
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise HostToolRequestInvalid("?", "the request is not JSON") from None
     if not isinstance(body, dict):
         raise HostToolRequestInvalid("?", "the request is not a JSON object")
