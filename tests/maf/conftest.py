@@ -102,14 +102,7 @@ def served(
     finally:
         # Finalizers need the operator: delete while it runs, then stop it.
         try:
-            for plural in ("sandboxes", "sandboxscopes"):
-                for obj in kit.list(plural):
-                    kit.delete(obj["metadata"]["name"], plural)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and (
-                kit.list("sandboxes") or kit.list("sandboxscopes")
-            ):
-                time.sleep(0.5)
+            kit.delete_all_while_served()
         finally:
             operator.stop()
             try:

@@ -78,14 +78,7 @@ def agents_namespace(
         yield operator
     finally:
         try:
-            for plural in ("sandboxes", "sandboxscopes"):
-                for obj in kit.list(plural):
-                    kit.delete(obj["metadata"]["name"], plural)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and (
-                kit.list("sandboxes") or kit.list("sandboxscopes")
-            ):
-                time.sleep(0.5)
+            kit.delete_all_while_served()
         finally:
             operator.stop()
             core_v1.delete_namespace(NAMESPACE, propagation_policy="Background")
