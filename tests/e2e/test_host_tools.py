@@ -143,6 +143,43 @@ print("before", host.add(a=1, b=1), flush=True)
 time.sleep(300)
 """
 
+# Leaves a process outside the program's session and group that waits for the next run's
+# channel and writes a request into it.
+LEAVES_AN_INJECTOR = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open("injector.pid", "w").write(str(os.getpid()))
+        mine = os.path.realpath("..")
+        runs = os.path.dirname(mine)
+        for _ in range(600):
+            for name in os.listdir(runs):
+                calls = os.path.join(runs, name, "transport", "calls")
+                if os.path.join(runs, name) != mine and os.path.isdir(calls):
+                    with open(os.path.join(calls, "1.req"), "w") as fh:
+                        fh.write('{"tool": "bump", "arguments": {}}')
+            time.sleep(0.05)
+    os._exit(0)
+for _ in range(100):
+    if os.path.exists("injector.pid"):
+        break
+    time.sleep(0.02)
+print("left one")
+"""
+
+QUIET = """
+import time
+time.sleep(3)
+print("quiet")
+"""
+
+PLANTS_A_FIFO = """
+import os, time
+os.mkfifo("../transport/calls/1.req")
+time.sleep(300)
+"""
+
 COMMIT_THEN_CUT = """
 import sandbox_host_tools as host
 print(host.commit(), flush=True)
@@ -247,6 +284,34 @@ async def test_host_tools_over_exec(
     assert state in ("gone", "Z"), state  # a zombie: pid 1 of the sandbox reaps nobody
     assert await reclaim_run(sb, layout)
 
+    # 3b. A process the program left (double fork, setsid) is ended when the run ends, and the
+    # next run's channel sees no call its program did not make (#28 item 2).
+    counter = Counter()
+    first = await run_with_host_tools(
+        sb, LEAVES_AN_INJECTOR, counting(counter).start_run(**limits(sb)), timeout=120
+    )
+    assert first.ok and first.stdout == b"left one\n", first.stderr_text
+    assert first.leftovers_ended >= 1
+    injector = int(await sb.read_text(f"{first.layout.work}/injector.pid"))
+    assert await process_state(sb, injector) in ("gone", "Z")
+    second = await run_with_host_tools(
+        sb, QUIET, counting(counter).start_run(**limits(sb)), timeout=120
+    )
+    assert second.stdout == b"quiet\n" and second.records == () and counter.value == 0
+    for done in (first, second):
+        assert await reclaim_run(sb, done.layout)
+
+    # 3c. A FIFO at the next request's name is never opened: the request is refused and the
+    # run ends at its deadline as a run timeout, not an exec timeout (#28 item 4).
+    started = time.monotonic()
+    with pytest.raises(HostToolRunTimeout) as fifo:
+        await run_with_host_tools(
+            sb, PLANTS_A_FIFO, registry_for_overrun().start_run(**limits(sb)), timeout=8
+        )
+    assert time.monotonic() - started < 8 + 10
+    assert [r.refusal for r in fifo.value.records] == ["HostToolRequestInvalid"]
+    assert fifo.value.signal is SignalOutcome.GROUP and fifo.value.leftovers_ended == 0
+
     # 4. The forum case: the effect commits, then the answer path is cut (the pod is deleted).
     pod = naming.pod_name(sb.name)
     assert kit.pod(pod) is not None
@@ -274,6 +339,26 @@ async def test_host_tools_over_exec(
     await asyncio.sleep(5)
     assert counter["value"] == 1
     assert run.records == (record,)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+
+def counting(counter: Counter) -> HostToolRegistry:
+    @host_tool(source="host-counter", sink="host-counter", identity=Identity.APP)
+    def bump() -> int:
+        counter.value += 1
+        return counter.value
+
+    registry = HostToolRegistry()
+    registry.register(bump)
+    return registry
+
+
+def limits(sb: Sandbox) -> dict[str, TransferLimits]:
+    return {"limits_in": sb.spec.files_in, "limits_out": sb.spec.files_out}
 
 
 def registry_for_overrun() -> HostToolRegistry:

@@ -47,6 +47,7 @@ from sandbox_operator.client.hosttools.errors import (
     HostToolDeliveryUncertain,
     HostToolFileNameReserved,
     HostToolRunTimeout,
+    HostToolRunUnclean,
     SignalOutcome,
 )
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, StoreFileRead
@@ -297,6 +298,136 @@ async def test_timeout_message_when_the_signal_could_not_be_sent() -> None:
     assert "could not be signalled, so it may still be running" in str(err)
     alone = HostToolRunTimeout(timeout=1, stdout=b"", stderr=b"", signal=SignalOutcome.PROCESS)
     assert "reaches it alone" in str(alone)
+
+
+# -- what a run leaves, and guest files that never answer ---------------------------------------
+
+# Leaves a process that has left the program's session and group (a double fork and setsid),
+# which waits for the next run's channel and writes a request into it.
+LEAVES_AN_INJECTOR = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open("injector.pid", "w").write(str(os.getpid()))
+        mine = os.path.realpath("..")
+        runs = os.path.dirname(mine)
+        for _ in range(600):
+            for name in os.listdir(runs):
+                calls = os.path.join(runs, name, "transport", "calls")
+                if os.path.join(runs, name) != mine and os.path.isdir(calls):
+                    with open(os.path.join(calls, "1.req"), "w") as fh:
+                        fh.write('{"tool": "bump", "arguments": {}}')
+            time.sleep(0.05)
+    os._exit(0)
+for _ in range(100):
+    if os.path.exists("injector.pid"):
+        break
+    time.sleep(0.02)
+print("left one")
+"""
+
+QUIET = """
+import time
+time.sleep(2)
+print("quiet")
+"""
+
+
+async def test_a_process_the_program_left_is_ended_and_cannot_reach_the_next_run(
+    sandbox: Sandbox,
+) -> None:
+    """#28: a process left from run 1 wrote a request into run 2's channel. The launcher is a
+    child subreaper: whatever session or group a descendant moves to, it stays in the launcher's
+    tree and is ended when the program ends, before the run returns."""
+    counter = Counter()
+    registry = registry_with(counter)
+    first = await run_with_host_tools(sandbox, LEAVES_AN_INJECTOR, start(registry, sandbox))
+    assert first.ok and first.stdout == b"left one\n", first.stderr_text
+    assert first.leftovers_ended >= 1
+    injector = int(work_file(first.layout, "injector.pid"))
+    assert not _alive(injector)
+    second = await run_with_host_tools(sandbox, QUIET, start(registry, sandbox), timeout=20)
+    assert second.stdout == b"quiet\n"
+    assert second.records == () and counter.value == 0
+    assert second.leftovers_ended == 0
+
+
+async def test_an_exit_marker_the_program_wrote_is_not_the_end(sandbox: Sandbox) -> None:
+    """The run ends when the launcher has ended, not when a file says so."""
+    program = """
+import time
+open("../transport/exit", "w").write("0 0 forged\\n")
+time.sleep(1.5)
+print("really done")
+"""
+    result = await run_with_host_tools(sandbox, program, start(registry_with(), sandbox))
+    assert (result.exit_code, result.stdout) == (0, b"really done\n")
+
+
+async def test_a_program_that_kills_its_launcher_makes_the_run_unclean(
+    sandbox: Sandbox,
+) -> None:
+    """Without the launcher nothing vouches that the run's processes ended: the run says so
+    (dispose of the sandbox) instead of returning as if it finished."""
+    program = """
+import os, signal, subprocess, time
+sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+open("sleeper.pid", "w").write(str(sleeper.pid))
+open("../transport/exit", "w").write("0 0 forged\\n")
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+    layout = guest_run_layout(sandbox)
+    with pytest.raises(HostToolRunUnclean) as info:
+        await run_with_host_tools(
+            sandbox, program, start(registry_with(), sandbox), timeout=20, layout=layout
+        )
+    assert "without its own exit marker" in str(info.value)
+    assert "dispose" in str(info.value)
+    assert info.value.transport_removed is True
+    sleeper = int(work_file(layout, "sleeper.pid"))
+    assert _alive(sleeper)  # what the run could not vouch for is real
+    os.kill(sleeper, 9)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dev-zero"])
+async def test_a_guest_file_that_never_answers_is_not_waited_on(
+    sandbox: Sandbox, plant: str
+) -> None:
+    """#28: a FIFO or /dev/zero at the next request's name turned a 10 s run into 32 s ending in
+    ExecTimeout. Neither is read: the request is refused as invalid, and the run ends at its
+    deadline as a HostToolRunTimeout."""
+    make = (
+        'os.mkfifo("../transport/calls/1.req")'
+        if plant == "fifo"
+        else 'os.symlink("/dev/zero", "../transport/calls/1.req")'
+    )
+    program = f"""
+import os, time
+{make}
+time.sleep(300)
+"""
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(HostToolRunTimeout) as info:
+        await run_with_host_tools(sandbox, program, start(registry_with(), sandbox), timeout=3)
+    took = asyncio.get_running_loop().time() - started
+    assert took < 3 + 5, took
+    assert [r.refusal for r in info.value.records] == ["HostToolRequestInvalid"]
+    assert info.value.leftovers_ended == 0
+
+
+async def test_a_fifo_at_the_exit_marker_does_not_outlive_the_deadline(sandbox: Sandbox) -> None:
+    program = """
+import os, time
+os.mkfifo("../transport/exit")
+time.sleep(300)
+"""
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(HostToolRunTimeout) as info:
+        await run_with_host_tools(sandbox, program, start(registry_with(), sandbox), timeout=3)
+    assert asyncio.get_running_loop().time() - started < 3 + 5
+    assert info.value.signal is SignalOutcome.GROUP
+    assert info.value.leftovers_ended == 0
 
 
 # -- cleanup --------------------------------------------------------------------------------

@@ -32,19 +32,30 @@ exception whose class name is the refusal's type. The shim is not a control: eve
 registry's one door on the host (:meth:`HostToolRun.handle_request`), so a program that edits the
 shim or writes request files by hand is served exactly the same.
 
-**Detached, in its own session.** The program does not run inside the exec that starts it: a
-backend may tear an exec down with its stream, and then a timed-out program would keep running.
-One exec starts ``launcher.py`` with ``nohup`` and every descriptor redirected, so the exec
-returns at once; the launcher calls ``os.setsid()`` (the images need no ``setsid`` binary),
-records its pid (which is then its process group id), starts the program with output going to
-files, waits, and writes the exit marker. Where ``setsid`` fails, the pid file names the program
-alone and says so, and the timeout report says the signal reached it alone.
+**Detached, holding everything the program starts.** The program does not run inside the exec
+that starts it: a backend may tear an exec down with its stream, and then a timed-out program
+would keep running. One exec starts ``launcher.py`` with ``nohup``, hands it a one-time receipt
+on stdin and prints its pid and start time (read before the program can run: the host's own
+record of who to ask about). The launcher makes itself undumpable (the receipt stays out of reach
+of the sandbox's uid) and a child subreaper, runs the program in a process group of its own,
+waits, kills every process left in its tree (a descendant that called ``setsid`` or double-forked
+is still in it) and writes the exit marker ``<code> <ended> <receipt>``.
 
-**Overrun.** When the run's timeout passes, one exec sends SIGKILL to the recorded process group
-(or process) and returns what the output files hold; :class:`HostToolRunTimeout` carries that
-partial output and a :class:`SignalOutcome`. It says the program *was sent* SIGKILL, never that
-it died: the pid comes from a file the program could rewrite, and a descendant that left the
-group (``setpgid``) is not reached.
+**The end.** A run is finished when that launcher (pid and start time) no longer runs and its
+marker carries the receipt; a marker the program wrote is not an end, and a launcher gone
+without its marker, or one that could not empty its tree, is :class:`HostToolRunUnclean`: a
+process left in a sandbox can reach every later run's channel there.
+
+**Guest files that never answer.** The guest scripts read a file the guest controls only when it
+is a regular file and not a link; what is left of the race between that test and the read is
+closed here, since no poll exec outlives the run's deadline by more than ``_DEADLINE_GRACE``.
+
+**Overrun.** When the run's timeout passes, one exec sends SIGTERM to the launcher, which kills
+the program's group and then its tree, waits for that, and returns what the output files hold;
+:class:`HostToolRunTimeout` carries that partial output, a :class:`SignalOutcome` and
+``leftovers_ended``. Where the launcher is gone, the group the pid file names is sent SIGKILL
+instead; that pid comes from a file the program could rewrite, so the report then says the
+signal *was sent*, never that the program died.
 
 **Failure semantics.** A request is handed to the run's door once; the door executes the tool at
 most once per sequence, and this loop never asks it twice (``answered``). An answer is
@@ -88,17 +99,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from sandbox_operator.client.dataplane import ExecResult
-from sandbox_operator.client.errors import CapabilityNotRequired, TransferCapExceeded
+from sandbox_operator.client.errors import (
+    CapabilityNotRequired,
+    ExecTimeout,
+    TransferCapExceeded,
+)
 from sandbox_operator.client.hosttools.errors import (
     HostToolChannelError,
     HostToolDeliveryUncertain,
     HostToolRunTimeout,
+    HostToolRunUnclean,
     SignalOutcome,
 )
 from sandbox_operator.client.hosttools.guest import (
@@ -153,6 +170,11 @@ RUN_CAPABILITIES: Final = (*CHANNEL_CAPABILITIES, Capability.HOST_TOOLS)
 
 #: Slack on top of a poll's own budget before its exec is abandoned as hung.
 _EXEC_SLACK = 30.0
+#: How long past the run's deadline an exec may take before the run is ended as overrun: an
+#: exec that blocks (a guest file that never answers) cannot stretch the run beyond it.
+_DEADLINE_GRACE = 5.0
+#: The stop exec's bound: the launcher's sweep (up to 8 s) and the output read.
+_STOP_TIMEOUT = 20.0
 #: How long cleanup on a failure path may take before it is abandoned (it is best-effort).
 _CLEANUP_TIMEOUT = 20.0
 
@@ -160,13 +182,15 @@ _CLEANUP_TIMEOUT = 20.0
 @dataclass(frozen=True)
 class HostToolRunResult(ExecResult):
     """A program that ran to its end: its exit code and output (``ok``, ``*_text`` as for any
-    command), ``records`` (every host-tool call it made) and ``transport_removed`` (whether the
-    transport files were removed; ``work/`` never is: call :func:`reclaim_run` after
-    collecting)."""
+    command), ``records`` (every host-tool call it made), ``leftovers_ended`` (processes the
+    program left running that its launcher ended after it, wherever they had moved: none
+    survives a run that returns) and ``transport_removed`` (whether the transport files were
+    removed; ``work/`` never is: call :func:`reclaim_run` after collecting)."""
 
     records: tuple[HostToolCallRecord, ...]
     layout: GuestRunLayout
     transport_removed: bool
+    leftovers_ended: int = 0
 
 
 class _OversizedRequest(bytes):
@@ -192,6 +216,27 @@ class _Finished:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    leftovers_ended: int
+
+
+@dataclass(frozen=True)
+class _Marker:
+    """The launcher's exit marker, ``<code> <ended> <receipt>``: authentic only when it carries
+    the receipt this run gave the launcher (no guest process can read it), and complete only
+    when ``ended`` is not -1 (the launcher emptied its tree)."""
+
+    code: int
+    ended: int
+
+    @classmethod
+    def parse(cls, text: str, receipt: str) -> _Marker | None:
+        parts = text.split()
+        if len(parts) != 3 or not secrets.compare_digest(parts[2], receipt):
+            return None
+        try:
+            return cls(int(parts[0]), int(parts[1]))
+        except ValueError:
+            return None
 
 
 @dataclass
@@ -207,6 +252,12 @@ class _Channel:
     finished: bool = False
     signalled: bool = False
     output_cap: int = field(init=False)
+    #: Given to the launcher on the start exec's stdin and written into its exit marker: what
+    #: tells the launcher's marker from one the program wrote.
+    receipt: str = field(default_factory=lambda: secrets.token_hex(16), init=False, repr=False)
+    #: The launcher's pid and start time in clock ticks, read by the start exec before the
+    #: program could run: who the polls and the stop ask about ("" until started).
+    launcher: tuple[str, str] = ("", "")
 
     def __post_init__(self) -> None:
         self.output_cap = self.sandbox.spec.files_out.max_bytes_per_file
@@ -215,7 +266,10 @@ class _Channel:
         transport = self.layout.transport_path
         self.started = True  # from here on the program may be running: a failure stops it
         res = await self.sandbox.exec(
-            ["sh", "-c", START, "sbx-start", transport], cwd=transport, timeout=60.0
+            ["sh", "-c", START, "sbx-start", transport],
+            cwd=transport,
+            stdin=f"{self.receipt}\n".encode(),
+            timeout=60.0,
         )
         if res.exit_code == 127:
             raise HostToolChannelError("the sandbox has no python3 to run a host-tool program")
@@ -223,6 +277,12 @@ class _Channel:
             raise HostToolChannelError(
                 f"the host-tool launcher could not be started (exit {res.exit_code})"
             )
+        words = res.stdout.decode("ascii", errors="replace").split()
+        if len(words) != 3 or words[0] != "launched" or not all(w.isdigit() for w in words[1:]):
+            # No identity to check the end against; the launcher runs, and a failure stops it
+            # through the pid file (the ``finally`` of the run).
+            raise HostToolChannelError("the host-tool launcher's identity could not be read")
+        self.launcher = (words[1], words[2])
 
     async def serve(self, *, timeout: float, deadline: float) -> _Finished:  # noqa: ASYNC109
         """Poll and answer until the program exits or ``deadline`` (monotonic) passes.
@@ -236,7 +296,15 @@ class _Channel:
             if remaining <= 0 and pending is None:
                 raise await self._overrun(timeout)
             budget = min(self.long_poll, remaining) if remaining > 0 else 0.0
-            tick, out, err = await self._poll(sequence, budget, pending)
+            try:
+                tick, out, err = await self._poll(sequence, budget, pending, deadline)
+            except ExecTimeout:
+                # Only a poll with no answer to deliver raises this (one that had an answer is
+                # delivery_uncertain), and only past the deadline: a guest file that blocked
+                # the poll does not move the run's end.
+                if time.monotonic() < deadline:
+                    raise
+                raise await self._overrun(timeout) from None
             pending = None
             if tick.startswith("req"):
                 pending = await self._handle(sequence, self._request(tick, out))
@@ -263,7 +331,7 @@ class _Channel:
         return next(r for r in self.run.records if r.sequence == sequence)
 
     async def _poll(
-        self, sequence: int, budget: float, answer: HostToolAnswer | None
+        self, sequence: int, budget: float, answer: HostToolAnswer | None, deadline: float
     ) -> tuple[str, bytes, bytes]:
         """One exec (one round trip): write ``answer`` back, then wait up to ``budget`` seconds
         for request ``sequence`` (returned with its bytes) or the exit marker (returned with the
@@ -285,12 +353,18 @@ class _Channel:
             str(request_cap),
             str(answer.sequence if answer is not None else 0),
             str(len(payload)),
+            *self.launcher,
         ]
+        # Never past the run's deadline by more than the grace, whatever the guest's files do.
+        exec_timeout = min(
+            budget + _EXEC_SLACK,
+            max(deadline - time.monotonic(), budget) + _DEADLINE_GRACE,
+        )
         try:
             res = await self.sandbox.exec(
                 argv,
                 stdin=payload or None,
-                timeout=budget + _EXEC_SLACK,
+                timeout=exec_timeout,
                 max_output_bytes=2 * (self.output_cap + 1) + request_cap + 4096,
             )
             if not res.ok:
@@ -339,15 +413,23 @@ class _Channel:
                     actual=len(data),
                     path=self.layout.transport_file(TRANSPORT_FILES[key]),
                 )
-        code_text = tick[len("exit") :].strip()
-        try:
-            code = int(code_text)
-        except ValueError:
-            code = -1  # the marker was rewritten by the program: no exit code to trust
-        return _Finished(code, out, err)
+        marker = _Marker.parse(tick[len("exit") :], self.receipt)
+        if marker is None or marker.ended < 0:
+            reason = (
+                "the launcher was gone without its own exit marker"
+                if marker is None
+                else "the launcher could not end every process the program left"
+            )
+            raise HostToolRunUnclean(
+                reason=reason,
+                stdout=out[: self.output_cap],
+                stderr=err[: self.output_cap],
+                records=self.run.records,
+            )
+        return _Finished(marker.code, out, err, marker.ended)
 
     async def _overrun(self, timeout: float) -> HostToolRunTimeout:  # noqa: ASYNC109
-        outcome, out, err = await self.stop(self.output_cap + 1)
+        outcome, ended, out, err = await self.stop(self.output_cap + 1)
         truncated = len(out) > self.output_cap or len(err) > self.output_cap
         return HostToolRunTimeout(
             timeout=timeout,
@@ -356,10 +438,14 @@ class _Channel:
             signal=outcome,
             records=self.run.records,
             truncated=truncated,
+            leftovers_ended=ended,
         )
 
-    async def stop(self, output_bytes: int = 0) -> tuple[SignalOutcome, bytes, bytes]:
-        """Send SIGKILL to the program (one exec) and return what it could reach, with up to
+    async def stop(self, output_bytes: int = 0) -> tuple[SignalOutcome, int | None, bytes, bytes]:
+        """End the program (one exec): ask the launcher to kill its group and every process left
+        in its tree, or, when the launcher is gone, send SIGKILL to what the pid file names.
+        Returns what the signal reached, how many processes the launcher says it ended
+        (``None`` when it could not say so: see :class:`HostToolRunUnclean`) and up to
         ``output_bytes`` of each output file. Never raises: a signal that could not be sent is
         :attr:`SignalOutcome.NOT_SENT`."""
         self.signalled = True
@@ -372,8 +458,9 @@ class _Channel:
                     "sbx-stop",
                     self.layout.transport_path,
                     str(output_bytes),
+                    *self.launcher,
                 ],
-                timeout=60.0,
+                timeout=_STOP_TIMEOUT,
                 max_output_bytes=2 * output_bytes + 4096,
             )
         except Exception as exc:
@@ -382,13 +469,22 @@ class _Channel:
                 self.layout.run_id,
                 type(exc).__name__,
             )
-            return SignalOutcome.NOT_SENT, b"", b""
+            return SignalOutcome.NOT_SENT, None, b"", b""
         head, _, rest = res.stdout.partition(b"\n")
+        word, _, marker_text = head.decode("ascii", errors="replace").strip().partition(" ")
         try:
-            outcome = SignalOutcome(head.decode("ascii", errors="replace").strip())
+            outcome = SignalOutcome(word)
         except ValueError:
             outcome = SignalOutcome.NOT_SENT
-        return outcome, rest, res.stderr
+        marker = _Marker.parse(marker_text, self.receipt)
+        ended = marker.ended if marker is not None and marker.ended >= 0 else None
+        if ended is None:
+            log.warning(
+                "host-tool run %s: its launcher did not say it ended every process the program "
+                "started; some may still run in the sandbox",
+                self.layout.run_id,
+            )
+        return outcome, ended, rest, res.stderr
 
 
 def _require(sandbox: Sandbox) -> None:
@@ -468,7 +564,7 @@ async def run_with_host_tools(
         finished = await channel.serve(timeout=timeout, deadline=started + timeout)
     except BaseException as exc:
         removed = await _after_failure(channel)
-        if isinstance(exc, HostToolRunTimeout | HostToolDeliveryUncertain):
+        if isinstance(exc, HostToolRunTimeout | HostToolDeliveryUncertain | HostToolRunUnclean):
             exc.transport_removed = removed
         raise
     removed = await _remove_transport(sandbox, layout)
@@ -479,6 +575,7 @@ async def run_with_host_tools(
         records=run.records,
         layout=layout,
         transport_removed=removed,
+        leftovers_ended=finished.leftovers_ended,
     )
 
 

@@ -228,11 +228,23 @@ class HostToolRunTimeout(HostToolChannelError, TimeoutError):
     signal: SignalOutcome
     records: tuple[HostToolCallRecord, ...] = ()
     truncated: bool = False
+    #: How many processes the run's launcher ended after the program (its group and every
+    #: process left in its tree, wherever they moved); ``None`` when the launcher could not say
+    #: so (it was gone, or its marker was not its own): processes of the run may still run.
+    leftovers_ended: int | None = None
     transport_removed: bool | None = field(default=None, init=False)
 
     def _message(self) -> str:
-        if self.signal is SignalOutcome.GROUP:
-            tail = "and its process group was sent SIGKILL"
+        if self.signal is SignalOutcome.GROUP and self.leftovers_ended is not None:
+            tail = (
+                "and was ended with every process it started "
+                f"({self.leftovers_ended} ended in all; its process group was sent SIGKILL)"
+            )
+        elif self.signal is SignalOutcome.GROUP:
+            tail = (
+                "and its process group was sent SIGKILL; processes that left the group may "
+                "still be running"
+            )
         elif self.signal is SignalOutcome.PROCESS:
             tail = (
                 "and was sent SIGKILL, which reaches it alone: anything it spawned may still be "
@@ -269,4 +281,29 @@ class HostToolDeliveryUncertain(HostToolChannelError):
         return (
             f"host-tool call {record.sequence} ({record.tool!r}): {effect}, and the answer could "
             "not be written back to the sandbox (delivery_uncertain; it is not re-sent)"
+        )
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class HostToolRunUnclean(HostToolChannelError):
+    """A run whose end the host cannot vouch for: the launcher that holds every process the
+    program starts was gone before it said it had ended them (the program killed it, or wrote
+    the exit marker itself), or could not end them (no child subreaper in the guest, or
+    processes forking faster than it could kill them).
+
+    Processes of the run may still be running, and a process left in a sandbox can read and
+    write every later run's channel there: dispose of the sandbox rather than run again in it.
+    ``reason`` says which of the above; ``stdout``/``stderr`` what the output files held;
+    ``records`` every call record of the run."""
+
+    reason: str
+    stdout: bytes = b""
+    stderr: bytes = b""
+    records: tuple[HostToolCallRecord, ...] = ()
+    transport_removed: bool | None = field(default=None, init=False)
+
+    def _message(self) -> str:
+        return (
+            f"the host-tool run's end cannot be vouched for ({self.reason}): processes it "
+            "started may still run in the sandbox; dispose of it"
         )

@@ -386,10 +386,13 @@ class HostToolRun:
             try:
                 # Every request counts, the malformed and the oversized included: a program
                 # that cannot form a call still spends the run's budget by trying.
-                self._count(tool)
                 if len(raw) > self.max_request_bytes:
+                    self._count(tool)
                     raise HostToolRequestTooLarge(tool, self.max_request_bytes, len(raw))
-                tool, arguments = _parse_request(raw)
+                try:
+                    tool, arguments = _parse_request(raw)
+                finally:
+                    self._count(tool)  # by its name once it has one
                 payload = await self._serve(sequence, tool, arguments)
             except HostToolCallRefused as refusal:
                 payload = _refusal_payload(refusal)
