@@ -534,3 +534,69 @@ def test_a_claim_the_operator_did_not_record_is_found_and_reported(kit, start_op
     obj = kit.get("orphan")
     assert_one_pod_per_sandbox(kit, [obj])
     check_served_from([obj], "lost")
+
+
+def forge(kit: Kit, genuine: client.V1Pod, name: str) -> dict[str, Any]:
+    """A pod dressed as ``genuine``'s pool made it (its labels, annotations and owner reference,
+    the live pool's uid included) that runs runc with a service-account token: what anyone with
+    ``pods: create`` in the namespace can make."""
+    body: dict[str, Any] = kit.core.api_client.sanitize_for_serialization(genuine)
+    meta = body["metadata"]
+    forged_meta = {
+        "name": name,
+        "labels": meta["labels"],
+        "annotations": meta.get("annotations") or {},
+        "ownerReferences": meta["ownerReferences"],
+    }
+    spec = body["spec"]
+    spec["runtimeClassName"] = "runc"
+    spec["automountServiceAccountToken"] = True
+    for key in ("nodeName", "serviceAccount"):
+        spec.pop(key, None)
+    created: dict[str, Any] = kit.core.api_client.sanitize_for_serialization(
+        kit.core.create_namespaced_pod(
+            kit.ns, {"apiVersion": "v1", "kind": "Pod", "metadata": forged_meta, "spec": spec}
+        )
+    )
+    return created
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_a_forged_pool_pod_is_never_claimed(kit, start_operator, runtime):
+    """#28 item 1: a pod carrying a pool's labels and an owner reference to the live pool, made
+    by someone else (runc, a service-account token), is never claimed: the pool replaces it (it
+    is not confined as the backend makes the pool's pods) and every Sandbox runs on a pod
+    confined as its backend demands."""
+    start_operator(only(runtime))
+    kit.scope()
+    create_pool(kit, "warm", 1)
+    wait_pool_ready(kit, "warm", 1)
+    (genuine,) = idle_pods(kit, "warm")
+    forged = forge(kit, genuine, "sbx-wp-warm-forged")["metadata"]["name"]
+    # Ready (what the previous operator claimed), or already replaced by the pool.
+    _wait(
+        lambda: (p := read_pod(kit, forged)) is None or pod_ready(p),
+        120,
+        "the forged pod Ready or gone",
+    )
+    # Two idle pods wanted: a pool that counted the forged pod as its own would make no other,
+    # and the second claim below would take it.
+    kit.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, kit.ns, POOLS, "warm", {"spec": {"replicas": 2}}
+    )
+    names = ["a", "b"]
+    for name in names:
+        kit.sandbox(name)
+    sandboxes = [wait_ready(kit, name, timeout=180) for name in names]
+    for obj in sandboxes:
+        _origin, pod_name = served(obj)
+        assert pod_name != forged, obj["status"]
+        pod = read_pod(kit, pod_name)
+        assert pod is not None
+        assert pod.spec.runtime_class_name == runtime
+        assert pod.spec.automount_service_account_token is False
+        assert_owned_by(pod, obj)
+    # The pool replaced it: never claimed, never counted.
+    _wait(lambda: read_pod(kit, forged) is None, 60, "the forged pod replaced by the pool")
+    pool = wait_pool_ready(kit, "warm", 2, timeout=180)
+    assert pool["status"]["replicas"] == 2

@@ -18,6 +18,7 @@ from sandbox_operator.backends.base import (
     SandboxRef,
     ServedBy,
 )
+from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
 from sandbox_operator.backends.egress_proxy import PROXY_ADDRESS_ANNOTATION
 from sandbox_operator.backends.warmpool import (
     POOL_POD_PREFIX,
@@ -386,6 +387,13 @@ class FakePoolDriver:
     def pool_pod_current(self, pod: dict[str, Any]) -> bool:
         return pod["metadata"].get("annotations", {}).get(PROXY_ADDRESS_ANNOTATION) != "stale"
 
+    def pool_pod_serves(self, pod: dict[str, Any], spec: Any) -> bool:
+        """Current, and confined as the pods this file makes (no spec): the digest the views
+        keep. The driver's own check, against the pod it would make, is in
+        test_confinement.py."""
+        made = confinement_digest({})
+        return self.pool_pod_current(pod) and (pod.get("spec") or {}).get(CONFINEMENT) == made
+
 
 def claim_world(lose: int = 0) -> tuple[Runtime, FakePoolDriver, str]:
     rt = Runtime(config=CONFIG, kube=None, drivers={})  # type: ignore[arg-type]
@@ -394,6 +402,25 @@ def claim_world(lose: int = 0) -> tuple[Runtime, FakePoolDriver, str]:
     shape = pools.shape_of("gvisor", request().spec)
     rt.views.pools.upsert({**pool_obj(), "status": {"shape": shape}})
     return rt, driver, shape
+
+
+async def test_a_pod_the_live_pool_did_not_make_is_never_claimed() -> None:
+    """#28 item 1: a pod with the pool's labels and an owner reference of kind SandboxWarmPool
+    is claimed only when that reference is the live pool's uid and the backend finds it confined
+    as it makes the pool's pods."""
+    rt, driver, shape = claim_world()
+    stranger = pod(shape, pool_uid="some-other-uid")
+    forged = pod(shape)
+    forged["spec"] = {"runtimeClassName": "runc"}
+    for p in (stranger, forged):
+        rt.views.pods.upsert(p)
+    claim = await pools.claim_warm_pod(rt, request(), "gvisor")
+    assert claim.served_by is None and claim.exhausted == ("p",)
+    assert driver.warm.claims == []
+    genuine = pod(shape)
+    rt.views.pods.upsert(genuine)
+    claim = await pools.claim_warm_pod(rt, request(), "gvisor")
+    assert claim.served_by is not None and claim.served_by.name == genuine["metadata"]["name"]
 
 
 async def test_a_claim_takes_an_idle_ready_pod_of_the_shape_after_the_network_policy() -> None:
@@ -515,6 +542,9 @@ async def test_a_sandbox_pass_serves_from_the_pool_or_cold_and_says_which() -> N
             self.network_policies.append(req.sandbox.name)
 
         def pool_pod_current(self, pod: dict[str, Any]) -> bool:
+            return True
+
+        def pool_pod_serves(self, pod: dict[str, Any], spec: Any) -> bool:
             return True
 
         async def observe(self, sandbox: SandboxRef) -> Observation:

@@ -45,6 +45,7 @@ from sandbox_operator.backends.warmpool import (
     build_pool_pod,
     is_idle,
     is_ready,
+    pool_name_of,
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
@@ -287,8 +288,16 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     )
     pods = rt.views.pods.select(namespace, lbl.POOL_LABEL, lbl.sandbox_label_value(name))
     driver: Any = rt.drivers.get(judgement.backend or "")
-    current = getattr(driver, "pool_pod_current", None)
-    plan = plan_pool(pool, judgement, pods, current or (lambda _pod: True))
+    serves = getattr(driver, "pool_pod_serves", None)
+    template = judgement.spec
+
+    def current(pod: Mapping[str, Any]) -> bool:
+        """Current, and confined as the backend makes this pool's pods: a pod carrying the
+        pool's labels and owner that is not (made by someone else, or by another configuration)
+        is replaced, never counted and never claimed."""
+        return serves is None or template is None or bool(serves(pod, template))
+
+    plan = plan_pool(pool, judgement, pods, current)
     ref = PoolRef(namespace, name, str(meta.get("uid", "")))
     api = pool_pods_api(rt, judgement.backend) if judgement.backend else None
     any_api = api or next((a for b in rt.drivers if (a := pool_pods_api(rt, b)) is not None), None)
@@ -381,8 +390,18 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
     shape = shape_of(backend, request.spec)
     ns = request.sandbox.namespace
 
+    def made_by_live_pool(pod: dict[str, Any]) -> bool:
+        """Owned by the very pool (its uid) that the views hold under the pod's pool name."""
+        name = pool_name_of(pod)
+        pool = rt.views.pools.get(ns, name) if name else None
+        uid = str((pool or {}).get("metadata", {}).get("uid") or "")
+        return bool(uid) and is_idle(pod, pool_uid=uid)
+
     def reserve() -> dict[str, Any] | None:
-        """A fresh candidate, reserved (no await between looking and reserving)."""
+        """A fresh candidate, reserved (no await between looking and reserving). Labels and
+        owner references can be copied by anyone who may create pods: a candidate must also be
+        owned by the live pool's uid and confined exactly as this backend makes the pool's pods
+        (``pool_pod_serves``), or it is never claimed."""
         candidates = [
             p
             for p in rt.views.pods.select(ns, lbl.POOL_SHAPE_LABEL, shape)
@@ -390,7 +409,8 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
             and is_ready(p)
             and (ns, str(p["metadata"]["name"])) not in rt.claiming
             and _labels(p).get(lbl.BACKEND_LABEL) == backend
-            and driver.pool_pod_current(p)
+            and made_by_live_pool(p)
+            and driver.pool_pod_serves(p, request.spec)
         ]
         if not candidates:
             return None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
 from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus, ConditionType
 
 Obj = dict[str, Any]
@@ -232,6 +233,10 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
     out_spec: Obj = {}
     if spec.get("nodeName"):
         out_spec["nodeName"] = _s(spec["nodeName"])
+    # What confines it, as one digest: a pod is claimed or adopted only when this equals the
+    # digest of the pod the backend would make (labels and owners can be copied by anyone who
+    # may create pods).
+    out_spec[CONFINEMENT] = confinement_digest(spec)
     return {"metadata": _meta(obj, labels=_CHILD_LABELS), "spec": out_spec, "status": out_status}
 
 

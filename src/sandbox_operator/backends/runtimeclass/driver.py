@@ -29,6 +29,11 @@ from sandbox_operator.backends.base import (
     StartupError,
     TransientError,
 )
+from sandbox_operator.backends.confinement import (
+    CONFINEMENT,
+    confinement_difference,
+    confinement_digest,
+)
 from sandbox_operator.backends.egress_proxy import (
     PROXY_ADDRESS_ANNOTATION,
     ManagedEgressProxy,
@@ -49,6 +54,7 @@ from sandbox_operator.backends.runtimeclass.observe import (
 from sandbox_operator.backends.runtimeclass.pods import (
     POD,
     build_pod,
+    pod_manifest,
 )
 from sandbox_operator.backends.warmpool import WarmPoolPods, pod_origin
 from sandbox_operator.contract import (
@@ -176,6 +182,28 @@ class RuntimeClassDriver(RuntimeClassObjects):
         namespace = str((pod.get("metadata") or {}).get("namespace", ""))
         return self._proxy.seen_address(namespace) == given
 
+    def confines_as_made(
+        self, pod: Mapping[str, Any], spec: SandboxSpec, managed_proxy: ProxyAddress | None
+    ) -> bool:
+        """Whether ``pod`` (a slim pod from the views, or a full one) is confined exactly as the
+        pod this backend makes for ``spec``: its runtime class, service account and token, host
+        namespaces, security contexts, volumes and containers (see
+        :mod:`sandbox_operator.backends.confinement`). Labels and owners prove nothing: anyone
+        who may create pods can copy them."""
+        expected = confinement_digest(pod_manifest(spec, self._config, {}, managed_proxy)["spec"])
+        pod_spec = pod.get("spec") or {}
+        have = pod_spec.get(CONFINEMENT) or confinement_digest(pod_spec)
+        return bool(have == expected)
+
+    def pool_pod_serves(self, pod: Mapping[str, Any], spec: SandboxSpec) -> bool:
+        """Whether an idle pool pod may be claimed for ``spec``: current (see
+        :meth:`pool_pod_current`) and confined as this backend makes the pool's pods."""
+        if not self.pool_pod_current(pod):
+            return False
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        return self.confines_as_made(pod, spec, given)
+
     def warm_pool_pods(self) -> WarmPoolPods | None:
         """The warm pool calls on this backend (only with the operator's views: a pool is
         counted and claimed from them)."""
@@ -246,6 +274,19 @@ class RuntimeClassDriver(RuntimeClassObjects):
                 ConditionReason.KEY_UNCLEAN,
                 f"pod {name} exists but belongs to another Sandbox (a previous one with this "
                 "name that was not disposed yet)",
+            )
+        if not self.confines_as_made(existing, request.spec, address):
+            # An owner reference is only a claim: whoever made this pod, it is not the one this
+            # backend makes, so it is never adopted (and never reported as this sandbox).
+            field = None
+            with contextlib.suppress(ApiException):
+                full = await call_json(self._core.read_namespaced_pod, name, ns)
+                field = confinement_difference(full.get("spec") or {}, manifest["spec"])
+            raise StartupError(
+                ConditionReason.KEY_UNCLEAN,
+                f"pod {name} exists and names this Sandbox as its owner, but it is not the pod "
+                f"this backend makes (it differs in {field or 'what confines it'}); it is never "
+                "adopted: delete it",
             )
         return ServedBy("Pod", name, ns)
 
