@@ -139,8 +139,8 @@ WORK_DIR_RULES: Final[list[Schema]] = [
         f"!self.matches(r'{POSIX_SYSTEM_WORK_DIR_PATTERN}') && "
         f"!self.matches(r'{WINDOWS_SYSTEM_WORK_DIR_PATTERN}')",
         "workDir must not be a root or system directory (/, /proc, /sys, /dev, /etc, /boot, "
-        "/run, /var/run, a drive root, C:\\Windows, C:\\Program Files, ...); use a directory "
-        "of the workload's own, e.g. /workspace",
+        "/run, /var/run, /bin, /lib, /usr/bin, /usr, a drive root, C:\\Windows, "
+        "C:\\Program Files, ...); use a directory of the workload's own, e.g. /workspace",
     ),
 ]
 

@@ -625,6 +625,16 @@ def test_scope_key_parts_refuse_control_characters(kw: dict[str, str]) -> None:
         "/run",
         "/var/run",
         "/var/run/secrets",
+        "/bin",
+        "/sbin/x",
+        "/lib",
+        "/lib64",
+        "/usr/bin",
+        "/usr/lib/python3",
+        "/usr/local/bin",
+        "/usr",
+        "/usr/local",
+        "/var",
         "C:\\",
         "C:\\Windows",
         "c:/windows/System32",
@@ -661,7 +671,21 @@ def test_work_dir_must_be_normalised_and_plain(work_dir: str, needle: str) -> No
 
 
 @pytest.mark.parametrize(
-    "work_dir", ["/workspace", "/workspace/", "/procs", "/var/runner", "/etc2", "/tmp", "C:\\work"]
+    "work_dir",
+    [
+        "/workspace",
+        "/workspace/",
+        "/procs",
+        "/var/runner",
+        "/etc2",
+        "/tmp",
+        "C:\\work",
+        "/usr/src/app",
+        "/var/lib/app",
+        "/binaries",
+        "/library",
+        "/usr/local/app",
+    ],
 )
 def test_work_dir_neighbours_of_system_directories_are_fine(work_dir: str) -> None:
     assert spec(workDir=work_dir).work_dir == work_dir

@@ -377,9 +377,38 @@ EgressHost = Annotated[
     AfterValidator(_check_egress_host),
 ]
 
-#: Top directories of a posix guest a workDir may not be at or under: the kernel's and the
-#: runtime's (mounting a work volume there breaks the guest or hands it host state), and the root.
-POSIX_SYSTEM_DIRS: Final[tuple[str, ...]] = ("proc", "sys", "dev", "etc", "boot", "run", "var/run")
+#: Directories of a posix guest a workDir may not be at or under: the kernel's and the runtime's
+#: (mounting a work volume there breaks the guest or hands it host state), the programs' and the
+#: libraries' (a work volume mounted there hides the shell and the loader: the pod never starts),
+#: and the root.
+POSIX_SYSTEM_DIRS: Final[tuple[str, ...]] = (
+    "proc",
+    "sys",
+    "dev",
+    "etc",
+    "boot",
+    "run",
+    "var/run",
+    "bin",
+    "sbin",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "usr/bin",
+    "usr/sbin",
+    "usr/lib",
+    "usr/lib32",
+    "usr/lib64",
+    "usr/libx32",
+    "usr/libexec",
+    "usr/local/bin",
+    "usr/local/sbin",
+    "usr/local/lib",
+)
+#: Directories a workDir may not be exactly (what is under them is the workload's to use:
+#: ``/usr/src/app``), because a volume mounted there hides every system directory inside.
+POSIX_SYSTEM_PARENT_DIRS: Final[tuple[str, ...]] = ("usr", "usr/local", "var")
 #: Top directories of a Windows guest a workDir may not be at or under (case-insensitive), and the
 #: drive root.
 WINDOWS_SYSTEM_DIRS: Final[tuple[str, ...]] = (
@@ -391,9 +420,13 @@ WINDOWS_SYSTEM_DIRS: Final[tuple[str, ...]] = (
     "$recycle.bin",
     "recovery",
 )
-#: workDir at or under a posix system directory, or the root itself.
+#: workDir at or under a posix system directory, exactly a parent of some, or the root itself.
 POSIX_SYSTEM_WORK_DIR_PATTERN: Final = (
-    r"^/(" + "|".join(re.escape(d) for d in POSIX_SYSTEM_DIRS) + r")?(/|$)"
+    r"^/(("
+    + "|".join(re.escape(d) for d in POSIX_SYSTEM_DIRS)
+    + r")?(/|$)|("
+    + "|".join(re.escape(d) for d in POSIX_SYSTEM_PARENT_DIRS)
+    + r")/?$)"
 )
 #: workDir at or under a Windows system directory, or a drive root (any case, either separator).
 WINDOWS_SYSTEM_WORK_DIR_PATTERN: Final = (
@@ -423,8 +456,8 @@ def work_dir_problem(value: str) -> str | None:
     ):
         return (
             f"workDir {value!r} is a root or system directory (/, /proc, /sys, /dev, /etc, /boot, "
-            r"/run, /var/run, C:\, C:\Windows, C:\Program Files, ...); use a directory of the "
-            "workload's own, e.g. /workspace"
+            r"/run, /var/run, /bin, /lib, /usr/bin, /usr, C:\, C:\Windows, C:\Program Files, "
+            "...); use a directory of the workload's own, e.g. /workspace"
         )
     return None
 
