@@ -479,3 +479,30 @@ def test_the_sandbox_view_keeps_what_suspension_is_judged_by() -> None:
     obj = {"metadata": {"name": NAME, "namespace": NS, "uid": UID}, "spec": {}, "status": status}
     kept = slim_sandbox(obj)["status"]
     assert kept == {k: v for k, v in status.items() if k != "kopf"}
+
+
+@pytest.mark.parametrize("with_views", [True, False], ids=["views", "no-views"])
+@pytest.mark.parametrize("forged", [False, True], ids=["made-by-the-backend", "forged"])
+async def test_a_pod_at_the_sandbox_s_name_is_adopted_only_when_confined_as_made(
+    with_views: bool, forged: bool
+) -> None:
+    """#28 item 1: the pod name is taken and the pod names this Sandbox as its owner (anyone
+    who can read the Sandbox's uid can write that). It is adopted only when it is the pod the
+    backend makes; otherwise KeyUnclean names the first field that differs."""
+    fake = FakeApi()
+    pod = build_pod(request(None), backend())
+    pod["metadata"].update(uid="pod-uid", resourceVersion="1")
+    if forged:
+        pod["spec"]["runtimeClassName"] = "runc"
+        pod["spec"]["automountServiceAccountToken"] = True
+    fake.objects[("Pod", NS, POD_NAME)] = pod
+    d = driver(fake, views=Views() if with_views else None)
+    if not forged:
+        served = await d.ensure(request(None))
+        assert served.name == POD_NAME
+        return
+    with pytest.raises(StartupError) as raised:
+        await d.ensure(request(None))
+    assert raised.value.reason == ConditionReason.KEY_UNCLEAN
+    assert "spec.runtimeClassName" in raised.value.message
+    assert "never adopted" in raised.value.message
