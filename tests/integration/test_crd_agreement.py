@@ -136,6 +136,12 @@ ISSUE_CASES: list[tuple[str, Spec, str]] = [
     ("agentDir NUL", {"agentDir": "a\x00"}, "spec.agentDir"),
     ("callId control", {"isolationScope": "call", "callId": "c\n1"}, "spec.callId"),
     ("workDir control", {"workDir": "/w\x1b"}, "spec.workDir"),
+    # #28 item 6: invisible characters in key parts, a workDir that hides the shell.
+    ("agentDir bidi override", {"agentDir": "a\u202eb"}, "spec.agentDir"),
+    ("agentDir zero-width space", {"agentDir": "agent\u200b"}, "spec.agentDir"),
+    ("callId byte-order mark", {"isolationScope": "call", "callId": "\ufeffc"}, "spec.callId"),
+    ("workDir /bin", {"workDir": "/bin"}, "spec.workDir"),
+    ("workDir /usr", {"workDir": "/usr"}, "spec.workDir"),
     ("output path control", {**FILES_OUT, "declaredOutputs": [out("a\tb")]}, "path"),
     ("output name control", {**FILES_OUT, "declaredOutputs": [out("a", "b\x7f")]}, "name"),
     ("cpu -1", {"resources": {"limits": {"cpu": -1}}}, "spec.resources.limits.cpu"),
@@ -280,7 +286,7 @@ def test_pool_templates_are_held_to_the_same_rules(
 
 #: Characters that sit on the constraints' edges: controls, whitespace, separators, globs, drive
 #: colons, dots, Unicode spaces, and plain letters.
-EDGE_CHARS = "\x00\x07\t\n\x0b\x1b\x1f\x7f\x85\xa0\u3000 /\\:*?[].~-_aZ09é"
+EDGE_CHARS = "\x00\x07\t\n\x0b\x1b\x1f\x7f\x85\xa0\u3000\u202e\u200b\ufeff /\\:*?[].~-_aZ09é"
 edge_text = st.text(alphabet=EDGE_CHARS, min_size=0, max_size=6)
 key_text = st.one_of(
     edge_text, st.just("x" * 253), st.just("x" * 254), st.sampled_from(["agent", "a b", ""])

@@ -605,6 +605,30 @@ def test_sandbox_key_parts_refuse_control_characters(kw: dict[str, object], fiel
     assert f"{field} must not contain control characters" in error_text(exc)
 
 
+#: Invisible characters that make one key read as another (#28 item 6): a right-to-left override,
+#: a zero-width space and joiner, a bidi isolate, a byte-order mark, a C1 control.
+INVISIBLE = ["\u202e", "\u200b", "\u200d", "\u2066", "\ufeff", "\x85", "\u00ad"]
+
+
+@pytest.mark.parametrize("char", INVISIBLE)
+def test_key_parts_refuse_invisible_characters_naming_the_field(char: str) -> None:
+    for kw, field in (
+        ({"agentDir": f"agent{char}1"}, "agentDir"),
+        ({"callId": f"c{char}"}, "callId"),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            key(**kw)
+        assert error_locs(exc) == [field]
+    for kw in ({"scope": f"t{char}"}, {"threadId": f"thread{char}"}):
+        with pytest.raises(ValidationError) as scope_exc:
+            SandboxScopeResourceSpec.model_validate({"scope": "s", "threadId": "t", **kw})
+        assert error_locs(scope_exc) == list(kw)
+    with pytest.raises(ValidationError, match="invisible formatting characters"):
+        SandboxKey(scope="s", thread_id=f"t{char}", agent_dir="a")
+    # Visible non-ASCII stays a key part.
+    assert key(agentDir="agent-é ✓").agent_dir == "agent-é ✓"
+
+
 @pytest.mark.parametrize("kw", [{"scope": "t\x00"}, {"threadId": "a\tb"}])
 def test_scope_key_parts_refuse_control_characters(kw: dict[str, str]) -> None:
     with pytest.raises(ValidationError, match="must not contain control characters"):

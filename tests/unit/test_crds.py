@@ -440,6 +440,8 @@ def test_key_parts_and_outputs_refuse_control_characters_and_globs_by_pattern() 
     for node in (sandbox["agentDir"], sandbox["callId"], scope["scope"], scope["threadId"]):
         assert re.search(node["pattern"], "a\x07") is None
         assert re.search(node["pattern"], "agent-1 é") is not None
+        for invisible in ("\u202e", "\u200b", "\ufeff", "\x85"):  # #28 item 6
+            assert re.search(node["pattern"], f"a{invisible}b") is None, repr(invisible)
     output = sandbox["declaredOutputs"]
     assert rules(output) == [crdgen.DECLARED_OUTPUTS_RULES[0]["rule"]]
     for field in ("path", "name"):

@@ -38,13 +38,23 @@ HOST_MAX_LENGTH: Final = 253
 #: Longest relative output path.
 PATH_MAX_LENGTH: Final = 1024
 
-#: A string without C0 control characters or DEL (key parts, workDir, output paths). A pattern,
-#: not only a validator, so the CRD carries it and the API server refuses such a spec with a 422
-#: instead of the operator failing it after it was accepted. The same text is a Python and an RE2
-#: (Go, the API server's) expression.
-NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]*$"
+#: Characters that change how a string reads without being seen: C1 controls, the soft hyphen,
+#: bidirectional controls (embeddings, overrides, isolates, marks: "Trojan Source"), zero-width
+#: spaces and joiners, invisible operators and the byte-order mark. Two keys that look alike must
+#: be alike, so key parts (and paths) refuse them. The C1 range is a regex escape, the rest are
+#: literal characters: the pattern below is then the same text for Python, pydantic's engine and
+#: RE2 (the API server's), and survives YAML (Go's YAML reads an escaped "\x80" as a raw byte).
+INVISIBLE_CHARACTERS: Final = (
+    "\\x80-\\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+    "\u2066-\u206f\ufeff\ufff9-\ufffb"
+)
+#: A string without C0 control characters, DEL or :data:`INVISIBLE_CHARACTERS` (key parts,
+#: workDir, output paths). A pattern, not only a validator, so the CRD carries it and the API
+#: server refuses such a spec with a 422 instead of the operator failing it after it was
+#: accepted.
+NO_CONTROL_PATTERN: Final = "^[^\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]*$"
 #: As :data:`NO_CONTROL_PATTERN`, and not empty.
-NON_EMPTY_NO_CONTROL_PATTERN: Final = r"^[^\x00-\x1f\x7f]+$"
+NON_EMPTY_NO_CONTROL_PATTERN: Final = "^[^\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]+$"
 
 
 class ContractModel(BaseModel):

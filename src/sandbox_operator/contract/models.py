@@ -26,6 +26,7 @@ from .base import (
     DEFAULT_TRANSFER_LIMITS,
     EGRESS_ALLOW_MAX_ITEMS,
     HOST_MAX_LENGTH,
+    INVISIBLE_CHARACTERS,
     KEY_MAX_LENGTH,
     NO_CONTROL_PATTERN,
     NON_EMPTY_NO_CONTROL_PATTERN,
@@ -137,7 +138,7 @@ RELATIVE_PATH_PATTERN: Final = r"^[^/\\*?\[\x00-\x1f\x7f]+(/[^/\\*?\[\x00-\x1f\x
 #: A path that starts with a drive letter (``C:``): absolute on Windows, never relative.
 DRIVE_LETTER_PATTERN: Final = r"^[A-Za-z]:"
 
-_SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+_SEGMENT_FORBIDDEN = re.compile("[\\x00-\\x1f\\x7f\\\\" + INVISIBLE_CHARACTERS + "]")
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -147,7 +148,10 @@ def _check_relative_path(value: str, what: str) -> str:
     if value.startswith("/") or re.match(DRIVE_LETTER_PATTERN, value):
         raise ValueError(f"{what} {value!r} must be relative to workDir, not absolute")
     if _SEGMENT_FORBIDDEN.search(value):
-        raise ValueError(f"{what} {value!r} must not contain backslashes or control characters")
+        raise ValueError(
+            f"{what} {value!r} must not contain backslashes, control characters or invisible "
+            "formatting characters (bidirectional controls, zero-width characters)"
+        )
     if _GLOB.search(value):
         raise ValueError(
             f"{what} {value!r} must be a literal path: glob characters (*, ?, [) are not allowed"
@@ -200,14 +204,19 @@ class DeclaredOutput(ContractModel):
         return self.name or self.path
 
 
-_KEY_PART_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f]")
+#: Control characters and invisible formatting characters (bidirectional controls, zero-width
+#: characters: ``INVISIBLE_CHARACTERS``): a key part that reads like another must be another.
+_KEY_PART_FORBIDDEN = re.compile("[\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]")
 
 
 def _check_key_part(value: str, field: str, *, allow_empty: bool = False) -> str:
     if not value and not allow_empty:
         raise ValueError(f"{field} must not be empty")
     if _KEY_PART_FORBIDDEN.search(value):
-        raise ValueError(f"{field} must not contain control characters")
+        raise ValueError(
+            f"{field} must not contain control characters or invisible formatting characters "
+            "(bidirectional controls, zero-width characters)"
+        )
     return value
 
 
@@ -560,7 +569,10 @@ class SandboxSpec(ContractModel):
         if not (value.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", value)):
             raise ValueError(f"workDir {value!r} must be an absolute path")
         if _KEY_PART_FORBIDDEN.search(value):
-            raise ValueError("workDir must not contain control characters")
+            raise ValueError(
+                "workDir must not contain control characters or invisible formatting characters "
+                "(bidirectional controls, zero-width characters)"
+            )
         problem = work_dir_problem(value)
         if problem is not None:
             raise ValueError(problem)
