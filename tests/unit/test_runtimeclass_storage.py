@@ -506,3 +506,27 @@ async def test_a_pod_at_the_sandbox_s_name_is_adopted_only_when_confined_as_made
     assert raised.value.reason == ConditionReason.KEY_UNCLEAN
     assert "spec.runtimeClassName" in raised.value.message
     assert "never adopted" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    "owner_name, owner_kind, says",
+    [
+        (NAME, "Sandbox", "a previous Sandbox named"),
+        ("box", "Sandbox", "this Sandbox's name is that Sandbox's pod name"),
+        ("p", "SandboxWarmPool", "owned by SandboxWarmPool/p"),
+    ],
+)
+async def test_a_pod_name_held_by_something_else_is_explained_as_it_is(
+    owner_name: str, owner_kind: str, says: str
+) -> None:
+    """#28 item 6: a Sandbox named like another Sandbox's pod waited at KeyUnclean with a message
+    that called the other "a previous one". The message says which case it is."""
+    fake = FakeApi()
+    pod = fake.put("Pod", POD_NAME, owner="uid-other")
+    pod["metadata"]["ownerReferences"] = [
+        {"kind": owner_kind, "name": owner_name, "uid": "uid-other"}
+    ]
+    with pytest.raises(StartupError) as raised:
+        await driver(fake, views=Views()).ensure(request(None))
+    assert raised.value.reason == ConditionReason.KEY_UNCLEAN
+    assert says in raised.value.message, raised.value.message

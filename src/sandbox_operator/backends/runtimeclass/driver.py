@@ -268,12 +268,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if existing is None:  # deleted between our create and read: next pass creates it
             return ServedBy("Pod", name, ns)
         existing_meta = existing.get("metadata") or {}
-        owners = [o.get("uid") for o in existing_meta.get("ownerReferences") or []]
-        if request.sandbox.uid and request.sandbox.uid not in owners:
+        owners = existing_meta.get("ownerReferences") or []
+        if request.sandbox.uid and request.sandbox.uid not in [o.get("uid") for o in owners]:
             raise StartupError(
-                ConditionReason.KEY_UNCLEAN,
-                f"pod {name} exists but belongs to another Sandbox (a previous one with this "
-                "name that was not disposed yet)",
+                ConditionReason.KEY_UNCLEAN, foreign_pod_message(name, owners, request.sandbox)
             )
         if not self.confines_as_made(existing, request.spec, address):
             # An owner reference is only a claim: whoever made this pod, it is not the one this
@@ -445,3 +443,26 @@ class RuntimeClassDriver(RuntimeClassObjects):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._proxy_task = None
+
+
+def foreign_pod_message(pod: str, owners: list[Mapping[str, Any]], sandbox: SandboxRef) -> str:
+    """Why the pod at a Sandbox's pod name is not its own, as it is: a previous Sandbox of the
+    same name not yet disposed (it clears by itself), another live Sandbox whose pod name this
+    Sandbox's name is (it never clears: rename), or something else's pod."""
+    sandboxes = [o for o in owners if o.get("kind") == "Sandbox"]
+    if any(o.get("name") == sandbox.name for o in sandboxes):
+        return (
+            f"pod {pod} exists but belongs to a previous Sandbox named {sandbox.name} that was "
+            "not disposed yet; this Sandbox is served once it is gone"
+        )
+    if sandboxes:
+        other = sandboxes[0].get("name")
+        return (
+            f"pod {pod} serves Sandbox {other}: this Sandbox's name is that Sandbox's pod name, so "
+            f"it cannot be served while {other} lives; give this Sandbox another name"
+        )
+    owner = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in owners) or "nothing"
+    return (
+        f"pod {pod} exists and is not this Sandbox's (owned by {owner}); it is never adopted: "
+        "delete it, or give this Sandbox another name"
+    )
