@@ -215,9 +215,57 @@ def test_a_changed_floor_rolls_the_operator_pods(default_objs: list[dict[str, An
     assert checksum(lowered) != checksum(default_objs)
 
 
-@pytest.mark.parametrize("rung", RUNGS)
-def test_every_rung_is_accepted_as_floor(rung: str) -> None:
+@pytest.mark.parametrize("rung", [r for r in RUNGS if r != "vm"])
+def test_every_rung_the_default_backends_reach_is_accepted_as_floor(rung: str) -> None:
     template({"config.hostPolicy.minIsolation": rung})
+
+
+def _floor_values(tmp_path: Path, floor: str, backends: list[dict[str, Any]]) -> Path:
+    values = tmp_path / "v.yaml"
+    values.write_text(
+        yaml.safe_dump({"config": {"hostPolicy": {"minIsolation": floor}, "backends": backends}})
+    )
+    return values
+
+
+GVISOR = {
+    "name": "gvisor",
+    "type": "runtimeClass",
+    "runtimeClassName": "gvisor",
+    "isolation": "hardened_container",
+}
+
+
+@pytest.mark.parametrize(
+    ("floor", "backends", "accepted"),
+    [
+        ("vm", [GVISOR], False),
+        ("microvm", [GVISOR], False),
+        ("hardened_container", [GVISOR], True),
+        ("microvm", [GVISOR, {"name": "aca", "type": "acas"}], True),  # a remote microVM
+        ("vm", [GVISOR, {"name": "aca", "type": "acas"}], False),
+        ("vm", [{**GVISOR, "name": "big", "runtimeClassName": "big", "isolation": "vm"}], True),
+    ],
+)
+def test_a_floor_no_backend_reaches_is_refused_at_helm_time(
+    tmp_path: Path, floor: str, backends: list[dict[str, Any]], accepted: bool
+) -> None:
+    """#28 item 6: the operator refuses to start when no backend clears the floor, so a
+    `helm upgrade` with such values crash-looped the new pod while the old one kept serving the
+    old floor. The chart's schema refuses them before anything reaches the cluster."""
+    result = run_helm(
+        "template",
+        "so",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "-f",
+        str(_floor_values(tmp_path, floor, backends)),
+        check=False,
+    )
+    assert (result.returncode == 0) == accepted, result.stderr
+    if not accepted:
+        assert "config.backends: At least one of the items must match" in result.stderr
 
 
 @pytest.mark.parametrize("bad", ["microVM", "gvisor", "kata", "strongest", ""])
