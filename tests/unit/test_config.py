@@ -194,3 +194,47 @@ def test_check_config_refuses_a_spec_above_the_host_ceiling(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "refused: ResourcesExceedCeiling" in out
     assert "limits.memory 2Gi > maxLimits.memory 1Gi" in out
+
+
+@pytest.mark.parametrize(
+    ("declarations", "extra", "names"),
+    [
+        ({"capabilities": ["exec", "snapshot"]}, {}, "declarations.capabilities"),
+        ({"capabilities": ["exec", "attached_identity"]}, {}, "declarations.capabilities"),
+        ({"osFamilies": ["posix", "windows"]}, {}, "declarations.osFamilies"),
+        ({"egressModes": ["closed", "allowlist"]}, {}, "without egressProxy"),
+        ({"observesEgress": True}, {}, "declarations.observesEgress"),
+        (
+            {"observesEgress": True, "egressModes": ["closed", "allowlist"]},
+            {"egressProxy": {"url": "http://p:3128", "port": 3128}},
+            "declarations.observesEgress",
+        ),
+    ],
+)
+def test_a_runtime_class_backend_declares_only_what_it_serves(declarations, extra, names):
+    """#25 item 4: a declaration the backend cannot keep is a configuration error naming the
+    field (allowlist without a proxy admitted allowlist workloads onto a deny-all policy)."""
+    entry = backend(**extra)
+    entry["declarations"] = {**entry["declarations"], **declarations}
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [entry]})
+    assert names in str(err.value) and "backends[0]" in str(err.value)
+
+
+def test_what_a_runtime_class_backend_serves_is_accepted():
+    entry = backend(egressProxy={"managed": True})
+    entry["declarations"] = {
+        "capabilities": ["exec", "run_code", "files_in", "files_out", "files_list",
+                         "files_delete", "host_tools"],
+        "egressModes": ["closed", "allowlist"],
+        "osFamilies": ["posix"],
+        "observesEgress": True,
+    }  # fmt: skip
+    config, _warnings = parse_config(
+        {
+            "hostPolicy": {"minIsolation": "container"},
+            "backends": [entry],
+            "egressProxy": {"image": "sandbox-operator.dev/operator:0.1.0"},
+        }
+    )
+    assert config.backend_names == ("gvisor",)

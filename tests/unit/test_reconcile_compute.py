@@ -189,6 +189,7 @@ ALLOWLIST_CONFIG, _ = parse_config(
                 "runtimeClassName": "gvisor",
                 "isolation": "hardened_container",
                 "declarations": {"egressModes": ["closed", "allowlist"]},
+                "egressProxy": {"url": "http://proxy:3128", "port": 3128},
             }
         ],
     }

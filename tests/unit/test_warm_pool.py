@@ -55,6 +55,7 @@ CONFIG, _ = parse_config(
                 "runtimeClassName": "gvisor",
                 "isolation": "hardened_container",
                 "declarations": {"egressModes": ["closed", "allowlist"]},
+                "egressProxy": {"url": "http://proxy:3128", "port": 3128},
             },
             {
                 # Stands for a backend that cannot keep warm pods (e.g. a remote one): only

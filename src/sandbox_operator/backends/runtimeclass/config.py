@@ -7,11 +7,11 @@ configuration can be validated (``sandbox-operator check-config``) without a clu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from sandbox_operator.contract import BackendDeclarations
+from sandbox_operator.contract import BackendDeclarations, Capability, Egress, OsFamily
 from sandbox_operator.contract.models import ContractModel
 
 #: A DNS-1123 label: backend names and RuntimeClass names.
@@ -140,11 +140,59 @@ class RuntimeClassBackendConfig(ContractModel):
         description="Required for serving egress allowlist (declare allowlist only with it).",
     )
 
+    @model_validator(mode="after")
+    def _declares_only_what_it_serves(self) -> RuntimeClassBackendConfig:
+        """A declaration is what the policy trusts, so one this backend cannot keep is a
+        configuration error naming the field, never a promise made on its behalf: allowlist
+        egress without a proxy would admit allowlist workloads onto a deny-all policy (confining
+        more than asked, which the contract refuses as firmly as confining less)."""
+        declared = self.declarations
+        extra = declared.capabilities - RUNTIMECLASS_CAPABILITIES
+        if extra:
+            raise ValueError(
+                "declarations.capabilities names what a runtimeClass backend does not serve: "
+                + ", ".join(sorted(c.value for c in extra))
+            )
+        if OsFamily.WINDOWS in declared.os_families:
+            raise ValueError(
+                "declarations.osFamilies: a runtimeClass backend's pods are posix guests (its "
+                "keep-alive and every exec run sh)"
+            )
+        if Egress.ALLOWLIST in declared.egress_modes and self.egress_proxy is None:
+            raise ValueError(
+                "declarations.egressModes declares allowlist without egressProxy: nothing "
+                "would enforce the allowlist, and the NetworkPolicy would deny everything"
+            )
+        if declared.observes_egress and not (
+            self.egress_proxy is not None and self.egress_proxy.managed
+        ):
+            raise ValueError(
+                "declarations.observesEgress needs egressProxy {managed: true}: only the "
+                "operator's proxy records egress decisions"
+            )
+        return self
+
+
+#: What a runtimeClass backend can serve: exec and the file calls over it, run_code, and the
+#: host-tool channel (which needs no more than exec and files). Not snapshot, not an attached
+#: identity: nothing here implements either.
+RUNTIMECLASS_CAPABILITIES: Final = frozenset(
+    {
+        Capability.EXEC,
+        Capability.RUN_CODE,
+        Capability.HOST_TOOLS,
+        Capability.FILES_IN,
+        Capability.FILES_OUT,
+        Capability.FILES_LIST,
+        Capability.FILES_DELETE,
+    }
+)
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
     "DEFAULT_SANDBOX_UID",
     "NAME_PATTERN",
+    "RUNTIMECLASS_CAPABILITIES",
     "EgressProxySettings",
     "PodSettings",
     "RuntimeClassBackendConfig",
