@@ -47,6 +47,7 @@ def test_defaults() -> None:
     assert Capability.EXEC in c.declarations.capabilities
     assert Capability.SNAPSHOT not in c.declarations.capabilities
     assert c.declarations.egress_modes == {Egress.CLOSED, Egress.ALLOWLIST}
+    assert c.declarations.observes_egress is False  # it produces no egress records
     assert isinstance(c.credential, WorkloadIdentityCredentialSource)
     assert c.lifetime.max_lifetime_seconds > 0
     assert c.image_for("python:3.12") == "python:3.12"
@@ -66,6 +67,8 @@ def test_defaults() -> None:
         {"credential": {"source": "apiKey"}},
         {"declarations": {"capabilities": ["exec", "snapshot"]}},
         {"declarations": {"osFamilies": ["windows"]}},
+        # #25 item 8: the service keeps no egress record this backend could produce.
+        {"declarations": {"observesEgress": True}},
         {"unknownField": 1},
         {"name": "Not_DNS"},
         {"timeouts": {"read": 0}},

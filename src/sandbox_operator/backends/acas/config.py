@@ -51,7 +51,9 @@ def default_declarations() -> BackendDeclarations:
         egress_modes=ACAS_EGRESS_MODES,
         os_families=frozenset({OsFamily.POSIX}),
         isolation_scopes=frozenset({IsolationScope.CONVERSATION, IsolationScope.CALL}),
-        observes_egress=True,
+        # No: the service keeps no per-request egress record this backend could read, so it
+        # produces none, and a backend that produces none does not declare it.
+        observes_egress=False,
         # Reference section 3.8: `POST .../stop` "saves state as a snapshot" (the 200 answer is
         # that Snapshot) and `POST .../resume` "resumes a stopped sandbox from a snapshot"; the
         # remote sandbox (its id, labels, egress and lifecycle policies) stays in place while
@@ -218,6 +220,10 @@ class AcasBackendConfig(ContractModel):
             raise ValueError("declarations.egressModes names an unknown mode")
         if OsFamily.WINDOWS in self.declarations.os_families:
             raise ValueError("declarations.osFamilies: acas sandboxes are posix guests")
+        if self.declarations.observes_egress:
+            raise ValueError(
+                "declarations.observesEgress: the acas backend produces no egress records"
+            )
         return self
 
     def image_for(self, spec_image: str) -> str:
