@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -503,23 +504,40 @@ def test_per_spec_refusal_names_every_backend_with_its_reason() -> None:
     backends = [
         backend("runc", "container"),
         backend("narrow", "microvm", declared(capabilities=frozenset({Capability.EXEC}))),
-        backend("down", "vm", available=False, unavailable_reason="quota exhausted"),
+        backend("closed", "vm", declared(egress_modes=frozenset())),
     ]
     with pytest.raises(NoBackendCanServe) as exc:
         select_backend(host, backends, spec())
     refusal = exc.value
     assert refusal.reason is RefusalReason.NO_BACKEND_CAN_SERVE
     assert refusal.backend is None and refusal.kind == "python"
-    assert [r.backend for r in refusal.refusals] == ["runc", "narrow", "down"]
+    assert [r.backend for r in refusal.refusals] == ["runc", "narrow", "closed"]
     assert [r.reason for r in refusal.refusals] == [
         RefusalReason.ISOLATION_BELOW_FLOOR,
         RefusalReason.CAPABILITY_NOT_SUPPORTED,
-        RefusalReason.BACKEND_UNAVAILABLE,
+        RefusalReason.EGRESS_NOT_ENFORCED,
     ]
     assert refusal.reason_for("narrow") is RefusalReason.CAPABILITY_NOT_SUPPORTED
     assert refusal.reason_for("missing") is None
-    for name in ("'runc'", "'narrow'", "'down'", "IsolationBelowFloor", "quota exhausted"):
+    for name in ("'runc'", "'narrow'", "'closed'", "IsolationBelowFloor"):
         assert name in refusal.message
+
+
+def test_per_spec_route_does_not_depend_on_availability() -> None:
+    """#25 item 5: the route is a function of the spec and the declarations. The first backend
+    that passes the six checks is the route; when it is down, the spec fails with its
+    BackendUnavailable and never lands on the next one (which would serve it)."""
+    host = HostPolicy(selection=Selection.PER_SPEC)
+    first = backend("down", "vm", available=False, unavailable_reason="quota exhausted")
+    second = backend("up", "microvm")
+    with pytest.raises(BackendUnavailable) as exc:
+        select_backend(host, [first, second], spec())
+    assert exc.value.backend == "down" and "quota exhausted" in exc.value.message
+    # Up again: the same backend, as always.
+    assert select_backend(host, [backend("down", "vm"), second], spec()).backend.name == "down"
+    # A backend refused by the checks is still passed over, down or not.
+    below = backend("weak", "container", available=False)
+    assert select_backend(host, [below, second], spec()).backend.name == "up"
 
 
 declarations_st = st.builds(
@@ -586,6 +604,8 @@ def test_per_spec_route_is_deterministic_and_never_below_the_floor(
         except NoBackendCanServe as refusal:
             assert [r.backend for r in refusal.refusals] == [b.name for b in backends]
             return tuple(r.reason.value for r in refusal.refusals)
+        except BackendUnavailable as down:
+            return f"down:{down.backend}"
         rung = admitted.backend.known_isolation
         assert rung is not None
         assert rung >= host.min_isolation
@@ -611,6 +631,15 @@ def test_per_spec_route_is_deterministic_and_never_below_the_floor(
     first = route()
     assert route() == first
     assert route() == first
+    # The route does not depend on availability (#25 item 5): with every backend up, the spec
+    # lands where it was routed (served, or failed because that backend was down).
+    all_up = [dataclasses.replace(b, available=True) for b in backends]
+    try:
+        up = select_backend(host, all_up, s, scope_floor=scope_floor).backend.name
+    except NoBackendCanServe:
+        assert not isinstance(first, str), first
+    else:
+        assert first in (up, f"down:{up}"), (first, up)
 
 
 # --- registration -----------------------------------------------------------------------------

@@ -399,8 +399,9 @@ def select_backend(
     First the host's resource ceilings (:class:`ResourcesExceedCeiling`, whatever the selection,
     no backend judged). Then ``fixed``: the pinned (or first) backend, or its own refusal.
     ``perSpec``: the first registered backend that passes every check; the same spec and backends
-    always give the same backend; when none passes, :class:`NoBackendCanServe` names each backend
-    with its reason. The returned :class:`Admission` carries ``spec`` with its resources resolved
+    always give the same backend, available or not (an unavailable one is its
+    :class:`BackendUnavailable`, never a move to the next); when none passes,
+    :class:`NoBackendCanServe` names each backend with its reason. The returned :class:`Admission` carries ``spec`` with its resources resolved
     under ``host`` (pass that spec to the backend).
     """
     check_resources(host, spec)
@@ -438,6 +439,12 @@ def select_backend(
     for backend in backends:
         try:
             return admit(backend)
+        except BackendUnavailable:
+            # The spec and the declarations chose this backend (it passed all six checks): its
+            # being down is this spec's failure, never a move to the next one. A route that
+            # depended on availability would land one spec on different backends over time,
+            # and a conversation's warm sandbox on one it was never meant for.
+            raise
         except SandboxRefusal as refusal:
             refusals.append(refusal)
     raise NoBackendCanServe(kind=spec.kind, refusals=refusals)
