@@ -401,8 +401,9 @@ def select_backend(
     ``perSpec``: the first registered backend that passes every check; the same spec and backends
     always give the same backend, available or not (an unavailable one is its
     :class:`BackendUnavailable`, never a move to the next); when none passes,
-    :class:`NoBackendCanServe` names each backend with its reason. The returned :class:`Admission` carries ``spec`` with its resources resolved
-    under ``host`` (pass that spec to the backend).
+    :class:`NoBackendCanServe` names each backend with its reason. The returned
+    :class:`Admission` carries ``spec`` with its resources resolved under ``host`` (pass that
+    spec to the backend).
     """
     check_resources(host, spec)
     resolved = resolve_spec(host, spec)
