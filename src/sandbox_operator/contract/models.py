@@ -134,7 +134,8 @@ __all__ = [
 #: A literal relative path: no leading '/', no empty segments, no backslashes, no control
 #: characters and no glob characters ('*', '?', '['): a declared output names one file, never a
 #: pattern ('.'/'..' segments and drive letters are checked apart, by CEL in the CRD).
-RELATIVE_PATH_PATTERN: Final = r"^[^/\\*?\[\x00-\x1f\x7f]+(/[^/\\*?\[\x00-\x1f\x7f]+)*$"
+_PATH_SEGMENT: Final = r"[^/\\*?\[\x00-\x1f\x7f" + INVISIBLE_CHARACTERS + "]+"
+RELATIVE_PATH_PATTERN: Final = f"^{_PATH_SEGMENT}(/{_PATH_SEGMENT})*$"
 #: A path that starts with a drive letter (``C:``): absolute on Windows, never relative.
 DRIVE_LETTER_PATTERN: Final = r"^[A-Za-z]:"
 
@@ -490,7 +491,7 @@ class SandboxSpec(ContractModel):
     work_dir: str = Field(
         default="/workspace",
         min_length=1,
-        pattern=r"^(/|[A-Za-z]:[\\/])[^\x00-\x1f\x7f]*$",
+        pattern=r"^(/|[A-Za-z]:[\\/])[^\x00-\x1f\x7f" + INVISIBLE_CHARACTERS + "]*$",
         max_length=PATH_MAX_LENGTH,
         description=(
             "Absolute, normalised working directory in the guest; declared outputs are under it. "
