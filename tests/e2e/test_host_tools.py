@@ -45,6 +45,7 @@ from sandbox_operator.client.hosttools.errors import (
 )
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import Capability, SandboxSpec, TransferLimits
+from tests.fixtures.guest_programs import LEAVES_AN_INJECTOR
 from tests.fixtures.operator import PYTHON, Kit, local_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -143,30 +144,6 @@ print("before", host.add(a=1, b=1), flush=True)
 time.sleep(300)
 """
 
-# Leaves a process outside the program's session and group that waits for the next run's
-# channel and writes a request into it.
-LEAVES_AN_INJECTOR = """
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        open("injector.pid", "w").write(str(os.getpid()))
-        mine = os.path.realpath("..")
-        runs = os.path.dirname(mine)
-        for _ in range(600):
-            for name in os.listdir(runs):
-                calls = os.path.join(runs, name, "transport", "calls")
-                if os.path.join(runs, name) != mine and os.path.isdir(calls):
-                    with open(os.path.join(calls, "1.req"), "w") as fh:
-                        fh.write('{"tool": "bump", "arguments": {}}')
-            time.sleep(0.05)
-    os._exit(0)
-for _ in range(100):
-    if os.path.exists("injector.pid"):
-        break
-    time.sleep(0.02)
-print("left one")
-"""
 
 QUIET = """
 import time

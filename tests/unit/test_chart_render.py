@@ -115,6 +115,13 @@ def template(
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
+def template_values_file(values: Path) -> Any:
+    """Render with a values file that may be refused; return helm's completed process."""
+    return run_helm(
+        "template", "so", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values), check=False
+    )
+
+
 def template_error(values: dict[str, str]) -> str:
     """Render with values that should be refused; return helm's error output."""
     result = run_helm(
@@ -253,16 +260,7 @@ def test_a_floor_no_backend_reaches_is_refused_at_helm_time(
     """#28 item 6: the operator refuses to start when no backend clears the floor, so a
     `helm upgrade` with such values crash-looped the new pod while the old one kept serving the
     old floor. The chart's schema refuses them before anything reaches the cluster."""
-    result = run_helm(
-        "template",
-        "so",
-        str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
-        "-f",
-        str(_floor_values(tmp_path, floor, backends)),
-        check=False,
-    )
+    result = template_values_file(_floor_values(tmp_path, floor, backends))
     assert (result.returncode == 0) == accepted, result.stderr
     if not accepted:
         assert "config.backends: At least one of the items must match" in result.stderr
@@ -569,16 +567,7 @@ def test_schema_rejects_bad_pod_and_egress_proxy(
     tmp_path: Path, change: dict[str, Any], where: str
 ) -> None:
     backend = {**RUNTIME_CLASS_BACKEND, **change}
-    result = run_helm(
-        "template",
-        "so",
-        str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
-        "-f",
-        str(_backend_values(tmp_path, backend)),
-        check=False,
-    )
+    result = template_values_file(_backend_values(tmp_path, backend))
     assert result.returncode != 0
     assert where in result.stderr
 

@@ -19,21 +19,16 @@ from sandbox_operator.backends.confinement import (
     confinement_digest,
 )
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, pod_manifest
-from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.config import RuntimeClassBackendConfig
 from sandbox_operator.contract import SandboxSpec
 from sandbox_operator.reconcile.views import slim_pod
+from tests.fixtures.backends import gvisor_backend
 
 SPEC = SandboxSpec.model_validate({"kind": "python", "image": "sandbox-operator.dev/python:1"})
 
 
 def backend() -> RuntimeClassBackendConfig:
-    return RuntimeClassBackendConfig(
-        type="runtimeClass",
-        name="gvisor",
-        runtime_class_name="gvisor",
-        isolation="hardened_container",
-        pod=PodSettings(),
-    )
+    return gvisor_backend()
 
 
 def made() -> dict[str, Any]:

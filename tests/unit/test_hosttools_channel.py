@@ -54,6 +54,7 @@ from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, St
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import Capability, TransferLimits
 from sandbox_operator.testing.fakes import DefectiveDataPlane, local_sandbox
+from tests.fixtures.guest_programs import LEAVES_AN_INJECTOR
 
 SMALL = TransferLimits(max_bytes_per_file=256, max_total_bytes=1024, max_files=4)
 
@@ -302,30 +303,6 @@ async def test_timeout_message_when_the_signal_could_not_be_sent() -> None:
 
 # -- what a run leaves, and guest files that never answer ---------------------------------------
 
-# Leaves a process that has left the program's session and group (a double fork and setsid),
-# which waits for the next run's channel and writes a request into it.
-LEAVES_AN_INJECTOR = """
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        open("injector.pid", "w").write(str(os.getpid()))
-        mine = os.path.realpath("..")
-        runs = os.path.dirname(mine)
-        for _ in range(600):
-            for name in os.listdir(runs):
-                calls = os.path.join(runs, name, "transport", "calls")
-                if os.path.join(runs, name) != mine and os.path.isdir(calls):
-                    with open(os.path.join(calls, "1.req"), "w") as fh:
-                        fh.write('{"tool": "bump", "arguments": {}}')
-            time.sleep(0.05)
-    os._exit(0)
-for _ in range(100):
-    if os.path.exists("injector.pid"):
-        break
-    time.sleep(0.02)
-print("left one")
-"""
 
 QUIET = """
 import time

@@ -28,10 +28,11 @@ from sandbox_operator.backends.runtimeclass import (
     build_work_volume_claim,
     foreign_claim,
 )
-from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
+from sandbox_operator.config import RuntimeClassBackendConfig
 from sandbox_operator.contract import ConditionReason, IsolationScope, SandboxKey, SandboxSpec
 from sandbox_operator.reconcile import pool as pools
 from sandbox_operator.reconcile.views import Views
+from tests.fixtures.backends import gvisor_backend
 
 KEY = SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/coder")
 NAME = "sbx-coder-1"
@@ -55,13 +56,7 @@ def request(storage: dict[str, Any] | None = STORAGE, uid: str = UID, **spec: An
 
 
 def backend() -> RuntimeClassBackendConfig:
-    return RuntimeClassBackendConfig(
-        type="runtimeClass",
-        name="gvisor",
-        runtime_class_name="gvisor",
-        isolation="hardened_container",
-        pod=PodSettings(),
-    )
+    return gvisor_backend()
 
 
 # ---- pure builders ------------------------------------------------------------------------------
