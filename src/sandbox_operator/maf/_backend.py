@@ -181,25 +181,23 @@ class OperatorBackend:
     async def acquire(self, key: maf.SandboxKey, spec: maf.SandboxSpec) -> OperatorSandbox:
         """Get or create the sandbox of ``(key, spec.kind)`` and wait until it is Ready."""
         ours = operator_spec(spec, floor=self._floor, default_image=self.default_image)
+
+        async def once() -> Any:
+            return await self.client.acquire(
+                await self._scope(key),
+                key.agent_id,
+                ours,
+                key.call_id,
+                timeout=self.acquire_timeout,
+            )
+
         try:
             try:
-                handle = await self.client.acquire(
-                    await self._scope(key),
-                    key.agent_id,
-                    ours,
-                    key.call_id,
-                    timeout=self.acquire_timeout,
-                )
+                handle = await once()
             except client_errors.SandboxScopeNotFound:
                 # Our remembered SandboxScope was purged (by any process): converge it once more.
                 self._scopes.pop((key.scope, key.thread_id), None)
-                handle = await self.client.acquire(
-                    await self._scope(key),
-                    key.agent_id,
-                    ours,
-                    key.call_id,
-                    timeout=self.acquire_timeout,
-                )
+                handle = await once()
         except client_errors.SandboxAcquireError as exc:
             if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
                 self._scopes.pop((key.scope, key.thread_id), None)
