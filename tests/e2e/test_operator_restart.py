@@ -8,7 +8,10 @@ import pytest
 from kubernetes import client
 
 from sandbox_operator import naming
-from tests.fixtures.operator import DECLARATIONS, local_config
+from sandbox_operator.contract import GROUP, VERSION
+from sandbox_operator.reconcile.runtime import FINALIZER
+from tests.fixtures.cluster import fresh_namespace
+from tests.fixtures.operator import DECLARATIONS, Kit, local_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -95,3 +98,53 @@ def test_sigkill_during_fifty_creates_leaves_exactly_fifty_pods(kit, start_opera
     assert sorted(p.metadata.name for p in pods) == sorted(naming.pod_name(n) for n in sandboxes)
     all_pods = kit.core.list_namespaced_pod(kit.ns).items
     assert len(all_pods) == 50  # no orphans
+
+
+#: A finalizer of someone else's: it holds the deleted Sandboxes while the new operator starts.
+_HOLD = "test.sandbox-operator.dev/hold"
+
+
+def test_a_restart_among_hundreds_of_deleted_sandboxes_serves_a_new_one_elsewhere_at_once(
+    kit, start_operator
+):
+    """(#28 item 5) The operator is replaced while 300 Sandboxes of one namespace are being
+    deleted (each still held: by our finalizer, and by someone else's). The new replica lists them
+    all, lets go of its finalizer on each, and still serves a new Sandbox in another namespace
+    within seconds. Before, kopf's worker limit (256) deadlocked its initial indexing: no event
+    was handled at all, and the resync passed over the stale Sandboxes every few seconds, each
+    pass a GET and a PATCH answered 404."""
+    many = 300
+    with fresh_namespace(kit.core, "restart-elsewhere") as elsewhere:
+        other = Kit(kit.custom, kit.core, elsewhere)
+        first = start_operator(runc_only(), args=("--standalone", "--namespace", elsewhere))
+        first.kill()
+        for i in range(many):
+            body = kit.sandbox_body(f"old-{i:03d}", scope_ref="gone")
+            body["metadata"]["finalizers"] = [FINALIZER, _HOLD]
+            kit.custom.create_namespaced_custom_object(GROUP, VERSION, kit.ns, "sandboxes", body)
+        kit.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, kit.ns, "sandboxes")
+        try:
+            second = start_operator(runc_only(), args=("--standalone", "--namespace", elsewhere))
+            other.scope()
+            asked = time.monotonic()
+            other.sandbox("new")
+            other.wait_condition("new", reasons=("Ready",), status="True", timeout=60)
+            took = time.monotonic() - asked
+            print(f"new Sandbox Ready {took:.1f}s after its create, with {many} deleting")
+            assert took < 30, took
+            # ... and the deleted ones were let go by this operator (only the hold remains).
+            _wait(
+                lambda: all(s["metadata"]["finalizers"] == [_HOLD] for s in kit.list()),
+                60,
+                "our finalizer gone from every deleted Sandbox",
+            )
+            assert len(kit.list()) == many
+            assert second.running
+        finally:
+            for obj in kit.list():
+                kit.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, kit.ns, "sandboxes", obj["metadata"]["name"],
+                    {"metadata": {"finalizers": None}},
+                )  # fmt: skip
+            other.delete_all_while_served()
+    _wait(lambda: not kit.list(), 60, "the deleted Sandboxes gone")

@@ -760,3 +760,44 @@ async def test_a_purged_sandbox_waits_for_the_collection_delete_and_asks_again_o
     del driver.pods["a"]  # the pod's deletion event
     await finalize_sandbox(rt, NS, "a")
     assert ("sandboxes", "a") not in kube.objs
+
+
+def count_api_calls(kube: FakeKube) -> dict[str, int]:
+    """Wrap the fake API server's calls on this instance; the answer counts them by name."""
+    calls: dict[str, int] = {}
+    for name in ("get_sandbox", "get_scope", "get_pod", "list_sandboxes", "patch_status",
+                 "patch_metadata", "delete_sandbox", "delete_sandboxes"):  # fmt: skip
+        original = getattr(kube, name)
+
+        async def counted(*args: Any, _name: str = name, _fn: Any = original, **kw: Any) -> Any:
+            calls[_name] = calls.get(_name, 0) + 1
+            return await _fn(*args, **kw)
+
+        setattr(kube, name, counted)
+    return calls
+
+
+async def test_a_sandbox_gone_behind_the_views_is_dropped_at_its_first_404(world):
+    """(#28 item 5) Sandboxes deleted while the operator saw no events (a restart, a watch that
+    lags) are still in the views; the first pass that meets a 404 drops them and forgets them,
+    so a resync (or a scope event) never passes over them again. Before, every such pass cost a
+    GET of the scope and a PATCH, both answered 404, for ever."""
+    rt, kube, driver = world
+    kube.add("sandboxes", "never-scoped", {**SPEC, "scopeRef": "gone-scope"})
+    kube.add("sandboxes", "fresh", SPEC)
+    kube.add("sandboxes", "served", {**SPEC, "agentDir": "agents/served"})
+    await reconcile_sandbox(rt, NS, "served")
+    assert "served" in driver.pods
+    await kube.delete_sandbox(NS, "served")  # held by the finalizer: deletionTimestamp set
+    sync(rt, kube)
+    for name in ("never-scoped", "fresh", "served"):  # gone; no DELETED event seen
+        del kube.objs[("sandboxes", name)]
+    calls = count_api_calls(kube)
+    for name in ("never-scoped", "fresh", "served"):
+        assert await sandbox_reconciler.reconcile_sandbox(rt, NS, name) is None
+        assert rt.views.sandboxes.get(NS, name) is None, name
+    met = sum(calls.values())
+    assert calls.get("patch_metadata") == 3, calls
+    for name in ("never-scoped", "fresh", "served"):  # the resync passes over them again
+        assert await sandbox_reconciler.reconcile_sandbox(rt, NS, name) is None
+    assert sum(calls.values()) == met, calls

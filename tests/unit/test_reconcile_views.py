@@ -224,3 +224,33 @@ async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None
     assert await q.drain(2)
     await q.stop()
     assert runs == ["first", "ready-1", "ready-2", "new-1", "new-2"]
+
+
+async def test_background_keys_go_after_every_other_and_move_up_when_added_again() -> None:
+    """(#28 item 5) The resync queues everything it holds as background: a new Sandbox queued
+    after it still goes first; a background key added again normally moves up, and runs once."""
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(key: str) -> float | None:
+        if key == "first":
+            await gate.wait()
+        runs.append(key)
+        return None
+
+    q: WorkQueue[str] = WorkQueue(handler, workers=1)
+    q.start()
+    q.add("first")
+    await asyncio.sleep(0.05)  # the only worker is busy with "first"
+    for k in ("held-1", "held-2", "held-3"):
+        q.add(k, background=True)
+    q.add("new-1")
+    q.add("held-3")  # an event about it: now a normal key
+    q.add("ready-1", urgent=True)
+    q.add("new-1", background=True)  # a resync does not move a queued key down
+    gate.set()
+    assert await q.drain(2)
+    await q.stop()
+    assert runs == ["first", "ready-1", "new-1", "held-3", "held-1", "held-2"]
+    with pytest.raises(ValueError, match="either urgent or background"):
+        q.add("x", urgent=True, background=True)

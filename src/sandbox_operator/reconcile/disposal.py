@@ -33,6 +33,7 @@ from sandbox_operator.reconcile.status import (
     READY,
     Draft,
     R,
+    sandbox_gone,
     sandbox_ref,
     write_status,
 )
@@ -180,7 +181,10 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
             finalizers=remaining,
             resource_version=str(meta.get("resourceVersion") or "") or None,
         )
-        if released is not None and (released.get("metadata") or {}).get("finalizers"):
+        if released is None:  # 404: it went already
+            sandbox_gone(rt, obj)
+            return None
+        if (released.get("metadata") or {}).get("finalizers"):
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)

@@ -85,9 +85,14 @@ POOL_EVENT_DELAY_SECONDS = 1.0
 
 _MANAGED = {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
 
-#: kopf's per-object workers alive at once (each leaves 1 s after its object's last event):
-#: room for ~250 new objects per second.
-KOPF_WORKERS = 256
+#: kopf's per-object workers alive at once: no limit. With kopf's in-memory indexes (the views'
+#: source) any limit is a deadlock at startup once one kind has more objects than the limit
+#: (kopf#1243: each object's worker indexes it, then waits until every object of every kind is
+#: indexed, holding its slot; the objects past the limit never get one). A restarted operator with
+#: 257 Sandboxes (or sandbox pods) in its namespaces then saw no event at all, not even for a new
+#: Sandbox elsewhere. Each worker leaves 1 s after its object's last event (``idle_timeout``), so
+#: the workers alive are the objects that changed in the last second.
+KOPF_WORKERS: int | None = None
 
 #: kopf's default finalizer name (see ``startup``).
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
@@ -195,16 +200,22 @@ TRIM_SECONDS = 30.0
 
 
 async def _resync_forever(rt: Runtime) -> None:
-    """The safety net: every interval (jittered by up to 10%), pass over everything held."""
+    """The safety net: every interval (jittered by up to 10%), pass over everything held, after
+    any other work (``background``): a resync of thousands never holds up a new Sandbox."""
     interval = rt.config.operator.resync_seconds
     while True:
         await asyncio.sleep(interval * (1 + random.random() * 0.1))
-        for ns, name in rt.views.sandboxes.names():
-            rt.enqueue_sandbox(ns, name)
-        for ns, name in rt.views.scopes.names():
-            rt.enqueue_scope(ns, name)
-        for ns, name in rt.views.pools.names():
-            rt.enqueue_pool(ns, name)
+        resync_all(rt)
+
+
+def resync_all(rt: Runtime) -> None:
+    """Queue a background pass for every Sandbox, SandboxScope and warm pool the views hold."""
+    for ns, name in rt.views.sandboxes.names():
+        rt.enqueue_sandbox(ns, name, background=True)
+    for ns, name in rt.views.scopes.names():
+        rt.enqueue_scope(ns, name, background=True)
+    for ns, name in rt.views.pools.names():
+        rt.enqueue_pool(ns, name, background=True)
 
 
 @kopf.on.startup()
@@ -219,11 +230,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
-    # kopf keeps one worker per object that had an event, for idle_timeout after its last one;
-    # the worker limit caps how many *new* objects per second it can take in (64 workers idling
-    # 5 s each let ~13 Sandboxes/s through). Our handlers only update the views and enqueue, so
-    # workers can leave soon; a limit still bounds memory under a burst of thousands of objects
-    # (each live worker holds a task, a queue and the bodies it has not handled yet).
+    # kopf keeps one worker per object that had an event, for idle_timeout after its last one.
+    # Our handlers only update the views and enqueue, so workers can leave soon. No limit on
+    # their number (see KOPF_WORKERS: a limit deadlocks the initial indexing).
     settings.queueing.worker_limit = KOPF_WORKERS
     settings.queueing.idle_timeout = 1.0
     config = getattr(memo, "config", None)

@@ -139,18 +139,28 @@ class Runtime:
             self.sandbox_queue.forget(key)
 
     def enqueue_sandbox(
-        self, namespace: str, name: str, delay: float = 0.0, *, urgent: bool = False
+        self,
+        namespace: str,
+        name: str,
+        delay: float = 0.0,
+        *,
+        urgent: bool = False,
+        background: bool = False,
     ) -> None:
         if self.sandbox_queue is not None:
-            self.sandbox_queue.add((namespace, name), delay, urgent=urgent)
+            self.sandbox_queue.add((namespace, name), delay, urgent=urgent, background=background)
 
-    def enqueue_scope(self, namespace: str, name: str, delay: float = 0.0) -> None:
+    def enqueue_scope(
+        self, namespace: str, name: str, delay: float = 0.0, *, background: bool = False
+    ) -> None:
         if self.scope_queue is not None:
-            self.scope_queue.add((namespace, name), delay)
+            self.scope_queue.add((namespace, name), delay, background=background)
 
-    def enqueue_pool(self, namespace: str, name: str, delay: float = 0.0) -> None:
+    def enqueue_pool(
+        self, namespace: str, name: str, delay: float = 0.0, *, background: bool = False
+    ) -> None:
         if self.pool_queue is not None:
-            self.pool_queue.add((namespace, name), delay)
+            self.pool_queue.add((namespace, name), delay, background=background)
 
     async def close(self) -> None:
         for queue in (self.sandbox_queue, self.scope_queue, self.pool_queue):

@@ -64,6 +64,7 @@ from sandbox_operator.reconcile.status import (
     egress_admitted,
     message_only,
     recorded_served_by,
+    sandbox_gone,
     sandbox_ref,
     write_status,
 )
@@ -248,7 +249,8 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     )
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
     fresh = await _ensure_metadata(rt, obj, scope, key, spec.kind)
-    if fresh is None:
+    if fresh is None:  # 404: it is gone
+        sandbox_gone(rt, obj)
         return None
     obj = fresh
     draft = Draft(obj)

@@ -149,6 +149,18 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
     return Patched(written)
 
 
+def sandbox_gone(rt: Runtime, obj: Mapping[str, Any]) -> None:
+    """The API server answered 404 for a Sandbox the views hold: it is gone (a deletion the
+    watch has not delivered yet, or missed). Drop it from the views and forget everything kept
+    about it, so no resync or event about its scope passes over it again (each such pass would
+    cost a read and a write answered 404); its DELETED event, or a newer object of that name,
+    brings whatever is due."""
+    meta = _meta(obj)
+    ns, name = str(meta["namespace"]), str(meta["name"])
+    rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
+    rt.forget(ns, name)
+
+
 async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     """Patch a Sandbox's or SandboxScope's status if it changed; post an Event for each
     condition whose reason changed.
@@ -163,11 +175,8 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     written = patched.obj
     ns, name = str(meta["namespace"]), str(meta["name"])
     if written is None:
-        # 404: gone while the views still held it (a deletion the watch has not delivered, or
-        # missed across a re-list). Drop it; a later event would bring it back.
         if plural == SANDBOX_PLURAL:
-            rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
-            rt.forget(ns, name)
+            sandbox_gone(rt, draft.obj)
         else:
             rt.views.scopes.remove(ns, name, str(meta.get("uid") or "") or None)
         return False

@@ -9,10 +9,12 @@ Deadlines (startup timeout, TTL, idle timeout, disposal retry) are ``add(key, de
 earliest pending deadline of a key is kept, since the pass it triggers computes the next one.
 Nothing here polls: an idle key with no deadline costs nothing.
 
-Two priorities: ``urgent`` keys (a Sandbox already admitted whose pod changed: one cheap status
-write, and someone waits for it) go before the others (a new Sandbox to admit: several writes).
+Three priorities: ``urgent`` keys (a Sandbox already admitted whose pod changed: one cheap status
+write, and someone waits for it) go before the others (a new Sandbox to admit: several writes),
+and ``background`` keys (the safety-net resync's pass over everything held) after all of them.
 Within a priority, first in, first out. Under a burst of creates this keeps "Ready" close to the
-pod's readiness instead of queued behind every admission still to do.
+pod's readiness instead of queued behind every admission still to do; and a resync over thousands
+of objects (most of them needing nothing, some gone since) never holds up a new Sandbox.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ K = TypeVar("K", bound=Hashable)
 #: A failing pass is retried after BASE * 2**failures seconds, at most MAX.
 ERROR_BACKOFF_BASE = 0.5
 ERROR_BACKOFF_MAX = 60.0
+
+
+#: The priorities a key is queued with (lower goes first).
+URGENT, NORMAL, BACKGROUND = 0, 1, 2
 
 
 #: HTTP statuses of an API server that is overloaded or on its way back: retried, not news.
@@ -84,15 +90,22 @@ class WorkQueue(Generic[K]):
     def pending_deadlines(self) -> int:
         return len(self._timers)
 
-    def add(self, key: K, delay: float = 0.0, *, urgent: bool = False) -> None:
-        """Work on ``key`` now, or after ``delay`` seconds (the earliest of its deadlines)."""
+    def add(
+        self, key: K, delay: float = 0.0, *, urgent: bool = False, background: bool = False
+    ) -> None:
+        """Work on ``key`` now, or after ``delay`` seconds (the earliest of its deadlines).
+
+        ``urgent`` puts it before every other key, ``background`` after every other key; a key
+        queued already with a lower priority moves up (it still runs once)."""
+        if urgent and background:
+            raise ValueError("a key is either urgent or background, not both")
         if delay > 0:
             self._add_later(key, delay)
             return
         if key in self._active:
             self._again.add(key)
             return
-        priority = 0 if urgent else 1
+        priority = URGENT if urgent else BACKGROUND if background else NORMAL
         queued = self._queued.get(key)
         if queued is not None and queued <= priority:
             return
