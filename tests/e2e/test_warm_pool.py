@@ -5,15 +5,19 @@ operator SIGKILLed in the middle of a burst of claims leaves every Sandbox with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -21,6 +25,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.contract import SandboxKey
 from tests.fixtures.operator import DECLARATIONS, GROUP, VERSION, Kit, local_config
+from tests.unit.test_chart_render import template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -600,3 +605,110 @@ def test_a_forged_pool_pod_is_never_claimed(kit, start_operator, runtime):
     _wait(lambda: read_pod(kit, forged) is None, 60, "the forged pod replaced by the pool")
     pool = wait_pool_ready(kit, "warm", 2, timeout=180)
     assert pool["status"]["replicas"] == 2
+
+
+# ---- idle pool pods and the agents' exec ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def agent_role_with_exec_policies(
+    kit: Kit, tmp_path: Path, agent: str
+) -> Iterator[list[dict[str, Any]]]:
+    """The chart's agent Role, bound to ServiceAccount ``agent`` in the test namespace, and its
+    exec policies (``agentRole.restrictExec``) as the chart renders them; the policies created."""
+    values = {
+        "agentRole": {
+            "create": True,
+            "namespaces": [kit.ns],
+            "subjects": [{"kind": "ServiceAccount", "name": agent, "namespace": kit.ns}],
+            "restrictExec": True,
+        }
+    }
+    path = tmp_path / "agent-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    objs = template(values_files=[path], release=f"x{uuid.uuid4().hex[:8]}")
+    api = kit.core.api_client
+    kit.core.create_namespaced_service_account(
+        kit.ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=agent))
+    )
+    rbac = client.RbacAuthorizationV1Api(api)
+    for o in objs:
+        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-agent"):
+            rbac.create_namespaced_role(kit.ns, o)
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-agent"):
+            rbac.create_namespaced_role_binding(kit.ns, o)
+    admission = client.AdmissionregistrationV1Api(api)
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    try:
+        for policy in policies:
+            admission.create_validating_admission_policy(policy)
+        for binding in bindings:
+            admission.create_validating_admission_policy_binding(binding)
+        yield policies
+    finally:
+        for binding in bindings:
+            with contextlib.suppress(ApiException):
+                admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        for policy in policies:
+            with contextlib.suppress(ApiException):
+                admission.delete_validating_admission_policy(policy["metadata"]["name"])
+
+
+def test_an_idle_pool_pod_is_out_of_an_agents_exec_reach_until_claimed(
+    kit, start_operator, kubectl, tmp_path
+):
+    """(#28 item 6) With the chart's agent exec policies, an agent cannot exec into an idle pool
+    pod (so nothing it plants there can reach a later claimant); the claim, one patch the operator
+    makes anyway, opens that pod, and only that pod, to the agent's exec."""
+    agent = "agent"
+    as_agent = f"--as=system:serviceaccount:{kit.ns}:{agent}"
+    start_operator(only("runc"))
+    kit.scope()
+    create_pool(kit, "warm", 2)
+    with agent_role_with_exec_policies(kit, tmp_path, agent) as policies:
+        assert {p["metadata"]["name"].rsplit("-agent-", 1)[1] for p in policies} == {
+            "exec",
+            "exec-idle",
+        }
+        wait_pool_ready(kit, "warm", 2)
+        idle = sorted(p.metadata.name for p in idle_pods(kit, "warm"))
+
+        def plant(pod: str) -> Any:
+            return kubectl(
+                "exec", as_agent, "-n", kit.ns, pod, "--",
+                "/bin/sh", "-c", "echo planted > /workspace/planted; echo done", check=False,
+            )  # fmt: skip
+
+        # The policies reach the API server's admission a moment after they are created.
+        refused = _wait(
+            lambda: (out := plant(idle[0])).returncode != 0 and "idle warm-pool pod" in out.stderr,
+            30,
+            "the agent's exec into an idle pool pod refused",
+        )
+        assert refused
+        out = plant(idle[1])
+        assert out.returncode != 0 and "agents may not exec into an idle warm-pool pod" in (
+            out.stderr
+        ), (out.stdout, out.stderr)
+        # Not the agent: the policies match agents only (the namespace is everyone else's bound).
+        admin = exec_sh(kubectl, kit.ns, idle[1], "echo ok")
+        assert admin.returncode == 0 and admin.stdout == "ok\n", admin.stderr
+
+        kit.sandbox("box")
+        origin, pod = served(wait_ready(kit, "box", timeout=60))
+        assert origin == "SandboxWarmPool/warm" and pod in idle
+        # The claim opened the claimed pod to the agent; it finds nothing planted there.
+        out = _wait(
+            lambda: (o := kubectl(
+                "exec", as_agent, "-n", kit.ns, pod, "--",
+                "/bin/sh", "-c", "ls -A /workspace | wc -l", check=False,
+            )).returncode == 0 and o,
+            10,
+            "the agent's exec into its claimed pod",
+        )  # fmt: skip
+        assert out.stdout.split() == ["0"], out.stdout
+        for other in idle_pods(kit, "warm"):
+            assert other.metadata.name != pod
+            out = plant(other.metadata.name)
+            assert out.returncode != 0 and "idle warm-pool pod" in out.stderr, out.stderr

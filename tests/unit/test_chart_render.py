@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sandbox_operator import labels as lbl
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sandbox-operator"
 RUNGS = ["none", "runtime", "os_process", "container", "hardened_container", "microvm", "vm"]
@@ -385,13 +387,35 @@ def test_agent_role_grants_sandboxes_and_exec_only() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}
     ]
-    policy = one(objs, "ValidatingAdmissionPolicy")
-    assert (
-        "system:serviceaccount:agents:agent" in policy["spec"]["matchConditions"][0]["expression"]
-    )
-    assert 'startsWith("sbx-")' in policy["spec"]["validations"][0]["expression"]
-    vapb = one(objs, "ValidatingAdmissionPolicyBinding")
-    assert vapb["spec"]["policyName"] == policy["metadata"]["name"]
+    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "ValidatingAdmissionPolicy")}
+    bindings = {
+        b["spec"]["policyName"]: b for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    }
+    assert set(policies) == set(bindings)
+    exec_policy = "so-sandbox-operator-agent-exec"
+    idle_policy = f"{exec_policy}-idle"
+    assert set(policies) == {exec_policy, idle_policy}
+    for policy in policies.values():
+        assert (
+            "system:serviceaccount:agents:agent"
+            in policy["spec"]["matchConditions"][0]["expression"]
+        )
+        rules = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert rules[0]["operations"] == ["CONNECT"]
+        assert rules[0]["resources"] == ["pods/exec", "pods/attach"]
+    prefix = policies[exec_policy]
+    assert 'startsWith("sbx-")' in prefix["spec"]["validations"][0]["expression"]
+    # Idle pool pods: the params are the pods of the request's namespace with the pool label and
+    # no sandbox label (a claim adds it); an exec naming one is refused, none is an allow.
+    idle = policies[idle_policy]
+    assert idle["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
+    assert idle["spec"]["validations"][0]["expression"] == "params.metadata.name != request.name"
+    ref = bindings[idle_policy]["spec"]["paramRef"]
+    assert "namespace" not in ref and ref["parameterNotFoundAction"] == "Allow"
+    assert ref["selector"]["matchExpressions"] == [
+        {"key": lbl.POOL_LABEL, "operator": "Exists"},
+        {"key": lbl.SANDBOX_LABEL, "operator": "DoesNotExist"},
+    ]
 
 
 def render_notes(values: dict[str, str] | None = None, tmp: Path | None = None) -> str:
