@@ -82,6 +82,9 @@ def test_a_ready_unchanged_sandbox_costs_nothing_and_admission_lists_nothing(kit
     assert writes.get(("patch", "sandboxes")) == 1, writes
     assert writes.get(("patch", "sandboxes/status"), 0) >= 1, writes
     assert writes.get(("patch", "sandboxscopes/status")) == 1, writes
+    # No Event: admitted and created are in the conditions (#26: an Event per transition every
+    # Sandbox makes was one more write per Sandbox, read by nobody who does not read conditions).
+    assert ("create", "events") not in writes, writes
     if (kit.condition(kit.get("second"), "Ready") or {}).get("reason") != "Ready":
         play_kubelet(kit, "second")
     kit.wait_condition("second", "Ready", reasons=("Ready",), timeout=60)

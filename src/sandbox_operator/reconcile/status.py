@@ -50,6 +50,14 @@ NORMAL_REASONS = frozenset(
     {R.ADMITTED, R.CREATING, R.READY, R.SUSPENDED, R.DISPOSING, R.DISPOSED, R.PURGED}
 )
 
+#: Normal transitions every Sandbox makes on its way in and out (admitted, created, Ready,
+#: disposed): recorded in its conditions only, never as an Event. An Event is a write to the API
+#: server for each Sandbox, and nothing reads these that does not read the conditions (the client
+#: and ``kubectl get sandboxes`` read the conditions). Warnings are always recorded, and so are
+#: the Normal events someone waits for: ``Suspended`` (``kubectl describe`` on a sandbox that
+#: stopped by itself) and a scope's ``Purged``.
+SILENT_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISPOSED})
+
 #: After a write lost a race (409), look again this soon even if no watch event comes.
 CONFLICT_RETRY_SECONDS = 1.0
 
@@ -189,7 +197,8 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
 
 
 async def _post_events(rt: Runtime, draft: Draft) -> None:
-    """An Event for each condition whose reason or status this write changed."""
+    """An Event for each condition whose reason or status this write changed, but for the
+    transitions every Sandbox makes (``SILENT_REASONS``)."""
     old_conds = draft.old.get("conditions") or []
     for ctype in (ADMITTED, READY, DISPOSED):
         new = draft.condition(ctype)
@@ -198,15 +207,10 @@ async def _post_events(rt: Runtime, draft: Draft) -> None:
             old is not None and old.get("reason") == new.reason and old.get("status") == new.status
         ):
             continue
+        if new.reason in SILENT_REASONS:
+            continue
         if ctype == READY and draft.reason(ADMITTED) == new.reason:
             continue  # a refusal is reported once, on Admitted
-        if (
-            ctype == READY
-            and new.reason == R.CREATING
-            and draft.reason(ADMITTED) == R.ADMITTED
-            and cnd.reason_of(draft.old, ADMITTED) != R.ADMITTED
-        ):
-            continue  # admitted and being created: the Admitted event says both
         type_ = "Normal" if new.reason in NORMAL_REASONS else "Warning"
         await rt.kube.post_event(draft.obj, type_=type_, reason=new.reason, message=new.message)
 
