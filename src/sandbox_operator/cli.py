@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exact_namespaces(namespaces: list[str], all_namespaces: bool) -> tuple[str, ...] | None:
+    """The served namespaces when each is a plain name; None (all) otherwise: kopf also takes
+    patterns (``team-*``, ``!kube-system``), which only a watch over all namespaces covers."""
+    if all_namespaces or any(set(ns) & set("*?[]!") for ns in namespaces):
+        return None
+    return tuple(namespaces)
+
+
 def _default_priority() -> int:
     ident = os.environ.get("POD_NAME") or os.uname().nodename
     return 100 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 10000
@@ -244,7 +252,13 @@ def _run(args: argparse.Namespace) -> int:
         liveness_endpoint=liveness,
         # The handlers' only way to the configuration: startup reads memo.config (and where to
         # publish what it serves: reconcile/publish.py).
-        memo=kopf.Memo(config=config, publish_namespaces=publish_to),
+        memo=kopf.Memo(
+            config=config,
+            publish_namespaces=publish_to,
+            # Where the operator's own watches (reconcile/handlers.py) look: these namespaces,
+            # or all of them (None) when serving all or given a pattern.
+            namespaces=_exact_namespaces(args.namespace, bool(args.all_namespaces)),
+        ),
     )
     return EXIT_OK
 

@@ -200,6 +200,13 @@ def _api_attributes(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def _streams(func: ast.AST | None) -> bool:
+    """Whether a function opens a watch (``watch.Watch(...).stream(...)``)."""
+    return func is not None and any(
+        isinstance(n, ast.Call) and _callee_name(n.func) == "stream" for n in ast.walk(func)
+    )
+
+
 def _plural(stem: str) -> str:
     return PLURALS.get(stem, stem.replace("_", "") + "s")
 
@@ -238,6 +245,8 @@ def _api_reference(
     if group != "*custom*":
         resource = _plural(stem) + ("/status" if status else "")
         result.grants.add((group, resource, verb))
+        if verb == "list" and _streams(resolver.enclosing_function(node)):
+            result.grants.add((group, resource, "watch"))  # a Watch().stream(list call) there
         return
     # CustomObjectsApi: the (group, version, [namespace,] plural) arguments of the calls made
     # with this method inside the enclosing function.

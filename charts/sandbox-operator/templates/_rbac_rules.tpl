@@ -33,9 +33,10 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [get, list, watch, create, delete, deletecollection]
 - apiGroups: [""]
   resources: [events]
-  # list: a pod stuck before its containers exist is explained by the kubelet's events (a node
-  # without the RuntimeClass's handler), read with a field selector on that pod's uid.
-  verbs: [create, list]
+  # list, watch: a pod stuck before its containers exist is explained by the kubelet's events (a
+  # node without the RuntimeClass's handler), watched with the field selector
+  # reason=FailedCreatePodSandBox (backends/runtimeclass/pod_sandbox_failures.py).
+  verbs: [create, list, watch]
 {{- if kindIs "map" .Values.config.egressProxy }}
 # The egress proxy the operator runs per namespace (backends/egress_proxy.py): its objects are
 # all named sandbox-egress-proxy and written by server-side apply, which needs create when the

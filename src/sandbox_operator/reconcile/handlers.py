@@ -38,6 +38,9 @@ import kopf
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
+from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import (
+    watch_pod_sandbox_failures,
+)
 from sandbox_operator.backends.warmpool import pool_name_of
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract import (
@@ -263,6 +266,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             await start(lambda ns, name: rt.enqueue_sandbox(ns, name))
     metrics.register_sandbox_census(lambda: census(rt))
     memo.runtime = rt
+    memo.failures_tasks = watch_pod_sandbox_failures_in(rt, getattr(memo, "namespaces", None))
     memo.resync_task = asyncio.create_task(_resync_forever(rt), name="resync")
     memo.trim_task = asyncio.create_task(_trim_when_quiet(rt), name="trim")
     # What this operator serves, for clients that must know before any sandbox exists (in the
@@ -277,10 +281,39 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
 
 
+def watch_pod_sandbox_failures_in(
+    rt: Runtime, namespaces: tuple[str, ...] | None
+) -> list[asyncio.Task[None]]:
+    """With a runtime-class backend: watch the kubelet's FailedCreatePodSandBox events in each
+    served namespace (``None``: in all of them, one watch), and wake the Sandbox (or pool) whose
+    pod the node cannot run."""
+    if not any(hasattr(d, "use_pod_sandbox_failures") for d in rt.drivers.values()):
+        return []
+
+    def failed(namespace: str, pod_name: str) -> None:
+        pod = rt.views.pods.get(namespace, pod_name)
+        if pod is None:
+            return
+        owner = owning_sandbox(pod)
+        if owner:
+            rt.enqueue_sandbox(namespace, owner, urgent=True)
+        pool = pool_name_of(pod)
+        if pool:
+            rt.enqueue_pool(namespace, pool)
+
+    return [
+        asyncio.create_task(
+            watch_pod_sandbox_failures(rt.kube.api, ns, rt.pod_sandbox_failures, failed),
+            name=f"pod-sandbox-failures-{ns or 'all'}",
+        )
+        for ns in (namespaces if namespaces else (None,))
+    ]
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for attr in ("resync_task", "trim_task", "publish_task"):
-        task = getattr(memo, attr, None)
+    tasks = [getattr(memo, a, None) for a in ("resync_task", "trim_task", "publish_task")]
+    for task in [*tasks, *(getattr(memo, "failures_tasks", None) or ())]:
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -18,6 +18,7 @@ from typing import Any
 
 from sandbox_operator.backends import build_driver
 from sandbox_operator.backends.base import BackendDriver, suspends
+from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
 from sandbox_operator.reconcile.kube import Kube
@@ -70,6 +71,9 @@ class Runtime:
     )
     #: Warm pool pods a pass of this process is claiming right now (skipped by other passes).
     claiming: set[ObjKey] = field(default_factory=set)
+    #: What the watch of the kubelet's FailedCreatePodSandBox events said (runtime-class pods
+    #: whose node lacks the handler), shared by every runtime-class driver.
+    pod_sandbox_failures: PodSandboxFailures = field(default_factory=PodSandboxFailures)
     sandbox_queue: WorkQueue[ObjKey] | None = None
     scope_queue: WorkQueue[ObjKey] | None = None
     pool_queue: WorkQueue[ObjKey] | None = None
@@ -98,6 +102,9 @@ class Runtime:
                 use_views(
                     rt.views.pods, rt.views.network_policies, rt.views.persistent_volume_claims
                 )
+            use_failures = getattr(driver, "use_pod_sandbox_failures", None)
+            if use_failures is not None:
+                use_failures(rt.pod_sandbox_failures)
         await rt.refresh_availability(force=True)
         for name, reason in rt.unavailable.items():
             log.warning("backend %s is unavailable: %s", name, reason)

@@ -51,6 +51,7 @@ from sandbox_operator.backends.runtimeclass.observe import (
     classify_pod,
     missing_handler,
 )
+from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.backends.runtimeclass.pods import (
     POD,
     build_pod,
@@ -137,6 +138,12 @@ class RuntimeClassDriver(RuntimeClassObjects):
             self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
         )
 
+    def use_pod_sandbox_failures(self, failures: PodSandboxFailures) -> None:
+        """Learn that a pod's node lacks the runtime handler from the operator's watch of the
+        kubelet's ``FailedCreatePodSandBox`` events from now on, instead of reading a starting
+        pod's Events (pod_sandbox_failures.py)."""
+        self._failures = failures
+
     def use_views(self, pods: Store, network_policies: Store, claims: Store | None = None) -> None:
         """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
         with ``spec.storage``) from the operator's watched views from now on, and put what this
@@ -148,6 +155,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
     #: Called with (namespace, pool) when an idle pod of that pool was given a proxy address
     #: that is no longer the namespace's proxy (the operator then replaces the pod).
     on_pool_change: Callable[[str, str], None] | None = None
+
+    #: The operator's watch of FailedCreatePodSandBox events (``use_pod_sandbox_failures``);
+    #: None: a starting pod's Events are read, as a one-off caller expects.
+    _failures: PodSandboxFailures | None = None
 
     async def pool_proxy(self, pool: PoolRef, spec: SandboxSpec) -> ProxyAddress | None:
         """For an allowlist template on a backend whose egress proxy the operator runs: the
@@ -328,7 +339,18 @@ class RuntimeClassDriver(RuntimeClassObjects):
         observation = classify_pod(pod)
         if pod is not None:
             observation = replace(observation, served_from=pod_origin(pod))
-        if pod is not None and observation.phase is ObservedPhase.STARTING:
+        if (
+            pod is not None
+            and observation.phase is ObservedPhase.STARTING
+            and self._failures is not None
+        ):
+            # The operator watches the kubelet's FailedCreatePodSandBox events (no read here; a
+            # new one wakes the Sandbox).
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            handler = self._failures.missing_handler(uid)
+            if handler is not None:
+                observation = self._handler_missing(pod, handler, observation)
+        elif pod is not None and observation.phase is ObservedPhase.STARTING:
             now = datetime.now(UTC)
             if awaits_pod_sandbox(pod, now):
                 observation = await self._check_handler(pod, observation)
@@ -348,13 +370,19 @@ class RuntimeClassDriver(RuntimeClassObjects):
         return observation
 
     async def _check_handler(self, pod: Mapping[str, Any], observation: Observation) -> Observation:
-        """A pod stuck before its containers exist: does the node lack the runtime handler?"""
+        """A pod stuck before its containers exist: does the node lack the runtime handler?
+        (Read from the pod's Events: for a driver used without the operator's watch.)"""
         events = await self._sandbox_events(pod)
         if events is None:
             return observation
         handler = missing_handler(events)
         if handler is None:
             return observation
+        return self._handler_missing(pod, handler, observation)
+
+    def _handler_missing(
+        self, pod: Mapping[str, Any], handler: str, observation: Observation
+    ) -> Observation:
         rc = self._config.runtime_class_name
         node = (pod.get("spec") or {}).get("nodeName", "")
         return Observation(

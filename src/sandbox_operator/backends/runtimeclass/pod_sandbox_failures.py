@@ -1,0 +1,128 @@
+"""The kubelet's ``FailedCreatePodSandBox`` events, from a watch instead of a read per pod.
+
+A pod whose node has no handler for its RuntimeClass stays Pending for ever: nothing in the pod's
+own status says why, only the kubelet's Events do. Listing a starting pod's Events after 3 s, and
+every 5 s while it waits, cost the API server about 3.5 lists per Sandbox in a burst on a busy
+node (issue 26). Here one watch per served namespace (or one for all), with the server-side field
+selector ``reason=FailedCreatePodSandBox``, delivers only those Events: nothing at all while every
+pod starts. What they say is kept by pod uid; the Sandbox owning the pod is woken at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sandbox_operator.backends.runtimeclass.observe import missing_handler
+from sandbox_operator.kubecalls import call_json
+
+log = logging.getLogger(__name__)
+
+#: The only Events the watch asks for.
+FIELD_SELECTOR = "reason=FailedCreatePodSandBox"
+
+#: A watch is ended by the server after this long and opened again (from the last version).
+WATCH_SECONDS = 300
+
+#: The most pods remembered: a node without the handler fails every pod sent to it, and each is
+#: reported once; the oldest are let go first (their Sandboxes have long ended in StartupFailed).
+REMEMBERED = 10_000
+
+
+class PodSandboxFailures:
+    """The runtime handler a pod's node lacks, by pod uid, as the kubelet's Events said."""
+
+    def __init__(self, limit: int = REMEMBERED) -> None:
+        self._limit = limit
+        self._by_uid: OrderedDict[str, str] = OrderedDict()
+        #: Whether the watch has listed once (until then nothing can be said either way).
+        self.synced = False
+
+    def missing_handler(self, pod_uid: str) -> str | None:
+        return self._by_uid.get(pod_uid)
+
+    def record(self, event: Mapping[str, Any]) -> tuple[str, str] | None:
+        """Keep what one Event says; the (namespace, pod name) it concerns when it says a handler
+        is missing and that was not known yet (its Sandbox is then woken)."""
+        handler = missing_handler([event])
+        involved = event.get("involvedObject") or {}
+        uid = str(involved.get("uid") or "")
+        if handler is None or not uid or involved.get("kind") != "Pod":
+            return None
+        if self._by_uid.get(uid) == handler:
+            return None
+        self._by_uid[uid] = handler
+        self._by_uid.move_to_end(uid)
+        while len(self._by_uid) > self._limit:
+            self._by_uid.popitem(last=False)
+        namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
+        return str(namespace or ""), str(involved.get("name") or "")
+
+
+async def watch_pod_sandbox_failures(
+    api: Any,
+    namespace: str | None,
+    failures: PodSandboxFailures,
+    notify: Callable[[str, str], None],
+    *,
+    retry_seconds: float = 2.0,
+) -> None:
+    """List, then watch, the namespace's (None: every namespace's) ``FailedCreatePodSandBox``
+    Events for ever, calling ``notify(namespace, pod)`` for each pod newly known to lack a
+    handler. A watch the server ends is opened again from the last version seen; an expired
+    version (410) or an error lists again (after ``retry_seconds``). Never raises but
+    ``CancelledError``."""
+    from kubernetes_asyncio import client, watch
+
+    core = client.CoreV1Api(api)
+    list_call: Any = core.list_event_for_all_namespaces
+    where: tuple[str, ...] = ()
+    if namespace is not None:
+        list_call, where = core.list_namespaced_event, (namespace,)
+
+    def take(event: Mapping[str, Any]) -> None:
+        concerned = failures.record(event)
+        if concerned is not None and concerned[1]:
+            notify(*concerned)
+
+    version: str | None = None
+    while True:
+        try:
+            if version is None:
+                body = await call_json(list_call, *where, field_selector=FIELD_SELECTOR)
+                for item in body.get("items") or []:
+                    take(item)
+                version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+                failures.synced = True
+            # return_type "object": the events stay dicts. An expired version arrives as an
+            # ApiException (410), below.
+            w = watch.Watch(return_type="object")
+            async with w.stream(
+                list_call,
+                *where,
+                field_selector=FIELD_SELECTOR,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_SECONDS + 30,
+            ) as stream:
+                async for change in stream:
+                    version = w.resource_version or version
+                    if change.get("type") in ("ADDED", "MODIFIED"):
+                        take(change.get("object") or {})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            log.warning(
+                "watching FailedCreatePodSandBox events%s failed (%s); again in %.0fs",
+                f" in {namespace}" if namespace else "",
+                status or type(exc).__name__,
+                retry_seconds,
+            )
+            if status == 410:
+                version = None
+            await asyncio.sleep(retry_seconds)
