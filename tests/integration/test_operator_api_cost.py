@@ -104,3 +104,29 @@ def test_a_ready_unchanged_sandbox_costs_nothing_and_admission_lists_nothing(kit
         and dict(labels).get("kind") == "sandbox"
     )
     assert passes >= 2 * 4, passes
+
+
+def test_cleanup_deletes_each_object_once(kit, start_operator):
+    """(#26 item 2) Deleting a Ready Sandbox deletes its pod and its NetworkPolicy once each: the
+    answer of each delete goes into the views at once, so the passes woken meanwhile (by the
+    Sandbox's own status write, by the pod's status changes) do not delete them again."""
+    op = start_operator(local_config(floor="container"))
+    kit.scope()
+    names = [f"c{i}" for i in range(3)]
+    for name in names:
+        kit.sandbox(name, agent_dir=f"agents/{name}")
+    for name in names:
+        kit.wait_pod(name, timeout=30)
+        if (kit.condition(kit.get(name), "Ready") or {}).get("reason") != "Ready":
+            play_kubelet(kit, name)
+        kit.wait_condition(name, "Ready", reasons=("Ready",), timeout=60)
+    before = op.api_requests()
+    for name in names:
+        kit.delete(name)
+    for name in names:
+        kit.wait_gone(name, timeout=60)
+    time.sleep(1)
+    cleanup = delta(op.api_requests(), before)
+    assert cleanup.get(("delete", "pods")) == len(names), cleanup
+    assert cleanup.get(("delete", "networkpolicies")) == len(names), cleanup
+    assert ("create", "events") not in cleanup, cleanup  # Disposing/Disposed: conditions only

@@ -359,13 +359,29 @@ class RuntimeClassObjects:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            await call_json(self._call("delete", kind), name, namespace)
+            answer = await call_json(self._call("delete", kind), name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return
             raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
         except (TimeoutError, OSError) as exc:
             raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
+        self._deleted(kind, namespace, name, answer)
+
+    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> None:
+        """Put a delete's answer into the views at once, as a create's is: the object being
+        deleted (a pod in its grace period), or gone (a Status). Until its watch event came, a
+        pass that ran meanwhile (woken by the Sandbox's own status write) deleted it again."""
+        views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
+        view = views.get(kind)
+        if view is None:
+            return
+        if answer.get("kind") == kind and (answer.get("metadata") or {}).get("deletionTimestamp"):
+            view.upsert(answer)
+            return
+        uid = (answer.get("details") or {}).get("uid") or (answer.get("metadata") or {}).get("uid")
+        if answer.get("kind") in ("Status", kind) and uid:
+            view.remove(namespace, name, str(uid))
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
