@@ -157,6 +157,20 @@ os.mkfifo("../transport/calls/1.req")
 time.sleep(300)
 """
 
+PLANTS_USERCUSTOMIZE = """
+import os, site
+path = site.getusersitepackages()
+os.makedirs(path, exist_ok=True)
+with open(os.path.join(path, "usercustomize.py"), "w") as f:
+    f.write("open('/tmp/usercustomize-ran', 'w').write('ran')\\n")
+print("planted")
+"""
+
+LOOKS_FOR_USERCUSTOMIZE = """
+import os, sys
+print(os.path.exists("/tmp/usercustomize-ran"), "usercustomize" in sys.modules)
+"""
+
 COMMIT_THEN_CUT = """
 import sandbox_host_tools as host
 print(host.commit(), flush=True)
@@ -288,6 +302,25 @@ async def test_host_tools_over_exec(
     assert time.monotonic() - started < 8 + 10
     assert [r.refusal for r in fifo.value.records] == ["HostToolRequestInvalid"]
     assert fifo.value.signal is SignalOutcome.GROUP and fifo.value.leftovers_ended == 0
+
+    # 3d. A usercustomize planted in the user site (HOME is /tmp, writable) by one run does not
+    # run before the next (#25 item 7: the program runs with the user site off).
+    plant = await run_with_host_tools(
+        sb, PLANTS_USERCUSTOMIZE, registry_for_overrun().start_run(**limits(sb)), timeout=120
+    )
+    assert plant.ok and plant.stdout == b"planted\n", plant.stderr_text
+    looked = await run_with_host_tools(
+        sb, LOOKS_FOR_USERCUSTOMIZE, registry_for_overrun().start_run(**limits(sb)), timeout=120
+    )
+    assert looked.ok and looked.stdout == b"False False\n", (looked.stdout, looked.stderr_text)
+    # ... whereas a python started with the user site on does run it (the plant is real).
+    plain = await sb.exec(
+        ["python3", "-c", "import os; print(os.path.exists('/tmp/usercustomize-ran'))"]
+    )
+    assert plain.stdout_text.strip() == "True", plain.stdout_text
+    assert (await sb.exec(["rm", "-rf", "/tmp/.local", "/tmp/usercustomize-ran"])).ok
+    for done in (plant, looked):
+        assert await reclaim_run(sb, done.layout)
 
     # 4. The forum case: the effect commits, then the answer path is cut (the pod is deleted).
     pod = naming.pod_name(sb.name)

@@ -159,7 +159,7 @@ async def test_observer_sees_the_whole_sequence(
     landed = json.loads((tmp_path / "landed" / "result.json").read_text())
     assert landed == {"answer": {"stored": 1}, "refused": "HostToolNotRegistered"}
     assert [a.name for a in collected.landed] == ["result.json"]
-    assert disposed == 1
+    assert disposed.disposed == 1 and disposed.complete, disposed
     # ... and the observer's failures were logged by class name, never raised.
     assert "RuntimeError" in caplog.text
     assert "must stay contained" not in caplog.text

@@ -134,7 +134,7 @@ class FakeCustom:
         return {"items": [copy.deepcopy(o) for (p, _), o in self.objects.items() if p == plural]}
 
     async def delete_namespaced_custom_object(
-        self, group: str, version: str, ns: str, plural: str, name: str
+        self, group: str, version: str, ns: str, plural: str, name: str, body: Any = None
     ) -> None:
         if self.fail_delete is not None:
             raise self.fail_delete
@@ -408,7 +408,7 @@ async def test_whole_sequence_joined_by_key_and_call(harness: Harness) -> None:
             "metadata": {"name": "other", "annotations": lbl.key_annotations(h.key("b"))},
             "spec": {"scopeRef": "conv"},
         }
-        assert await h.client.dispose_scope("conv") == 1
+        assert (await h.client.dispose_scope("conv")).disposed == 1
 
     kinds = [type(e).__name__ for e in obs.events]
     assert kinds == [
@@ -557,7 +557,7 @@ async def test_raising_observer_changes_no_outcome(
                 h.set_egress(sb.name, egress([decision(1)]))
                 assert await h.client.report_egress(sb) == 1
                 await h.client.dispose(sb)
-                assert await h.client.dispose_scope("conv") == 0
+                assert (await h.client.dispose_scope("conv")).disposed == 0
 
             async def refuse(name: str) -> Any:
                 raise SandboxIsolationBelowFloor(
@@ -636,10 +636,10 @@ async def test_scope_disposed_falls_back_to_a_sandbox_key(harness: Harness) -> N
         "metadata": {"name": "x", "annotations": lbl.key_annotations(h.key())},
         "spec": {"scopeRef": "conv"},
     }
-    assert await h.client.dispose_scope("conv") == 1
+    assert (await h.client.dispose_scope("conv")).disposed == 1
     [ev] = obs.of(ScopeDisposed)
     assert (ev.scope, ev.thread_id, ev.count) == ("tenant", "t1", 1)
-    assert await h.client.dispose_scope("conv") == 0
+    assert (await h.client.dispose_scope("conv")).disposed == 0
     ev = obs.of(ScopeDisposed)[-1]
     assert (ev.scope, ev.thread_id, ev.scope_ref, ev.count) == (None, None, "conv", 0)
 

@@ -56,6 +56,7 @@ from sandbox_operator.client.observer import (
     record_key,
     tool_call,
 )
+from sandbox_operator.client.purges import purge_of_scope, undisposed
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.scopes import ScopeCalls
 from sandbox_operator.client.served import ServedPlane
@@ -75,10 +76,12 @@ from sandbox_operator.contract import (
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_PLURAL,
     VERSION,
+    DisposalFailure,
     IsolationScope,
     SandboxKey,
     SandboxResourceSpec,
     SandboxSpec,
+    ScopePurge,
 )
 from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 
@@ -462,16 +465,24 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             ),
         )
 
-    async def dispose_scope(self, scope_ref: str) -> int:
-        """Delete every Sandbox of one SandboxScope in the namespace; returns how many deletes
-        were issued. The SandboxScope itself is the host's to delete.
+    async def dispose_scope(
+        self,
+        scope_ref: str,
+        *,
+        timeout: float = 120.0,  # noqa: ASYNC109
+    ) -> ScopePurge:
+        """Delete every Sandbox of one SandboxScope in the namespace and wait (up to ``timeout``
+        seconds) until each is gone; returns the outcome: ``disposed`` counts the Sandboxes the
+        API server no longer has (not the deletes issued), ``undisposed`` each one still there,
+        with its ``DisposalCode`` (its ``Disposed`` condition's, else ``timeout``). The
+        SandboxScope itself is the host's to delete.
 
         With an observer, the listed Sandboxes' unreported egress decisions are delivered first,
-        and the disposal is reported as one ``ScopeDisposed`` (count, or the failure's class
-        name) naming the conversation by ``(scope, thread_id)``."""
+        and the disposal is reported as one ``ScopeDisposed`` naming the conversation by
+        ``(scope, thread_id)``."""
         call = record_key(None)
-        count = 0
         items: list[Mapping[str, Any]] = []
+        purge = ScopePurge()
         try:
             listing = await self.custom.list_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, SANDBOX_PLURAL
@@ -487,29 +498,101 @@ class SandboxClient(SuspendCalls, ScopeCalls):
                         self._report_egress_obj(item, None)
                     except Exception as exc:
                         _log_report_failure(exc)
-            for item in items:
-                await self._delete(SANDBOX_PLURAL, item["metadata"]["name"])
-                count += 1
+            targets = [
+                (str(item["metadata"]["name"]), str(item["metadata"].get("uid") or "") or None)
+                for item in items
+            ]
+            for name, uid in targets:
+                await self._delete(SANDBOX_PLURAL, name, uid=uid)
+            purge = await self._disposed_within(targets, timeout)
         except BaseException as exc:
-            await self._scope_disposed(scope_ref, items, call, count, exc)
+            await self._scope_disposed(scope_ref, items, call, purge, exc)
             raise
-        await self._scope_disposed(scope_ref, items, call, count, None)
-        return count
+        await self._scope_disposed(scope_ref, items, call, purge, None)
+        return purge
+
+    async def _disposed_within(
+        self,
+        targets: Sequence[tuple[str, str | None]],
+        timeout: float,  # noqa: ASYNC109
+    ) -> ScopePurge:
+        """Wait for the deleted Sandboxes to be gone, together, for at most ``timeout``."""
+
+        async def gone(name: str, uid: str | None) -> bool:
+            try:
+                await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
+            except TimeoutError:
+                return False
+            return True
+
+        outcomes = await asyncio.gather(*(gone(name, uid) for name, uid in targets))
+        failures: list[DisposalFailure] = []
+        for (name, uid), done in zip(targets, outcomes, strict=True):
+            if done:
+                continue
+            try:
+                obj = await self._get_object(SANDBOX_PLURAL, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # went just now
+                raise
+            if uid and (obj.get("metadata") or {}).get("uid") != uid:
+                continue  # a replacement: the one meant is gone
+            failures.append(undisposed(obj, timeout))
+        return ScopePurge(disposed=len(targets) - len(failures), undisposed=tuple(failures))
+
+    async def delete_scope(
+        self,
+        name: str,
+        *,
+        wait: bool = False,
+        timeout: float = 120.0,  # noqa: ASYNC109
+    ) -> ScopePurge | None:
+        """Delete a SandboxScope: the operator disposes every Sandbox of the conversation,
+        records the outcome in the scope's ``status.lastPurge`` and lets the scope go. Missing is
+        success.
+
+        With ``wait``, returns once the scope is gone, with that outcome as its last state
+        recorded it (``ScopePurge``: how many Sandboxes were disposed, and each that was not with
+        its ``DisposalCode``), and reports it to the observer as one ``ScopeDisposed``. None when
+        no purge was recorded (the scope was gone already, or no operator held it), and always
+        without ``wait``."""
+        call = record_key(None)
+        scope_obj: Mapping[str, Any] | None = None
+        try:
+            answer = await self._delete(SANDBOX_SCOPE_PLURAL, name)
+            if not wait:
+                return None
+            scope_obj = answer
+            uid = str(((answer or {}).get("metadata") or {}).get("uid") or "") or None
+            scope_obj = await self._wait_gone(
+                SANDBOX_SCOPE_PLURAL, name, timeout, uid=uid, seen=answer
+            )
+        except BaseException as exc:
+            if wait:
+                await self._scope_disposed(name, [], call, None, exc, scope_obj=scope_obj)
+            raise
+        purge = purge_of_scope(scope_obj)
+        if scope_obj is not None:
+            await self._scope_disposed(name, [], call, purge, None, scope_obj=scope_obj)
+        return purge
 
     async def _scope_disposed(
         self,
         scope_ref: str,
         items: Sequence[Mapping[str, Any]],
         call: str | None,
-        count: int,
+        purge: ScopePurge | None,
         exc: BaseException | None,
+        *,
+        scope_obj: Mapping[str, Any] | None = None,
     ) -> None:
         if self.observer is None:
             return
         scope: str | None = None
         thread_id: str | None = None
         try:
-            obj = await self._get_object(SANDBOX_SCOPE_PLURAL, scope_ref)
+            obj = scope_obj or await self._get_object(SANDBOX_SCOPE_PLURAL, scope_ref)
             spec = obj.get("spec") or {}
             scope, thread_id = spec.get("scope"), spec.get("threadId")
         except Exception:  # gone already, or not readable: fall back to a Sandbox's key
@@ -527,8 +610,9 @@ class SandboxClient(SuspendCalls, ScopeCalls):
                 scope_ref=scope_ref,
                 namespace=self.namespace,
                 call=call,
-                count=count,
+                count=purge.disposed if purge is not None else 0,
                 failure=failure_name(exc),
+                undisposed=purge.undisposed if purge is not None else (),
             ),
         )
 

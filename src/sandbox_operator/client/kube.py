@@ -174,13 +174,18 @@ class KubeCalls:
                 ) from None
             self._refuse(exc, "patch sandboxes", self._no_sandbox(name))
 
-    async def _delete(self, plural: str, name: str, *, uid: str | None = None) -> None:
+    async def _delete(
+        self, plural: str, name: str, *, uid: str | None = None
+    ) -> Mapping[str, Any] | None:
         """Delete one object; missing is success. With ``uid``, only that very object: the API
         server refuses the delete (409) when the name now holds another one (a replacement), which
-        is success too, because the object meant is gone."""
+        is success too, because the object meant is gone.
+
+        Returns the object as the delete left it when a finalizer holds it (being deleted), else
+        None (gone at once, or missing)."""
         try:
             if uid:
-                await self.custom.delete_namespaced_custom_object(
+                answer = await self.custom.delete_namespaced_custom_object(
                     GROUP,
                     VERSION,
                     self.namespace,
@@ -189,10 +194,13 @@ class KubeCalls:
                     body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
                 )
             else:
-                await self.custom.delete_namespaced_custom_object(
+                answer = await self.custom.delete_namespaced_custom_object(
                     GROUP, VERSION, self.namespace, plural, name
                 )
         except ApiException as exc:
             if exc.status == 404 or (uid and exc.status == 409):
-                return
+                return None
             self._refuse(exc, f"delete {plural}")
+        if isinstance(answer, Mapping) and (answer.get("metadata") or {}).get("deletionTimestamp"):
+            return answer
+        return None

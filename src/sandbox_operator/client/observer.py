@@ -34,7 +34,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Literal, TypeAlias, TypeVar
 
-from sandbox_operator.contract import SandboxKey
+from sandbox_operator.contract import DisposalFailure, SandboxKey
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -143,10 +143,12 @@ class SandboxDisposed:
 
 @dataclass(frozen=True, kw_only=True)
 class ScopeDisposed:
-    """Every Sandbox of one SandboxScope was deleted. A scope disposal is answered with a count,
-    not with the sandboxes, so there is no key: join on ``(scope, thread_id)``. Either is ``None``
-    when neither the SandboxScope nor any of its Sandboxes could be read to say it;
-    ``scope_ref`` is the SandboxScope's name, always known."""
+    """The Sandboxes of one SandboxScope were disposed (``dispose_scope``, or ``delete_scope``
+    with ``wait``). A scope disposal is answered with a count, not with the sandboxes, so there
+    is no key: join on ``(scope, thread_id)``. Either is ``None`` when neither the SandboxScope
+    nor any of its Sandboxes could be read to say it; ``scope_ref`` is the SandboxScope's name,
+    always known. ``count`` is how many are gone; ``undisposed`` each that is not, with its
+    ``DisposalCode``; ``failure`` the class name of an exception that stopped the call."""
 
     scope: str | None
     thread_id: str | None
@@ -155,6 +157,7 @@ class ScopeDisposed:
     call: str | None
     count: int
     failure: str | None
+    undisposed: tuple[DisposalFailure, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

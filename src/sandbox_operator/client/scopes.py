@@ -17,7 +17,8 @@ from sandbox_operator.contract import (
 
 
 class ScopeCalls(WatchCalls):
-    """:meth:`create_scope`, :meth:`delete_scope` and :meth:`key_for` of the client."""
+    """:meth:`create_scope` and :meth:`key_for` of the client (``delete_scope`` is the client's,
+    beside ``dispose_scope``: both report to its observer)."""
 
     async def create_scope(
         self,
@@ -44,18 +45,6 @@ class ScopeCalls(WatchCalls):
         }
         await self._apply(SANDBOX_SCOPE_PLURAL, name, body)
         return name
-
-    async def delete_scope(
-        self,
-        name: str,
-        *,
-        wait: bool = False,
-        timeout: float = 120.0,  # noqa: ASYNC109
-    ) -> None:
-        """Delete a SandboxScope (the operator disposes its sandboxes). Missing is success."""
-        await self._delete(SANDBOX_SCOPE_PLURAL, name)
-        if wait:
-            await self._wait_gone(SANDBOX_SCOPE_PLURAL, name, timeout)
 
     def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
         spec = scope_obj.get("spec") or {}

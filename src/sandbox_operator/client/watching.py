@@ -69,20 +69,28 @@ class WatchCalls(KubeCalls):
         read: Callable[[], Awaitable[Mapping[str, Any] | None]],
         *,
         marked: bool,
-    ) -> None:
-        """Return once the object is deleted (with ``marked``: or marked for deletion).
-        ``read`` reads it afresh, None when it is gone; it is called again after a relist."""
+        seen: Mapping[str, Any] | None = None,
+    ) -> Mapping[str, Any] | None:
+        """Return once the object is deleted (with ``marked``: or marked for deletion), with
+        the last state of it seen (a DELETED event carries the object's final state), or None
+        when it was gone before any was seen. ``read`` reads it afresh, None when it is gone; it
+        is called again after a relist. ``seen``: a state already in hand (a delete's answer),
+        watched from instead of a first read, so no change after it is missed."""
+        last: Mapping[str, Any] | None = None
         while True:
-            obj = await read()
+            obj = seen if seen is not None else await read()
+            seen = None
             if obj is None:
-                return
+                return last
+            last = obj
             rv = _resource_version(obj)
             while (event := await self._next_event(plural, name, rv)) is not None:
                 kind, new = event
+                last = new
                 if kind == "DELETED" or (
                     marked and (new.get("metadata") or {}).get("deletionTimestamp")
                 ):
-                    return
+                    return last
                 rv = _resource_version(new)
 
     async def _wait_gone(
@@ -92,9 +100,11 @@ class WatchCalls(KubeCalls):
         timeout: float | None,  # noqa: ASYNC109
         *,
         uid: str | None = None,
-    ) -> None:
+        seen: Mapping[str, Any] | None = None,
+    ) -> Mapping[str, Any] | None:
         """Return once the object is gone; with ``uid``, once that very object is (a
-        replacement under the same name does not keep the wait going)."""
+        replacement under the same name does not keep the wait going). Returns its last state
+        seen (None: gone before any was); ``seen`` as for :meth:`_until_gone`."""
 
         async def read() -> Mapping[str, Any] | None:
             try:
@@ -108,7 +118,7 @@ class WatchCalls(KubeCalls):
             return obj
 
         async with asyncio.timeout(timeout):
-            await self._until_gone(plural, name, read, marked=False)
+            return await self._until_gone(plural, name, read, marked=False, seen=seen)
 
     async def _watch_scope_deleted(self, scope_ref: str) -> None:
         """Return when the SandboxScope is deleted or marked for deletion."""
