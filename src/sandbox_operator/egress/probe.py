@@ -229,9 +229,11 @@ def probe_argv(
     targets: Sequence[ProbeTarget], *, timeout: float = 3.0, cadata: str = ""
 ) -> list[str]:
     """The command that runs the probe inside a sandbox (``python3`` must be on its PATH).
-    ``cadata``: PEM certificates TLS targets are verified against (default: the image's)."""
+    ``cadata``: PEM certificates TLS targets are verified against (default: the image's).
+    Isolated (``-I``): a ``usercustomize`` or ``PYTHON*`` variable in the sandbox could
+    otherwise answer for the probe."""
     payload = {"timeout": timeout, "cadata": cadata, "targets": [asdict(t) for t in targets]}
-    return ["python3", "-c", PROBE_SCRIPT, json.dumps(payload)]
+    return ["python3", "-I", "-c", PROBE_SCRIPT, json.dumps(payload)]
 
 
 class ProbeOutputError(RuntimeError):

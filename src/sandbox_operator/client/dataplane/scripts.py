@@ -3,7 +3,9 @@ ash), and what their exit codes mean.
 
 Exec protocol. A command runs under a tiny wrapper: the outer ``sh`` (:data:`EXEC_OUTER`) starts
 an inner ``sh`` (:data:`EXEC_INNER`) through ``setsid`` (or ``python3``'s ``os.setsid`` where the
-image has no ``setsid``), so the command leads a process group of its own; the inner one
+image has no ``setsid``; started isolated, ``-I``, so nothing in the sandbox, such as a
+``usercustomize`` planted in the writable home's user site, runs in it before every command), so
+the command leads a process group of its own; the inner one
 announces its pid on the first line of stderr, changes directory, exports the environment and
 ``exec``\\s the argv verbatim -- no shell ever parses it. Stdin is fed through ``head -c N`` so the
 command sees EOF without relying on the transport being able to half-close.
@@ -15,7 +17,7 @@ and refuse symlinks with an exit code from :data:`REFUSALS`, right before acting
 EXEC_OUTER = r"""s=$1; shift
 if command -v setsid >/dev/null 2>&1; then setsid sh -c "$s" sbx group "$@"
 elif command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+  python3 -I -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
     sh -c "$s" sbx group "$@"
 else sh -c "$s" sbx process "$@"; fi
 exit $?
