@@ -33,7 +33,7 @@ from sandbox_operator.client.hosttools import HostToolRegistry, Identity, host_t
 from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
 from tests.e2e import test_egress_closed as closed
-from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
+from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config, observed_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -72,11 +72,8 @@ async def observed(
     kubeconfig: str, namespace: str
 ) -> AsyncIterator[tuple[SandboxClient, RaisingRecorder]]:
     recorder = RaisingRecorder()
-    c = await SandboxClient.from_kubeconfig(
-        namespace, kubeconfig=kubeconfig, default_timeout=180, observer=recorder
-    )
-    yield c, recorder
-    await c.close()
+    async with observed_client(kubeconfig, namespace, recorder) as c:
+        yield c, recorder
 
 
 def spec() -> SandboxSpec:

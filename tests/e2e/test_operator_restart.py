@@ -11,27 +11,15 @@ from sandbox_operator import naming
 from sandbox_operator.contract import GROUP, VERSION
 from sandbox_operator.reconcile.runtime import FINALIZER
 from tests.fixtures.cluster import fresh_namespace
-from tests.fixtures.operator import DECLARATIONS, Kit, local_config
+from tests.fixtures.operator import Kit
+from tests.fixtures.operator import runc_only as fixture_runc_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def runc_only():
-    return local_config(
-        floor="container",
-        selection="fixed",
-        pinned="runc",
-        backends=[
-            {
-                "name": "runc",
-                "type": "runtimeClass",
-                "runtimeClassName": "runc",
-                "isolation": "container",
-                "declarations": DECLARATIONS,
-                "pod": {"terminationGracePeriodSeconds": 1},
-            }
-        ],
-        operator={"resyncSeconds": 5},
+    return fixture_runc_only(
+        pod={"terminationGracePeriodSeconds": 1}, operator={"resyncSeconds": 5}
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from sandbox_operator.client import SandboxClient, SandboxObserver, ScopeDisposed
 from sandbox_operator.contract import GROUP, VERSION, DisposalCode, SandboxSpec, ScopePurge
-from tests.fixtures.operator import BUSYBOX, Kit, local_config
+from tests.fixtures.operator import BUSYBOX, Kit, local_config, observed_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,11 +48,8 @@ async def observed(
     kubeconfig: str, namespace: str
 ) -> AsyncIterator[tuple[SandboxClient, Recorder]]:
     recorder = Recorder()
-    c = await SandboxClient.from_kubeconfig(
-        namespace, kubeconfig=kubeconfig, default_timeout=180, observer=recorder
-    )
-    yield c, recorder
-    await c.close()
+    async with observed_client(kubeconfig, namespace, recorder) as c:
+        yield c, recorder
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.operator import DECLARATIONS, Kit, local_config
+from tests.fixtures.operator import Kit, runc_only
 
 pytestmark = pytest.mark.integration
 
@@ -51,21 +51,7 @@ def post_kubelet_event(kit: Kit, pod: Any) -> None:
 def unschedulable_runc() -> dict[str, Any]:
     """runc, with a node selector no node has: the pods stay Pending (the cluster's node would
     otherwise start them)."""
-    return local_config(
-        floor="container",
-        selection="fixed",
-        pinned="runc",
-        backends=[
-            {
-                "name": "runc",
-                "type": "runtimeClass",
-                "runtimeClassName": "runc",
-                "isolation": "container",
-                "declarations": DECLARATIONS,
-                "pod": {"nodeSelector": {"sandbox-operator.dev/test-no-such-node": "x"}},
-            }
-        ],
-    )
+    return runc_only(pod={"nodeSelector": {"sandbox-operator.dev/test-no-such-node": "x"}})
 
 
 def test_a_kubelet_event_ends_the_sandbox_through_the_watch(kit, start_operator):

@@ -202,7 +202,9 @@ async def test_deadlines_keep_the_earliest_and_failures_back_off() -> None:
     assert len(bad) == 2 and bad[1] - bad[0] >= 0.45  # retried after the backoff
 
 
-async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None:
+async def held_queue() -> tuple[WorkQueue[str], asyncio.Event, list[str]]:
+    """A one-worker queue whose worker is held on the key "first" until the event is set; the
+    keys in the order they ran."""
     runs: list[str] = []
     gate = asyncio.Event()
 
@@ -216,6 +218,11 @@ async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None
     q.start()
     q.add("first")
     await asyncio.sleep(0.05)  # the only worker is busy with "first"
+    return q, gate, runs
+
+
+async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None:
+    q, gate, runs = await held_queue()
     for k in ("new-1", "new-2", "ready-1"):
         q.add(k)
     q.add("ready-1", urgent=True)  # queued already, now urgent: moves ahead, still runs once
@@ -229,19 +236,7 @@ async def test_urgent_keys_go_before_the_others_and_each_key_runs_once() -> None
 async def test_background_keys_go_after_every_other_and_move_up_when_added_again() -> None:
     """(#28 item 5) The resync queues everything it holds as background: a new Sandbox queued
     after it still goes first; a background key added again normally moves up, and runs once."""
-    runs: list[str] = []
-    gate = asyncio.Event()
-
-    async def handler(key: str) -> float | None:
-        if key == "first":
-            await gate.wait()
-        runs.append(key)
-        return None
-
-    q: WorkQueue[str] = WorkQueue(handler, workers=1)
-    q.start()
-    q.add("first")
-    await asyncio.sleep(0.05)  # the only worker is busy with "first"
+    q, gate, runs = await held_queue()
     for k in ("held-1", "held-2", "held-3"):
         q.add(k, background=True)
     q.add("new-1")
