@@ -38,8 +38,6 @@ class PodSandboxFailures:
     def __init__(self, limit: int = REMEMBERED) -> None:
         self._limit = limit
         self._by_uid: OrderedDict[str, str] = OrderedDict()
-        #: Whether the watch has listed once (until then nothing can be said either way).
-        self.synced = False
 
     def missing_handler(self, pod_uid: str) -> str | None:
         return self._by_uid.get(pod_uid)
@@ -96,7 +94,6 @@ async def watch_pod_sandbox_failures(
                 for item in body.get("items") or []:
                     take(item)
                 version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
-                failures.synced = True
             # return_type "object": the events stay dicts. An expired version arrives as an
             # ApiException (410), below.
             w = watch.Watch(return_type="object")
