@@ -167,8 +167,8 @@ def owned_path(pv: dict[str, Any], root: Path) -> Path | None:
 
 def make_dir(path: Path) -> None:
     """Mode 0777 (set after mkdir, past the umask): the provisioner cannot know the uid or gid of
-    the pod that will mount the volume (with Immediate binding it does not exist yet), and the
-    kubelet applies no fsGroup to hostPath volumes, so any uid must be able to write."""
+    every pod that will mount the volume (a claim outlives its first pod), and the kubelet
+    applies no fsGroup to hostPath volumes, so any uid must be able to write."""
     path.mkdir(parents=False, exist_ok=True)
     path.chmod(0o777)
 

@@ -53,8 +53,12 @@ def wait_default_service_account() -> None:
 
 
 def storage_class() -> dict[str, Any]:
-    """`Immediate` binding: one node, so there is no placement to wait for, and a claim is bound
-    before its pod exists (the pod does not wait for provisioning)."""
+    """`WaitForFirstConsumer` binding, although there is one node: the scheduler then binds a
+    pod's new claim itself (it asks for the volume and waits for the binding before it binds the
+    pod). With `Immediate` binding a pod created beside its claim (as the operator does) is first
+    refused ("unbound immediate PersistentVolumeClaims") and waits for the scheduler to requeue
+    it when the claim binds; twice in CI that requeue was lost and the pod waited past its
+    sandbox's startup timeout. A claim with no pod stays Pending (docs/cluster.md, "Volumes")."""
     return {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
@@ -65,7 +69,7 @@ def storage_class() -> dict[str, Any]:
         },
         "provisioner": LOCAL_PATH_PROVISIONER,
         "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate",
+        "volumeBindingMode": "WaitForFirstConsumer",
         "allowVolumeExpansion": False,
     }
 

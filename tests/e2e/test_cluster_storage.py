@@ -1,8 +1,9 @@
 """The local cluster serves PersistentVolumeClaims (hack/local_path_provisioner.py, StorageClass
-`sandbox-local`, docs/cluster.md "Volumes"): a claim of the default class is bound within
-seconds; a pod running as uid 65532 (runc and gVisor) writes into the volume, and a second pod
-reads the same bytes after the first is gone; deleting the claim deletes the volume and its
-directory. Needs the project's local cluster (the directory is checked on this machine)."""
+`sandbox-local`, docs/cluster.md "Volumes"): a claim of the default class is bound within a
+second of its first pod (it binds on first consumer); a pod running as uid 65532 (runc and
+gVisor) writes into the volume, and a second pod reads the same bytes after the first is gone;
+deleting the claim deletes the volume and its directory. Needs the project's local cluster (the
+directory is checked on this machine)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def local_storage(cluster_is_local: bool, api_client: client.ApiClient) -> None:
     sc = client.StorageV1Api(api_client).read_storage_class(STORAGE_CLASS)
     assert sc.provisioner == PROVISIONER
     assert sc.metadata.annotations["storageclass.kubernetes.io/is-default-class"] == "true"
+    assert sc.volume_binding_mode == "WaitForFirstConsumer"
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, step: float = 0.05) -> Any:
@@ -49,7 +51,9 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, step: flo
 
 
 def make_claim(core: client.CoreV1Api, namespace: str, name: str, size: str = "64Mi") -> float:
-    """Create a claim of the default class (no storageClassName); seconds until it is Bound."""
+    """Create a claim of the default class (no storageClassName) and a first pod that mounts it
+    (the class binds on first consumer); seconds from the claim's creation until it is Bound.
+    The pod is deleted then (a pod that names a claim holds it, ended or not)."""
     body = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -58,13 +62,16 @@ def make_claim(core: client.CoreV1Api, namespace: str, name: str, size: str = "6
     }
     started = time.monotonic()
     core.create_namespaced_persistent_volume_claim(namespace, body)
+    core.create_namespaced_pod(namespace, pod(f"{name}-first", "runc", name, "true"))
 
     def bound() -> bool:
         pvc = core.read_namespaced_persistent_volume_claim(name, namespace)
         return pvc.status.phase == "Bound"
 
     wait_for(f"claim {name} Bound", bound, 60)
-    return time.monotonic() - started
+    seconds = time.monotonic() - started
+    core.delete_namespaced_pod(f"{name}-first", namespace, grace_period_seconds=0)
+    return seconds
 
 
 def pod(name: str, runtime_class: str, claim: str, script: str) -> dict[str, Any]:
