@@ -53,8 +53,9 @@ set), divided by the count, and create->Ready p50/p90.
 
 Caveats: "all clients" and the node-level memory count everything else the cluster does at the
 time (another test suite, another operator): measure on a quiet cluster. kube-router's policy
-controller writes rules for every sandbox's NetworkPolicy (also for fake pods), which shows in its
-CPU column. Run one instance at a time: a run starts by deleting what earlier runs left.
+controller writes rules for every pod a NetworkPolicy selects (the namespace's egress policy of
+each backend and egress mode; also fake pods), which shows in its CPU column. Run one instance at
+a time: a run starts by deleting what earlier runs left.
 
 Everything the script creates lives in namespaces labelled ``sandbox-operator.dev/bench=scale``
 and is deleted at the end, also on Ctrl-C or an error (``--cleanup`` deletes what a killed run

@@ -47,12 +47,10 @@ Table "one at a time" (per runtime, rows warm / cold / bare pod):
 * rows ``warm / cold`` and ``warm / bare pod``: the ratio of those p50s, p90s and maxima.
 
 Table "where the time goes" (per runtime and kind; "p50 / p90" seconds after the POST, each as
-first seen by the watches on Sandboxes, pods and NetworkPolicies of the namespace):
+first seen by the watches on Sandboxes and pods of the namespace):
 
 * ``Sandbox seen (ADDED)``: the watch delivers the new Sandbox (API server + watch latency);
 * ``metadata patched``: the operator's first write, its finalizer and the key labels;
-* ``NetworkPolicy created``: the Sandbox's own policy (created before the claim, for a warm pod;
-  before the pod, for a cold one);
 * ``pod claimed``: the claim patch landed on the pool pod (warm only);
 * ``pod created / bound / Ready``: the pod (cold and bare), scheduled, Ready=True;
 * ``Sandbox Ready``: the status write with Ready=True;
@@ -212,7 +210,6 @@ class Tracker:
     def __init__(self) -> None:
         self.sbx: dict[str, Sbx] = {}
         self.pods: dict[str, PodRec] = {}
-        self.nps: dict[str, float] = {}  # sandbox label value -> first seen
         self.last_event = time.monotonic()
 
     def box(self, name: str) -> Sbx:
@@ -261,12 +258,6 @@ class Tracker:
         if _cond(obj, "Ready") == "True":
             rec.ready = rec.ready or t
         rec.obj = obj
-
-    def on_np(self, kind: str, obj: dict[str, Any], t: float) -> None:
-        self.last_event = t
-        value = ((obj.get("metadata") or {}).get("labels") or {}).get(lbl.SANDBOX_LABEL)
-        if value and kind != "DELETED":
-            self.nps.setdefault(value, t)
 
     def pool_pods(self, pool: str) -> list[PodRec]:
         value = lbl.sandbox_label_value(pool)
@@ -414,7 +405,6 @@ class RuntimeResult:
 STAGES = (
     "Sandbox seen (ADDED)",
     "metadata patched",
-    "NetworkPolicy created",
     "pod claimed",
     "pod created",
     "pod bound",
@@ -465,9 +455,6 @@ class Bench:
         self.watches = [
             asyncio.create_task(kube.watch(path(ns, "sandboxes"), t.on_sandbox)),
             asyncio.create_task(kube.watch(path(ns, "pods"), t.on_pod)),
-            asyncio.create_task(
-                kube.watch(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies", t.on_np)
-            ),
         ]
         workdir = Path(tempfile.mkdtemp(prefix="bench-warmpool-"))
         cfg = workdir / "operator.yaml"
@@ -570,7 +557,6 @@ class Bench:
 
         stage("Sandbox seen (ADDED)", box.added)
         stage("metadata patched", box.patched)
-        stage("NetworkPolicy created", self.tracker.nps.get(lbl.sandbox_label_value(box.name)))
         pod = self.tracker.pods.get(box.pod or naming.pod_name(box.name))
         if pod is not None:
             if pod.pool:

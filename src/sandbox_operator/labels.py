@@ -34,6 +34,10 @@ KEY_LABEL = f"{GROUP}/key"
 KIND_LABEL = f"{GROUP}/kind"
 SANDBOX_LABEL = f"{GROUP}/sandbox"
 BACKEND_LABEL = f"{GROUP}/backend"
+#: A sandbox pod's egress mode (``closed``, ``allowlist``, ``unrestricted``), from its creation
+#: (or its claim, for a warm pool's pod): the namespace's NetworkPolicy of its backend and egress
+#: mode selects it by this label and the backend label. Idle pool pods carry none.
+EGRESS_LABEL = f"{GROUP}/egress"
 #: On a warm pool's pods: the SandboxWarmPool that made the pod (kept after a claim, so the
 #: pool's deny-all NetworkPolicy keeps selecting it and the pool can count its claimed pods).
 POOL_LABEL = f"{GROUP}/pool"
@@ -184,6 +188,16 @@ def object_labels(
     if backend is not None:
         labels[BACKEND_LABEL] = backend
     return labels
+
+
+def egress_policy_labels(backend: str, egress: str) -> dict[str, str]:
+    """The labels by which a namespace's NetworkPolicy of one backend and egress mode selects its
+    sandbox pods (and which it carries itself)."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        BACKEND_LABEL: backend,
+        EGRESS_LABEL: egress,
+    }
 
 
 def format_selector(labels: Mapping[str, str]) -> str:

@@ -75,7 +75,7 @@ SANDBOX_OBJECT_PREFIX = "sbx-"
 
 
 def pod_name(sandbox: str) -> str:
-    """The pod (and NetworkPolicy) serving a Sandbox: always ``sbx-...``, deterministic.
+    """The pod serving a Sandbox: always ``sbx-...``, deterministic.
 
     A Sandbox named ``sbx-...`` (every name :func:`sandbox_name` gives) lends its own name; any
     other name becomes ``sbx-<slug>-<hash of the name>`` (at most 51 characters).
@@ -86,8 +86,11 @@ def pod_name(sandbox: str) -> str:
     return _compose("sbx", slug(sandbox, 30), hash_part("pod", sandbox)[:_HASH_LEN])
 
 
-def network_policy_name(sandbox: str) -> str:
-    return pod_name(sandbox)
+def egress_policy_name(backend: str, egress: str) -> str:
+    """The NetworkPolicy, one per namespace, confining every sandbox pod of one runtime-class
+    backend and egress mode: ``sandbox-egress-<backend>-<egress>`` (a backend's name is a DNS
+    label, so the name is a valid object name)."""
+    return f"sandbox-egress-{backend}-{egress}"
 
 
 def work_volume_name(sandbox: str) -> str:

@@ -31,7 +31,7 @@ from sandbox_operator.egress.probe import (
 )
 from sandbox_operator.testing.egress import serve_http_in_thread
 from tests.e2e.test_cluster_node import exec_in
-from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config
+from tests.fixtures.operator import DECLARATIONS, PYTHON, egress_policy_of, local_config
 
 pytestmark = pytest.mark.e2e
 
@@ -164,7 +164,7 @@ def test_closed_sandbox_reaches_nothing_an_open_pod_reaches(
     obj = kit.wait_condition("closed", reasons=("Ready",), status="True", timeout=150)
     assert obj["spec"].get("egress", "closed") == "closed"
     pod = obj["status"]["servedBy"]["name"]
-    policy = client.NetworkingV1Api(core_v1.api_client).read_namespaced_network_policy(pod, ns)
+    policy = egress_policy_of(kit, pod)
     assert "Egress" in policy.spec.policy_types and not policy.spec.egress
 
     closed_targets = [

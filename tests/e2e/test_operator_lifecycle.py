@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandbox_operator import naming
-from tests.fixtures.operator import DECLARATIONS, local_config
+from tests.fixtures.operator import DECLARATIONS, egress_policy_of, local_config
 
 pytestmark = pytest.mark.e2e
 
@@ -83,26 +83,30 @@ def test_apply_becomes_ready_with_a_hardened_pod(
         "id -u; touch /workspace/f && echo ok",
     )
     assert out.stdout.split() == ["65532", "ok"]
-    np = client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy(
-        naming.network_policy_name("box"), kit.ns
-    )
+    np = egress_policy_of(kit, naming.pod_name("box"))
     assert np.spec.policy_types == ["Ingress", "Egress"] and not np.spec.egress
     # printer columns
     table = kubectl("get", "sbx", "-n", kit.ns).stdout
     assert "Ready" in table and runtime_class in table
 
 
-def test_deleting_the_sandbox_deletes_its_pod_and_policy(kit, start_operator):
+def test_deleting_the_sandbox_deletes_its_pod_and_keeps_the_namespaces_policy(kit, start_operator):
+    """The pod goes with its Sandbox; the NetworkPolicy that confined it is the namespace's (one
+    per backend and egress mode, no owner) and stays for the next sandbox of its kind."""
     start_operator(only("runc", "runc", "container"))
     kit.scope()
     kit.sandbox("short")
     kit.wait_condition("short", reasons=("Ready",), status="True", timeout=120)
+    policy = egress_policy_of(kit, naming.pod_name("short"))
+    assert not policy.metadata.owner_references
     kit.delete("short")
     kit.wait_gone("short", timeout=60)
     assert kit.pod("short") is None
-    with pytest.raises(ApiException) as err:
-        client.NetworkingV1Api(kit.core.api_client).read_namespaced_network_policy("short", kit.ns)
-    assert err.value.status == 404
+    net = client.NetworkingV1Api(kit.core.api_client)
+    nps = net.list_namespaced_network_policy(kit.ns).items
+    assert [(n.metadata.name, n.metadata.uid) for n in nps] == [
+        (policy.metadata.name, policy.metadata.uid)
+    ]
 
 
 def test_missing_image_is_startup_failed(kit, start_operator):

@@ -24,7 +24,14 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.contract import SandboxKey
-from tests.fixtures.operator import DECLARATIONS, GROUP, VERSION, Kit, local_config
+from tests.fixtures.operator import (
+    DECLARATIONS,
+    GROUP,
+    VERSION,
+    Kit,
+    egress_policy_of,
+    local_config,
+)
 from tests.unit.test_chart_render import template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -235,9 +242,9 @@ def test_claim_is_served_from_the_pool_without_a_new_pod(kit, start_operator, ku
     assert [p.metadata.name for p in mine] == [pod_name]
     (other,) = idle - {pod_name}
     assert is_idle(read_pod(kit, other))
-    # The Sandbox's own NetworkPolicy exists (made before the claim).
-    net = client.NetworkingV1Api(kit.core.api_client)
-    assert net.read_namespaced_network_policy(naming.network_policy_name("box"), kit.ns)
+    # The claim put the pod under the namespace's policy of its backend and egress mode (made
+    # before the claim; the pool's deny-all still selects it too).
+    assert egress_policy_of(kit, pod_name)
 
     # The pool refills with a new pod and counts the claimed one.
     pool = wait_pool_ready(kit, "warm", 2, timeout=120)

@@ -11,10 +11,12 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest, Observation, ObservedPhase, SandboxRef
 from sandbox_operator.backends.runtimeclass import (
     awaits_pod_sandbox,
-    build_network_policy,
+    build_egress_policy,
     build_pod,
     classify_pod,
+    egress_policy_key,
     missing_handler,
+    policy_spec_differs,
 )
 from sandbox_operator.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import (
@@ -142,13 +144,55 @@ def test_pod_settings_can_keep_the_image_user():
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def policy(req: EnsureRequest, cfg: Any = None, managed: Any = None) -> dict[str, Any]:
+    """The namespace's egress policy that confines the pod of ``req``."""
+    return build_egress_policy(req.sandbox.namespace, req.spec.egress, cfg or backend(), managed)
+
+
 def test_network_policy_closed_denies_all_egress_and_ingress():
-    np = build_network_policy(request())
+    np = policy(request())
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert np["spec"]["egress"] == [] and np["spec"]["ingress"] == []
-    assert np["spec"]["podSelector"]["matchLabels"] == {lbl.SANDBOX_LABEL: "sbx-coder-1"}
-    open_np = build_network_policy(request(egress=Egress.UNRESTRICTED))
+    open_np = policy(request(egress=Egress.UNRESTRICTED))
     assert open_np["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_one_egress_policy_per_backend_and_mode_selects_its_pods_by_label():
+    """The policy names no Sandbox: it selects every pod of its backend and egress mode in the
+    namespace, which the pod carries from its creation; it has no owner (it outlives any one
+    Sandbox) and says which backend and mode it is for."""
+    cfg = backend()
+    closed, other = request(), _named_request("other")
+    assert policy(closed) == policy(other)  # two Sandboxes, one policy
+    np = policy(closed)
+    assert np["metadata"]["name"] == f"sandbox-egress-{cfg.name}-closed"
+    assert "ownerReferences" not in np["metadata"]
+    selector = np["spec"]["podSelector"]["matchLabels"]
+    assert selector == lbl.egress_policy_labels(cfg.name, "closed")
+    pod_labels = build_pod(closed, cfg)["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert egress_policy_key(np) == (cfg.name, Egress.CLOSED)
+    # An unrestricted pod is not selected by the closed policy, nor the other way round.
+    open_pod = build_pod(request(egress=Egress.UNRESTRICTED), cfg)["metadata"]["labels"]
+    assert not selector.items() <= open_pod.items()
+    assert policy(request(egress=Egress.UNRESTRICTED))["metadata"]["name"].endswith("-unrestricted")
+    # Other policies (a pool's deny-all, a per-Sandbox one of an older version) are not these.
+    assert egress_policy_key({"metadata": {"labels": {lbl.BACKEND_LABEL: cfg.name}}}) is None
+
+
+def test_a_policy_as_the_api_server_returns_it_is_not_taken_for_a_changed_one():
+    """The server drops empty lists (``ingress: []``): that is no difference; a changed rule,
+    a changed selector or a changed mode is."""
+    want = policy(request())["spec"]
+    returned = {k: v for k, v in want.items() if v != []}
+    assert not policy_spec_differs(returned, want)
+    assert policy_spec_differs(policy(request(egress=Egress.UNRESTRICTED))["spec"], want)
+    wider = {**want, "podSelector": {"matchLabels": {lbl.BACKEND_LABEL: "runc"}}}
+    assert policy_spec_differs(wider, want)
+    assert policy_spec_differs(
+        {**want, "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]}, want
+    )
+    assert policy_spec_differs(None, want)
 
 
 def _pod(phase="Pending", state=None, ready=False, conditions=()):
@@ -255,12 +299,12 @@ def test_allowlist_goes_through_the_backends_egress_proxy_only():
     req = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
     env = {e["name"]: e["value"] for e in build_pod(req, proxied)["spec"]["containers"][0]["env"]}
     assert env["HTTPS_PROXY"] == "http://egress-proxy:3128"
-    np = build_network_policy(req, proxied)
+    np = policy(req, proxied)
     (rule,) = np["spec"]["egress"]
     assert rule["to"] == [{"podSelector": {"matchLabels": {"app": "egress-proxy"}}}]
     assert rule["ports"] == [{"protocol": "TCP", "port": 3128}]
     # without a proxy: no egress at all
-    assert build_network_policy(req, backend())["spec"]["egress"] == []
+    assert policy(req, backend())["spec"]["egress"] == []
     closed_env = build_pod(request(), proxied)["spec"]["containers"][0]["env"]
     assert "HTTPS_PROXY" not in {e["name"] for e in closed_env}
 
@@ -288,7 +332,7 @@ def test_allowlist_with_the_managed_proxy_gets_its_service_address_as_a_number()
     # The key annotations are still there.
     assert set(lbl.key_annotations(KEY).items()) <= set(pod["metadata"]["annotations"].items())
 
-    np = build_network_policy(req, managed, settings)
+    np = policy(req, managed, settings)
     (rule,) = np["spec"]["egress"]
     assert rule == {
         "to": [{"podSelector": {"matchLabels": proxy_labels()}}],
@@ -300,12 +344,12 @@ def test_allowlist_with_the_managed_proxy_gets_its_service_address_as_a_number()
     bare = build_pod(req, managed)
     assert "HTTPS_PROXY" not in {e["name"] for e in bare["spec"]["containers"][0]["env"]}
     assert PROXY_ADDRESS_ANNOTATION not in bare["metadata"]["annotations"]
-    assert build_network_policy(req, managed)["spec"]["egress"] == []
+    assert policy(req, managed)["spec"]["egress"] == []
     # A closed sandbox on the same backend gets neither.
     closed = build_pod(request(), managed, address)
     assert "HTTPS_PROXY" not in {e["name"] for e in closed["spec"]["containers"][0]["env"]}
     assert PROXY_ADDRESS_ANNOTATION not in closed["metadata"]["annotations"]
-    assert build_network_policy(request(), managed, settings)["spec"]["egress"] == []
+    assert policy(request(), managed, settings)["spec"]["egress"] == []
     # IPv6 cluster IPs are bracketed in the URL.
     v6 = build_pod(req, managed, ProxyAddress("fd00:10:96::7", 3129))
     env6 = {e["name"]: e["value"] for e in v6["spec"]["containers"][0]["env"]}
@@ -350,7 +394,6 @@ def test_every_sandbox_pod_name_starts_with_the_agent_exec_prefix():
     assert naming.pod_name(naming.sandbox_name(KEY, "shell")) == naming.sandbox_name(KEY, "shell")
     assert naming.pod_name("sbx-coder-1") == "sbx-coder-1"
     assert naming.pod_name("box").startswith("sbx-box-")
-    assert naming.network_policy_name("box") == naming.pod_name("box")
 
 
 async def test_observe_follows_a_pod_recorded_under_an_older_name():

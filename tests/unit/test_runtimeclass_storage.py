@@ -314,10 +314,15 @@ async def test_a_claim_refused_by_the_api_server_is_a_startup_failure() -> None:
     assert fake.names("Pod") == set()
 
 
+#: A per-Sandbox NetworkPolicy, as versions before one policy per backend and egress mode made
+#: (labelled like the pod): still deleted with its Sandbox.
+LEGACY_POLICY = naming.pod_name(NAME)
+
+
 def _populated() -> FakeApi:
     fake = FakeApi()
     fake.put("Pod", POD_NAME)
-    fake.put("NetworkPolicy", naming.network_policy_name(NAME))
+    fake.put("NetworkPolicy", LEGACY_POLICY)
     fake.put(CLAIM, CLAIM_NAME)
     return fake
 
@@ -336,7 +341,7 @@ async def test_suspend_deletes_the_pod_only() -> None:
     assert [(o.kind, o.name) for o in remaining] == [("Pod", POD_NAME)]
     assert [c for c in fake.calls if c[0] == "delete"] == [("delete", "Pod", POD_NAME)]
     assert fake.names(CLAIM) == {CLAIM_NAME}
-    assert fake.names("NetworkPolicy") == {naming.network_policy_name(NAME)}
+    assert fake.names("NetworkPolicy") == {LEGACY_POLICY}
     # The pod terminating (seen in the view): still reported, not deleted again.
     views.pods.upsert(fake.put("Pod", POD_NAME, deleting=True) | {})
     fake.calls.clear()
@@ -355,7 +360,7 @@ async def test_suspend_without_views_waits_for_the_pod_and_keeps_the_rest() -> N
     assert await d.suspend(SandboxRef(NS, NAME, UID)) == []
     assert fake.names("Pod") == set()
     assert fake.names(CLAIM) == {CLAIM_NAME}
-    assert fake.names("NetworkPolicy") == {naming.network_policy_name(NAME)}
+    assert fake.names("NetworkPolicy") == {LEGACY_POLICY}
 
 
 async def test_a_refused_suspend_is_transient() -> None:
@@ -387,7 +392,8 @@ async def test_dispose_without_views_deletes_and_waits_for_the_claim() -> None:
     await driver(fake).dispose(SandboxRef(NS, NAME, UID))
     assert fake.objects == {}
     deletes = [c[1] for c in fake.calls if c[0] == "delete"]
-    assert deletes == ["Pod", "NetworkPolicy", CLAIM]  # the pod first: it holds the claim
+    # The pod first (it holds the claim), then what else carries the sandbox's label.
+    assert deletes == ["Pod", CLAIM, "NetworkPolicy"]
 
 
 async def test_a_conversation_purge_deletes_its_claims_by_label() -> None:
@@ -399,6 +405,16 @@ async def test_a_conversation_purge_deletes_its_claims_by_label() -> None:
     selector = fake.calls[-1][2]
     assert lbl.CONVERSATION_LABEL in selector and f"{lbl.BACKEND_LABEL}=gvisor" in selector
     assert list(fake.objects.values()) == [other]
+
+
+async def test_a_conversation_purge_without_per_sandbox_policies_deletes_no_policies() -> None:
+    """Today's NetworkPolicies are the namespace's, per backend and egress mode, and no
+    conversation's: with none of an older version in the views, no policy call is made."""
+    fake = FakeApi()
+    fake.put("Pod", POD_NAME)
+    fake.put(CLAIM, CLAIM_NAME)
+    await driver(fake, views=Views()).request_conversation_disposal(NS, "tenant", "t1")
+    assert [c[1] for c in fake.calls if c[0] == "delete_collection"] == ["Pod", CLAIM]
 
 
 @pytest.mark.parametrize("with_views", [True, False], ids=["views", "no-views"])
@@ -421,7 +437,7 @@ def test_the_views_count_claims_of_a_conversation() -> None:
     value = lbl.conversation_value("tenant", "t1")
     assert views.count_by_label(NS, lbl.CONVERSATION_LABEL, value) == 3
     views.pods.remove(NS, POD_NAME)
-    views.network_policies.remove(NS, naming.network_policy_name(NAME))
+    views.network_policies.remove(NS, LEGACY_POLICY)
     assert views.count_by_label(NS, lbl.CONVERSATION_LABEL, value) == 1  # the purge waits for it
 
 

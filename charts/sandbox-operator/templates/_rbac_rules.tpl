@@ -24,8 +24,9 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [get, list, watch, create, patch, delete, deletecollection]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  # watch: the operator reconciles from watched views; deletecollection: scope purges.
-  verbs: [get, list, watch, create, delete, deletecollection]
+  # watch: the operator reconciles from watched views; update: a namespace's egress policy that
+  # differs from its backend's is replaced; deletecollection: scope purges.
+  verbs: [get, list, watch, create, update, delete, deletecollection]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   # The work volumes of sandboxes with spec.storage (kept while suspended); deletecollection:

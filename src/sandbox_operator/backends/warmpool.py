@@ -131,7 +131,9 @@ def claim_patch(
     return {
         "metadata": {
             "resourceVersion": str(meta.get("resourceVersion", "")),
-            "labels": dict(request.labels),
+            # The egress label puts the pod under its backend's policy for the spec's egress
+            # mode (the pool's deny-all holds it until then, and still applies: policies add).
+            "labels": {**request.labels, lbl.EGRESS_LABEL: request.spec.egress.value},
             "annotations": {**request.annotations, lbl.CLAIMED_AT_ANNOTATION: stamp},
             # Replaces the pool: the Sandbox alone owns the pod from now on.
             "ownerReferences": [owner_reference(request.sandbox)],

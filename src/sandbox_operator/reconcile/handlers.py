@@ -52,6 +52,7 @@ from sandbox_operator.contract import (
     ConditionType,
 )
 from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.egress_policies import keep_egress_policy
 from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.pool import reconcile_pool
 from sandbox_operator.reconcile.publish import (
@@ -449,8 +450,11 @@ async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> No
 
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_MANAGED)
 async def network_policy_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = _runtime(memo)
     if type == "DELETED":
-        _child_event(_runtime(memo), type, body, _runtime(memo).views.network_policies)
+        _child_event(rt, type, body, rt.views.network_policies)
+    # A namespace's egress policy deleted under live pods, or changed: made what it should be.
+    await keep_egress_policy(rt, type, body)
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels=_MANAGED)

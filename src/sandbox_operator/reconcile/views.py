@@ -60,6 +60,7 @@ INDEXED_LABELS = (
     lbl.SANDBOX_LABEL,
     lbl.POOL_LABEL,
     lbl.POOL_SHAPE_LABEL,
+    lbl.EGRESS_LABEL,
 )
 
 #: Status fields of a Sandbox or SandboxScope that the operator writes or reads.
@@ -241,9 +242,18 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
 
 
 def slim_plain(obj: Mapping[str, Any]) -> Obj:
-    """Metadata only (NetworkPolicies, PersistentVolumeClaims: their existence, labels, owners
-    and deletion are what counts)."""
+    """Metadata only (PersistentVolumeClaims: their existence, labels, owners and deletion are
+    what counts)."""
     return {"metadata": _meta(obj, annotations=False, labels=_CHILD_LABELS)}
+
+
+def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
+    """Metadata, and the spec of a namespace's egress policy (one per backend and egress mode:
+    few, and compared with what its backend makes, to replace one that differs)."""
+    out = slim_plain(obj)
+    if lbl.EGRESS_LABEL in (out["metadata"].get("labels") or {}):
+        out["spec"] = _plain(obj.get("spec") or {})
+    return out
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -435,7 +445,7 @@ class Views:
     scopes: Store = field(default_factory=lambda: Store(slim_scope, index_of=scope_conversation))
     pools: Store = field(default_factory=lambda: Store(slim_pool))
     pods: Store = field(default_factory=lambda: Store(slim_pod))
-    network_policies: Store = field(default_factory=lambda: Store(slim_plain))
+    network_policies: Store = field(default_factory=lambda: Store(slim_network_policy))
     persistent_volume_claims: Store = field(default_factory=lambda: Store(slim_plain))
     _scope_refs: dict[ObjKey, set[str]] = field(default_factory=lambda: defaultdict(set))
     _scope_ref_of: dict[ObjKey, str] = field(default_factory=dict)

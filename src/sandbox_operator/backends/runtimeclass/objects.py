@@ -1,7 +1,8 @@
-"""The API calls on the objects a runtime-class sandbox is made of (its NetworkPolicy, work
-volume claim and pod, and the pod's events): creating the first two, reading, listing by label,
-and deleting, with the operator's watched views in front where it has them. A base class of
-:class:`~.driver.RuntimeClassDriver`, which decides what to create and what a pod's state means.
+"""The API calls on the objects a runtime-class sandbox is made of (the NetworkPolicy of its
+backend and egress mode, its work volume claim and pod, and the pod's events): creating the
+first two, reading, listing by label, and deleting, with the operator's watched views in front
+where it has them. A base class of :class:`~.driver.RuntimeClassDriver`, which decides what to
+create and what a pod's state means.
 
 The API objects (``_core``, ``_net``) are bound here (:meth:`RuntimeClassObjects._bind_api`), so
 the calls made on them read together with where they come from (tests/unit/test_chart_rbac.py
@@ -30,10 +31,18 @@ from sandbox_operator.backends.runtimeclass.pods import (
     CLAIM,
     NETWORK_POLICY,
     POD,
-    build_network_policy,
+    build_egress_policy,
     build_work_volume_claim,
+    egress_policy_key,
+    policy_spec_differs,
 )
-from sandbox_operator.contract import ConditionReason, DisposalCode, DisposalFailure, SandboxKey
+from sandbox_operator.contract import (
+    ConditionReason,
+    DisposalCode,
+    DisposalFailure,
+    Egress,
+    SandboxKey,
+)
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
@@ -87,26 +96,90 @@ class RuntimeClassObjects:
         return await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
 
     async def ensure_network_policy(self, request: EnsureRequest) -> None:
-        """Create the sandbox's NetworkPolicy unless it exists (it never changes for a sandbox).
+        """The NetworkPolicy that confines the request's pod (the namespace's policy of this
+        backend and the spec's egress mode), in force before the pod exists or is claimed.
 
         Raises :class:`StartupError` when the API server refuses it."""
+        await self.ensure_egress_policy(request.sandbox.namespace, request.spec.egress)
+
+    def egress_policy_current(self, policy: Mapping[str, Any]) -> bool:
+        """Whether a namespace's egress policy of this backend (as the views or a watch event
+        hold it) is the one :func:`build_egress_policy` makes now."""
+        key = egress_policy_key(policy)
+        if key is None or key[0] != self.name:
+            return True  # not ours to judge
+        meta = policy.get("metadata") or {}
+        want = build_egress_policy(
+            str(meta.get("namespace", "")), key[1], self._config, self._proxy_settings
+        )
+        return meta.get("name") == want["metadata"]["name"] and not policy_spec_differs(
+            policy.get("spec"), want["spec"]
+        )
+
+    async def ensure_egress_policy(self, namespace: str, egress: Egress) -> None:
+        """Make the namespace's NetworkPolicy of this backend and ``egress`` what
+        :func:`build_egress_policy` makes: no call when the views hold it so (every Sandbox but
+        the first of its kind in a namespace); created when missing, replaced when it differs (a
+        changed proxy, an edit). Concurrent callers for one policy share one call, so a burst of
+        Sandboxes in a new namespace creates it once.
+
+        Raises :class:`StartupError` when the API server refuses it."""
+        want = build_egress_policy(namespace, egress, self._config, self._proxy_settings)
+        name = str(want["metadata"]["name"])
+        if self._network_policies is not None:
+            have = self._network_policies.get(namespace, name)
+            if have is not None and self.egress_policy_current(have):
+                return
+        calls = self.__dict__.setdefault("_egress_policy_calls", {})
+        key = (namespace, name)
+        call = calls.get(key)
+        if call is None:
+            call = asyncio.ensure_future(self._put_egress_policy(want))
+            calls[key] = call
+
+            def done(finished: asyncio.Future[None]) -> None:
+                if calls.get(key) is finished:
+                    del calls[key]
+
+            call.add_done_callback(done)
+        await asyncio.shield(call)
+
+    async def _put_egress_policy(self, want: dict[str, Any]) -> None:
+        """Create ``want``, or replace the policy under its name when that differs."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        ns = request.sandbox.namespace
-        np = build_network_policy(request, self._config, self._proxy_settings)
+        meta = want["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
         try:
-            if self._network_policies is None:
-                await self._net.create_namespaced_network_policy(ns, np)
-            elif self._network_policies.get(ns, np["metadata"]["name"]) is None:
-                created_np = await call_json(self._net.create_namespaced_network_policy, ns, np)
-                self._network_policies.upsert(created_np)
+            if self._network_policies is not None:
+                have = self._network_policies.get(ns, name)
+            else:
+                have = await read_or_none(
+                    self._api, self._net.read_namespaced_network_policy, name, ns
+                )
+            if have is None:
+                answer = await call_json(self._net.create_namespaced_network_policy, ns, want)
+            elif self.egress_policy_current(have):
+                return
+            else:
+                body = {
+                    **want,
+                    "metadata": {**meta, "resourceVersion": have["metadata"]["resourceVersion"]},
+                }
+                answer = await call_json(
+                    self._net.replace_namespaced_network_policy, name, ns, body
+                )
+                log.info("NetworkPolicy %s/%s differed from its backend's: replaced", ns, name)
         except ApiException as exc:
-            if exc.status != 409:  # 409: already there
-                raise StartupError(
-                    ConditionReason.STARTUP_FAILED,
-                    f"NetworkPolicy was refused by the API server (HTTP {exc.status}): "
-                    f"{api_message(exc)[:500]}",
-                ) from None
+            if exc.status == 409:  # made or changed meanwhile: the watch brings it, judged again
+                return
+            raise StartupError(
+                ConditionReason.STARTUP_FAILED,
+                f"NetworkPolicy {name} was refused by the API server (HTTP {exc.status}): "
+                f"{api_message(exc)[:500]}",
+            ) from None
+        if self._network_policies is not None:
+            self._network_policies.upsert(answer)
 
     async def ensure_work_volume(self, request: EnsureRequest) -> None:
         """Create the sandbox's work volume (``spec.storage``) unless it is there: found in the
@@ -244,17 +317,14 @@ class RuntimeClassObjects:
         name = naming.pod_name(sandbox.name)
         errors: list[DisposalError] = []
         # The pod first: its work volume (if any) is released only once no pod uses it.
-        own = (
-            (POD, name),
-            (NETWORK_POLICY, naming.network_policy_name(sandbox.name)),
-            (CLAIM, naming.work_volume_name(sandbox.name)),
-        )
+        own = ((POD, name), (CLAIM, naming.work_volume_name(sandbox.name)))
         for kind, obj_name in own:
             try:
                 await self._delete_and_wait(kind, sandbox.namespace, obj_name)
             except DisposalError as exc:
                 errors.append(exc)
-        # Anything else carrying this sandbox's label (e.g. left by an older naming scheme).
+        # Anything else carrying this sandbox's label (e.g. left by an older naming scheme, or
+        # the per-Sandbox NetworkPolicy of versions before one policy per egress mode).
         for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
             if (obj.kind, obj.name) in own:
                 continue
@@ -326,9 +396,9 @@ class RuntimeClassObjects:
     async def request_conversation_disposal(
         self, namespace: str, scope: str, thread_id: str
     ) -> None:
-        """Delete every pod, NetworkPolicy and PersistentVolumeClaim of one conversation on this
-        backend: three calls (``deletecollection`` by label selector), whatever the number of
-        sandboxes."""
+        """Delete every pod and PersistentVolumeClaim (and NetworkPolicy left by an older version)
+        of one conversation on this backend: a ``deletecollection`` by label selector per kind,
+        whatever the number of sandboxes."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         selector = lbl.format_selector(
@@ -342,11 +412,15 @@ class RuntimeClassObjects:
             await call_json(
                 self._core.delete_collection_namespaced_pod, namespace, label_selector=selector
             )
-            await call_json(
-                self._net.delete_collection_namespaced_network_policy,
-                namespace,
-                label_selector=selector,
-            )
+            conversation = lbl.conversation_value(scope, thread_id)
+            if self._network_policies is None or self._network_policies.select_names(
+                namespace, lbl.CONVERSATION_LABEL, conversation
+            ):  # per-Sandbox policies of older versions; today's are per egress mode
+                await call_json(
+                    self._net.delete_collection_namespaced_network_policy,
+                    namespace,
+                    label_selector=selector,
+                )
             await call_json(
                 self._core.delete_collection_namespaced_persistent_volume_claim,
                 namespace,

@@ -1,10 +1,12 @@
 """What a runtime-class sandbox is made of, as pure functions over the request: its pod, its
-NetworkPolicy and its work volume's PersistentVolumeClaim. Kept apart from the driver so what gets
-created is testable without a cluster (the security profile is in the package docstring)."""
+work volume's PersistentVolumeClaim and the NetworkPolicy of its backend and egress mode. Kept
+apart from the driver so what gets created is testable without a cluster (the security profile
+is in the package docstring)."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -146,6 +148,7 @@ def build_pod(
     sandbox resolves no names) and recorded on the pod for recovery.
     """
     metadata = _metadata(request, naming.pod_name(request.sandbox.name))
+    metadata["labels"][lbl.EGRESS_LABEL] = request.spec.egress.value
     claim = naming.work_volume_name(request.sandbox.name) if request.spec.storage else None
     return pod_manifest(request.spec, backend, metadata, managed_proxy, work_claim=claim)
 
@@ -259,12 +262,14 @@ def pod_manifest(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_network_policy(
-    request: EnsureRequest,
-    backend: RuntimeClassBackendConfig | None = None,
+def build_egress_policy(
+    namespace: str,
+    egress: Egress,
+    backend: RuntimeClassBackendConfig,
     managed: ManagedEgressProxySettings | None = None,
 ) -> dict[str, Any]:
-    """The NetworkPolicy of a sandbox pod: no ingress ever; egress by the spec's mode.
+    """The NetworkPolicy of every sandbox pod of one backend and egress mode in a namespace (it
+    selects them by ``lbl.egress_policy_labels``): no ingress ever; egress by the mode.
 
     ``closed`` denies all egress (DNS included). ``unrestricted`` leaves egress open (only served
     when the host policy allows it and the backend declares it). ``allowlist`` allows egress only
@@ -272,21 +277,24 @@ def build_network_policy(
     The operator-run proxy (``managed``) is its own namespace's pods with the proxy labels, on
     its port: the sandbox dials the Service's cluster IP, which is translated to the pod's
     address before the policy judges the packet.
+
+    One policy per (backend, egress mode), not one per Sandbox: what it allows depends on nothing
+    else, and the network plugin's work grows with the number of policies (docs/operator.md,
+    "What is created"). It has no owner: it stays while the namespace is served, is made again
+    when deleted while pods need it, and is replaced when it differs from this.
     """
-    name = naming.network_policy_name(request.sandbox.name)
-    selector = {lbl.SANDBOX_LABEL: lbl.sandbox_label_value(request.sandbox.name)}
-    policy_types = ["Ingress", "Egress"]
+    labels = lbl.egress_policy_labels(backend.name, egress.value)
     spec: dict[str, Any] = {
-        "podSelector": {"matchLabels": selector},
-        "policyTypes": policy_types,
+        "podSelector": {"matchLabels": dict(labels)},
+        "policyTypes": ["Ingress", "Egress"],
         "ingress": [],
         "egress": [],
     }
-    if request.spec.egress is Egress.UNRESTRICTED:
+    if egress is Egress.UNRESTRICTED:
         spec["policyTypes"] = ["Ingress"]
         del spec["egress"]
-    proxy = backend.egress_proxy if backend is not None else None
-    if request.spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed:
+    proxy = backend.egress_proxy
+    if egress is Egress.ALLOWLIST and proxy is not None and proxy.managed:
         if managed is not None:
             spec["egress"] = [
                 {
@@ -294,7 +302,7 @@ def build_network_policy(
                     "ports": [{"protocol": "TCP", "port": managed.port}],
                 }
             ]
-    elif request.spec.egress is Egress.ALLOWLIST and proxy is not None:
+    elif egress is Egress.ALLOWLIST and proxy is not None:
         peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
         if proxy.namespace_selector is not None:
             peer["namespaceSelector"] = {"matchLabels": dict(proxy.namespace_selector)}
@@ -302,6 +310,36 @@ def build_network_policy(
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(request, name),
+        "metadata": {
+            "name": naming.egress_policy_name(backend.name, egress.value),
+            "namespace": namespace,
+            "labels": labels,
+        },
         "spec": spec,
     }
+
+
+def egress_policy_key(policy: Mapping[str, Any]) -> tuple[str, Egress] | None:
+    """(backend, egress mode) of a namespace's egress NetworkPolicy made by
+    :func:`build_egress_policy`; None for any other (a pool's deny-all, a per-Sandbox policy of
+    an older version)."""
+    labels = (policy.get("metadata") or {}).get("labels") or {}
+    backend, egress = labels.get(lbl.BACKEND_LABEL), labels.get(lbl.EGRESS_LABEL)
+    if not backend or egress not in {e.value for e in Egress}:
+        return None
+    return str(backend), Egress(egress)
+
+
+def policy_spec_differs(have: Any, want: Any) -> bool:
+    """Whether a NetworkPolicy's spec as the API server returns it differs from ``want``: empty
+    lists and maps count as absent (the server drops ``ingress: []``)."""
+    return bool(_canonical(have) != _canonical(want))
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _canonical(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ({}, [], None)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
