@@ -108,6 +108,24 @@ def test_resources_above_the_host_ceiling_are_refused_before_any_backend(kit, st
     kit.wait_condition("fits", "Admitted", status="True", timeout=60)
 
 
+def test_a_capability_the_host_denies_is_refused_whatever_the_backend_declares(kit, start_operator):
+    """hostPolicy.deniedCapabilities (#25 item 6): the backend declares host_tools, the host
+    denies it: a Sandbox requiring it is refused with CapabilityDenied; one that does not is
+    admitted on the same backend."""
+    config = fixed(
+        declarations={**DECLARATIONS, "capabilities": ["exec", "files_in", "host_tools"]}
+    )
+    config["hostPolicy"]["deniedCapabilities"] = ["host_tools"]
+    start_operator(config)
+    kit.scope()
+    kit.sandbox("tools", requires=["exec", "host_tools"])
+    obj = assert_refused(kit, "tools", "CapabilityDenied")
+    message = kit.condition(obj, "Admitted")["message"]
+    assert "host_tools" in message and "deniedCapabilities" in message
+    kit.sandbox("plain", requires=["exec"])
+    kit.wait_condition("plain", "Admitted", status="True", timeout=60)
+
+
 @pytest.mark.parametrize("raised_by", ["host", "scope"])
 def test_a_call_scope_raised_above_the_spec_needs_a_call_id(kit, start_operator, raised_by):
     config = fixed()

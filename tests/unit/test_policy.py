@@ -16,6 +16,7 @@ from sandbox_operator.contract import (
     BackendUnavailable,
     CallIdRequired,
     Capability,
+    CapabilityDenied,
     CapabilityNotSupported,
     ConfigurationError,
     Egress,
@@ -991,3 +992,41 @@ def test_the_ceiling_refusal_reaches_the_client_as_its_own_exception() -> None:
     error = acquire_error_for(condition_reason.value)
     assert error is SandboxResourcesExceedCeiling
     assert issubclass(error, SandboxRefused) and error.refusal_reason is reason
+
+
+def test_a_capability_the_host_denies_is_refused_before_any_backend_is_judged() -> None:
+    """``hostPolicy.deniedCapabilities`` is a hard stop: a spec requiring one is refused with
+    CapabilityDenied (no backend named) under either selection, even when every backend
+    declares the capability and the first one is down; a spec not requiring it is served."""
+    host_tools = spec(requires=["exec", "host_tools"])
+    backends = [backend("down", available=False), backend("up")]
+    for selection in (Selection.FIXED, Selection.PER_SPEC):
+        host = HostPolicy(
+            min_isolation=Isolation.MICROVM,
+            selection=selection,
+            denied_capabilities=frozenset({Capability.HOST_TOOLS, Capability.SNAPSHOT}),
+        )
+        with pytest.raises(CapabilityDenied) as exc:
+            select_backend(host, backends, host_tools)
+        assert exc.value.reason is RefusalReason.CAPABILITY_DENIED
+        assert exc.value.denied == (Capability.HOST_TOOLS,)
+        assert exc.value.backend is None and exc.value.kind == "python"
+        assert "host_tools" in exc.value.message and "deniedCapabilities" in exc.value.message
+        # Denials come before the host's ceilings too: the posture is the first answer.
+        greedy = spec(requires=["host_tools"], resources={"limits": {"cpu": "64"}})
+        with pytest.raises(CapabilityDenied):
+            select_backend(host, backends, greedy)
+    allowed = HostPolicy(
+        selection=Selection.PER_SPEC, denied_capabilities=frozenset({Capability.SNAPSHOT})
+    )
+    with pytest.raises(BackendUnavailable):  # judged as usual: the first backend, down
+        select_backend(allowed, backends, host_tools)
+    assert select_backend(allowed, backends[1:], host_tools).backend.name == "up"
+
+
+def test_denied_capabilities_parse_from_the_wire_and_refuse_unknown_names() -> None:
+    host = HostPolicy.model_validate({"deniedCapabilities": ["host_tools"]})
+    assert host.denied_capabilities == frozenset({Capability.HOST_TOOLS})
+    assert HostPolicy().denied_capabilities == frozenset()
+    with pytest.raises(ValueError, match="deniedCapabilities"):
+        HostPolicy.model_validate({"deniedCapabilities": ["root"]})

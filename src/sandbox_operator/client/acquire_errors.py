@@ -35,6 +35,7 @@ __all__ = [  # noqa: RUF022
     "SandboxIsolationScopeNotEnforced",
     "SandboxCallIdRequired",
     "SandboxResourcesExceedCeiling",
+    "SandboxCapabilityDenied",
     "SandboxBackendUnavailable",
     "SandboxNoBackendCanServe",
     "SandboxStorageNotSupported",
@@ -170,6 +171,13 @@ class SandboxCallIdRequired(SandboxRefused):
     refusal_type = contract.CallIdRequired
 
 
+class SandboxCapabilityDenied(SandboxRefused):
+    """The spec requires a capability the host denies outright (hostPolicy.deniedCapabilities)."""
+
+    refusal_reason = RefusalReason.CAPABILITY_DENIED
+    refusal_type = contract.CapabilityDenied
+
+
 class SandboxResourcesExceedCeiling(SandboxRefused):
     """The spec asks for more CPU or memory than the host policy allows."""
 
@@ -284,6 +292,7 @@ CONDITION_ERRORS: Mapping[ConditionReason, type[SandboxAcquireError] | None] = {
     ConditionReason.EGRESS_NOT_ENFORCED: SandboxEgressNotEnforced,
     ConditionReason.ISOLATION_SCOPE_NOT_ENFORCED: SandboxIsolationScopeNotEnforced,
     ConditionReason.CALL_ID_REQUIRED: SandboxCallIdRequired,
+    ConditionReason.CAPABILITY_DENIED: SandboxCapabilityDenied,
     ConditionReason.RESOURCES_EXCEED_CEILING: SandboxResourcesExceedCeiling,
     ConditionReason.BACKEND_UNAVAILABLE: SandboxBackendUnavailable,
     ConditionReason.NO_BACKEND_CAN_SERVE: SandboxNoBackendCanServe,

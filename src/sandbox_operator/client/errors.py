@@ -12,6 +12,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     │   │   ├── SandboxEgressNotEnforced
     │   │   ├── SandboxIsolationScopeNotEnforced
     │   │   ├── SandboxCallIdRequired
+    │   │   ├── SandboxCapabilityDenied
     │   │   ├── SandboxResourcesExceedCeiling
     │   │   ├── SandboxBackendUnavailable
     │   │   ├── SandboxNoBackendCanServe

@@ -33,6 +33,7 @@ class RefusalReason(StrEnum):
     EGRESS_NOT_ENFORCED = "EgressNotEnforced"
     ISOLATION_SCOPE_NOT_ENFORCED = "IsolationScopeNotEnforced"
     CALL_ID_REQUIRED = "CallIdRequired"
+    CAPABILITY_DENIED = "CapabilityDenied"
     RESOURCES_EXCEED_CEILING = "ResourcesExceedCeiling"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     NO_BACKEND_CAN_SERVE = "NoBackendCanServe"
@@ -368,6 +369,29 @@ class ResourcesExceedCeiling(SandboxRefusal):
         super().__init__(backend=None, kind=kind, detail=detail, message=message)
 
 
+class CapabilityDenied(SandboxRefusal):
+    """The spec requires capabilities the host denies outright (``denied``), whatever a backend
+    declares: ``hostPolicy.deniedCapabilities``.
+
+    Refused before any backend is judged (``backend`` is None), and under per-spec selection no
+    next backend is tried: it is the host's posture, not a backend's gap. A hard stop, e.g.
+    ``deniedCapabilities: [host_tools]`` closes the host-tool channel for every Sandbox the
+    operator serves.
+    """
+
+    reason = RefusalReason.CAPABILITY_DENIED
+
+    def __init__(self, *, kind: str, denied: Iterable[Capability]) -> None:
+        self.denied = _sorted_by_definition(denied, Capability)
+        noun = "capability" if len(self.denied) == 1 else "capabilities"
+        detail = f"requires {noun} {_names(self.denied)}, which the host denies outright"
+        message = (
+            f"kind {kind!r} requires the {noun} {_names(self.denied)}, which this host denies "
+            "outright (hostPolicy.deniedCapabilities): no backend may serve it here"
+        )
+        super().__init__(backend=None, kind=kind, detail=detail, message=message)
+
+
 class BackendUnavailable(SandboxRefusal):
     """The backend passed every check but cannot serve right now (``unavailable_reason``)."""
 
@@ -425,6 +449,7 @@ REFUSAL_TYPES: dict[RefusalReason, type[SandboxRefusal]] = {
         EgressNotEnforced,
         IsolationScopeNotEnforced,
         CallIdRequired,
+        CapabilityDenied,
         ResourcesExceedCeiling,
         BackendUnavailable,
         NoBackendCanServe,

@@ -167,6 +167,12 @@ class HostPolicy(ContractModel):
         default=False,
         description="Whether a spec may ask for unrestricted egress at all.",
     )
+    denied_capabilities: CapabilitySet = Field(
+        default=frozenset(),
+        description="Capabilities refused outright, whatever a backend declares: a spec "
+        "requiring one is refused (CapabilityDenied) before any backend is judged. "
+        "[host_tools] closes the host-tool channel for every Sandbox.",
+    )
     resources: ResourcePolicy = Field(
         default_factory=ResourcePolicy,
         description="Default requests and limits for what a spec leaves out, and the ceilings "

@@ -54,6 +54,8 @@ ACQUIRE_ERRORS: Mapping[type[client_errors.SandboxAcquireError], type[Exception]
     client_errors.SandboxIsolationScopeNotEnforced: maf.SandboxScopeNotEnforced,
     # A call-scoped spec acquired without a call id: the scope cannot be given.
     client_errors.SandboxCallIdRequired: maf.SandboxScopeNotEnforced,
+    # The host denies the capability outright: maf's hard stop of the same name.
+    client_errors.SandboxCapabilityDenied: maf.SandboxCapabilityDenied,
     # The host's resource ceiling: a host policy refusal, fixed by a person.
     client_errors.SandboxResourcesExceedCeiling: maf.SandboxBackendNotPermitted,
     # The operator's backend is down: nothing started; disposed first (NEEDS_DISPOSAL).

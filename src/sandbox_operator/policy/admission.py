@@ -21,6 +21,7 @@ from sandbox_operator.contract import (
     BackendDeclarations,
     BackendUnavailable,
     CallIdRequired,
+    CapabilityDenied,
     CapabilityNotSupported,
     ConfigurationError,
     Egress,
@@ -386,6 +387,15 @@ def validate_registration(host: HostPolicy, backends: Sequence[BackendProfile]) 
     return tuple(warnings)
 
 
+def check_host_denials(host: HostPolicy, spec: SandboxSpec) -> None:
+    """Refuse ``spec`` with :class:`CapabilityDenied` when it requires a capability in
+    ``host.denied_capabilities``: a statement about the spec against the host's posture, not
+    about what any backend could do."""
+    denied = spec.requires & host.denied_capabilities
+    if denied:
+        raise CapabilityDenied(kind=spec.kind, denied=denied)
+
+
 def select_backend(
     host: HostPolicy,
     backends: Sequence[BackendProfile],
@@ -396,8 +406,10 @@ def select_backend(
 ) -> Admission:
     """Pick the backend that serves ``spec``, or raise the refusal.
 
-    First the host's resource ceilings (:class:`ResourcesExceedCeiling`, whatever the selection,
-    no backend judged). Then ``fixed``: the pinned (or first) backend, or its own refusal.
+    First the host's hard stops (:class:`CapabilityDenied`: a capability the host refuses
+    outright) and resource ceilings (:class:`ResourcesExceedCeiling`), whatever the selection,
+    no backend judged: there is no next backend to try for the host's own posture. Then
+    ``fixed``: the pinned (or first) backend, or its own refusal.
     ``perSpec``: the first registered backend that passes every check; the same spec and backends
     always give the same backend, available or not (an unavailable one is its
     :class:`BackendUnavailable`, never a move to the next); when none passes,
@@ -405,6 +417,7 @@ def select_backend(
     :class:`Admission` carries ``spec`` with its resources resolved under ``host`` (pass that
     spec to the backend).
     """
+    check_host_denials(host, spec)
     check_resources(host, spec)
     resolved = resolve_spec(host, spec)
     floor = effective_floor(host, spec, scope_floor=scope_floor)
