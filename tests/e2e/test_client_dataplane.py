@@ -4,6 +4,7 @@ host_tools suite (the client's channel over exec + files) on both with the pytho
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from sandbox_operator.client import Sandbox, SandboxClient, pod_dataplane
+from sandbox_operator.client import ExecCancelled, Sandbox, SandboxClient, pod_dataplane
 from sandbox_operator.conformance import check_call_scope, check_host_tools, check_sandbox
 from sandbox_operator.contract import Capability, SandboxSpec
 from tests.fixtures.pods import plain_pod
@@ -134,3 +135,27 @@ async def test_large_binary_round_trip(
     await sb.write_file("big.bin", data)
     assert (await sb.stat("big.bin")).size == len(data)
     assert await sb.read_file("big.bin") == data
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+async def test_a_cancelled_exec_is_killed_with_its_group_in_the_pod(
+    aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
+) -> None:
+    """#25 item 1, as reported: an exec the caller cancels ran on in the pod (closing the exec
+    stream stops nothing) and a file it wrote after the cancel appeared. Now its process group
+    is sent SIGKILL before the cancellation goes on: neither the command's late write nor a
+    background child's appears, and the handle says what the kill reached."""
+    sb = handle(aclient, make_pod(f"cancel-{runtime_class}", runtime_class, BUSYBOX), BUSYBOX)
+    script = "touch began; (sleep 2; touch child) & sleep 2; touch late"
+    call = asyncio.ensure_future(sb.exec(script, timeout=60))
+    deadline = time.monotonic() + 30
+    while not await sb.exists("began"):
+        assert time.monotonic() < deadline, "the command never started"
+        await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(ExecCancelled) as raised:
+        await call
+    assert raised.value.kill_delivered and raised.value.kill_reach == "group"
+    await asyncio.sleep(3.5)  # past both writes' time
+    assert not await sb.exists("late") and not await sb.exists("child")
+    assert sb.unclean is None  # the kill reached the group: the sandbox is clean

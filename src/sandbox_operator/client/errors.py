@@ -29,10 +29,13 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
     ├── ExecSetupError, ExecTimeout (TimeoutError), OutputBudgetExceeded, DataPlaneError
+    ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
     ├── LandingNotConfined, LandingExists (FileExistsError)
     └── HostToolError ...               (client/hosttools/errors.py)
+
+    ExecCancelled (asyncio.CancelledError)   an exec the caller cancelled, and what its kill reached
 
 Which acquire error a Sandbox's condition reason raises is one table, :data:`CONDITION_ERRORS`,
 keyed by the contract's :class:`ConditionReason` (None: the Sandbox is still on its way).
@@ -55,6 +58,7 @@ an exception) whose :meth:`SandboxClientError._message` makes the message once, 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from sandbox_operator.client.acquire_errors import *  # noqa: F403 (the acquire tree)
@@ -243,6 +247,41 @@ class ExecTimeout(SandboxClientError, TimeoutError):
         else:
             tail = "and could not be signalled, so it may still be running"
         return f"command timed out after {self.timeout:g}s {tail}"
+
+
+class ExecCancelled(asyncio.CancelledError):
+    """The caller cancelled an exec: its process group was sent SIGKILL before the cancellation
+    went on. A :class:`asyncio.CancelledError` (task cancellation stays cancellation; no
+    ``except Exception`` swallows it), not a :class:`SandboxClientError`.
+
+    ``kill_delivered`` says whether the kill was accepted by the sandbox; ``kill_reach`` is
+    ``group``, ``process`` or ``nothing`` (the command had not announced itself, or the kill
+    failed), as for :class:`ExecTimeout`. Anything short of ``group`` leaves the sandbox
+    unclean: its handle refuses further use (:class:`SandboxUnclean`) and, when a client
+    acquired it, the Sandbox is disposed."""
+
+    def __init__(self, *, argv: tuple[str, ...], kill_delivered: bool, kill_reach: str) -> None:
+        self.argv = argv
+        self.kill_delivered = kill_delivered
+        self.kill_reach = kill_reach
+        what = f"its {kill_reach} was sent SIGKILL" if kill_delivered else "nothing was signalled"
+        super().__init__(f"exec cancelled by the caller: {what}")
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class SandboxUnclean(SandboxClientError):
+    """The sandbox may still run something a caller no longer owns (an exec cancelled or timed
+    out whose kill did not reach its process group, a host-tool run that could not be stopped):
+    the handle refuses every further use, and the Sandbox is disposed (a client-acquired handle),
+    so the conversation's next acquire gets a new one once the disposal lands. ``sandbox`` names
+    it; ``reason`` says what left it so."""
+
+    sandbox: str
+    reason: str
+
+    def _message(self) -> str:
+        name = self.sandbox or "the sandbox"
+        return f"{name} is unclean ({self.reason}): it is disposed, never used again"
 
 
 @dataclass(eq=False, repr=False, kw_only=True)

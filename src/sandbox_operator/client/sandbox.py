@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,9 +28,12 @@ from sandbox_operator.client.dataplane import (
 )
 from sandbox_operator.client.errors import (
     CapabilityNotRequired,
+    ExecCancelled,
     ExecSetupError,
+    ExecTimeout,
     SandboxFileNotFound,
     SandboxNotSuspendable,
+    SandboxUnclean,
     TransferCapExceeded,
 )
 from sandbox_operator.client.observer import (
@@ -44,6 +48,8 @@ from sandbox_operator.client.outputs import check_cap
 from sandbox_operator.client.paths import confine, normalize_work_dir
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from sandbox_operator.client.outputs import CollectedOutputs, OutputSink
 
@@ -55,7 +61,12 @@ LANGUAGES: dict[str, tuple[str, ...]] = {
 
 
 class SuspendsSandboxes(Protocol):
-    """What suspends and resumes a handle's sandbox: the ``SandboxClient`` that acquired it."""
+    """What suspends, resumes and disposes of a handle's sandbox: the ``SandboxClient`` that
+    acquired it."""
+
+    async def dispose(
+        self, sandbox: Sandbox | str, *, wait: bool = False, uid: str | None = None
+    ) -> None: ...
 
     async def suspend(self, sandbox: Sandbox, *, wait: bool, timeout: float | None) -> None: ...  # noqa: ASYNC109
 
@@ -142,6 +153,10 @@ class Sandbox:
         # of the key did).
         self.resource = resource
         self.created = created
+        # Why the sandbox may run what nobody owns any more (None: clean). Once set, every use
+        # is refused and the Sandbox is disposed (``_become_unclean``).
+        self.unclean: str | None = None
+        self._disposal: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
@@ -167,6 +182,8 @@ class Sandbox:
 
     def _gate(self, method: str, capability: Capability) -> None:
         record_key(self.key)  # the current call (if any) touched this sandbox
+        if self.unclean is not None:
+            raise SandboxUnclean(sandbox=self.name, reason=self.unclean)
         if capability not in self.required:
             raise CapabilityNotRequired(method=method, capability=capability.value)
         self._activity()
@@ -240,7 +257,33 @@ class Sandbox:
             "timeout": timeout,
             "max_output_bytes": budget,
         }
-        return await self.dataplane.exec(argv, **options)
+        try:
+            return await self.dataplane.exec(argv, **options)
+        except ExecCancelled as exc:
+            if exc.kill_reach != "group":
+                self._become_unclean(f"an exec was cancelled and its kill reached {exc.kill_reach}")
+            raise
+        except ExecTimeout as exc:
+            if not exc.kill_delivered or exc.kill_reach != "group":
+                self._become_unclean(f"an exec timed out and its kill reached {exc.kill_reach}")
+            raise
+
+    def _become_unclean(self, reason: str) -> None:
+        """Something may still run in the sandbox that no caller owns: a failed run over leaked
+        state. Refuse every further use of this handle and, for a handle a client acquired,
+        dispose of the Sandbox (in the background: the caller's own error or cancellation goes
+        on at once), so the conversation's next acquire waits for the disposal and gets a new
+        sandbox, never this one."""
+        if self.unclean is not None:
+            return
+        self.unclean = reason
+        log.warning(
+            "sandbox %s/%s is unclean (%s): disposing it", self.namespace, self.name, reason
+        )
+        if self._lifecycle is None or not self.name:
+            return
+        uid = str(((self.resource or {}).get("metadata") or {}).get("uid") or "") or None
+        self._disposal = asyncio.ensure_future(self._lifecycle.dispose(self.name, uid=uid))
 
     # -- files in -------------------------------------------------------------------------
 

@@ -12,11 +12,12 @@ exec, sends SIGKILL to the command's process group.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
 from sandbox_operator.client.dataplane import scripts
 from sandbox_operator.client.dataplane.protocol import (
@@ -27,6 +28,7 @@ from sandbox_operator.client.dataplane.protocol import (
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
+    ExecCancelled,
     ExecSetupError,
     PathRefused,
     SandboxFileNotFound,
@@ -51,17 +53,39 @@ class RawResult:
 
 class ExecTransport(Protocol):
     """Run an argv (no shell) with the given stdin bytes; stop reading at ``timeout`` seconds or
-    after more than ``max_output`` bytes of stdout+stderr and report which."""
+    after more than ``max_output`` bytes of stdout+stderr and report which. ``stderr``, when
+    given, is where stderr is gathered as it arrives: a caller whose run is cancelled reads what
+    came before (the exec wrapper's pid, to kill its process group)."""
 
     async def run(
-        self, argv: Sequence[str], *, stdin: bytes | None, timeout: float, max_output: int
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        max_output: int,
+        stderr: bytearray | None = None,
     ) -> RawResult: ...
 
     async def close(self) -> None: ...
 
 
+T = TypeVar("T")
+
 _HEADER = re.compile(rb"^SBX:pid:(\d+):(group|process)\n")
 _SIZE = re.compile(rb"SBX:size:(\d+)")
+
+
+async def _despite_cancellation(work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work`` to its end even when the caller is cancelled again meanwhile (the kill of a
+    cancelled exec must land, not be cancelled with it)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                return task.result()
 
 
 def _split_header(stderr: bytes) -> tuple[int | None, str, bytes]:
@@ -125,9 +149,25 @@ class ExecDataPlane:
             *req.env_args,
             *req.argv,
         ]
-        raw = await self.transport.run(
-            wrapper, stdin=data or None, timeout=req.timeout, max_output=req.budget + 256
-        )
+        arrived = bytearray()
+        try:
+            raw = await self.transport.run(
+                wrapper,
+                stdin=data or None,
+                timeout=req.timeout,
+                max_output=req.budget + 256,
+                stderr=arrived,
+            )
+        except asyncio.CancelledError:
+            # Closing the stream stops nothing in the sandbox: the command runs on unless its
+            # group is killed, whatever cancelled the caller.
+            pid, reach, _ = _split_header(bytes(arrived))
+            delivered = await _despite_cancellation(self._kill(pid)) if pid is not None else False
+            raise ExecCancelled(
+                argv=req.argv,
+                kill_delivered=delivered,
+                kill_reach=reach if delivered else "nothing",
+            ) from None
         pid, reach, stderr = _split_header(raw.stderr)
         if raw.timed_out or raw.overflowed:
             delivered = await self._kill(pid) if pid is not None else False
@@ -143,6 +183,8 @@ class ExecDataPlane:
         return req.finish(raw.exit_code, raw.stdout, stderr)
 
     async def _kill(self, pid: int) -> bool:
+        """SIGKILL the process group led by ``pid`` (or the process): whether the sandbox
+        accepted it."""
         if pid <= 1:
             return False
         try:

@@ -23,7 +23,13 @@ class LocalExecTransport:
         self.env = {**os.environ, **env} if env else None
 
     async def run(
-        self, argv: Sequence[str], *, stdin: bytes | None, timeout: float, max_output: int
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        max_output: int,
+        stderr: bytearray | None = None,
     ) -> RawResult:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -33,7 +39,7 @@ class LocalExecTransport:
             env=self.env,
         )
         out = bytearray()
-        err = bytearray()
+        err = stderr if stderr is not None else bytearray()
         overflow = asyncio.Event()
 
         async def pump(stream: asyncio.StreamReader | None, buf: bytearray) -> None:
@@ -63,6 +69,14 @@ class LocalExecTransport:
             done, _ = await asyncio.wait(
                 {task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
+        except asyncio.CancelledError:
+            # Stop reading, as a remote transport's closed stream does; the command's group
+            # lives on until the caller's kill.
+            task.cancel()
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
+            raise
         finally:
             waiter.cancel()
         if task in done:

@@ -46,11 +46,17 @@ class PodExecTransport:
         self.target = target
 
     async def run(
-        self, argv: Sequence[str], *, stdin: bytes | None, timeout: float, max_output: int
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        timeout: float,
+        max_output: int,
+        stderr: bytearray | None = None,
     ) -> RawResult:
         api = CoreV1Api(self._ws)
         out = bytearray()
-        err = bytearray()
+        err = stderr if stderr is not None else bytearray()
         status: bytes = b""
         overflowed = False
 

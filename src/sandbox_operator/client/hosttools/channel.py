@@ -250,6 +250,10 @@ class _Channel:
     long_poll: float
     started: bool = False
     finished: bool = False
+    #: A run that failed (a cancellation, a broken exec) whose program's group could not be
+    #: signalled, nor its launcher's marker say it ended: processes of the run may still run
+    #: (``_after_failure``).
+    left_running: bool = False
     signalled: bool = False
     output_cap: int = field(init=False)
     #: Given to the launcher on the start exec's stdin and written into its exit marker: what
@@ -508,6 +512,8 @@ async def _reclaim(
             type(exc).__name__,
             stays,
         )
+        # Leaked state: no later run (of this conversation or the next call) may read it.
+        sandbox._become_unclean(f"a host-tool run: {lost}")
         return False
     return True
 
@@ -566,6 +572,14 @@ async def run_with_host_tools(
         removed = await _after_failure(channel)
         if isinstance(exc, HostToolRunTimeout | HostToolDeliveryUncertain | HostToolRunUnclean):
             exc.transport_removed = removed
+        if isinstance(exc, HostToolRunUnclean):
+            sandbox._become_unclean(f"a host-tool run: {exc.reason}")
+        elif isinstance(exc, HostToolRunTimeout) and (
+            exc.signal is not SignalOutcome.GROUP or exc.leftovers_ended is None
+        ):
+            sandbox._become_unclean("a host-tool run timed out and was not ended with its tree")
+        elif channel.left_running:
+            sandbox._become_unclean("a host-tool run was interrupted and could not be signalled")
         raise
     removed = await _remove_transport(sandbox, layout)
     return HostToolRunResult(
@@ -583,9 +597,13 @@ async def _after_failure(channel: _Channel) -> bool:
     """Best-effort, bounded cleanup on a path that did not finish: stop a program that may still
     be running (it may be blocked on an answer that will never come), then remove the transport.
     Runs after a cancellation too; a second cancellation abandons it."""
-    with contextlib.suppress(Exception):
-        if channel.started and not channel.finished and not channel.signalled:
-            await asyncio.wait_for(channel.stop(), _CLEANUP_TIMEOUT)
+    if channel.started and not channel.finished and not channel.signalled:
+        channel.left_running = True  # until the stop says the program's group is ended
+        with contextlib.suppress(Exception):
+            outcome, ended, _, _ = await asyncio.wait_for(channel.stop(), _CLEANUP_TIMEOUT)
+            # Ended: the program's group was signalled, or the launcher's own exit marker says it
+            # ended every process of the run (the program was already gone). Neither: a leak.
+            channel.left_running = outcome is not SignalOutcome.GROUP and ended is None
     return await _remove_transport(channel.sandbox, channel.layout)
 
 
