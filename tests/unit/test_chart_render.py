@@ -314,9 +314,18 @@ def test_schema_rejects_other_bad_values(key: str, value: str) -> None:
     template_error({key: value})
 
 
-def test_fixed_selection_needs_a_pinned_backend() -> None:
-    template_error({"config.hostPolicy.selection": "fixed"})
-    template({"config.hostPolicy.selection": "fixed", "config.hostPolicy.pinnedBackend": "kata"})
+def test_the_default_selection_is_the_contracts_fixed_on_the_floors_backend() -> None:
+    """Routing is opt-in (#25 item 5): the chart's default is selection fixed with no pin, which
+    is the first backend listed, and that is the one meeting the default microvm floor."""
+    objs = template({})
+    (cm,) = [o for o in by_kind(objs, "ConfigMap") if "config.yaml" in o.get("data", {})]
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["hostPolicy"]["selection"] == "fixed"
+    assert config["hostPolicy"].get("pinnedBackend") is None
+    assert config["hostPolicy"]["minIsolation"] == "microvm"
+    assert [config["backends"][0][k] for k in ("name", "isolation")] == ["kata", "microvm"]
+    template({"config.hostPolicy.selection": "fixed", "config.hostPolicy.pinnedBackend": "gvisor"})
+    template({"config.hostPolicy.selection": "perSpec"})
 
 
 def test_watch_namespaces_gives_roles_not_a_cluster_wide_grant() -> None:
@@ -451,6 +460,7 @@ def test_notes_say_how_to_check_and_what_a_microvm_floor_needs(tmp_path: Path) -
     assert "kubectl get sbx -o wide" in notes
     assert "Host isolation floor: microvm" in notes
     assert "minIsolation=hardened_container" in notes  # how to lower it knowingly
+    assert "pinnedBackend=gvisor" in notes  # and route to it under the default fixed selection
     assert "RuntimeClass named kata" in notes  # how to declare a microVM runtime class
     lowered = render_notes({"config.hostPolicy.minIsolation": "hardened_container"}, tmp_path / "b")
     assert "Host isolation floor: hardened_container" in lowered
@@ -459,7 +469,13 @@ def test_notes_say_how_to_check_and_what_a_microvm_floor_needs(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"config.hostPolicy.minIsolation": "hardened_container"}],
+    [
+        {},
+        {
+            "config.hostPolicy.minIsolation": "hardened_container",
+            "config.hostPolicy.pinnedBackend": "gvisor",
+        },
+    ],
     ids=["default", "lowered-floor"],
 )
 def test_rendered_config_is_accepted_by_the_operator(values: dict[str, str]) -> None:
@@ -467,7 +483,7 @@ def test_rendered_config_is_accepted_by_the_operator(values: dict[str, str]) -> 
 
     cm = one(template(values), "ConfigMap")
     config, _warnings = parse_config(yaml.safe_load(cm["data"]["config.yaml"]))
-    assert config.backend_names == ("gvisor", "kata")
+    assert config.backend_names == ("kata", "gvisor")
     assert str(config.host_policy.min_isolation) == values.get(
         "config.hostPolicy.minIsolation", "microvm"
     )
