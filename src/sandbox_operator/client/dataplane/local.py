@@ -65,28 +65,28 @@ class LocalExecTransport:
 
         task = asyncio.ensure_future(finish())
         waiter = asyncio.ensure_future(overflow.wait())
+
+        def stop_reading() -> None:
+            """Stop reading and drop the local wrapper (its pipes included); the command's own
+            process group lives on until the caller's kill, as it would behind a remote
+            transport's closed stream."""
+            task.cancel()
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
+
         try:
             done, _ = await asyncio.wait(
                 {task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         except asyncio.CancelledError:
-            # Stop reading, as a remote transport's closed stream does; the command's group
-            # lives on until the caller's kill.
-            task.cancel()
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()
+            stop_reading()
             raise
         finally:
             waiter.cancel()
         if task in done:
             return RawResult(task.result(), bytes(out), bytes(err))
-        task.cancel()
-        # Stop reading and drop the local wrapper (its pipes included); the command's own process
-        # group lives on until the caller's kill, as it would behind a remote transport.
-        transport = getattr(proc, "_transport", None)
-        if transport is not None:
-            transport.close()
+        stop_reading()
         with contextlib.suppress(TimeoutError, ProcessLookupError):
             await asyncio.wait_for(proc.wait(), 5.0)
         return RawResult(
