@@ -123,7 +123,7 @@ async def test_a_cancel_whose_kill_fails_leaves_the_sandbox_unclean_and_disposed
     with pytest.raises(SandboxUnclean):
         await box.read_file("anything")
     # Told once: a second failure does not dispose twice.
-    box.mark_unclean("again")
+    box._become_unclean("again")
     await asyncio.sleep(0)
     assert len(lifecycle.disposed) == 1
 

@@ -154,7 +154,7 @@ class Sandbox:
         self.resource = resource
         self.created = created
         # Why the sandbox may run what nobody owns any more (None: clean). Once set, every use
-        # is refused and the Sandbox is disposed (``mark_unclean``).
+        # is refused and the Sandbox is disposed (``_become_unclean``).
         self.unclean: str | None = None
         self._disposal: asyncio.Future[None] | None = None
 
@@ -261,14 +261,14 @@ class Sandbox:
             return await self.dataplane.exec(argv, **options)
         except ExecCancelled as exc:
             if exc.kill_reach != "group":
-                self.mark_unclean(f"an exec was cancelled and its kill reached {exc.kill_reach}")
+                self._become_unclean(f"an exec was cancelled and its kill reached {exc.kill_reach}")
             raise
         except ExecTimeout as exc:
             if not exc.kill_delivered or exc.kill_reach != "group":
-                self.mark_unclean(f"an exec timed out and its kill reached {exc.kill_reach}")
+                self._become_unclean(f"an exec timed out and its kill reached {exc.kill_reach}")
             raise
 
-    def mark_unclean(self, reason: str) -> None:
+    def _become_unclean(self, reason: str) -> None:
         """Something may still run in the sandbox that no caller owns: a failed run over leaked
         state. Refuse every further use of this handle and, for a handle a client acquired,
         dispose of the Sandbox (in the background: the caller's own error or cancellation goes

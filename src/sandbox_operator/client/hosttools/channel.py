@@ -513,7 +513,7 @@ async def _reclaim(
             stays,
         )
         # Leaked state: no later run (of this conversation or the next call) may read it.
-        sandbox.mark_unclean(f"a host-tool run: {lost}")
+        sandbox._become_unclean(f"a host-tool run: {lost}")
         return False
     return True
 
@@ -573,13 +573,13 @@ async def run_with_host_tools(
         if isinstance(exc, HostToolRunTimeout | HostToolDeliveryUncertain | HostToolRunUnclean):
             exc.transport_removed = removed
         if isinstance(exc, HostToolRunUnclean):
-            sandbox.mark_unclean(f"a host-tool run: {exc.reason}")
+            sandbox._become_unclean(f"a host-tool run: {exc.reason}")
         elif isinstance(exc, HostToolRunTimeout) and (
             exc.signal is not SignalOutcome.GROUP or exc.leftovers_ended is None
         ):
-            sandbox.mark_unclean("a host-tool run timed out and was not ended with its tree")
+            sandbox._become_unclean("a host-tool run timed out and was not ended with its tree")
         elif channel.left_running:
-            sandbox.mark_unclean("a host-tool run was interrupted and could not be signalled")
+            sandbox._become_unclean("a host-tool run was interrupted and could not be signalled")
         raise
     removed = await _remove_transport(sandbox, layout)
     return HostToolRunResult(
