@@ -230,7 +230,9 @@ def _sigkill_burst(
         time.sleep(3)  # and it stays so
         final = census(kit)
         assert final.converged and final.sandboxes == creates, final.brief()
-        assert final.pods == creates and final.policies == creates, final.brief()
+        # One pod per Sandbox; one egress NetworkPolicy for them all (one backend, one egress
+        # mode), however many incarnations raced to make it.
+        assert final.pods == creates and final.policies == 1, final.brief()
         per = rec.pods_per_sandbox()
         duplicates = rec.duplicates()
         flaps = list(rec.flaps)
