@@ -35,8 +35,8 @@ from sandbox_operator.reconcile.status import (
     R,
     sandbox_gone,
     sandbox_ref,
-    write_status,
 )
+from sandbox_operator.reconcile.step import Step, sooner
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
 #: status is left alone: the object is about to go).
@@ -158,7 +158,7 @@ def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
             rt.enqueue_sandbox(namespace, other)
 
 
-async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
+async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
 
     While disposal is under way or failed, the finalizer stays and the status says so; the pass
@@ -168,7 +168,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
     namespace, name = str(meta["namespace"]), str(meta["name"])
     finalizers = list(meta.get("finalizers") or [])
     if FINALIZER not in finalizers:
-        return None  # never admitted by this operator, or already released
+        return Step.wait()  # never admitted by this operator, or already released
     draft = Draft(obj)
     terminal = compute.is_terminal(draft.old)
     requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
@@ -183,14 +183,14 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
         )
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
-            return None
+            return Step.wait()
         if (released.get("metadata") or {}).get("finalizers"):
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
             wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
         rt.purging.discard((namespace, name))
-        return None
+        return Step.wait()
     failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED
     if not failed:
         # Still waiting for the objects to go (their deletion events bring the next pass).
@@ -201,14 +201,12 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
         if (namespace, name) in rt.purging:
             # Its scope's purge: the scope reports it (status.lastPurge); a status write and two
             # Events per Sandbox of a conversation being purged would only add to the load.
-            return requeue
+            return Step.wait(requeue)
         if elapsed < DISPOSING_REPORT_AFTER_SECONDS:
-            wait = DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05
-            return wait if requeue is None else min(requeue, wait)
+            return Step.wait(sooner(requeue, DISPOSING_REPORT_AFTER_SECONDS - elapsed + 0.05))
     if not terminal:
         if failed:
             draft.cond(READY, False, R.DISPOSAL_FAILED, "disposal failed; see Disposed")
         else:
             draft.cond(READY, False, R.DISPOSING, "the Sandbox is being deleted")
-    await write_status(rt, SANDBOX_PLURAL, draft)
-    return requeue
+    return Step.write(obj, draft, requeue=requeue)

@@ -178,16 +178,7 @@ def plan_pool(
     namespace's); a pod that cannot is replaced like one of another shape."""
     meta = pool.get("metadata") or {}
     spec = pool.get("spec") or {}
-    uid = str(meta.get("uid", ""))
-    wanted = int(spec.get("replicas") or 0)
-    max_creating = int(spec.get("maxCreating") or 5)
-    idle = [p for p in pods if is_idle(p, uid)]
-    claimed = [
-        p
-        for p in pods
-        if lbl.SANDBOX_LABEL in ((p.get("metadata") or {}).get("labels") or {})
-        and not (p.get("metadata") or {}).get("deletionTimestamp")
-    ]
+    idle = [p for p in pods if is_idle(p, str(meta.get("uid", "")))]
     plan = PoolPlan()
     plan.status = {
         "backend": judgement.backend,
@@ -198,7 +189,7 @@ def plan_pool(
                 lbl.POOL_LABEL: lbl.sandbox_label_value(str(meta.get("name", ""))),
             }
         ),
-        "claimed": len(claimed),
+        "claimed": sum(1 for p in pods if _claimed(p)),
     }
     if judgement.shape is None:
         plan.delete = list(idle)
@@ -212,6 +203,20 @@ def plan_pool(
     failed = [p for p in shaped if _phase(p) in ("Failed", "Succeeded")]
     plan.delete += failed
     live = [p for p in shaped if p not in failed]
+    _size(plan, live, int(spec.get("replicas") or 0), int(spec.get("maxCreating") or 5))
+    return plan
+
+
+def _claimed(pod: Mapping[str, Any]) -> bool:
+    """A pool pod a Sandbox took (its label), not on its way out."""
+    return lbl.SANDBOX_LABEL in _labels(pod) and not (pod.get("metadata") or {}).get(
+        "deletionTimestamp"
+    )
+
+
+def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating: int) -> None:
+    """Bring ``live`` idle pods of the right shape to ``wanted`` (creating at most
+    ``max_creating`` at a time) and say how far the pool is."""
     ready = [p for p in live if is_ready(p)]
     starting = [p for p in live if not is_ready(p)]
     if len(live) > wanted:
@@ -224,17 +229,13 @@ def plan_pool(
     kept_ready = [p for p in ready if p not in plan.delete]
     plan.status.update(replicas=min(len(live), wanted), readyReplicas=len(kept_ready))
     stuck = sorted({r for p in starting if (r := _waiting_reason(p)) in _STUCK_REASONS})
+    filling = f"{len(kept_ready)} of {wanted} idle pods ready"
     if len(kept_ready) >= wanted:
         plan.condition = (True, R.READY, f"{wanted} idle pods ready")
     elif stuck:
-        plan.condition = (
-            False,
-            R.FILLING,
-            f"{len(kept_ready)} of {wanted} idle pods ready; pods cannot start: {', '.join(stuck)}",
-        )
+        plan.condition = (False, R.FILLING, f"{filling}; pods cannot start: {', '.join(stuck)}")
     else:
-        plan.condition = (False, R.FILLING, f"{len(kept_ready)} of {wanted} idle pods ready")
-    return plan
+        plan.condition = (False, R.FILLING, filling)
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:

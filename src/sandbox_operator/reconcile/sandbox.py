@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     EnsureRequest,
+    Observation,
     ObservedPhase,
     StartupError,
     TransientError,
@@ -68,6 +69,7 @@ from sandbox_operator.reconcile.status import (
     sandbox_ref,
     write_status,
 )
+from sandbox_operator.reconcile.step import Step, sooner
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ __all__ = [
     "sandbox_ref",
     "wake_key",
     "write_status",
+    "write_step",
 ]
 
 #: While a driver that is not watched still reports compute stopping, look again this often.
@@ -124,16 +127,20 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | None:
     """One pass; returns the seconds until the next deadline (None: wait for a watch event).
 
-    Raises :class:`Conflict` when a write lost a race (the caller looks again soon)."""
+    Gather (the views, the backend's observation) -> decide (``compute``: pure) -> at most one
+    action (create, claim, suspend or dispose) -> one status write (:func:`write_step`).
+    Raises :class:`Conflict` when the write lost a race (the caller looks again soon)."""
     obj = rt.views.sandboxes.get(namespace, name)
     if obj is None:
         rt.forget(namespace, name)
         return None
     if _meta(obj).get("deletionTimestamp"):
-        return await finalize_sandbox(rt, obj)
-    if (namespace, name) in rt.purging:
+        step = await finalize_sandbox(rt, obj)
+    elif (namespace, name) in rt.purging:
         return None  # its scope's purge deletes it; the deletion event brings it back
-    return await _reconcile(rt, obj)
+    else:
+        step = await _pass(rt, obj)
+    return await write_step(rt, step)
 
 
 async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> dict[str, Any] | None:
@@ -219,43 +226,68 @@ def _annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool
     return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES
 
 
-async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
-    meta = _meta(obj)
-    namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+@dataclass(frozen=True)
+class _Seen:
+    """What a pass gathered about a Sandbox that may run: the object (with the operator's
+    metadata on it), its validated spec, the scope it names, and the pass's clock."""
+
+    obj: dict[str, Any]
+    spec: SandboxResourceSpec
+    scope: compute.ScopeResolution
+    now: datetime
+
+    @property
+    def ident(self) -> tuple[str, str, str]:
+        meta = _meta(self.obj)
+        return str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+
+
+async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
     draft = Draft(obj)
-    status = draft.old
-
     # Terminal: nothing is created again; only a disposal that has not landed is retried.
-    if compute.is_terminal(status):
-        if cnd.is_true(status, DISPOSED):
-            return None
-        requeue = await dispose_into(rt, drivers_for(rt, status), sandbox_ref(obj), draft)
-        await write_status(rt, SANDBOX_PLURAL, draft)
-        return requeue
+    if compute.is_terminal(draft.old):
+        if cnd.is_true(draft.old, DISPOSED):
+            return Step.wait()
+        requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
+        return Step.write(obj, draft, requeue=requeue)
+    seen = await _gather(rt, obj)
+    if isinstance(seen, Step):
+        return seen
+    return await _admit(rt, seen)
 
+
+async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
+    """The spec (validated once per generation), the scope, and the operator's metadata on the
+    object (finalizer, key labels: the one write before the status, only when missing)."""
     parsed = _parsed_spec(rt, obj)
     if isinstance(parsed, str):
-        draft.cond(ADMITTED, False, R.STARTUP_FAILED, parsed)
-        draft.cond(READY, False, R.STARTUP_FAILED, parsed)
-        if await write_status(rt, SANDBOX_PLURAL, draft):
-            metrics.ADMISSIONS.labels("refused", R.STARTUP_FAILED.value).inc()
-        return None
-    spec = parsed
+        refused = compute.Plan(
+            conditions=(
+                (ADMITTED, False, R.STARTUP_FAILED, parsed),
+                (READY, False, R.STARTUP_FAILED, parsed),
+            )
+        )
+        return Step.write(obj, Draft(obj), refused)
+    meta = _meta(obj)
+    namespace = str(meta["namespace"])
     scope = compute.resolve_scope(
-        await _scope_object(rt, namespace, spec.scope_ref),
-        spec.scope_ref,
+        await _scope_object(rt, namespace, parsed.scope_ref),
+        parsed.scope_ref,
         namespace,
-        conversation_holder=rt.views.conversation_holder(namespace, spec.scope_ref),
+        conversation_holder=rt.views.conversation_holder(namespace, parsed.scope_ref),
     )
-    key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
-    fresh = await _ensure_metadata(rt, obj, scope, key, spec.kind)
+    key = parsed.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
+    fresh = await _ensure_metadata(rt, obj, scope, key, parsed.kind)
     if fresh is None:  # 404: it is gone
         sandbox_gone(rt, obj)
-        return None
-    obj = fresh
-    draft = Draft(obj)
+        return Step.wait()
+    return _Seen(fresh, parsed, scope, datetime.now(UTC))
 
-    now = datetime.now(UTC)
+
+async def _admit(rt: Runtime, seen: _Seen) -> Step:
+    """Suspended stays suspended; otherwise admitted (once, or again on a resume) or refused."""
+    obj, spec, now = seen.obj, seen.spec, seen.now
+    draft = Draft(obj)
     annotations = _meta(obj).get("annotations") or {}
     suspension = compute.suspension(
         spec,
@@ -271,29 +303,41 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
     admission = compute.admit(
         obj,
         spec,
-        scope,
+        seen.scope,
         host_policy=rt.config.host_policy,
         profiles=profiles(rt.config, rt.unavailable),
         known_backends=tuple(rt.drivers),
         rejudge=rejudge,
     )
     if not admission.admitted:
-        if rejudge:  # stays suspended: nothing starts
-            return await _apply(rt, obj, draft, compute.refused_resume_plan(admission), admission)
-        return await _apply(rt, obj, draft, compute.refusal_plan(admission), admission)
+        # A refused resume stays suspended: nothing starts.
+        plan = (compute.refused_resume_plan if rejudge else compute.refusal_plan)(admission)
+        return Step.write(obj, draft, plan, admission)
     if rejudge:
-        return await _apply(rt, obj, draft, compute.resume_plan(obj, admission, now=now), admission)
+        return Step.write(obj, draft, compute.resume_plan(obj, admission, now=now), admission)
+    return await _serve(rt, seen, draft, admission)
 
+
+async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admission) -> Step:
+    """Admitted: observe what serves it, and plan from that (create, suspend, dispose, or only
+    say how it is doing)."""
+    obj, spec, now = seen.obj, seen.spec, seen.now
+    namespace, _, uid = seen.ident
     assert admission.backend is not None
     driver = rt.drivers[admission.backend]
-    ref = sandbox_ref(obj)
-    observation = await driver.observe(ref)
+    observation = await driver.observe(sandbox_ref(obj))
     was_ready = cnd.is_true(obj.get("status"), READY)
     unclean = None
     if observation.phase is ObservedPhase.ABSENT and not was_ready and admission.key is not None:
         unclean = await key_unclean(rt, namespace, admission.key, spec.kind, uid)
     plan = compute.plan(
-        obj, spec, admission, observation, key_unclean=unclean, scope_problem=scope.problem, now=now
+        obj,
+        spec,
+        admission,
+        observation,
+        key_unclean=unclean,
+        scope_problem=seen.scope.problem,
+        now=now,
     )
     if plan.suspend:  # idle, and lifetime.idleAction suspend; or the backend stopped it
         detail = ""
@@ -303,103 +347,148 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
             )
         return await _suspend(rt, obj, draft, spec, compute.SUSPENDED_BY_IDLE, now, detail)
     if plan.create:
-        assert admission.key is not None
         if not cnd.is_true(obj.get("status"), ADMITTED) and not _watched(driver):
             # Record the admission (and so the startup clock) before anything is created: an
-            # ensure that fails or never returns must still leave Admitted and a deadline. (A
-            # watched driver's objects carry their own creation time, which is the startup
-            # clock; its admission is recorded with the first observation, one write less.)
-            await _apply(rt, obj, draft, plan, admission)
-            obj = rt.views.sandboxes.get(namespace, name) or obj
-            if _meta(obj).get("uid") != uid:
-                return None
-            draft = Draft(obj)
-        request = EnsureRequest(
-            sandbox=ref,
-            key=admission.key,
-            # With the host's default resources filled in (requests under limits).
-            spec=resolve_spec(rt.config.host_policy, spec.sandbox_spec()),
-            isolation_scope=admission.isolation_scope or spec.sandbox_spec().isolation_scope,
-            labels=lbl.object_labels(admission.key, name, admission.backend, kind=spec.kind),
-            annotations=lbl.key_annotations(admission.key),
-        )
-        try:
-            claim = await claim_warm_pod(rt, request, admission.backend)
-        except StartupError as exc:  # the Sandbox's NetworkPolicy was refused
-            return await _apply(rt, obj, draft, _startup_failed(admission, exc.message), admission)
-        if claim.served_by is not None:
-            observation = await driver.observe(replace(ref, served_by=claim.served_by))
-            plan = compute.plan(
-                obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
-            )
-            return await _apply(rt, obj, draft, plan, admission)
-        if claim.exhausted:
-            await rt.kube.post_event(
-                obj,
-                type_="Normal",
-                reason=R.POOL_EXHAUSTED,
-                message=f"no idle pod in warm pool {', '.join(claim.exhausted)}; starting cold",
-            )
-        try:
-            resume = observation.phase is ObservedPhase.SUSPENDED or compute.resuming(
-                obj.get("status") or {}
-            )
-            if resume and suspends(driver):
-                await driver.resume(request)  # stopped, storage kept: start it again
-            else:
-                await driver.ensure(request)
-        except StartupError as exc:
-            if exc.reason == R.KEY_UNCLEAN:
-                refused = compute.Admission(False, R.KEY_UNCLEAN, exc.message)
-                return await _apply(rt, obj, draft, compute.refusal_plan(refused), None)
-            reason = R.FAILED if exc.reason == R.FAILED else R.STARTUP_FAILED  # lost while kept
-            plan = _startup_failed(admission, exc.message, reason)
-            return await _apply(rt, obj, draft, plan, admission)
-        except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
-            what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
-            hint = exc.retry_after if isinstance(exc, TransientError) else None
-            attempt = rt.ensure_attempts.get((namespace, name), 0)
-            rt.ensure_attempts[(namespace, name)] = attempt + 1
-            log.warning("sandbox %s/%s: creating failed, will retry: %s", namespace, name, what)
-            pending = compute.Plan(
-                conditions=(
-                    (ADMITTED, True, R.ADMITTED, admission.message),
-                    (READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}"),
-                ),
-                fields={**admission.fields, "servedBy": None},
-            )
-            await _apply(rt, obj, draft, pending, admission)
-            retry = ensure_retry_delay(attempt, hint)
-            # The startup deadline still applies: never wait past it to find out.
-            deadline = _startup_deadline(rt, namespace, name, spec, now)
-            return min(retry, deadline) if deadline is not None else retry
-        rt.ensure_attempts.pop((namespace, name), None)
-        observation = await driver.observe(ref)
-        plan = compute.plan(
-            obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
-        )
-        if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
-            plan = compute.Plan(
-                conditions=(
-                    (ADMITTED, True, R.ADMITTED, admission.message),
-                    (READY, False, R.CREATING, "creating the sandbox"),
-                ),
-                fields=plan.fields,
-                requeue_after=_startup_deadline(rt, namespace, name, spec, now),
-            )
+            # ensure that fails or never returns must still leave Admitted and a deadline. This
+            # pass writes it; the next (at once) creates. (A watched driver's objects carry their
+            # own creation time, which is the startup clock: its admission is recorded with the
+            # first observation, one write less.)
+            return Step.write(obj, draft, plan, admission, requeue=0.0)
+        created = await _create(rt, seen, draft, admission, driver, observation)
+        if isinstance(created, Step):
+            return created
+        plan, observation = created
+    return await _report(rt, obj, draft, plan, admission, observation)
 
+
+async def _create(
+    rt: Runtime,
+    seen: _Seen,
+    draft: Draft,
+    admission: compute.Admission,
+    driver: BackendDriver,
+    observation: Observation,
+) -> Step | tuple[compute.Plan, Observation]:
+    """The pass's one action: claim a warm pod, or create (resume) what serves the sandbox.
+    Returns the plan made from what is seen after it, or the Step a failure ends in."""
+    obj, spec, now = seen.obj, seen.spec, seen.now
+    namespace, name, _ = seen.ident
+    assert admission.key is not None and admission.backend is not None
+    ref = sandbox_ref(obj)
+    request = EnsureRequest(
+        sandbox=ref,
+        key=admission.key,
+        # With the host's default resources filled in (requests under limits).
+        spec=resolve_spec(rt.config.host_policy, spec.sandbox_spec()),
+        isolation_scope=admission.isolation_scope or spec.sandbox_spec().isolation_scope,
+        labels=lbl.object_labels(admission.key, name, admission.backend, kind=spec.kind),
+        annotations=lbl.key_annotations(admission.key),
+    )
+    try:
+        claim = await claim_warm_pod(rt, request, admission.backend)
+    except StartupError as exc:  # the egress NetworkPolicy was refused
+        return Step.write(obj, draft, _startup_failed(admission, exc.message), admission)
+    if claim.served_by is not None:
+        claimed = await driver.observe(replace(ref, served_by=claim.served_by))
+        plan = compute.plan(
+            obj, spec, admission, claimed, key_unclean=None, scope_problem="", now=now
+        )
+        return Step.write(obj, draft, plan, admission)
+    if claim.exhausted:
+        await rt.kube.post_event(
+            obj,
+            type_="Normal",
+            reason=R.POOL_EXHAUSTED,
+            message=f"no idle pod in warm pool {', '.join(claim.exhausted)}; starting cold",
+        )
+    failed = await _start(rt, seen, draft, admission, driver, request, observation)
+    if failed is not None:
+        return failed
+    rt.ensure_attempts.pop((namespace, name), None)
+    observation = await driver.observe(ref)
+    plan = compute.plan(
+        obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
+    )
+    if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
+        plan = compute.Plan(
+            conditions=(
+                (ADMITTED, True, R.ADMITTED, admission.message),
+                (READY, False, R.CREATING, "creating the sandbox"),
+            ),
+            fields=plan.fields,
+            requeue_after=_startup_deadline(rt, obj, spec, now),
+        )
+    return plan, observation
+
+
+async def _start(
+    rt: Runtime,
+    seen: _Seen,
+    draft: Draft,
+    admission: compute.Admission,
+    driver: BackendDriver,
+    request: EnsureRequest,
+    observation: Observation,
+) -> Step | None:
+    """Create what serves the sandbox (or start it again, storage kept); None when the backend
+    took it, else the Step its failure ends in."""
+    obj, spec, now = seen.obj, seen.spec, seen.now
+    namespace, name, _ = seen.ident
+    try:
+        resume = observation.phase is ObservedPhase.SUSPENDED or compute.resuming(
+            obj.get("status") or {}
+        )
+        if resume and suspends(driver):
+            await driver.resume(request)  # stopped, storage kept: start it again
+        else:
+            await driver.ensure(request)
+    except StartupError as exc:
+        if exc.reason == R.KEY_UNCLEAN:
+            refused = compute.Admission(False, R.KEY_UNCLEAN, exc.message)
+            return Step.write(obj, draft, compute.refusal_plan(refused))
+        reason = R.FAILED if exc.reason == R.FAILED else R.STARTUP_FAILED  # lost while kept
+        return Step.write(obj, draft, _startup_failed(admission, exc.message, reason), admission)
+    except Exception as exc:  # transient: a 5xx, a 429, a dropped connection, ...
+        what = exc.message if isinstance(exc, TransientError) else type(exc).__name__
+        hint = exc.retry_after if isinstance(exc, TransientError) else None
+        attempt = rt.ensure_attempts.get((namespace, name), 0)
+        rt.ensure_attempts[(namespace, name)] = attempt + 1
+        log.warning("sandbox %s/%s: creating failed, will retry: %s", namespace, name, what)
+        pending = compute.Plan(
+            conditions=(
+                (ADMITTED, True, R.ADMITTED, admission.message),
+                (READY, False, R.CREATING, f"creating the sandbox failed, retrying: {what}"),
+            ),
+            fields={**admission.fields, "servedBy": None},
+        )
+        # The startup deadline still applies: never wait past it to find out.
+        retry = sooner(ensure_retry_delay(attempt, hint), _startup_deadline(rt, obj, spec, now))
+        return Step.write(obj, draft, pending, admission, requeue=retry)
+    return None
+
+
+async def _report(
+    rt: Runtime,
+    obj: dict[str, Any],
+    draft: Draft,
+    plan: compute.Plan,
+    admission: compute.Admission,
+    observation: Observation,
+) -> Step:
+    """The plan as the Step to write, unless what it would report is the views' lag."""
+    meta = _meta(obj)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    failed = plan.verdict is not None and plan.verdict.reason == R.FAILED
     if (
-        plan.verdict is not None
-        and plan.verdict.reason == R.FAILED
+        failed
         and observation.phase in (ObservedPhase.ABSENT, ObservedPhase.DISPOSING)
         and await _being_deleted(rt, namespace, name)
     ):
         # The pod went first because the Sandbox itself is being deleted (a scope purge, a
         # collection delete): that is disposal, not failure. Its own deletion event follows.
-        return None
+        return Step.wait()
     if (
-        plan.verdict is not None
-        and plan.verdict.reason == R.FAILED
+        failed
         and observation.phase is ObservedPhase.ABSENT
         and observation.detail_reason != "Foreign"  # a pod under its name, not its own: judged
         and await _serving_pod_exists(rt, namespace, obj)
@@ -408,14 +497,14 @@ async def _reconcile(rt: Runtime, obj: dict[str, Any]) -> float | None:
         # each on its own (the Sandboxes before the pods), so a standby that takes over can see
         # a Ready Sandbox before its pod. Never failed and disposed on the views' word alone:
         # the pod is in the view now, look again.
-        return VIEW_RECHECK_SECONDS
+        return Step.wait(VIEW_RECHECK_SECONDS)
     # Progress while starting ("starting: Pending", "starting: ContainerCreating") is written at
     # most every MESSAGE_DEBOUNCE_SECONDS; what is awaited (the egress proxy) and every new
     # reason are written at once.
     debounce = (
         plan.verdict is not None and plan.verdict.reason == R.CREATING and not observation.pending
     )
-    return await _apply(rt, obj, draft, plan, admission, debounce=debounce)
+    return Step.write(obj, draft, plan, admission, debounce=debounce)
 
 
 async def _suspend(
@@ -426,7 +515,7 @@ async def _suspend(
     by: str,
     now: datetime,
     detail: str = "",
-) -> float | None:
+) -> Step:
     """Stop the compute that serves the sandbox, keep its storage, and say so; the TTL still
     ends it. Neither admitted again nor planned while it stays suspended."""
     status = obj.get("status") or {}
@@ -445,7 +534,7 @@ async def _suspend(
                 meta.get("name"),
                 exc.message,
             )
-            return ensure_retry_delay(0, exc.retry_after)
+            return Step.wait(ensure_retry_delay(0, exc.retry_after))
         still = [f"{o.kind} {o.name}" for o in found]
         if not still:
             kept = await driver.observe(sandbox_ref(obj))
@@ -454,10 +543,10 @@ async def _suspend(
     plan = compute.suspended_plan(
         obj, spec, by, still_stopping=still, now=now, kept=kept, detail=detail
     )
-    requeue = await _apply(rt, obj, draft, plan, None)
-    if still and driver is not None and not _watched(driver):
-        requeue = min(requeue, SUSPEND_RECHECK_SECONDS) if requeue else SUSPEND_RECHECK_SECONDS
-    return requeue
+    # A driver that is not watched is asked again while its compute is still stopping.
+    unwatched = driver is not None and not _watched(driver)
+    recheck = SUSPEND_RECHECK_SECONDS if still and unwatched else None
+    return Step.write(obj, draft, plan, requeue=recheck)
 
 
 def _startup_failed(
@@ -505,11 +594,10 @@ def _watched(driver: BackendDriver) -> bool:
 
 
 def _startup_deadline(
-    rt: Runtime, namespace: str, name: str, spec: Any, now: datetime
+    rt: Runtime, obj: Mapping[str, Any], spec: SandboxResourceSpec, now: datetime
 ) -> float | None:
-    obj = rt.views.sandboxes.get(namespace, name)
-    if obj is None:
-        return None
+    """Seconds until the startup timeout, counted from the admission (this pass's, when it is
+    the one admitting)."""
     cond = cnd.find((obj.get("status") or {}).get("conditions"), ADMITTED) or {}
     admitted_at = parse_time(cond.get("lastTransitionTime")) or now
     timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
@@ -545,46 +633,51 @@ async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
     return bool(_meta(current).get("deletionTimestamp"))
 
 
-async def _apply(
-    rt: Runtime,
-    obj: Mapping[str, Any],
-    draft: Draft,
-    plan: compute.Plan,
-    admission: compute.Admission | None,
-    *,
-    debounce: bool = False,
-) -> float | None:
-    """Write the plan: its conditions and fields, a disposal if it says so, one status patch."""
+async def write_step(rt: Runtime, step: Step) -> float | None:
+    """The one place a Sandbox pass writes its status: the step's plan laid over its draft (a
+    disposal it orders made first, so the write says how that went), then one status patch when
+    anything differs; returns when to look again."""
+    if step.draft is None or step.obj is None:
+        return step.requeue
+    obj, draft, plan = step.obj, step.draft, step.plan
     was_ready = cnd.is_true(obj.get("status"), READY)
     was_admitted_reason = cnd.reason_of(obj.get("status"), ADMITTED)
-    for ctype, value, reason, message in plan.conditions:
-        draft.cond(ctype, value, reason, message)
-    draft.set(**plan.fields)
-    requeue = plan.requeue_after
-    if plan.dispose:
-        served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
-        target = sandbox_ref(obj, served)
-        backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
-        drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
-        retry = await dispose_into(rt, drivers, target, draft)
-        if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
-            # Keep what is still to be disposed on record: the retry needs it, listed or not.
-            draft.set(
-                servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by)
-            )
-        requeue = retry
+    planned: float | None = None
+    if plan is not None:
+        for ctype, value, reason, message in plan.conditions:
+            draft.cond(ctype, value, reason, message)
+        draft.set(**plan.fields)
+        planned = plan.requeue_after
+        if plan.dispose:
+            planned = await _dispose_planned(rt, obj, draft, plan)
+    requeue = sooner(planned, step.requeue)
     meta = _meta(obj)
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if debounce and message_only(obj.get("status") or {}, draft):
+    if step.debounce and message_only(obj.get("status") or {}, draft):
         since = time.monotonic() - rt.status_written.get(key, 0.0)
         if since < MESSAGE_DEBOUNCE_SECONDS:
-            wait = MESSAGE_DEBOUNCE_SECONDS - since + 0.05
-            return wait if requeue is None else min(requeue, wait)
+            return sooner(requeue, MESSAGE_DEBOUNCE_SECONDS - since + 0.05)
     written = await write_status(rt, SANDBOX_PLURAL, draft)
     if written:
         rt.status_written[key] = time.monotonic()
-        _count(obj, draft, admission, was_ready, was_admitted_reason)
+        _count(obj, draft, step.admission, was_ready, was_admitted_reason)
     return requeue
+
+
+async def _dispose_planned(
+    rt: Runtime, obj: Mapping[str, Any], draft: Draft, plan: compute.Plan
+) -> float | None:
+    """Dispose what the plan's status records as serving (or, unrecorded, whatever the backend
+    lists by the Sandbox's labels); the retry delay of a disposal not done yet."""
+    served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
+    target = sandbox_ref(obj, served)
+    backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
+    drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
+    retry = await dispose_into(rt, drivers, target, draft)
+    if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
+        # Keep what is still to be disposed on record: the retry needs it, listed or not.
+        draft.set(servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by))
+    return retry
 
 
 def _count(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -240,7 +240,36 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         # Woken by each member's deletion: nothing to decode or write until the last one.
         return timeout - elapsed + 0.05
     members = scope_members(rt, namespace, name)
+    purge = _purge_outcome(members, failures, leftovers, initial)
+    draft, msg = _purge_status(scope, purge, len(members))
+    try:
+        await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
+    except Conflict:
+        await rt.kube.post_event(
+            scope,
+            type_="Normal" if purge.complete else "Warning",
+            reason=R.PURGED if purge.complete else R.PURGE_INCOMPLETE,
+            message=msg,
+        )
+    log.info("scope %s/%s: %s", namespace, name, msg)
+    if not purge.complete and attempt + 1 < rt.config.operator.scope_purge_attempts:
+        # Try again from the start after the retry delay (the requests are idempotent).
+        rt.purges[key] = (None, attempt + 1, initial, ())
+        return rt.config.operator.disposal_retry_seconds
+    if not await _release(rt, scope):
+        return CONFLICT_RETRY_SECONDS
+    rt.purges.pop(key, None)
+    return None
 
+
+def _purge_outcome(
+    members: Sequence[Mapping[str, Any]],
+    failures: Sequence[DisposalFailure],
+    leftovers: int,
+    initial: int,
+) -> ScopePurge:
+    """What a purge achieved: the members still there (each with why, from its Disposed
+    condition) and the conversation's objects no member accounts for are undisposed."""
     undisposed: list[DisposalFailure] = list(failures)
     for m in members:
         failed = cnd.find((m.get("status") or {}).get("conditions"), DISPOSED) or {}
@@ -262,34 +291,34 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
             )
         )
     disposed = max(initial - len(members), 0)
-    purge = ScopePurge(disposed=disposed, undisposed=tuple(undisposed[:256]))
+    return ScopePurge(disposed=disposed, undisposed=tuple(undisposed[:256]))
+
+
+def _purge_status(scope: Mapping[str, Any], purge: ScopePurge, remaining: int) -> tuple[Draft, str]:
+    """The scope's status after a purge (lastPurge, its time, the count left, Disposed) and the
+    one line that says it."""
     draft = Draft(scope)
     draft.set(
         lastPurge=purge.model_dump(mode="json", by_alias=True),
         lastPurgeTime=cnd.now_rfc3339(datetime.now(UTC)),
-        sandboxCount=len(members),
+        sandboxCount=remaining,
     )
     if purge.complete:
-        msg = f"purged: {disposed} sandbox(es) disposed"
+        msg = f"purged: {purge.disposed} sandbox(es) disposed"
         draft.cond(DISPOSED, True, R.PURGED, msg)
     else:
+        undisposed = purge.undisposed
         each = "; ".join(f"{f.backend}: {f.code.value}: {f.detail}" for f in undisposed[:10])
-        msg = f"purge incomplete: {disposed} disposed, {len(undisposed)} undisposed ({each})"
+        msg = f"purge incomplete: {purge.disposed} disposed, {len(undisposed)} undisposed ({each})"
         draft.cond(DISPOSED, False, R.PURGE_INCOMPLETE, msg)
-    try:
-        await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
-    except Conflict:
-        await rt.kube.post_event(
-            scope,
-            type_="Normal" if purge.complete else "Warning",
-            reason=R.PURGED if purge.complete else R.PURGE_INCOMPLETE,
-            message=msg,
-        )
-    log.info("scope %s/%s: %s", namespace, name, msg)
-    if not purge.complete and attempt + 1 < rt.config.operator.scope_purge_attempts:
-        # Try again from the start after the retry delay (the requests are idempotent).
-        rt.purges[key] = (None, attempt + 1, initial, ())
-        return rt.config.operator.disposal_retry_seconds
+    return draft, msg
+
+
+async def _release(rt: Runtime, scope: Mapping[str, Any]) -> bool:
+    """Remove the operator's finalizer from the scope (as the views hold it now); False when
+    that lost a race (look again)."""
+    meta = _meta(scope)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
     current = rt.views.scopes.get(namespace, name) or scope
     cmeta = _meta(current)
     try:
@@ -301,6 +330,5 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
             resource_version=str(cmeta.get("resourceVersion") or "") or None,
         )
     except Conflict:
-        return CONFLICT_RETRY_SECONDS
-    rt.purges.pop(key, None)
-    return None
+        return False
+    return True
