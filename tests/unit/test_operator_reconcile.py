@@ -83,7 +83,9 @@ class FakeKube:
                 await self.delete_sandbox(ns, name)
 
     async def patch_status(self, plural, ns, name, status, rv):
-        obj = self.objs[(plural, name)]
+        obj = self.objs.get((plural, name))
+        if obj is None:
+            return None  # 404, as the real client answers it
         if rv and rv != obj["metadata"]["resourceVersion"]:
             raise Conflict(name)
         st = obj.setdefault("status", {})
@@ -335,9 +337,14 @@ async def test_a_pass_writes_its_status_at_most_once(world):
 
 
 async def test_refusal_creates_nothing(world):
+    """A refusal is one status write: no finalizer and no key labels (nothing was made for it,
+    and it holds no key), so no metadata patch either."""
     rt, kube, driver = world
     kube.add("sandboxes", "b", {**SPEC, "minIsolation": "microvm"})
+    calls = count_api_calls(kube)
     await reconcile_sandbox(rt, NS, "b")
+    assert calls.get("patch_status") == 1 and "patch_metadata" not in calls, calls
+    assert FINALIZER not in (kube.objs[("sandboxes", "b")]["metadata"].get("finalizers") or [])
     assert cond(kube, "b", "Admitted")["reason"] == "IsolationBelowFloor"
     assert cond(kube, "b", "Ready")["reason"] == "IsolationBelowFloor"
     assert driver.pods == {}
@@ -841,7 +848,9 @@ async def test_a_sandbox_gone_behind_the_views_is_dropped_at_its_first_404(world
         assert await sandbox_reconciler.reconcile_sandbox(rt, NS, name) is None
         assert rt.views.sandboxes.get(NS, name) is None, name
     met = sum(calls.values())
-    assert calls.get("patch_metadata") == 3, calls
+    # Each met its 404 once: the one never scoped at its refusal's status write, the others at
+    # the metadata patch an admitted Sandbox makes before anything is created.
+    assert calls.get("patch_metadata") == 2 and calls.get("patch_status") == 1, calls
     for name in ("never-scoped", "fresh", "served"):  # the resync passes over them again
         assert await sandbox_reconciler.reconcile_sandbox(rt, NS, name) is None
     assert sum(calls.values()) == met, calls

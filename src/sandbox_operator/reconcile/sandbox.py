@@ -234,6 +234,7 @@ class _Seen:
     obj: dict[str, Any]
     spec: SandboxResourceSpec
     scope: compute.ScopeResolution
+    key: SandboxKey | None
     now: datetime
 
     @property
@@ -257,8 +258,7 @@ async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
 
 
 async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
-    """The spec (validated once per generation), the scope, and the operator's metadata on the
-    object (finalizer, key labels: the one write before the status, only when missing)."""
+    """The spec (validated once per generation) and the scope it names."""
     parsed = _parsed_spec(rt, obj)
     if isinstance(parsed, str):
         refused = compute.Plan(
@@ -277,11 +277,7 @@ async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
         conversation_holder=rt.views.conversation_holder(namespace, parsed.scope_ref),
     )
     key = parsed.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
-    fresh = await _ensure_metadata(rt, obj, scope, key, parsed.kind)
-    if fresh is None:  # 404: it is gone
-        sandbox_gone(rt, obj)
-        return Step.wait()
-    return _Seen(fresh, parsed, scope, datetime.now(UTC))
+    return _Seen(obj, parsed, scope, key, datetime.now(UTC))
 
 
 async def _admit(rt: Runtime, seen: _Seen) -> Step:
@@ -310,9 +306,19 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         rejudge=rejudge,
     )
     if not admission.admitted:
-        # A refused resume stays suspended: nothing starts.
+        # A refused resume stays suspended: nothing starts. A refusal is its status write alone:
+        # nothing was made for it, so it needs no finalizer, and it holds no key.
         plan = (compute.refused_resume_plan if rejudge else compute.refusal_plan)(admission)
         return Step.write(obj, draft, plan, admission)
+    # Admitted: the finalizer and key labels go on before anything is made for it (one
+    # metadata patch, only when something is missing).
+    fresh = await _ensure_metadata(rt, obj, seen.scope, seen.key, spec.kind)
+    if fresh is None:  # 404: it is gone
+        sandbox_gone(rt, obj)
+        return Step.wait()
+    if fresh is not obj:
+        seen = replace(seen, obj=fresh)
+        obj, draft = fresh, Draft(fresh)
     if rejudge:
         return Step.write(obj, draft, compute.resume_plan(obj, admission, now=now), admission)
     return await _serve(rt, seen, draft, admission)
