@@ -58,6 +58,11 @@ first seen by the watches on Sandboxes and pods of the namespace):
   ``sandbox_operator_api_requests_total`` counter (kopf's own watch requests left out): what one
   warm claim costs, refills that start before Ready included.
 
+Table "refusal" (once, after the runtimes): ``--count`` Sandboxes, one at a time, whose floor
+(``minIsolation: microvm``) no backend here reaches: create -> Admitted=False as the watch sees
+it (p50 / p90 / max), and the operator's API requests per refusal (its status write; nothing is
+made for a refused Sandbox, so no metadata patch either).
+
 Table "burst" (per runtime):
 
 * ``Ready``, ``served from pool`` as above (a Sandbox that found no idle pod starts cold and is
@@ -183,6 +188,7 @@ class Sbx:
     ready: float | None = None
     gone: float | None = None
     refused: str | None = None
+    refused_at: float | None = None  # first seen with Admitted=False
     served_from: str | None = None
     pod: str | None = None  # status.servedBy.name
 
@@ -231,6 +237,7 @@ class Tracker:
         if _cond(obj, "Admitted") == "False" and not box.refused:
             adm = next(c for c in status.get("conditions") or [] if c.get("type") == "Admitted")
             box.refused = f"{adm.get('reason')}: {str(adm.get('message', ''))[:200]}"
+            box.refused_at = t
         box.served_from = status.get("servedFrom") or box.served_from
         box.pod = (status.get("servedBy") or {}).get("name") or box.pod
 
@@ -310,8 +317,12 @@ def workload(rt: str, memory: str) -> dict[str, Any]:
     return spec
 
 
-def sandbox_body(name: str, rt: str, memory: str, run_id: str) -> dict[str, Any]:
-    return {
+def sandbox_body(
+    name: str, rt: str, memory: str, run_id: str, floor: str | None = None
+) -> dict[str, Any]:
+    """A Sandbox of the workload; ``floor`` raises its minIsolation (``microvm``: above every
+    backend here, so refused)."""
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
         "metadata": {"name": name, "labels": {RUN_LABEL: run_id}},
@@ -322,6 +333,9 @@ def sandbox_body(name: str, rt: str, memory: str, run_id: str) -> dict[str, Any]
             "lifetime": LIFETIME,
         },
     }
+    if floor is not None:
+        body["spec"]["minIsolation"] = floor
+    return body
 
 
 def pool_body(name: str, rt: str, replicas: int, max_creating: int) -> dict[str, Any]:
@@ -619,6 +633,42 @@ class Bench:
             120,
         )
         return sample
+
+    async def one_refusal(self) -> Sample:
+        """A Sandbox no backend here may serve (floor microvm): POST -> Admitted=False as the
+        watch sees it, and the operator's requests for it."""
+        name = self.next_name("refused")
+        box = self.tracker.box(name)
+        before = await self.op_requests()
+        box.posted = time.monotonic()
+        code, obj = await self.kube.request(
+            "POST",
+            path(self.ns, "sandboxes"),
+            sandbox_body(name, "runc", COLD_LIMIT, self.run_id, floor="microvm"),
+        )
+        if code != 201:
+            raise RuntimeError(f"Sandbox {name}: HTTP {code} {str(obj)[:300]}")
+        await wait_until(
+            f"Sandbox {name} refused", lambda: bool(box.refused or box.ready), self.args.timeout
+        )
+        if box.ready:
+            raise RuntimeError(f"Sandbox {name} with floor microvm was admitted")
+        await asyncio.sleep(0.5)  # anything the operator still does for it is counted
+        requests = Counter(await self.op_requests())
+        requests.subtract(before)
+        latency = (box.refused_at - box.posted) if box.refused_at else None
+        sample = Sample("refused", name, latency, False, {}, +requests)
+        await self.kube.request("DELETE", path(self.ns, "sandboxes", name))
+        await wait_until(f"Sandbox {name} gone", lambda: bool(box.gone), 120)
+        return sample
+
+    async def refusals(self) -> list[Sample]:
+        say(f"{self.args.count} refusals, one at a time")
+        out = []
+        for _ in range(self.args.count):
+            await self.settle()
+            out.append(await self.one_refusal())
+        return out
 
     async def one_bare(self, rt: str, template: dict[str, Any]) -> Sample:
         name = self.next_name(f"bare-{rt}")
@@ -932,7 +982,25 @@ def burst_table(results: list[RuntimeResult]) -> str:
     return "\n".join(out)
 
 
-def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
+def refusal_table(samples: list[Sample]) -> str:
+    lats = [s.latency for s in samples if s.latency is not None]
+    total: Counter[str] = Counter()
+    for s in samples:
+        total.update(s.requests)
+    per = ", ".join(f"{name} {v / len(samples):.1f}" for name, v in total.most_common())
+    rows = [[f"{len(lats)}/{len(samples)}", *three(lats)]]
+    return "\n".join(
+        [
+            table(["refused", "p50 (s)", "p90 (s)", "max (s)"], rows),
+            f"  operator API requests per refusal ({sum(total.values()) / len(samples):.1f}): "
+            f"{per or 'none'}",
+        ]
+    )
+
+
+def report(
+    results: list[RuntimeResult], args: argparse.Namespace, refused: list[Sample] | None = None
+) -> str:
     out = [
         f"one at a time: create -> Ready as seen by a watch, {args.count} of each, alternating; "
         f"pool of {args.pool_replicas} full before each",
@@ -946,6 +1014,13 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
             "",
             "burst: concurrent acquires from a pool with as many idle Ready pods",
             burst_table(results),
+        ]
+    if refused:
+        out += [
+            "",
+            "refusal: create -> Admitted=False as seen by a watch (floor microvm, above every "
+            "backend), one at a time",
+            refusal_table(refused),
         ]
     for r in results:
         out += [f"  {r.runtime}: {n}" for n in r.notes]
@@ -984,6 +1059,7 @@ async def amain(args: argparse.Namespace, kubeconfig: str, state: dict[str, Any]
             say(f"namespace {bench.ns}, node {bench.node}, runtimes {', '.join(args.runtimes)}")
             for rt in args.runtimes:
                 results.append(await bench.runtime(rt))
+            refused = await bench.refusals()
         except Exception:
             if bench.op is not None:
                 print(f"--- operator log (tail), {bench.op.log_path}:\n{bench.op.log()[-4000:]}")
@@ -993,7 +1069,7 @@ async def amain(args: argparse.Namespace, kubeconfig: str, state: dict[str, Any]
             await asyncio.gather(sampler, return_exceptions=True)
             await bench.close()
         print()
-        print(report(results, args), flush=True)
+        print(report(results, args, refused), flush=True)
         if loads:
             print(
                 f"  this machine's 1-min load average during the run (every 5 s): mean "
