@@ -45,7 +45,11 @@ in flight: what this API server accepts by itself, the bound under any admission
 raising its floor to hardened_container): (a) ``--rounds`` (3) rounds of a burst of 40 Sandboxes
 and of 40 bare pods with the very pod spec the operator produced (copied from one of its pods,
 without its labels and owner), created directly in the same run, the order alternating between
-rounds: median time until all are Ready, p50/p90 per object, and the ratio; (b) 100 idle
+rounds: median time until all are Ready, p50/p90 per object, and the ratio; the CPU seconds
+each process spent; the API server's writes per object (``apiserver_request_total``, every
+client, write verbs by resource and subresource) in the create phase (first POST to last Ready)
+and in the cleanup (first DELETE until all is gone), Sandboxes against bare pods; the operator's
+RSS after each Sandbox burst (it should not grow from burst to burst); (b) 100 idle
 Sandboxes per runtime (fewer if the node's 110-pod limit has no room), all Ready: memory per
 sandbox (the node's working set from the kubelet's stats summary before vs after, /proc/meminfo's
 MemAvailable before vs after on the local cluster, and the sandbox pods' own pod-level working
@@ -200,6 +204,23 @@ def operator_counters(text: str) -> Counters:
         kinds[f"{labels.get('verb', '?')} {labels.get('resource', '?')}"] += int(v)
     nbytes = m["sandbox_operator_api_response_bytes_total"]
     return Counters(sum(v for _, v in reqs), sum(v for _, v in nbytes) if nbytes else None, kinds)
+
+
+#: The verbs of apiserver_request_total that write (a watch, get or list reads).
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
+
+
+def apiserver_writes(text: str) -> Counter[str]:
+    """The API server's write requests so far, every client, by "verb resource[/subresource]"."""
+    reqs = parse_metrics(text, ("apiserver_request_total",))["apiserver_request_total"]
+    out: Counter[str] = Counter()
+    for labels, v in reqs:
+        verb = labels.get("verb", "?")
+        if verb not in WRITE_VERBS:
+            continue
+        sub = labels.get("subresource", "")
+        out[f"{verb} {labels.get('resource', '?')}{'/' + sub if sub else ''}"] += int(v)
+    return out
 
 
 def apiserver_counters(text: str) -> Counters:
@@ -1041,6 +1062,11 @@ class Burst:
     all_ready: float  # seconds from the first POST to the last Ready seen
     lat: list[float]  # per object: POST -> Ready
     cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the burst
+    # The API server's writes (every client) from the first POST to the last Ready, and from the
+    # first DELETE until everything is gone: "verb resource[/subresource]" -> requests.
+    writes: Counter[str] = field(default_factory=Counter)
+    cleanup_writes: Counter[str] = field(default_factory=Counter)
+    operator_rss: float = math.nan  # MiB, after the burst's cleanup (Sandbox bursts)
 
 
 @dataclass
@@ -1195,11 +1221,16 @@ class RealNode:
         after = self.cpu_now()
         return {n: after[n] - before[n] for n in after if n in before}
 
+    async def writes_now(self) -> Counter[str]:
+        return apiserver_writes(await self.kube.text("/metrics"))
+
     async def sandbox_burst(self, rt: str) -> tuple[Burst, dict[str, Any] | None]:
         """A burst of Sandboxes; also the pod the operator made for the first (the template)."""
+        writes0 = await self.writes_now()
         before = self.cpu_now()
         boxes, t0 = await self.sandboxes(rt, self.args.burst, self.args.real_timeout)
         cpu = self.cpu_since(before)
+        writes = await self.writes_now() - writes0
         ready = [b.ready for b in boxes if b.ready]
         burst = Burst(
             "Sandboxes",
@@ -1209,13 +1240,18 @@ class RealNode:
             (max(ready) - t0) if ready and len(ready) == len(boxes) else math.nan,
             [b.ready - b.posted for b in boxes if b.ready and b.posted],
             cpu,
+            writes,
         )
         template = None
         if boxes:
             pod = naming.pod_name(boxes[0].name)
             code, obj = await self.kube.request("GET", f"/api/v1/namespaces/{self.ns}/pods/{pod}")
             template = obj if code == 200 else None
+        writes0 = await self.writes_now()
         await self.delete_sandboxes(boxes)
+        burst.cleanup_writes = await self.writes_now() - writes0
+        if self.op is not None:
+            burst.operator_rss = rss_mib(self.op.pid)[0]
         return burst, template
 
     async def bare_burst(self, rt: str, template: dict[str, Any]) -> Burst:
@@ -1233,6 +1269,7 @@ class RealNode:
             if code != 201:
                 say(f"  bare pod {name}: HTTP {code} {str(obj)[:200]}")
 
+        writes0 = await self.writes_now()
         before = self.cpu_now()
         t0 = time.monotonic()
         await gather_limited(self.args.concurrency, [functools.partial(post, n) for n in names])
@@ -1242,6 +1279,7 @@ class RealNode:
             self.args.real_timeout,
         )
         cpu = self.cpu_since(before)
+        writes = await self.writes_now() - writes0
         lats = [r - posted[k[1]] for k in keys if k in pods and (r := pods[k].ready)]
         ready = [r for k in keys if k in pods and (r := pods[k].ready)]
         burst = Burst(
@@ -1252,12 +1290,15 @@ class RealNode:
             (max(ready) - t0) if ready and len(ready) == len(names) else math.nan,
             lats,
             cpu,
+            writes,
         )
         paths = [f"/api/v1/namespaces/{self.ns}/pods/{n}" for n in names]
+        writes0 = await self.writes_now()
         await delete_all(self.kube, paths, 32)
         await wait_until(
             "bare pods gone", lambda: all(pods[k].gone for k in keys if k in pods), 180
         )
+        burst.cleanup_writes = await self.writes_now() - writes0
         return burst
 
     async def bursts(self) -> list[Burst]:
@@ -1466,6 +1507,45 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
     return "\n".join(out)
 
 
+def writes_table(bursts: list[Burst]) -> str:
+    """The API server's writes per object (every client: the operator, the kubelet, the
+    scheduler, this script), create phase and cleanup, by kind: median of the rounds."""
+    groups: dict[tuple[str, str], list[Burst]] = {}
+    for b in bursts:
+        groups.setdefault((b.runtime, b.what), []).append(b)
+
+    def per(bs: list[Burst], which: str, kind: str | None = None) -> float:
+        vals = []
+        for b in bs:
+            w: Counter[str] = getattr(b, which)
+            total = w[kind] if kind is not None else sum(w.values())
+            vals.append(total / max(b.count, 1))
+        return statistics.median(vals) if vals else math.nan
+
+    rows = []
+    for (rt, what), bs in groups.items():
+        for which, label in (("writes", "create"), ("cleanup_writes", "cleanup")):
+            kinds: Counter[str] = Counter()
+            for b in bs:
+                kinds.update(getattr(b, which))
+            top = [k for k, _ in kinds.most_common() if per(bs, which, k) >= 0.05]
+            detail = ", ".join(f"{k} {per(bs, which, k):.1f}" for k in top)
+            rows.append([f"{rt}: {what}", label, f(per(bs, which), 1), detail])
+    for rt in dict.fromkeys(rt for rt, _ in groups):
+        sbx, bare = groups.get((rt, "Sandboxes")), groups.get((rt, "bare pods"))
+        if sbx and bare:
+            for which, label in (("writes", "create"), ("cleanup_writes", "cleanup")):
+                diff = per(sbx, which) - per(bare, which)
+                rows.append([f"{rt}: Sandboxes - bare pods", label, f"{diff:+.1f}", ""])
+    return "\n".join(
+        [
+            "API writes per object (the API server's apiserver_request_total, every client; "
+            "median of the rounds)",
+            table(["", "phase", "writes/object", "by verb and resource (per object)"], rows),
+        ]
+    )
+
+
 def real_tables(bursts: list[Burst], idles: list[Idle]) -> str:
     out = []
     if bursts:
@@ -1509,6 +1589,17 @@ def real_tables(bursts: list[Burst], idles: list[Idle]) -> str:
             heads = [""] + [f"{g[0].runtime}: {g[0].what}" for g in groups]
             out.append("CPU seconds per burst (median of the rounds)")
             out.append(table(heads, cpu_rows))
+        out.append(writes_table(bursts))
+        rss = [
+            (b.runtime, b.operator_rss)
+            for b in bursts
+            if b.what == "Sandboxes" and not math.isnan(b.operator_rss)
+        ]
+        if rss:
+            out.append(
+                "operator RSS after each Sandbox burst's cleanup (MiB, in order): "
+                + ", ".join(f"{rt} {v:.0f}" for rt, v in rss)
+            )
     if idles:
         mib = 1024 * 1024
         rows = [
