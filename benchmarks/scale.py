@@ -829,6 +829,11 @@ class SizeResult:
     rest_gone: int = 0
     rest_seconds: float = math.nan
     rest: Phase | None = None
+    ready_after_last: float = math.nan  # the last Ready, seconds after the last POST
+    # The same N pods created bare (the operator's pod spec, no Sandbox), after the Sandboxes:
+    bare_ready: int = 0
+    bare_ready_after_last: float = math.nan
+    bare: Phase | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -852,6 +857,9 @@ async def run_size(
         ),
         asyncio.create_task(
             kube.watch("/api/v1/pods", tracker.on_pod, {"labelSelector": f"{MANAGED}"})
+        ),
+        asyncio.create_task(
+            kube.watch("/api/v1/pods", tracker.on_pod, {"labelSelector": BARE_LABEL})
         ),
     ]
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
@@ -913,6 +921,16 @@ async def run_size(
             result.admit_span = max(admitted) - min(posted)
         result.admit_lat = [b.admitted - b.posted for b in bs if b.admitted and b.posted]
         result.ready_lat = [b.ready - b.posted for b in bs if b.ready and b.posted]
+        readies = [b.ready for b in bs if b.ready]
+        if posted and len(readies) == n:
+            result.ready_after_last = max(readies) - max(posted)
+        template = None
+        if boxes:
+            ns_t, name_t, _ = boxes[0]
+            code, obj = await kube.request(
+                "GET", f"/api/v1/namespaces/{ns_t}/pods/{naming.pod_name(name_t)}"
+            )
+            template = obj if code == 200 else None
         for ns, name, _ in boxes:
             pod = tracker.pods.get((ns, naming.pod_name(name)))
             if pod and pod.added and pod.bound:
@@ -974,6 +992,10 @@ async def run_size(
         result.rest = Phase.between(before, after)
         result.rest_gone = sum(1 for b in tracker.of(rest) if b.gone)
         result.rest_seconds = (after.t - before.t) if done else math.nan
+
+        # -- the same N pods, bare: what the cluster spends without the operator's objects
+        if template is not None:
+            await bare_leg(kube, n, namespaces, template, tracker, probe, args, result)
     except Exception:
         print(f"--- operator log (tail), {op.proc.log_path}:\n{op.proc.log()[-4000:]}")
         raise
@@ -983,6 +1005,55 @@ async def run_size(
         await asyncio.gather(*watches, return_exceptions=True)
         await teardown(kube, namespaces, op)
     return result
+
+
+async def bare_leg(
+    kube: Kube,
+    n: int,
+    namespaces: list[str],
+    template: dict[str, Any],
+    tracker: Tracker,
+    probe: Probe,
+    args: argparse.Namespace,
+    result: SizeResult,
+) -> None:
+    """N pods with the operator's pod spec, created directly (as many in flight), all Ready,
+    then deleted: the create phase's time and CPU per process (kube-router's above all) beside
+    the Sandboxes'."""
+    names = [(namespaces[i % len(namespaces)], f"bare-{i:05d}") for i in range(n)]
+    say(f"N={n}: the same {n} pods bare (no Sandbox)")
+    posted: list[float] = []
+
+    async def post(ns: str, name: str) -> None:
+        posted.append(time.monotonic())
+        code, obj = await kube.request(
+            "POST", f"/api/v1/namespaces/{ns}/pods", bare_pod(template, name)
+        )
+        if code != 201:
+            result.notes.append(f"bare pod {name}: HTTP {code} {str(obj)[:120]}")
+
+    before = await probe.snap()
+    await gather_limited(args.concurrency, [functools.partial(post, ns, nm) for ns, nm in names])
+    await wait_until(
+        f"N={n} bare pods Ready",
+        lambda: all(k in tracker.pods and tracker.pods[k].ready for k in names),
+        args.ready_timeout or 120 + 0.5 * n,
+        lambda: f"{sum(1 for k in names if k in tracker.pods and tracker.pods[k].ready)}/{n}",
+    )
+    after = await probe.snap()
+    result.bare = Phase.between(before, after)
+    readies = [r for k in names if k in tracker.pods and (r := tracker.pods[k].ready)]
+    result.bare_ready = len(readies)
+    if posted and len(readies) == n:
+        result.bare_ready_after_last = max(readies) - max(posted)
+    await delete_all(
+        kube, [f"/api/v1/namespaces/{ns}/pods/{nm}" for ns, nm in names], args.concurrency
+    )
+    await wait_until(
+        f"N={n} bare pods gone",
+        lambda: all(k not in tracker.pods or tracker.pods[k].gone for k in names),
+        args.dispose_timeout or 120 + 0.2 * n,
+    )
 
 
 async def teardown(kube: Kube, namespaces: list[str], op: Operator | None) -> None:
@@ -1448,6 +1519,11 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
         row("create->Admitted throughput (/s)", lambda r: per_s(r.admitted, r.admit_span)),
         row("create->Admitted p50 / p90 / max (s)", lambda r: lat(r.admit_lat)),
         row("create->Ready p50 / p90 / max (s)", lambda r: lat(r.ready_lat)),
+        row("all Ready, seconds after the last create", lambda r: f(r.ready_after_last, 1)),
+        row(
+            "  the same pods bare: all Ready after last",
+            lambda r: f"{f(r.bare_ready_after_last, 1)} ({r.bare_ready}/{r.n})",
+        ),
         row("pod created->bound p50 / p90 / max (s)", lambda r: lat(r.bind_lat)),
         row("pod bound->Ready (kwok) p50/p90/max (s)", lambda r: lat(r.pod_ready_lat)),
         row("create phase: API requests op / all", lambda r: calls(r.create)),
@@ -1489,6 +1565,23 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
     names = sorted({k for r in results if r.create for k in r.create.cpu} - {"operator"})
     for name in names:
         rows.append(row(f"create phase: {name} CPU", functools.partial(create_cpu, who=name)))
+        rows.append(
+            row(
+                f"  bare pods: {name} CPU",
+                lambda r, who=name: cpu(r.bare, who),  # type: ignore[misc]
+            )
+        )
+    # CPU seconds (not shares): the same work takes different times.
+    for name in ("kube-router", "kube-apiserver"):
+        rows.append(
+            row(
+                f"{name} CPU seconds: Sandboxes / bare pods",
+                lambda r, who=name: (
+                    f"{f(r.create.cpu.get(who), 1) if r.create else 'n/a'} / "
+                    f"{f(r.bare.cpu.get(who), 1) if r.bare else 'n/a'}"
+                ),
+            )
+        )
     header = ["", *(f"N={r.n}" for r in results)]
     out = [table(header, rows)]
     for r in results:
