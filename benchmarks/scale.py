@@ -2,7 +2,7 @@
 ``--real-node``) its overhead on the real local node under runc and gVisor. Prints tables.
 
     .venv/bin/python benchmarks/scale.py [--sizes 100,1000,10000] [--idle-seconds 60]
-    .venv/bin/python benchmarks/scale.py --smoke            # CI: N=20, short idle, ~1-2 min
+    .venv/bin/python benchmarks/scale.py --smoke [--real-node]  # CI: N=20, short idle, ~1-2 min
     .venv/bin/python benchmarks/scale.py --sizes 100 --real-node
     .venv/bin/python benchmarks/scale.py --sizes '' --ceiling 1000   # the API server alone
     .venv/bin/python benchmarks/scale.py --cleanup          # remove what a killed run left
@@ -1951,7 +1951,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sizes", default="100,1000,10000", help="comma-separated N (default %(default)s)"
     )
-    p.add_argument("--smoke", action="store_true", help="CI: N=20, 10 s idle, no --real-node")
+    p.add_argument(
+        "--smoke", action="store_true", help="CI: N=20, 10 s idle; --real-node: runc, burst 3"
+    )
     p.add_argument("--idle-seconds", type=float, default=60)
     p.add_argument(
         "--namespaces", type=int, default=1, help="spread the 10 scopes over K namespaces"
@@ -1981,8 +1983,11 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     if args.smoke:
-        args.sizes, args.idle_seconds, args.real_node = [20], min(args.idle_seconds, 10), False
+        args.sizes, args.idle_seconds = [20], min(args.idle_seconds, 10)
         args.ceiling = min(args.ceiling, 20) if args.ceiling else 20
+        # With --real-node: one round of a burst of 3 and 2 idle Sandboxes, runc only.
+        args.burst, args.rounds, args.idle_count = 3, 1, 2
+        args.runtimes = ["runc"]
     if args.cleanup:
         args.sizes, args.real_node, args.ceiling = [], False, 0
     flags = "" if args.cleanup else operator_run_flags()

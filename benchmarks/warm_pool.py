@@ -988,10 +988,10 @@ def refusal_table(samples: list[Sample]) -> str:
     for s in samples:
         total.update(s.requests)
     per = ", ".join(f"{name} {v / len(samples):.1f}" for name, v in total.most_common())
-    rows = [[f"{len(lats)}/{len(samples)}", *three(lats)]]
+    rows = [["refusals", f"{len(lats)}/{len(samples)}", *three(lats)]]
     return "\n".join(
         [
-            table(["refused", "p50 (s)", "p90 (s)", "max (s)"], rows),
+            table(["", "refused", "p50 (s)", "p90 (s)", "max (s)"], rows),
             f"  operator API requests per refusal ({sum(total.values()) / len(samples):.1f}): "
             f"{per or 'none'}",
         ]

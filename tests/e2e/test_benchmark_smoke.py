@@ -19,13 +19,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def run_smoke(
-    script: str, kubeconfig: str, *, timeout: int
+    script: str, kubeconfig: str, *, timeout: int, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run ``benchmarks/<script> --smoke`` against the cluster; it must exit 0. The process and
     its whole output (for assertion messages)."""
     env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--smoke"],
+        [sys.executable, str(REPO / "benchmarks" / script), "--smoke", *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -38,13 +38,22 @@ def run_smoke(
 
 
 def test_scale_benchmark_smoke(kubeconfig: str) -> None:
-    proc, out = run_smoke("scale.py", kubeconfig, timeout=900)
+    """benchmarks/scale.py --smoke --real-node: N=20 on kwok (and the same 20 pods bare), the
+    API ceiling, and on the real node one burst of 3 Sandboxes and 3 bare pods (runc) with the
+    API writes per object. No figure but the counts and the idle rate is asserted."""
+    proc, out = run_smoke("scale.py", kubeconfig, timeout=900, extra=("--real-node",))
     rows = {}
     for line in proc.stdout.splitlines():
         parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
         if len(parts) == 2 and not line.startswith(("[", "-")):
             rows[parts[0]] = parts[1].split()
     assert rows.get("Admitted / Ready / refused") == ["20", "/", "20", "/", "0"], out[-4000:]
+    assert rows.get("the same pods bare: all Ready after last", [""])[-1] == "(20/20)", out[-4000:]
+    assert rows.get("runc: 3 Sandboxes", [])[:1] == ["3/3"], out[-4000:]
+    assert rows.get("runc: 3 bare pods", [])[:1] == ["3/3"], out[-4000:]
+    # Writes per object in the create phase: a Sandbox costs at least its POST and its pod's.
+    writes = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("runc: Sandboxes ")]
+    assert any("create" in ln for ln in writes), out[-4000:]
     idle = next(v for k, v in rows.items() if k.startswith("idle") and "operator requests/s" in k)
     # Nothing per Sandbox; at most a watch stream reconnecting in the window (kopf's, about one
     # per kind every two minutes).
@@ -66,6 +75,8 @@ def test_warm_pool_benchmark_smoke(kubeconfig: str) -> None:
     assert rows.get("runc: cold", [])[:2] == ["3/3", "0/3"], out[-4000:]
     assert rows.get("runc: bare pod", [])[:2] == ["3/3", "n/a"], out[-4000:]
     assert rows.get("runc: 3 Sandboxes", [])[:2] == ["3/3", "3/3"], out[-4000:]
+    # Three Sandboxes with a floor no backend reaches: each refused.
+    assert rows.get("refusals", [])[:1] == ["3/3"], out[-4000:]
 
 
 def test_host_tools_benchmark_smoke(kubeconfig: str) -> None:
