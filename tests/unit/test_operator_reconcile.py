@@ -713,6 +713,33 @@ async def test_a_proxy_that_never_admits_ends_in_startup_timeout_naming_it():
     assert "a" not in driver.pods  # disposed
 
 
+async def test_a_deleted_sandbox_wakes_its_scope_count_debounced_but_a_purging_scope_at_once():
+    """A cleanup of many Sandboxes costs their scope one count write per debounce window, not one
+    per Sandbox; a scope being deleted waits for its last member, so it is woken at once."""
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+    from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS
+
+    rt, kube, _ = runtime()
+    queued: list[tuple[str, float]] = []
+    rt.enqueue_scope = lambda ns, name, delay=0.0, **_: queued.append((name, delay))  # type: ignore[method-assign]
+    memo = SimpleNamespace(runtime=rt)
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    rt.views.scopes.upsert(kube.objs[("sandboxscopes", "conv")])
+    body = {
+        "metadata": {"namespace": NS, "name": "a", "uid": "u1", "resourceVersion": "5"},
+        "spec": {**SPEC, "scopeRef": "conv"},
+    }
+    await handlers.sandbox_event(type="DELETED", body=body, memo=memo)
+    assert queued == [("conv", COUNT_DEBOUNCE_SECONDS)]
+    scope = kube.objs[("sandboxscopes", "conv")]
+    scope["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    rt.views.scopes.upsert(scope)
+    await handlers.sandbox_event(type="DELETED", body=body, memo=memo)
+    assert queued[1] == ("conv", 0.0)
+
+
 async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     """The proxy's status.egress.admitted write is a Sandbox event: it wakes the pass at once
     (no filter to get wrong), and so does any event of the pod a Sandbox owns."""
@@ -756,9 +783,14 @@ async def test_starting_progress_is_debounced_but_new_reasons_are_written_at_onc
     # The pod's detail changes right after the last write: not written yet, looked at again soon.
     driver.message = "ContainerCreating"
     delay = await reconcile_sandbox(rt, NS, "a")
-    assert kube.status_writes == writes and delay is not None and delay <= 2.1
-    # Later, the same change is written.
+    assert kube.status_writes == writes and delay is not None and delay <= 10.1
+    # Still not written a few seconds later: a pod that is Ready within MESSAGE_DEBOUNCE_SECONDS
+    # costs two status writes in all (Admitted, Ready).
     rt.status_written[(NS, "a")] -= 5
+    await reconcile_sandbox(rt, NS, "a")
+    assert kube.status_writes == writes
+    # Later, the same change is written.
+    rt.status_written[(NS, "a")] -= 6
     await reconcile_sandbox(rt, NS, "a")
     assert kube.status_writes == writes + 1
     assert "ContainerCreating" in cond(kube, "a", "Ready")["message"]
@@ -808,6 +840,33 @@ async def test_a_purged_sandbox_waits_for_the_collection_delete_and_asks_again_o
     await finalize_sandbox(rt, NS, "a")
     assert driver.deletes == ["a"]
     assert cond(kube, "a", "Disposed")["reason"] == "DisposalFailed"
+    del driver.pods["a"]  # the pod's deletion event
+    await finalize_sandbox(rt, NS, "a")
+    assert ("sandboxes", "a") not in kube.objs
+
+
+async def test_an_ordinary_disposal_writes_no_status_and_a_slow_one_says_disposing():
+    """A pod's termination grace (5 s by default) plus the kubelet's teardown is an ordinary
+    disposal: the finalizer's removal is its only write. Past DISPOSING_REPORT_AFTER_SECONDS the
+    status says Disposing."""
+    from sandbox_operator.reconcile.disposal import DISPOSING_REPORT_AFTER_SECONDS
+
+    rt, kube, _ = runtime()
+    driver = WatchedFake("gvisor")
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    kube.objs[("sandboxes", "a")]["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    writes = kube.status_writes
+    await finalize_sandbox(rt, NS, "a")
+    assert driver.deletes == ["a"]
+    rt.disposal_started[(NS, "a")] -= 7  # the pod is still terminating 7 s later
+    await finalize_sandbox(rt, NS, "a")
+    assert kube.status_writes == writes
+    rt.disposal_started[(NS, "a")] -= DISPOSING_REPORT_AFTER_SECONDS
+    await finalize_sandbox(rt, NS, "a")
+    assert cond(kube, "a", "Ready")["reason"] == "Disposing"
     del driver.pods["a"]  # the pod's deletion event
     await finalize_sandbox(rt, NS, "a")
     assert ("sandboxes", "a") not in kube.objs

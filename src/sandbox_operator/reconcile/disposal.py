@@ -39,8 +39,10 @@ from sandbox_operator.reconcile.status import (
 from sandbox_operator.reconcile.step import Step, sooner
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
-#: status is left alone: the object is about to go).
-DISPOSING_REPORT_AFTER_SECONDS = 2.0
+#: status is left alone: the object is about to go). Longer than a pod's default termination grace
+#: (5 s) plus the kubelet's teardown on a busy node, so an ordinary disposal costs the finalizer's
+#: removal and nothing more; one that takes longer (a larger grace, a stuck volume) says so.
+DISPOSING_REPORT_AFTER_SECONDS = 10.0
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

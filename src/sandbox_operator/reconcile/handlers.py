@@ -401,7 +401,13 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
         rt.forget(namespace, name)
         _wake_key(rt, namespace, labels)
         if scope_ref:
-            rt.enqueue_scope(namespace, scope_ref)
+            # Its count, with the other deletions of a cleanup (one write for them all), unless the
+            # scope is being deleted and waits for its last member to go.
+            scope = rt.views.scopes.get(namespace, scope_ref)
+            purging = scope is not None and bool(
+                (scope.get("metadata") or {}).get("deletionTimestamp")
+            )
+            rt.enqueue_scope(namespace, scope_ref, 0.0 if purging else COUNT_DEBOUNCE_SECONDS)
         return
     # Admitted already (a Ready transition, an edit, a deletion): before new admissions.
     admitted = cnd.is_true(body.get("status"), ConditionType.ADMITTED)

@@ -217,8 +217,10 @@ async def _post_events(rt: Runtime, draft: Draft) -> None:
 
 #: A change of a condition's message alone (same status and reason: "starting: Pending", then
 #: "starting: ContainerCreating") is written at most this often per Sandbox; a new reason, status
-#: or field is written at once. A pod passing through states within a second costs one write.
-MESSAGE_DEBOUNCE_SECONDS = 2.0
+#: or field is written at once. Such progress is not a transition a watcher acts on: a pod that
+#: starts within this long costs two status writes (Admitted, then Ready) and no more, while a slow
+#: start (an image pull, a node under load) still shows why it waits, every this many seconds.
+MESSAGE_DEBOUNCE_SECONDS = 10.0
 
 
 def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
