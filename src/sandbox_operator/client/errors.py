@@ -28,7 +28,8 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── CapabilityNotRequired (PermissionError), PathRefused (ValueError)
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
-    ├── ExecSetupError, ExecTimeout (TimeoutError), OutputBudgetExceeded, DataPlaneError
+    ├── ExecSetupError, ExecTimeout (TimeoutError), ExecQueuedTimeout (TimeoutError)
+    ├── OutputBudgetExceeded, DataPlaneError
     ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
@@ -247,6 +248,28 @@ class ExecTimeout(SandboxClientError, TimeoutError):
         else:
             tail = "and could not be signalled, so it may still be running"
         return f"command timed out after {self.timeout:g}s {tail}"
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class ExecQueuedTimeout(SandboxClientError, TimeoutError):
+    """The command's ``timeout`` ran out before the command started: nothing ran.
+
+    An exec's ``timeout`` is counted from the call, so the time a handle spends waiting for its
+    sandbox (``waited_for``: ``resume``, a suspended Sandbox brought back on first use, or
+    another caller's resume in flight) is spent from it. Its own type, apart from
+    :class:`ExecTimeout`, because the caller's next move differs: a command that overran is made
+    smaller, one that never started is retried unchanged. ``waited`` is the seconds spent."""
+
+    argv: tuple[str, ...]
+    timeout: float
+    waited: float
+    waited_for: str
+
+    def _message(self) -> str:
+        return (
+            f"the command's {self.timeout:g}s ran out after {self.waited:.1f}s waiting for "
+            f"the sandbox ({self.waited_for}); it never started"
+        )
 
 
 class ExecCancelled(asyncio.CancelledError):

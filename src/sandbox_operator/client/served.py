@@ -1,14 +1,29 @@
 """The data plane of a handle acquired through :class:`~sandbox_operator.client.SandboxClient`:
-it talks to whatever serves the Sandbox now, across suspensions and resumes."""
+it talks to whatever serves the Sandbox now, across suspensions and resumes.
+
+An exec's ``timeout`` is wall-clock from the call: a use that first waits for a resume spends
+that wait from it, the command gets what is left (the bound its :class:`ExecTimeout`
+names), and a wait that uses it all up raises
+:class:`ExecQueuedTimeout` (nothing ran) rather than :class:`ExecTimeout` (something overran).
+Without that, a command's bound would not bound the call, and a caller could not tell a program
+to make smaller from one to retry unchanged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, Protocol
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
-from sandbox_operator.client.dataplane import DataPlane, DirEntry, ExecResult, FileStat
-from sandbox_operator.client.errors import DataPlaneError, SandboxSuspended
+from sandbox_operator.client.dataplane import (
+    DataPlane,
+    DirEntry,
+    ExecOptions,
+    ExecResult,
+    FileStat,
+)
+from sandbox_operator.client.errors import DataPlaneError, ExecQueuedTimeout, SandboxSuspended
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract.resources import ServedBy
 
@@ -67,8 +82,11 @@ class ServedPlane:
             raise DataPlaneError("the sandbox is suspended")
         return self.inner
 
-    async def _call(self, method: Callable[[DataPlane], Any]) -> Any:
-        plane = await self._live()
+    async def _call(
+        self, method: Callable[[DataPlane], Any], plane: DataPlane | None = None
+    ) -> Any:
+        if plane is None:
+            plane = await self._live()
         try:
             return await method(plane)
         except DataPlaneError as exc:
@@ -82,8 +100,27 @@ class ServedPlane:
                 message="the sandbox was suspended; the next use of the handle resumes it",
             ) from exc
 
-    async def exec(self, *args: Any, **kwargs: Any) -> ExecResult:
-        result: ExecResult = await self._call(lambda p: p.exec(*args, **kwargs))
+    async def exec(self, argv: Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+        """Run on the live plane, resuming first when suspended; see the module docstring."""
+        timeout = options["timeout"]
+        started = time.monotonic()
+        waiting = asyncio.timeout(timeout)
+        plane: DataPlane | None
+        try:
+            async with waiting:
+                plane = await self._live()
+        except TimeoutError:
+            if not waiting.expired():
+                raise  # not this deadline: whatever raised it says why
+            plane = None
+        waited = time.monotonic() - started
+        if plane is None or waited >= timeout:
+            raise ExecQueuedTimeout(
+                argv=tuple(argv), timeout=timeout, waited=waited, waited_for="resume"
+            ) from None
+        left = timeout - waited
+        ran: ExecOptions = {**options, "timeout": left}
+        result: ExecResult = await self._call(lambda p: p.exec(argv, **ran), plane)
         return result
 
     async def write_file(self, *args: Any, **kwargs: Any) -> None:

@@ -40,6 +40,7 @@ from sandbox_operator.client.dataplane import DataPlane
 from sandbox_operator.client.dataplane.protocol import DEFAULT_OUTPUT_BUDGET, FileKind
 from sandbox_operator.client.errors import (
     DataPlaneError,
+    ExecQueuedTimeout,
     ExecSetupError,
     ExecTimeout,
     OutputBudgetExceeded,
@@ -288,6 +289,12 @@ class OperatorSandbox:
             )
         except ExecTimeout as exc:
             raise TimeoutError(f"the command ran past its {timeout:g}s bound") from exc
+        except ExecQueuedTimeout as exc:
+            # Before the transport's TimeoutError below: this one is the caller's bound, spent
+            # waiting for the sandbox (a resume), and the program never started.
+            raise maf.SandboxQueuedTimeout(
+                f"the {timeout:g}s bound ran out waiting for the sandbox; nothing ran"
+            ) from exc
         except TimeoutError as exc:
             # Not the caller's bound (a transport's own): never surfaced as a TimeoutError.
             raise ConnectionError("the data plane timed out reaching the sandbox") from exc

@@ -132,3 +132,49 @@ async def test_a_file_method_costs_two_round_trips_whatever_the_depth(root: str)
     assert await sandbox.read_file("d/e/f/g.txt", working_directory=".", max_bytes=8) == b"x"
     assert plane.calls == ["exec", "read_file"]
     await plane.inner.close()
+
+
+class FailingPlane:
+    """A data plane whose every exec raises ``error`` (what a served plane raises)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+    async def close(self) -> None:
+        return None
+
+
+def _run_code_sandbox(error: BaseException) -> OperatorSandbox:
+    spec = maf.SandboxSpec(
+        kind="queued", requires=frozenset({maf.Capability.EXEC, maf.Capability.RUN_CODE})
+    )
+    return OperatorSandbox(
+        FailingPlane(error),  # type: ignore[arg-type]
+        spec,
+        base="/maf-sandbox/work",
+        instance_id="x",
+    )
+
+
+async def test_a_bound_spent_waiting_for_the_sandbox_is_maf_queued_timeout() -> None:
+    """#25 item 9: the client's ExecQueuedTimeout (nothing ran) is maf's SandboxQueuedTimeout,
+    so a kind tells the model to retry unchanged rather than to make the program smaller."""
+    from sandbox_operator.client.errors import ExecQueuedTimeout, ExecTimeout
+
+    queued = ExecQueuedTimeout(argv=("python3", "-"), timeout=1.0, waited=1.0, waited_for="resume")
+    with pytest.raises(maf.SandboxQueuedTimeout):
+        await _run_code_sandbox(queued).run_code("print(1)", timeout=1.0)
+    overran = ExecTimeout(
+        argv=("python3", "-"),
+        timeout=1.0,
+        stdout=b"",
+        stderr=b"",
+        kill_delivered=True,
+        kill_reach="group",
+    )
+    with pytest.raises(TimeoutError) as caught:
+        await _run_code_sandbox(overran).run_code("print(1)", timeout=1.0)
+    assert not isinstance(caught.value, maf.SandboxQueuedTimeout)
