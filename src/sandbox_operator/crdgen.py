@@ -21,6 +21,7 @@ from sandbox_operator.contract import resources as res
 from sandbox_operator.crdrules import (
     DECLARED_OUTPUTS_RULES,
     EGRESS_HOST_RULES,
+    LABELS_RULES,
     LIFETIME_RULES,
     POOL_PRINTER_COLUMNS,
     POOL_TEMPLATE_RULES,
@@ -56,6 +57,8 @@ ALLOWED_KEYWORDS: Final = frozenset(
         "pattern",
         "minItems",
         "maxItems",
+        "maxProperties",
+        "additionalProperties",
         "format",
         "anyOf",
         "x-kubernetes-int-or-string",
@@ -123,7 +126,11 @@ class _Converter:
                 node.pop("default")
             inner.update(node)
             return self.convert(inner)
-        node.pop("additionalProperties", None)
+        # ``false`` (unknown fields refused) is what a structural schema does anyway; a schema
+        # (a map's values, e.g. ``labels``) is kept and converted like any other node.
+        values = node.pop("additionalProperties", None)
+        if isinstance(values, dict):
+            node["additionalProperties"] = self.convert(values)
         if node.get("default", 0) is None:
             node.pop("default")
         if node.pop("uniqueItems", False):
@@ -196,6 +203,7 @@ def sandbox_spec_schema() -> Schema:
     for name in ("path", "name"):
         _add_rules(output["properties"][name], RELATIVE_PATH_RULES)
     _add_rules(spec["properties"]["declaredOutputs"], DECLARED_OUTPUTS_RULES)
+    _add_rules(spec["properties"]["labels"], LABELS_RULES)
     _add_workload_rules(spec)
     return spec
 

@@ -11,6 +11,7 @@ from sandbox_operator.contract import RESOURCE_NAMES, ConditionType
 from sandbox_operator.contract.models import (
     DRIVE_LETTER_PATTERN,
     IP_LITERAL_PATTERN,
+    LABEL_KEY_MAX_LENGTH,
     LOOPBACK_SUFFIX,
     METADATA_HOSTS,
     POSIX_SYSTEM_WORK_DIR_PATTERN,
@@ -188,6 +189,15 @@ DECLARED_OUTPUTS_RULES: Final[list[Schema]] = [
         "self.all(o, self.exists_one(p, (has(p.name) ? p.name : p.path) == "
         "(has(o.name) ? o.name : o.path)))",
         "declaredOutputs land two artifacts under the same name (name, or path when unset)",
+    )
+]
+
+#: The one rule a spec's ``labels`` keys meet (the values' length is the map's own schema): the
+#: same bound the model holds them to, since a structural schema cannot constrain a map's keys.
+LABELS_RULES: Final[list[Schema]] = [
+    _rule(
+        f"self.all(k, size(k) >= 1 && size(k) <= {LABEL_KEY_MAX_LENGTH})",
+        f"a labels key must be 1 to {LABEL_KEY_MAX_LENGTH} characters",
     )
 ]
 

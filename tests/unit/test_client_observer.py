@@ -734,3 +734,43 @@ def test_sync_client_passes_observer_and_call(
         "ToolCallEnded",
     ]
     assert all(e.call == "sync-call" for e in obs.events)
+
+
+async def test_spec_labels_reach_the_sandbox_spec_and_the_acquire_record_verbatim(
+    harness: Harness,
+) -> None:
+    """#25 item 9: the spec's labels are the host's words, carried as given: into the applied
+    Sandbox's spec and onto SandboxAcquired (a read-only copy), never into EffectiveState, the
+    metadata labels or a refusal's record."""
+    h = harness
+    obs = rec(h)
+    labels = {"tenant": "Contoso Ltd / EU", "cost centre": "  42  ", "ünïcode": ""}
+    spec = spec_for(h.tmp_path, labels=labels)
+    labels["tenant"] = "changed by the caller afterwards"
+    sandbox = await h.client.acquire("conv", "agent", spec)
+    want = {"tenant": "Contoso Ltd / EU", "cost centre": "  42  ", "ünïcode": ""}
+    obj = h.custom.objects[(SANDBOX_PLURAL, sandbox.name)]
+    assert obj["spec"]["labels"] == want
+    assert not set(want) & set(obj["metadata"]["labels"])
+    [acq] = obs.of(SandboxAcquired)
+    assert dict(acq.labels) == want
+    with pytest.raises(TypeError):
+        acq.labels["tenant"] = "x"  # type: ignore[index]
+    assert "Contoso" not in repr(acq.state)
+
+    async def refuse(name: str) -> Any:
+        raise SandboxIsolationBelowFloor(sandbox=name, namespace=NS, message="no")
+
+    h.wait = refuse
+    with pytest.raises(SandboxIsolationBelowFloor):
+        await h.client.acquire("conv", "other", spec)
+    assert dict(obs.of(SandboxAcquired)[-1].labels) == want
+
+
+async def test_a_spec_without_labels_applies_no_labels_field(harness: Harness) -> None:
+    """A Sandbox created before spec.labels existed has none, and a spec field may be neither
+    added nor removed after creation: re-acquiring it must not write an empty map."""
+    h = harness
+    sandbox = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    assert "labels" not in h.custom.objects[(SANDBOX_PLURAL, sandbox.name)]["spec"]
+    assert dict(rec(h).of(SandboxAcquired)[0].labels) == {}

@@ -55,6 +55,8 @@ def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, 
         yield from walk(child, f"{path}.{key}")
     if "items" in node:
         yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
 
 
 def rules(node: dict[str, Any]) -> list[str]:
@@ -136,7 +138,7 @@ def test_sandbox_printer_columns() -> None:
 
 # --- structural schema ------------------------------------------------------------------------
 
-FORBIDDEN = {"$ref", "$defs", "title", "additionalProperties", "uniqueItems", "const", "examples"}
+FORBIDDEN = {"$ref", "$defs", "title", "uniqueItems", "const", "examples"}
 
 
 @pytest.mark.parametrize("name", [SANDBOX_FILE, SCOPE_FILE])
@@ -147,6 +149,13 @@ def test_schemas_are_structural_and_documented(name: str) -> None:
         if path == ".metadata":
             assert node == {"type": "object"}  # the API server allows nothing else here
             continue
+        if "additionalProperties" in node:
+            # A map (spec.labels): a value schema, never beside properties, bounded in size.
+            assert isinstance(node["additionalProperties"], dict), path
+            assert "properties" not in node and "maxProperties" in node, path
+        if path.endswith("{}"):
+            assert node.get("type") == "string", path  # a map's values: described by the map
+            continue
         assert node.get("description"), f"{path} has no description"
         if node.get("x-kubernetes-int-or-string"):
             assert "type" not in node
@@ -155,7 +164,7 @@ def test_schemas_are_structural_and_documented(name: str) -> None:
             assert node.get("type") in {"object", "array", "string", "integer", "boolean"}, path
             assert "anyOf" not in node, path
         if node.get("type") == "object" and path:
-            assert "properties" in node, path
+            assert "properties" in node or "additionalProperties" in node, path
         for required in node.get("required", []):
             assert required in node["properties"], f"{path}: required {required} undefined"
 

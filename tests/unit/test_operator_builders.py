@@ -524,3 +524,14 @@ def test_sandboxes_that_need_a_resolver_keep_the_clusters() -> None:
     assert _dns(build_pod(allow, by_name)) == {"dnsPolicy": "ClusterFirst"}
     # The same backend's closed sandboxes still fail lookups inside the pod.
     assert _dns(build_pod(request(), by_name)) == NO_DNS
+
+
+def test_spec_labels_reach_no_pod_or_network_policy():
+    """#25 item 9: a spec's labels are the host's words, handed to its observers only; the
+    operator's objects carry none of them (keys or values), whatever they say."""
+    words = {"tenant-marker-key": "tenant-marker-value"}
+    req = request(labels=words)
+    assert req.spec.labels == words
+    for obj in (build_pod(req, backend()), policy(req)):
+        text = repr(obj)
+        assert "tenant-marker" not in text

@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
@@ -267,13 +268,13 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             notify(
                 self.observer,
                 "sandbox_acquired",
-                lambda: self._acquired(key, call, name, started, refusal=refusal),
+                lambda: self._acquired(key, call, name, started, spec, refusal=refusal),
             )
             raise
         notify(
             self.observer,
             "sandbox_acquired",
-            lambda: self._acquired(key, call, name, started, state=sandbox.effective_state),
+            lambda: self._acquired(key, call, name, started, spec, state=sandbox.effective_state),
         )
         return sandbox
 
@@ -283,6 +284,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         call: str | None,
         name: str,
         started: float,
+        spec: SandboxSpec,
         *,
         refusal: str | None = None,
         state: EffectiveState | None = None,
@@ -296,6 +298,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             refusal=refusal,
             state=state,
             seconds=time.monotonic() - started,
+            labels=MappingProxyType(dict(spec.labels)),
         )
 
     async def _acquire(

@@ -28,10 +28,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Literal, TypeAlias, TypeVar
 
 from sandbox_operator.contract import DisposalFailure, SandboxKey
@@ -119,7 +119,13 @@ class EffectiveState:
 class SandboxAcquired:
     """An acquire finished, served or refused. ``refusal`` is the exception class name when it
     raised (including ``SandboxNotReadyInTime`` and a cancellation); ``state`` is the effective
-    state when it was served, else ``None``. ``sandbox`` is the Sandbox resource's name."""
+    state when it was served, else ``None``. ``sandbox`` is the Sandbox resource's name.
+
+    ``labels`` is the spec's ``labels``, verbatim, as a read-only copy taken when the event was
+    built (a caller changing its own dict afterwards changes no record). They are here and not in
+    :class:`EffectiveState` on purpose: they are the host's deployment vocabulary (a tenant, a
+    cost centre), and an effective state is kept beside a transcript, which a host may send where
+    that vocabulary must not go; here the host's own observer chooses the destination."""
 
     key: SandboxKey
     call: str | None
@@ -128,6 +134,7 @@ class SandboxAcquired:
     refusal: str | None
     state: EffectiveState | None
     seconds: float
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,11 @@ KEY_MAX_LENGTH: Final = 253
 EGRESS_ALLOW_MAX_ITEMS: Final = 64
 #: Most outputs a spec may declare.
 DECLARED_OUTPUTS_MAX_ITEMS: Final = 64
+#: Most entries a spec's ``labels`` may hold, and the longest key and value: bounds for the API
+#: server's validation cost, never a judgement of what a host's vocabulary says.
+LABELS_MAX_ITEMS: Final = 64
+LABEL_KEY_MAX_LENGTH: Final = 253
+LABEL_VALUE_MAX_LENGTH: Final = 1024
 #: Longest host name (DNS).
 HOST_MAX_LENGTH: Final = 253
 #: Longest relative output path.

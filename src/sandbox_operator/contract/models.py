@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final
 from pydantic import (
     AfterValidator,
     Field,
+    StrictStr,
     field_validator,
     model_validator,
 )
@@ -28,6 +29,9 @@ from .base import (
     HOST_MAX_LENGTH,
     INVISIBLE_CHARACTERS,
     KEY_MAX_LENGTH,
+    LABEL_KEY_MAX_LENGTH,
+    LABEL_VALUE_MAX_LENGTH,
+    LABELS_MAX_ITEMS,
     NO_CONTROL_PATTERN,
     NON_EMPTY_NO_CONTROL_PATTERN,
     PATH_MAX_LENGTH,
@@ -86,6 +90,9 @@ __all__ = [
     "IP_LITERAL_PATTERN",
     "KEY_MAX_LENGTH",
     "KIND_PATTERN",
+    "LABELS_MAX_ITEMS",
+    "LABEL_KEY_MAX_LENGTH",
+    "LABEL_VALUE_MAX_LENGTH",
     "LOOPBACK_SUFFIX",
     "METADATA_HOSTS",
     "NON_EMPTY_NO_CONTROL_PATTERN",
@@ -553,6 +560,15 @@ class SandboxSpec(ContractModel):
         default_factory=Lifetime,
         description="Startup timeout, time to live, idle timeout and what idling does.",
     )
+    labels: dict[StrictStr, Annotated[StrictStr, Field(max_length=LABEL_VALUE_MAX_LENGTH)]] = Field(
+        default_factory=dict,
+        max_length=LABELS_MAX_ITEMS,
+        description=(
+            "The host's own words about this workload (a tenant, a cost centre), carried "
+            "verbatim: stored as given and handed to the client's observers; never read by "
+            "admission, never put on pods or other objects, never in a condition or a metric."
+        ),
+    )
     storage: Storage | None = Field(
         default=None,
         description=(
@@ -561,6 +577,28 @@ class SandboxSpec(ContractModel):
             "the sandbox's compute."
         ),
     )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase wire form, without ``labels`` when there are none: a Sandbox created
+        before the field existed has none, and the spec's fields may be neither added nor
+        removed after creation, so an empty map written on every apply would refuse re-acquiring
+        it."""
+        wire = super().to_wire()
+        if not self.labels:
+            wire.pop("labels", None)
+        return wire
+
+    @field_validator("labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        # Keys only: a value is the host's and is kept as given. The count is already bounded.
+        for key in value:
+            if not 1 <= len(key) <= LABEL_KEY_MAX_LENGTH:
+                raise ValueError(
+                    f"a labels key must be 1 to {LABEL_KEY_MAX_LENGTH} characters "
+                    f"(one is {len(key)})"
+                )
+        return value
 
     @field_validator("work_dir", mode="before")
     @classmethod

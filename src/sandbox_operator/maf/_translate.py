@@ -4,11 +4,12 @@ maf :class:`~maf_sandbox.SandboxSpec` -> the contract's ``SandboxSpec``.
 
 Both are lossless or refuse: a declaration says only what the operator enforces (what the
 wrapper cannot serve, e.g. ``SNAPSHOT``, is left out), and a spec field the operator cannot hold
-to is refused with maf's own refusal type, never dropped silently. Two exceptions, named here
-because they are deliberate: ``labels`` (our spec has no place for them; they describe the spec
-to maf's observers) and the router-side fields (``min_cleanup``, ``exclusive_admission``,
-``confined_to_guest_call_path``, ``program``, ``execution_contract``, ``host_tools``'s surface,
-``outputs_named_at_call_time``), which maf's router enforces itself before and after acquire.
+to is refused with maf's own refusal type, never dropped silently. ``labels`` are carried
+verbatim (the contract stores them and hands them to the client's observers; nothing judges
+them). One exception, named here because it is deliberate: the router-side fields
+(``min_cleanup``, ``exclusive_admission``, ``confined_to_guest_call_path``, ``program``,
+``execution_contract``, ``host_tools``'s surface, ``outputs_named_at_call_time``), which maf's
+router enforces itself before and after acquire.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def operator_spec(
         "files_in": _contract_limits(spec.files_in),
         "files_out": _contract_limits(spec.files_out),
         "declared_outputs": tuple(_output(o) for o in spec.declared_outputs),
+        "labels": dict(spec.labels),
     }
     if spec.work_dir is not None:
         fields["work_dir"] = spec.work_dir

@@ -160,3 +160,12 @@ def test_published_document_read_or_refused_by_name() -> None:
     assert invalid.value.what == "document"
     with pytest.raises(PublishedBackendsMissing):
         parse_published({PUBLISHED_KEY: "not json"}, "ns")
+
+
+def test_labels_are_carried_verbatim() -> None:
+    """#25 item 9: a maf spec's labels land in the contract spec as given (they were dropped)."""
+    labels = {"tenant": "Contoso Ltd / EU", "cost centre": "  42  "}
+    ours = operator_spec(_maf_spec(labels=dict(labels)))
+    assert ours.labels == labels
+    assert ours.to_wire()["labels"] == labels
+    assert "labels" not in operator_spec(_maf_spec()).to_wire()
