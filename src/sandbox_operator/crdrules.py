@@ -60,6 +60,12 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
         field_path=".declaredOutputs",
     ),
     _rule(
+        "!has(self.outputsNamedAtCallTime) || !self.outputsNamedAtCallTime || "
+        "(has(self.requires) && 'files_out' in self.requires)",
+        "outputsNamedAtCallTime needs files_out in requires",
+        field_path=".outputsNamedAtCallTime",
+    ),
+    _rule(
         "!has(self.declaredOutputs) || !has(self.filesOut) || "
         "size(self.declaredOutputs) <= self.filesOut.maxFiles",
         "declaredOutputs has more entries than filesOut.maxFiles",

@@ -19,6 +19,7 @@ from sandbox_operator.client.errors import (
     REFUSAL_ERRORS,
     ArtifactNameCollision,
     ArtifactNameInvalid,
+    CallTimeOutputsNotAllowed,
     CapabilityNotRequired,
     DataPlaneError,
     ExecCancelled,
@@ -93,6 +94,7 @@ from sandbox_operator.client.outputs import (
     LandedArtifact,
     OutputSink,
     collect_outputs,
+    list_outputs,
     make_file_system_sink,
 )
 from sandbox_operator.client.paths import ConfinedPath, confine, validate_artifact_name
@@ -106,6 +108,7 @@ __all__ = [
     "Artifact",
     "ArtifactNameCollision",
     "ArtifactNameInvalid",
+    "CallTimeOutputsNotAllowed",
     "CapabilityNotRequired",
     "CarriesHostTools",
     "CollectedOutputs",
@@ -190,6 +193,7 @@ __all__ = [
     "failure_name",
     "is_suspended",
     "key_from_object",
+    "list_outputs",
     "local_dataplane",
     "make_file_system_sink",
     "notify",

@@ -33,6 +33,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
+    ├── CallTimeOutputsNotAllowed (ValueError)
     ├── LandingNotConfined, LandingExists (FileExistsError)
     └── HostToolError ...               (client/hosttools/errors.py)
 
@@ -394,6 +395,24 @@ class ArtifactNameCollision(SandboxClientError):
 
     def _message(self) -> str:
         return f"artifact names {self.first!r} and {self.second!r} collide"
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class CallTimeOutputsNotAllowed(SandboxClientError, ValueError):
+    """Outputs named at the call were passed for a spec that does not set
+    ``outputsNamedAtCallTime``. The flag is what tells everything judging the spec beforehand
+    (a host wiring a sink, a reviewer reading what the workload may carry out) that it lands
+    more than its ``declaredOutputs`` say; collecting without it would carry artifacts past
+    every such check. ``kind`` is the workload kind, ``count`` how many were passed."""
+
+    kind: str
+    count: int
+
+    def _message(self) -> str:
+        return (
+            f"kind {self.kind!r} passed {self.count} output(s) named at the call and its spec "
+            "does not set outputsNamedAtCallTime"
+        )
 
 
 class SinkRequired(SandboxClientError, ValueError):

@@ -9,18 +9,27 @@ refusal during delivery (an occupied destination), which by its nature arrives m
 
 Outputs with ``disposition: consume`` are counted against every cap and returned as bytes to the
 caller, never delivered.
+
+Outputs a workload can name only when it runs (``named_at_call``, e.g. what :func:`list_outputs`
+found in a directory) go through the same phases, together with the declared ones and under the
+same caps, and only for a spec that says so (``outputsNamedAtCallTime``): without the flag a
+collection could carry out artifacts nothing judging the spec in advance knew of.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from pydantic import ValidationError
+
 from sandbox_operator.client.errors import (
     ArtifactNameCollision,
+    ArtifactNameInvalid,
+    CallTimeOutputsNotAllowed,
     LandingExists,
     LandingNotConfined,
     OutputMissing,
@@ -97,9 +106,14 @@ async def collect_outputs(
     sink: OutputSink | None = None,
     *,
     outputs: tuple[DeclaredOutput, ...] | None = None,
+    named_at_call: Sequence[DeclaredOutput] = (),
 ) -> CollectedOutputs:
     """Collect ``sandbox.spec.declared_outputs`` (or ``outputs``, which must be a subset of the
     declaration) in phases; see the module docstring.
+
+    ``named_at_call`` adds outputs the workload named only now, after the declared ones, under
+    the same caps (``filesOut`` bounds the union); raises :class:`CallTimeOutputsNotAllowed`
+    before anything else unless the spec sets ``outputsNamedAtCallTime``.
 
     With an observer on the handle, the collection is reported as one ``OutputsCollected``
     (counts and bytes, or the class name of the refusal that stopped it part-way, with what had
@@ -110,7 +124,7 @@ async def collect_outputs(
     result = CollectedOutputs()
     failure: str | None = None
     try:
-        await _collect(sandbox, sink, outputs, result)
+        await _collect(sandbox, sink, outputs, tuple(named_at_call), result)
     except BaseException as exc:
         failure = failure_name(exc)
         raise
@@ -146,9 +160,12 @@ async def _collect(
     sandbox: Sandbox,
     sink: OutputSink | None,
     outputs: tuple[DeclaredOutput, ...] | None,
+    named_at_call: tuple[DeclaredOutput, ...],
     result: CollectedOutputs,
 ) -> None:
     spec = sandbox.spec
+    if named_at_call and not spec.outputs_named_at_call_time:
+        raise CallTimeOutputsNotAllowed(kind=spec.kind, count=len(named_at_call))
     declared = spec.declared_outputs
     if outputs is None:
         outputs = declared
@@ -156,6 +173,7 @@ async def _collect(
         unknown = [o.path for o in outputs if o not in declared]
         if unknown:
             raise ValueError(f"outputs not in the spec's declaration: {unknown}")
+    outputs = outputs + named_at_call
     limits = spec.files_out
 
     # Phase 1: the declaration alone.
@@ -223,6 +241,47 @@ async def _collect(
             continue
         assert sink is not None
         result.landed.append(await sink.deliver(art))
+
+
+# --------------------------------------------------------------------------------------------
+# Listing, for outputs named at the call
+
+
+async def list_outputs(
+    sandbox: Sandbox,
+    directory: str = ".",
+    *,
+    media_type: str = "application/octet-stream",
+    disposition: Disposition = Disposition.LAND,
+    required: bool = True,
+) -> tuple[DeclaredOutput, ...]:
+    """The first half of the list-then-collect route: one :class:`DeclaredOutput` per entry
+    directly under ``directory`` (relative to the work dir), to pass to
+    ``collect_outputs(named_at_call=...)``. Gated like :meth:`Sandbox.list_dir` (the spec must
+    require ``files_list``); one level, never recursive.
+
+    Directories are left out (the caller lists them itself if it wants them); a symlink or other
+    non-file entry is kept, so the collection refuses it by name (:class:`OutputNotRegular`)
+    rather than this listing hiding it. The names are the guest's: one that cannot be a literal
+    output path (a glob character, a backslash, a control or invisible character) is refused
+    with :class:`ArtifactNameInvalid`, never skipped. ``media_type`` is the caller's, never
+    sniffed from the bytes."""
+    entries = await sandbox.list_dir(directory)
+    prefix = "" if directory in ("", ".") else directory.rstrip("/") + "/"
+    found: list[DeclaredOutput] = []
+    for entry in entries:
+        if entry.kind == "dir":
+            continue
+        path = prefix + entry.name
+        try:
+            found.append(
+                DeclaredOutput(
+                    path=path, media_type=media_type, disposition=disposition, required=required
+                )
+            )
+        except ValidationError:
+            raise ArtifactNameInvalid(name=path, rule="not_a_literal_output_path") from None
+    return tuple(found)
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,7 +46,13 @@ from sandbox_operator.client.observer import (
 )
 from sandbox_operator.client.outputs import check_cap
 from sandbox_operator.client.paths import confine, normalize_work_dir
-from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
+from sandbox_operator.contract import (
+    Capability,
+    DeclaredOutput,
+    Disposition,
+    SandboxKey,
+    SandboxSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -448,11 +454,30 @@ class Sandbox:
 
     # -- outputs --------------------------------------------------------------------------
 
-    async def collect_outputs(self, sink: OutputSink | None = None) -> CollectedOutputs:
-        """Collect the spec's declared outputs (see :func:`collect_outputs`)."""
+    async def collect_outputs(
+        self, sink: OutputSink | None = None, *, named_at_call: Sequence[DeclaredOutput] = ()
+    ) -> CollectedOutputs:
+        """Collect the spec's declared outputs, and ``named_at_call`` when the spec sets
+        ``outputsNamedAtCallTime`` (see :func:`collect_outputs`)."""
         from sandbox_operator.client.outputs import collect_outputs
 
-        return await collect_outputs(self, sink)
+        return await collect_outputs(self, sink, named_at_call=named_at_call)
+
+    async def list_outputs(
+        self,
+        directory: str = ".",
+        *,
+        media_type: str = "application/octet-stream",
+        disposition: Disposition = Disposition.LAND,
+        required: bool = True,
+    ) -> tuple[DeclaredOutput, ...]:
+        """Name the entries of ``directory`` as outputs, for ``collect_outputs(named_at_call=)``
+        (see :func:`~sandbox_operator.client.outputs.list_outputs`)."""
+        from sandbox_operator.client.outputs import list_outputs
+
+        return await list_outputs(
+            self, directory, media_type=media_type, disposition=disposition, required=required
+        )
 
     async def close(self) -> None:
         await self._activity.settle()

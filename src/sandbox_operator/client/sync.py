@@ -130,6 +130,7 @@ class SyncSandbox(_Twin[Sandbox]):
     remove = _blocking(Sandbox.remove)
     reclaim = _blocking(Sandbox.reclaim)
     collect_outputs = _blocking(Sandbox.collect_outputs)
+    list_outputs = _blocking(Sandbox.list_outputs)
     suspend = _blocking(Sandbox.suspend)
     resume = _blocking(Sandbox.resume)
     close = _blocking(Sandbox.close)

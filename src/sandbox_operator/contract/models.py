@@ -479,6 +479,10 @@ def work_dir_problem(value: str) -> str | None:
     return None
 
 
+#: Spec fields left off the wire while empty or false (see :meth:`SandboxSpec.to_wire`).
+OMITTED_WHEN_UNSET: Final = ("labels", "outputs_named_at_call_time")
+
+
 class SandboxSpec(ContractModel):
     """What a sandbox of one workload kind needs. Everything not stated gets the closed posture."""
 
@@ -546,6 +550,15 @@ class SandboxSpec(ContractModel):
         max_length=DECLARED_OUTPUTS_MAX_ITEMS,
         description="Artifacts the workload produces, in collection order.",
     )
+    outputs_named_at_call_time: bool = Field(
+        default=False,
+        description=(
+            "The workload also lands or consumes artifacts it can name only when it runs (e.g. "
+            "after listing a directory): the client collects outputs named at the call only "
+            "when this is set; needs files_out in requires; filesOut caps them together with "
+            "declaredOutputs."
+        ),
+    )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description=(
@@ -579,13 +592,14 @@ class SandboxSpec(ContractModel):
     )
 
     def to_wire(self) -> dict[str, Any]:
-        """The camelCase wire form, without ``labels`` when there are none: a Sandbox created
-        before the field existed has none, and the spec's fields may be neither added nor
-        removed after creation, so an empty map written on every apply would refuse re-acquiring
-        it."""
+        """The camelCase wire form, without the fields added after Sandboxes existed
+        (:data:`OMITTED_WHEN_UNSET`) while they say nothing: a Sandbox created before a field
+        existed has none, and the spec's fields may be neither added nor removed after creation,
+        so an empty value written on every apply would refuse re-acquiring it."""
         wire = super().to_wire()
-        if not self.labels:
-            wire.pop("labels", None)
+        for name in OMITTED_WHEN_UNSET:
+            if not getattr(self, name):
+                wire.pop(to_camel(name), None)
         return wire
 
     @field_validator("labels")
@@ -635,6 +649,10 @@ class SandboxSpec(ContractModel):
         ):
             raise ValueError(
                 f"workDir {self.work_dir!r} is a Windows path, but requiresOsFamily is posix"
+            )
+        if self.outputs_named_at_call_time and Capability.FILES_OUT not in self.requires:
+            raise ValueError(
+                "outputsNamedAtCallTime needs files_out in requires (outputs are collected with it)"
             )
         if self.declared_outputs:
             if Capability.FILES_OUT not in self.requires:

@@ -6,10 +6,11 @@ Both are lossless or refuse: a declaration says only what the operator enforces 
 wrapper cannot serve, e.g. ``SNAPSHOT``, is left out), and a spec field the operator cannot hold
 to is refused with maf's own refusal type, never dropped silently. ``labels`` are carried
 verbatim (the contract stores them and hands them to the client's observers; nothing judges
-them). One exception, named here because it is deliberate: the router-side fields
-(``min_cleanup``, ``exclusive_admission``, ``confined_to_guest_call_path``, ``program``,
-``execution_contract``, ``host_tools``'s surface, ``outputs_named_at_call_time``), which maf's
-router enforces itself before and after acquire.
+them), and so is ``outputs_named_at_call_time`` (the contract's ``outputsNamedAtCallTime``;
+maf's own ``collect_outputs`` still does the gating on its side). One exception, named here
+because it is deliberate: the router-side fields (``min_cleanup``, ``exclusive_admission``,
+``confined_to_guest_call_path``, ``program``, ``execution_contract``, ``host_tools``'s
+surface), which maf's router enforces itself before and after acquire.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def operator_spec(
         "files_out": _contract_limits(spec.files_out),
         "declared_outputs": tuple(_output(o) for o in spec.declared_outputs),
         "labels": dict(spec.labels),
+        "outputs_named_at_call_time": spec.outputs_named_at_call_time,
     }
     if spec.work_dir is not None:
         fields["work_dir"] = spec.work_dir

@@ -169,3 +169,12 @@ def test_labels_are_carried_verbatim() -> None:
     assert ours.labels == labels
     assert ours.to_wire()["labels"] == labels
     assert "labels" not in operator_spec(_maf_spec()).to_wire()
+
+
+def test_outputs_named_at_call_time_is_carried() -> None:
+    """#25 item 9: the flag is part of the contract's spec now, so it crosses as given."""
+    requires = frozenset({maf.Capability.EXEC, maf.Capability.FILES_OUT})
+    ours = operator_spec(_maf_spec(requires=requires, outputs_named_at_call_time=True))
+    assert ours.outputs_named_at_call_time
+    assert ours.to_wire()["outputsNamedAtCallTime"] is True
+    assert not operator_spec(_maf_spec()).outputs_named_at_call_time
