@@ -6,6 +6,10 @@ None of it draws a boundary: everything runs as local processes and loopback soc
 * :mod:`.fakes`: :func:`local_sandbox`, a client ``Sandbox`` over local processes, and
   :class:`DefectiveDataPlane`, which breaks named behaviours (:data:`DEFECTS`) on purpose so a
   conformance suite can be shown to catch each.
+* :mod:`.backend`: :class:`FakeBackend` with :data:`FAKE_BACKEND_DECLARATIONS` and
+  :data:`FAKE_HOST_POLICY`; :func:`admit` judges a spec with the operator's own policy and raises
+  the client's typed refusal, :func:`acquire` also hands back a local ``Sandbox`` for it: a
+  workload's admission, tested without a cluster.
 * :mod:`.egress`: local upstream servers, self-signed certificates and clients that speak to
   the egress proxy from a chosen source address.
 * :class:`LocalExecTransport`: the exec transport that runs commands as local processes (build a
@@ -16,6 +20,13 @@ None of it draws a boundary: everything runs as local processes and loopback soc
 
 from sandbox_operator.backends.acas.auth import StaticTokenProvider
 from sandbox_operator.client.dataplane import LocalExecTransport
+from sandbox_operator.testing.backend import (
+    FAKE_BACKEND_DECLARATIONS,
+    FAKE_HOST_POLICY,
+    FakeBackend,
+    acquire,
+    admit,
+)
 from sandbox_operator.testing.egress import (
     LocalServer,
     ProxyReply,
@@ -36,12 +47,17 @@ from sandbox_operator.testing.fakes import DEFECTS, DefectiveDataPlane, local_sa
 
 __all__ = [
     "DEFECTS",
+    "FAKE_BACKEND_DECLARATIONS",
+    "FAKE_HOST_POLICY",
     "DefectiveDataPlane",
+    "FakeBackend",
     "LocalExecTransport",
     "LocalServer",
     "ProxyReply",
     "SelfSignedCert",
     "StaticTokenProvider",
+    "acquire",
+    "admit",
     "connect_through",
     "get_through",
     "local_sandbox",
