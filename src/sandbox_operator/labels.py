@@ -12,13 +12,14 @@ alone: a whole conversation can be found by a label selector, never by an in-mem
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
 # The API group is the contract's; re-exported here because every label is named under it.
 from sandbox_operator.contract.resources import GROUP as GROUP
+from sandbox_operator.keyhash import KeyLike as KeyLike
+from sandbox_operator.keyhash import hash_part as hash_part
+from sandbox_operator.naming import object_name
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "sandbox-operator"
@@ -94,43 +95,6 @@ def annotations_size(annotations: Mapping[str, str] | None) -> int:
     return sum(len(str(k).encode()) + len(str(v).encode()) for k, v in (annotations or {}).items())
 
 
-# 32 hex characters = 128 bits of SHA-256: collisions are not a practical concern, and the value
-# stays well under the 63-character limit and starts/ends with an alphanumeric character.
-_HASH_CHARS = 32
-
-
-class KeyLike(Protocol):
-    """Anything with the four key parts (the contract's SandboxKey satisfies it)."""
-
-    @property
-    def scope(self) -> str: ...
-
-    @property
-    def thread_id(self) -> str: ...
-
-    @property
-    def agent_dir(self) -> str: ...
-
-    @property
-    def call_id(self) -> str: ...
-
-
-def _digest(domain: str, *parts: str) -> str:
-    h = hashlib.sha256()
-    h.update(domain.encode())
-    for part in parts:
-        raw = part.encode()
-        # Length-prefix every part so ("ab", "c") and ("a", "bc") never hash alike.
-        h.update(len(raw).to_bytes(8, "big"))
-        h.update(raw)
-    return h.hexdigest()
-
-
-def hash_part(domain: str, *parts: str) -> str:
-    """A label-safe hash of the given parts, separated by domain (e.g. "scope", "thread")."""
-    return _digest(domain, *parts)[:_HASH_CHARS]
-
-
 def scope_value(scope: str) -> str:
     return hash_part("scope", scope)
 
@@ -174,8 +138,6 @@ def key_annotations(key: KeyLike) -> dict[str, str]:
 
 def sandbox_label_value(sandbox_name: str) -> str:
     """The sandbox label's value for a Sandbox name (the name itself if a DNS-1123 label)."""
-    from sandbox_operator.naming import object_name
-
     return object_name(sandbox_name)
 
 

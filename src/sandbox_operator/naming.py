@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from sandbox_operator.labels import KeyLike, hash_part
+from sandbox_operator.keyhash import KeyLike, hash_part
 
 MAX_NAME = 63
 _HASH_LEN = 16  # 64 bits: the readable prefix is decoration, the hash carries identity

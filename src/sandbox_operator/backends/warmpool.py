@@ -89,7 +89,7 @@ def build_pool_pod(
     """An idle pod of the pool: the sandbox pod for ``spec`` (resolved under the host policy),
     owned by the pool, named by the API server. ``managed_proxy``: the namespace's egress proxy
     address, for an allowlist template on a backend whose proxy the operator runs."""
-    from sandbox_operator.backends.runtimeclass import pod_manifest
+    from sandbox_operator.backends.runtimeclass.pods import pod_manifest
 
     labels = pool_labels(pool.name, backend.name)
     labels[lbl.POOL_SHAPE_LABEL] = shape
