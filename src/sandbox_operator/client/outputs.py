@@ -45,7 +45,29 @@ from sandbox_operator.client.paths import collision_key, confine, validate_artif
 from sandbox_operator.contract import DeclaredOutput, Disposition, SandboxKey
 
 if TYPE_CHECKING:
-    from sandbox_operator.client.sandbox import Sandbox
+    from sandbox_operator.client.dataplane import DirEntry, FileStat
+    from sandbox_operator.contract import SandboxSpec
+
+
+class OutputSource(Protocol):
+    """What collecting outputs needs of a sandbox handle (:class:`~sandbox_operator.client.Sandbox`
+    is one): its spec and name, its work dir, and the gated reads. Typed structurally so this
+    module does not import the handle that calls it."""
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def work_dir(self) -> str: ...
+
+    async def stat(self, path: str) -> FileStat: ...
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes: ...
+
+    async def list_dir(self, path: str = ".") -> list[DirEntry]: ...
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,7 @@ def check_cap(
 
 
 async def collect_outputs(
-    sandbox: Sandbox,
+    sandbox: OutputSource,
     sink: OutputSink | None = None,
     *,
     outputs: tuple[DeclaredOutput, ...] | None = None,
@@ -139,7 +161,7 @@ def _collected(
     result: CollectedOutputs,
     key: SandboxKey | None,
     call: str | None,
-    sandbox: Sandbox,
+    sandbox: OutputSource,
     failure: str | None,
 ) -> OutputsCollected:
     landed = sum(a.size for a in result.landed)
@@ -157,7 +179,7 @@ def _collected(
 
 
 async def _collect(
-    sandbox: Sandbox,
+    sandbox: OutputSource,
     sink: OutputSink | None,
     outputs: tuple[DeclaredOutput, ...] | None,
     named_at_call: tuple[DeclaredOutput, ...],
@@ -248,7 +270,7 @@ async def _collect(
 
 
 async def list_outputs(
-    sandbox: Sandbox,
+    sandbox: OutputSource,
     directory: str = ".",
     *,
     media_type: str = "application/octet-stream",

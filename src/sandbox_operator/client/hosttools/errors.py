@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from sandbox_operator.client.errors import SandboxClientError
 
 if TYPE_CHECKING:
-    from sandbox_operator.client.hosttools.registry import HostToolCallRecord
+    from sandbox_operator.client.hosttools.records import HostToolCallRecord
 
 
 class HostToolError(SandboxClientError):

@@ -64,6 +64,8 @@ from sandbox_operator.client.hosttools.errors import (
     HostToolUndeclared,
     UserIdentityUnavailable,
 )
+from sandbox_operator.client.hosttools.records import Delivery as Delivery
+from sandbox_operator.client.hosttools.records import HostToolCallRecord as HostToolCallRecord
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, current_call, notify
 from sandbox_operator.contract import SandboxKey, TransferLimits
 
@@ -152,35 +154,6 @@ class HostToolPolicy:
     def user_authority(self) -> bool:
         """Whether any tool acts as the user: the surface is then approval-gated."""
         return Identity.USER in self.identities
-
-
-class Delivery(StrEnum):
-    """Whether a call's answer is known to have reached the guest."""
-
-    PENDING = "pending"
-    """Handled; the channel has not yet reported the write-back."""
-    DELIVERED = "delivered"
-    """The answer was written where the guest reads it."""
-    UNCERTAIN = "delivery_uncertain"
-    """The write-back failed or was interrupted: the guest may or may not have it."""
-
-
-@dataclass(frozen=True)
-class HostToolCallRecord:
-    """What one call did, as far as the host can vouch for it."""
-
-    sequence: int
-    tool: str
-    refusal: str | None
-    """The refusal's class name (``HostToolFailed`` when the body raised), else ``None``."""
-    executed: bool
-    """The tool body was entered."""
-    completed: bool
-    """The tool body returned: its effect committed, as far as the host knows."""
-    delivery: Delivery
-    response_bytes: int
-    """Bytes confirmed delivered; 0 unless ``delivery`` is ``DELIVERED`` (never read 0 as "no
-    effect": ``completed`` says that)."""
 
 
 @dataclass(frozen=True)
