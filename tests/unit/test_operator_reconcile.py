@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -496,6 +496,19 @@ class FlakyDriver(FakeDriver):
         return await super().ensure(request)
 
 
+D = TypeVar("D", bound=FakeDriver)
+
+
+async def served_by(driver: D) -> tuple[Runtime, FakeKube, D]:
+    """A runtime whose only backend is ``driver``, with Sandbox "a" admitted and created on it."""
+    rt, kube, _ = runtime()
+    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
+    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    return rt, kube, driver
+
+
 def flaky_world(exc: Exception) -> tuple[Runtime, FakeKube, FlakyDriver]:
     rt, kube, _ = runtime()
     driver = FlakyDriver("gvisor", kube, exc)
@@ -583,12 +596,7 @@ class RecordingDriver(FakeDriver):
 
 
 async def test_dispose_gets_what_the_status_recorded_as_serving():
-    rt, kube, _ = runtime()
-    driver = RecordingDriver("gvisor")
-    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
-    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
-    kube.add("sandboxes", "a", SPEC)
-    await reconcile_sandbox(rt, NS, "a")
+    rt, kube, driver = await served_by(RecordingDriver("gvisor"))
     driver.pods["a"]["phase"] = ObservedPhase.READY
     await reconcile_sandbox(rt, NS, "a")
     assert kube.objs[("sandboxes", "a")]["status"]["servedBy"]["name"] == "a"
@@ -606,12 +614,7 @@ async def test_a_ready_sandbox_whose_pod_the_views_lack_is_read_not_failed():
     """After a peering pause kopf lists every kind again, the Sandboxes before the pods: a
     standby taking over can see a Ready Sandbox before its pod. The pod is read once from the
     API server and put into the view; the Sandbox is neither failed nor disposed."""
-    rt, kube, _ = runtime()
-    driver = RecordingDriver("gvisor")
-    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
-    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
-    kube.add("sandboxes", "a", SPEC)
-    await reconcile_sandbox(rt, NS, "a")
+    rt, kube, driver = await served_by(RecordingDriver("gvisor"))
     driver.pods["a"]["phase"] = ObservedPhase.READY
     await reconcile_sandbox(rt, NS, "a")
     assert cond(kube, "a", "Ready")["status"] == "True"
@@ -825,12 +828,7 @@ class WatchedFake(FakeDriver):
 
 
 async def test_a_purged_sandbox_waits_for_the_collection_delete_and_asks_again_only_after():
-    rt, kube, _ = runtime()
-    driver = WatchedFake("gvisor")
-    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
-    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
-    kube.add("sandboxes", "a", SPEC)
-    await reconcile_sandbox(rt, NS, "a")
+    rt, kube, driver = await served_by(WatchedFake("gvisor"))
     rt.purging.add((NS, "a"))  # its scope's purge deleted its objects by collection
     writes = kube.status_writes
     assert await finalize_sandbox(rt, NS, "a") is not None  # waits for the deletion event
@@ -851,12 +849,7 @@ async def test_an_ordinary_disposal_writes_no_status_and_a_slow_one_says_disposi
     status says Disposing."""
     from sandbox_operator.reconcile.disposal import DISPOSING_REPORT_AFTER_SECONDS
 
-    rt, kube, _ = runtime()
-    driver = WatchedFake("gvisor")
-    rt.drivers["gvisor"] = driver  # type: ignore[assignment]
-    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
-    kube.add("sandboxes", "a", SPEC)
-    await reconcile_sandbox(rt, NS, "a")
+    rt, kube, driver = await served_by(WatchedFake("gvisor"))
     kube.objs[("sandboxes", "a")]["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
     writes = kube.status_writes
     await finalize_sandbox(rt, NS, "a")
