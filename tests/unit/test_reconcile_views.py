@@ -249,3 +249,26 @@ async def test_background_keys_go_after_every_other_and_move_up_when_added_again
     assert runs == ["first", "ready-1", "new-1", "held-3", "held-1", "held-2"]
     with pytest.raises(ValueError, match="either urgent or background"):
         q.add("x", urgent=True, background=True)
+
+
+def test_a_delete_answer_after_its_deleted_event_leaves_no_ghost() -> None:
+    """The watch's DELETED event can come before the delete's own answer (a pod in its grace
+    period, deletionTimestamp set). The answer must not put the pod back: no event would ever
+    remove it, and every disposal waiting on it would time out."""
+    views = Views()
+    pod = {
+        "metadata": {
+            "namespace": "ns", "name": "p", "uid": "u1", "resourceVersion": "5",
+            "labels": {lbl.SANDBOX_LABEL: "a"},
+        },
+        "spec": {}, "status": {"phase": "Pending"},
+    }  # fmt: skip
+    views.pods.upsert(pod)
+    views.pods.remove("ns", "p", "u1")  # the DELETED event
+    answer = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2099-01-01T00:00:00Z"}}
+    views.pods.upsert(answer)  # the delete's answer, late
+    assert views.pods.get("ns", "p") is None
+    assert views.pods.select("ns", lbl.SANDBOX_LABEL, "a") == []
+    # A new object under the same name (another uid) is taken as usual.
+    views.pods.upsert({**pod, "metadata": {**pod["metadata"], "uid": "u2"}})
+    assert views.pods.uid_of("ns", "p") == "u2"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,6 +282,10 @@ def _encode(obj: Obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+#: How many removed uids a Store remembers (a delete's answer comes within seconds of its event).
+GONE_UIDS_KEPT = 4096
+
+
 @dataclass
 class Store:
     """One resource's objects by (namespace, name), with label indexes.
@@ -298,6 +302,10 @@ class Store:
     # (namespace, label, value) -> the name holding it, or the set of names when several do
     # (most key and sandbox label values are held by one object: no set for those).
     _by_label: dict[tuple[str, str, str], str | set[str]] = field(default_factory=dict)
+    # The uids of objects removed as gone, newest last (bounded): a uid never comes back, so an
+    # answer that arrives after the object's DELETED event (a delete's response, slower than the
+    # watch) cannot put it back as a ghost that no event would ever remove.
+    _gone: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -323,6 +331,8 @@ class Store:
         meta = slim["metadata"]
         k = (meta["namespace"], meta["name"])
         uid = str(meta.get("uid", ""))
+        if uid and uid in self._gone:
+            return slim  # removed already: this is an older word about it
         rv = _rv(slim)
         old = self.items.get(k)
         if old is not None:
@@ -343,11 +353,18 @@ class Store:
         return slim
 
     def remove(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Forget an object that is gone (its DELETED event, a 404, a delete answered with a
+        Status). With its ``uid``, the object is never taken back under that uid."""
         k = (namespace, name)
         old = self.items.get(k)
         if old is not None and (uid is None or old.uid == uid):
             self._unindex(k, old)
             del self.items[k]
+        if uid:
+            self._gone[uid] = None
+            self._gone.move_to_end(uid)
+            if len(self._gone) > GONE_UIDS_KEPT:
+                self._gone.popitem(last=False)
 
     def select(self, namespace: str, label: str, value: str) -> list[Obj]:
         out = (self.items.get((namespace, n)) for n in self.select_names(namespace, label, value))
