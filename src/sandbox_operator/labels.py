@@ -50,6 +50,10 @@ SCOPE_ANNOTATION = f"{GROUP}/scope"
 THREAD_ANNOTATION = f"{GROUP}/thread-id"
 AGENT_DIR_ANNOTATION = f"{GROUP}/agent-dir"
 CALL_ANNOTATION = f"{GROUP}/call-id"
+#: On the objects that serve a Sandbox (its pod): the SandboxScope the Sandbox names. The
+#: conversation-boundary admission policy reads it to ask whether an agent may use that
+#: conversation before it lets the agent exec into the pod (docs/concepts.md).
+SCOPE_REF_ANNOTATION = f"{GROUP}/scope-ref"
 
 # The client may stamp this annotation (RFC 3339 UTC) on a Sandbox whenever it uses it; the
 # operator measures lifetime.idleTimeoutSeconds from the later of it and the time the sandbox
@@ -134,6 +138,12 @@ def key_annotations(key: KeyLike) -> dict[str, str]:
         AGENT_DIR_ANNOTATION: key.agent_dir,
         CALL_ANNOTATION: key.call_id,
     }
+
+
+def object_annotations(key: KeyLike, scope_ref: str) -> dict[str, str]:
+    """Annotations for an object that serves one sandbox: the key's strings and the scope's
+    name (``SCOPE_REF_ANNOTATION``)."""
+    return {**key_annotations(key), SCOPE_REF_ANNOTATION: scope_ref}
 
 
 def sandbox_label_value(sandbox_name: str) -> str:

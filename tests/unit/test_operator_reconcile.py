@@ -39,6 +39,8 @@ class FakeKube:
         self.status_writes = 0
         self.gone: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[tuple[str, str, str]] = []
+        self.rbac: list[dict[str, Any]] = []  # Roles and RoleBindings applied, in order
+        self.rbac_refused = False
 
     def add(self, plural: str, name: str, spec: dict[str, Any]) -> None:
         self.objs[(plural, name)] = {
@@ -129,6 +131,11 @@ class FakeKube:
 
     async def post_event(self, obj, *, type_, reason, message, action="Reconcile"):
         self.events.append((obj["metadata"]["name"], type_, reason))
+
+    async def apply_rbac(self, body, field_manager):
+        if self.rbac_refused:
+            raise PermissionError("403")
+        self.rbac.append(copy.deepcopy(body))
 
 
 class FakeDriver:
@@ -906,3 +913,80 @@ async def test_a_sandbox_gone_behind_the_views_is_dropped_at_its_first_404(world
     for name in ("never-scoped", "fresh", "served"):  # the resync passes over them again
         assert await sandbox_reconciler.reconcile_sandbox(rt, NS, name) is None
     assert sum(calls.values()) == met, calls
+
+
+def _rules(role: dict[str, Any]) -> dict[str, tuple[list[str], list[str]]]:
+    return {r["resources"][0]: (r["resourceNames"], r["verbs"]) for r in role["rules"]}
+
+
+async def test_a_bound_scope_grants_its_agents_its_sandboxes_by_name_writing_only_what_is_new(
+    world,
+):
+    """(#25 item 2) A SandboxScope listing agentServiceAccounts gets a Role (get/list/watch/use on
+    itself, reads of its Sandboxes by name) and a RoleBinding to those ServiceAccounts, owned by
+    the scope; rewritten only when a Sandbox it does not name yet appears (a cleanup writes
+    nothing); a scope that binds no agent gets none."""
+    rt, kube, _ = world
+    scope = kube.objs[("sandboxscopes", "conv")]
+    scope["spec"]["agentServiceAccounts"] = ["agent-a"]
+    kube.add("sandboxes", "a", SPEC)
+    await reconcile_sandbox(rt, NS, "a")
+    assert scope_reconciler.access_pending(rt, NS, "conv", "a")  # its pass should run at once
+    await reconcile_scope(rt, NS, "conv")
+    role, binding = kube.rbac
+    assert role["kind"] == "Role" and binding["kind"] == "RoleBinding"
+    assert role["metadata"]["name"] == binding["metadata"]["name"] == "sandbox-conversation-conv"
+    assert _rules(role) == {
+        "sandboxscopes": (["conv"], ["get", "list", "watch", "use"]),
+        "sandboxes": (["a"], ["get", "list", "watch"]),
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "agent-a", "namespace": NS}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for obj in (role, binding):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("SandboxScope", scope["metadata"]["uid"])
+    assert not scope_reconciler.access_pending(rt, NS, "conv", "a")
+    await reconcile_scope(rt, NS, "conv")
+    assert len(kube.rbac) == 2  # nothing new: nothing written
+    kube.add("sandboxes", "b", {**SPEC, "agentDir": "agents/b"})
+    await reconcile_sandbox(rt, NS, "b")
+    assert scope_reconciler.access_pending(rt, NS, "conv", "b")
+    await reconcile_scope(rt, NS, "conv")
+    assert _rules(kube.rbac[-2])["sandboxes"][0] == ["a", "b"]
+    del kube.objs[("sandboxes", "a")]
+    await reconcile_scope(rt, NS, "conv")
+    assert len(kube.rbac) == 4  # a Sandbox gone costs no write
+    scope["spec"]["agentServiceAccounts"] = ["agent-a", "agent-b"]
+    await reconcile_scope(rt, NS, "conv")
+    assert [s["name"] for s in kube.rbac[-1]["subjects"]] == ["agent-a", "agent-b"]
+    assert _rules(kube.rbac[-2])["sandboxes"][0] == ["b"]  # written anew: exactly the members
+    kube.add("sandboxscopes", "other", {"scope": "s", "threadId": "other"})
+    kube.add("sandboxes", "c", {**SPEC, "scopeRef": "other", "agentDir": "agents/c"})
+    await reconcile_sandbox(rt, NS, "c")
+    assert not scope_reconciler.access_pending(rt, NS, "other", "c")
+    await reconcile_scope(rt, NS, "other")
+    assert len(kube.rbac) == 6  # a scope without agents: no Role
+
+
+async def test_a_refused_grant_is_a_warning_event_and_retried(world):
+    rt, kube, _ = world
+    kube.objs[("sandboxscopes", "conv")]["spec"]["agentServiceAccounts"] = ["agent-a"]
+    kube.rbac_refused = True
+    retry = await reconcile_scope(rt, NS, "conv")
+    assert retry == rt.config.operator.disposal_retry_seconds
+    assert ("conv", "Warning", "AccessNotGranted") in kube.events
+    ready = cond(kube, "conv", "Ready", "sandboxscopes")
+    assert (ready["status"], ready["reason"]) == ("False", "AccessNotGranted")
+    assert "sandbox-conversation-conv" in ready["message"]
+    kube.rbac_refused = False
+    assert await reconcile_scope(rt, NS, "conv") is None
+    assert cond(kube, "conv", "Ready", "sandboxscopes")["status"] == "True"
+    assert [o["kind"] for o in kube.rbac] == ["Role", "RoleBinding"]
+
+
+def test_access_names_fit_the_api_server() -> None:
+    from sandbox_operator.reconcile import access
+
+    assert access.access_name("conv") == "sandbox-conversation-conv"
+    long = access.access_name("a" * 253)
+    assert len(long) <= 253 and long != access.access_name("a" * 252 + "b")

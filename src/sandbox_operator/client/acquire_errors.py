@@ -318,13 +318,14 @@ CONDITION_ERRORS: Mapping[ConditionReason, type[SandboxAcquireError] | None] = {
     ConditionReason.PURGE_INCOMPLETE: SandboxGone,
 }
 
-#: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, and an Event's.
+#: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, and Events'.
 NOT_SANDBOX_REASONS: frozenset[str] = frozenset(
     {
         ConditionReason.FILLING,
         ConditionReason.TEMPLATE_INVALID,
         ConditionReason.POOL_UNSUPPORTED,
         ConditionReason.POOL_EXHAUSTED,
+        ConditionReason.ACCESS_NOT_GRANTED,
     }
 )
 

@@ -59,6 +59,9 @@ class ConditionReason(StrEnum):
     # SandboxScope purges.
     PURGED = "Purged"
     PURGE_INCOMPLETE = "PurgeIncomplete"
+    # The Role and RoleBinding granting a SandboxScope's agents their conversation could not be
+    # written (an Event on the scope; retried).
+    ACCESS_NOT_GRANTED = "AccessNotGranted"
     # SandboxWarmPools (Ready=False while the pool has fewer ready idle pods than wanted, or
     # cannot serve its template; a template the policy refuses carries the refusal's reason).
     FILLING = "Filling"

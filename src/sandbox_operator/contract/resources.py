@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -49,6 +49,8 @@ CONDITIONS_MAX_ITEMS: Final = 16
 #: Most decisions ``status.egress.recent`` holds.
 EGRESS_RECENT_MAX_ITEMS: Final = 10
 
+#: Most ServiceAccounts one SandboxScope binds to its conversation.
+AGENT_SERVICE_ACCOUNTS_MAX_ITEMS: Final = 16
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
@@ -329,6 +331,27 @@ class SandboxScopeResourceSpec(ContractModel):
     min_isolation_scope: IsolationScope | None = Field(
         default=None,
         description="Least separation for this conversation; raises the host's, never lowers it.",
+    )
+    agent_service_accounts: tuple[
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=253,
+                pattern=DNS_SUBDOMAIN_PATTERN,
+                description="The name of a ServiceAccount in this namespace.",
+            ),
+        ],
+        ...,
+    ] = Field(
+        default=(),
+        max_length=AGENT_SERVICE_ACCOUNTS_MAX_ITEMS,
+        description=(
+            "ServiceAccounts of this namespace bound to this conversation: the operator grants "
+            "them a Role to read this SandboxScope and its Sandboxes (by name) and to use the "
+            "conversation, which the chart's conversation-boundary admission policies require "
+            "to create, change, delete or exec into its sandboxes (docs/concepts.md)."
+        ),
     )
 
     # Before the pattern (which the CRD carries), so a person gets the specific reason.

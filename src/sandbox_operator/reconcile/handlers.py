@@ -67,7 +67,11 @@ from sandbox_operator.reconcile.sandbox import (
     ensure_retry_delay,
     reconcile_sandbox,
 )
-from sandbox_operator.reconcile.scope import COUNT_DEBOUNCE_SECONDS, reconcile_scope
+from sandbox_operator.reconcile.scope import (
+    COUNT_DEBOUNCE_SECONDS,
+    access_pending,
+    reconcile_scope,
+)
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
@@ -414,7 +418,9 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
     deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
     rt.enqueue_sandbox(namespace, name, urgent=admitted or deleting)
     if scope_ref:
-        rt.enqueue_scope(namespace, scope_ref, COUNT_DEBOUNCE_SECONDS)
+        # At once when the scope's bound agents cannot read this Sandbox yet (they wait for it).
+        pending = access_pending(rt, namespace, scope_ref, name)
+        rt.enqueue_scope(namespace, scope_ref, 0.0 if pending else COUNT_DEBOUNCE_SECONDS)
 
 
 @kopf.on.event(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)

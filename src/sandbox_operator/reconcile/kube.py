@@ -2,7 +2,8 @@
 
 Every call the operator makes on its own resources goes through here (pods and NetworkPolicies go
 through the runtime-class driver), so the RBAC rules the Helm chart grants can be read off this
-file: sandboxes and sandboxscopes get/list/watch/patch/delete, their status patch, events create.
+file: sandboxes and sandboxscopes get/list/watch/patch/delete, their status patch, events create,
+and the apply (create, patch) of a conversation's Role and RoleBinding.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Kube:
         self.api = api
         self._custom: Any = client.CustomObjectsApi(api)
         self._core: Any = client.CoreV1Api(api)
+        self._rbac: Any = client.RbacAuthorizationV1Api(api)
 
     @staticmethod
     def _status(exc: Exception) -> int | None:
@@ -158,6 +160,24 @@ class Kube:
         if resource_version:
             meta["resourceVersion"] = resource_version
         return await self._patch(plural, namespace, name, {"metadata": meta}, status=False)
+
+    async def apply_rbac(self, body: Mapping[str, Any], field_manager: str) -> None:
+        """Server-side apply one Role or RoleBinding (``reconcile/access.py``), forcing
+        ownership of its fields: the operator is the only writer of what it makes."""
+        call = (
+            self._rbac.patch_namespaced_role
+            if body["kind"] == "Role"
+            else self._rbac.patch_namespaced_role_binding
+        )
+        meta = body["metadata"]
+        await call(
+            meta["name"],
+            meta["namespace"],
+            dict(body),
+            field_manager=field_manager,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
 
     async def delete_sandboxes(self, namespace: str, label_selector: str) -> None:
         """Delete every Sandbox matching the selector in one call (``deletecollection``)."""

@@ -21,6 +21,7 @@ from sandbox_operator.backends.base import BackendDriver, suspends
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
+from sandbox_operator.reconcile.access import ConversationAccess
 from sandbox_operator.reconcile.kube import Kube
 from sandbox_operator.reconcile.views import ObjKey, Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
@@ -63,6 +64,8 @@ class Runtime:
     purges: dict[ObjKey, tuple[float | None, int, int, tuple[DisposalFailure, ...]]] = field(
         default_factory=dict
     )
+    #: What each bound scope's Role and RoleBinding say, as this process last wrote them.
+    access_written: dict[ObjKey, ConversationAccess] = field(default_factory=dict)
     #: When each Sandbox's status was last written (message-only changes are debounced).
     status_written: dict[ObjKey, float] = field(default_factory=dict)
     #: Validated specs by Sandbox, stamped with (uid, generation).

@@ -388,7 +388,7 @@ async def _create(
         spec=resolve_spec(rt.config.host_policy, spec.sandbox_spec()),
         isolation_scope=admission.isolation_scope or spec.sandbox_spec().isolation_scope,
         labels=lbl.object_labels(admission.key, name, admission.backend, kind=spec.kind),
-        annotations=lbl.key_annotations(admission.key),
+        annotations=lbl.object_annotations(admission.key, spec.scope_ref),
     )
     try:
         claim = await claim_warm_pod(rt, request, admission.backend)

@@ -41,8 +41,9 @@ from sandbox_operator.contract import (
     SandboxScopeResourceSpec,
     ScopePurge,
 )
+from sandbox_operator.reconcile import access
 from sandbox_operator.reconcile import conditions as cnd
-from sandbox_operator.reconcile.kube import Conflict
+from sandbox_operator.reconcile.kube import Conflict, api_error_text
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.status import (
     CONFLICT_RETRY_SECONDS,
@@ -101,18 +102,23 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
     scope = rt.views.scopes.get(namespace, name)
     if scope is None:
         rt.purges.pop((namespace, name), None)
+        rt.access_written.pop((namespace, name), None)
         return None
     if _meta(scope).get("deletionTimestamp"):
         return await purge_scope(rt, scope)
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
     members = scope_member_names(rt, namespace, name)
+    spec = _spec(scope)
+    refused = await grant_access(rt, scope, spec, members) if spec is not None else None
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
-    spec = _spec(scope)
     holder = rt.views.conversation_holder(namespace, name)
     if spec is not None and holder is not None:
         draft.cond(READY, False, R.SCOPE_CONFLICT, conflict_message(spec, holder))
+    elif refused:
+        # Ready means the bound agents can use the conversation: not while their Role is not.
+        draft.cond(READY, False, R.ACCESS_NOT_GRANTED, refused)
     elif spec is not None:
         draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
     else:
@@ -122,6 +128,49 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
             msg = f"spec is invalid: {exc.errors()[0]['msg']}"
             draft.cond(READY, False, R.PENDING, msg)
     await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
+    return rt.config.operator.disposal_retry_seconds if refused else None
+
+
+def access_pending(rt: Runtime, namespace: str, scope_ref: str, sandbox: str) -> bool:
+    """Whether a Sandbox of a scope that binds agents is not in the scope's Role yet: its
+    agents cannot read it until the scope's pass writes it, so that pass should run now."""
+    scope = rt.views.scopes.get(namespace, scope_ref)
+    if scope is None or not ((scope.get("spec") or {}).get("agentServiceAccounts")):
+        return False
+    written = rt.access_written.get((namespace, scope_ref))
+    return written is None or sandbox not in written.sandboxes
+
+
+async def grant_access(
+    rt: Runtime, scope: Obj, spec: SandboxScopeResourceSpec, members: set[str]
+) -> str | None:
+    """Keep the scope's Role and RoleBinding (``reconcile/access.py``) granting its agents
+    their conversation; writes only when they would say more than what was last written.
+    When the write fails: why (also a Warning Event on the scope; the pass is retried)."""
+    meta = _meta(scope)
+    key = (str(meta["namespace"]), str(meta["name"]))
+    if not spec.agent_service_accounts and key not in rt.access_written:
+        return None  # nothing bound, nothing written by this process
+    wanted = access.wanted_access(spec.agent_service_accounts, members)
+    written = rt.access_written.get(key)
+    if written is not None and written.covers(wanted):
+        return None
+    try:
+        await rt.kube.apply_rbac(access.role_manifest(scope, wanted), access.FIELD_MANAGER)
+        await rt.kube.apply_rbac(access.binding_manifest(scope, wanted), access.FIELD_MANAGER)
+    except Exception as exc:
+        rt.access_written.pop(key, None)
+        message = (
+            f"the Role and RoleBinding {access.access_name(key[1])!r} for the bound agents "
+            f"could not be written ({api_error_text(exc)}): they cannot reach this "
+            "conversation until it is"
+        )
+        log.warning("scope %s/%s: %s", key[0], key[1], message)
+        await rt.kube.post_event(
+            scope, type_="Warning", reason=R.ACCESS_NOT_GRANTED, message=message
+        )
+        return message
+    rt.access_written[key] = wanted
     return None
 
 
