@@ -26,6 +26,7 @@ import yaml
 
 from sandbox_operator.backends import egress_proxy
 from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
+from sandbox_operator.reconcile import access
 from tests.unit.test_chart_render import ROOT, by_kind, template
 
 SRC = ROOT / "src" / "sandbox_operator"
@@ -316,6 +317,19 @@ def proxy_object_grants() -> set[Grant]:
     return used | {(g, r, "create") for g, r in PROXY_RESOURCES}
 
 
+def conversation_access_grants() -> set[Grant]:
+    """A bound scope's Role and RoleBinding (reconcile/access.py): server-side applied (create
+    when missing), and RBAC lets the operator grant in the Role only what it holds itself."""
+    scope = {"metadata": {"name": "s", "namespace": "n", "uid": "u"}}
+    role = access.role_manifest(scope, access.wanted_access(["agent"], ["sbx-a"]))
+    held = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+        for v in rule["verbs"]
+    }  # fmt: skip
+    rbac = "rbac.authorization.k8s.io"
+    return held | {(rbac, r, v) for r in ("roles", "rolebindings") for v in ("create", "patch")}
+
+
 def expected_grants(*, cluster_wide: bool = True, managed_proxy: bool = False) -> set[Grant]:
     found = scan()
     assert not found.unresolved, (
@@ -326,6 +340,7 @@ def expected_grants(*, cluster_wide: bool = True, managed_proxy: bool = False) -
     grants = {g for g in grants if (g[0], g[1]) not in PROXY_RESOURCES}
     if managed_proxy:
         grants |= proxy_role_grants()
+    grants |= conversation_access_grants()
     # kopf itself: posts Events for handler outcomes, watches CRDs to notice served resources,
     # and (peering) reads, watches and patches its peering object.
     grants.add(("", "events", "create"))

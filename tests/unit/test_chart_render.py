@@ -370,8 +370,10 @@ def test_agent_role_grants_sandboxes_and_exec_only() -> None:
         for v in r["verbs"]
     }
     sandbox_verbs = {v for g, res, v in grants if res == "sandboxes"}
-    assert {"create", "get", "watch", "delete"} <= sandbox_verbs
-    assert not {"update", "patch", "*"} & sandbox_verbs
+    # patch: the client acquires by server-side apply and stamps last-activity (the metadata
+    # policy and the CRD's rules keep what it may change); never update or everything.
+    assert {"create", "get", "watch", "patch", "delete"} <= sandbox_verbs
+    assert not {"update", "*"} & sandbox_verbs
     assert ("", "pods/exec", "create") in grants
     # Nothing that creates pods or touches other kinds of object.
     assert not {v for g, res, v in grants if res == "pods"} - {"get"}
@@ -721,3 +723,40 @@ def test_schema_accepts_host_resource_defaults_and_the_operator_reads_them(tmp_p
     )  # fmt: skip
     assert result.returncode != 0
     assert "maxLimits" in result.stderr
+
+
+def test_the_conversation_boundary_binds_agents_to_the_scopes_that_list_them() -> None:
+    """(#25 item 2) With agentRole.conversationBoundary the agent Role grants no reads (each
+    bound scope's own Role does, by name) and two policies ask the authorizer for `use` on the
+    SandboxScope a Sandbox or a sandbox pod names; off, neither policy is rendered."""
+    values = {
+        "agentRole.create": "true",
+        "agentRole.namespaces": "{agents}",
+        "agentRole.subjects[0].kind": "ServiceAccount",
+        "agentRole.subjects[0].name": "agent",
+        "agentRole.subjects[0].namespace": "agents",
+    }
+    off = template(values)
+    assert not [p for p in by_kind(off, "ValidatingAdmissionPolicy") if "conversation" in
+                p["metadata"]["name"]]  # fmt: skip
+    objs = template({**values, "agentRole.conversationBoundary": "true"})
+    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
+    reads = {"get", "list", "watch"}
+    assert all(not reads & set(rule["verbs"]) for rule in role["rules"]
+               if rule["resources"] not in (["configmaps"], ["pods/exec"]))  # fmt: skip
+    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "ValidatingAdmissionPolicy")}
+    sandboxes = policies["so-sandbox-operator-conversation"]["spec"]
+    assert sandboxes["matchConstraints"]["resourceRules"][0]["operations"] == [
+        "CREATE", "UPDATE", "DELETE",
+    ]  # fmt: skip
+    agent = "system:serviceaccount:agents:agent"
+    for spec in (sandboxes, policies["so-sandbox-operator-conversation-exec"]["spec"]):
+        assert agent in spec["matchConditions"][0]["expression"]
+        assert 'check("use")' in spec["validations"][0]["expression"]
+    exec_binding = next(
+        b for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == "so-sandbox-operator-conversation-exec"
+    )  # fmt: skip
+    assert exec_binding["spec"]["paramRef"]["selector"]["matchExpressions"] == [
+        {"key": "sandbox-operator.dev/sandbox", "operator": "Exists"}
+    ]

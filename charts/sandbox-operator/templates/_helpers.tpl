@@ -62,3 +62,22 @@ runs the operator's own image unless it names another one.
 {{- end }}
 {{- toYaml $config }}
 {{- end }}
+
+{{/*
+The CEL condition matching a request made by one of agentRole.subjects (ServiceAccounts and Users
+by username, Groups by group), for the agents' admission policies' matchConditions.
+*/}}
+{{- define "sandbox-operator.isAgent" -}}
+{{- $users := list }}
+{{- $groups := list }}
+{{- range .Values.agentRole.subjects }}
+{{- if eq .kind "ServiceAccount" }}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" (.namespace | default $.Release.Namespace) .name) }}
+{{- else if eq .kind "User" }}
+{{- $users = append $users .name }}
+{{- else }}
+{{- $groups = append $groups .name }}
+{{- end }}
+{{- end -}}
+request.userInfo.username in {{ toJson $users }} || request.userInfo.groups.exists(g, g in {{ toJson $groups }})
+{{- end }}

@@ -11,7 +11,9 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [get, list, watch, patch, delete, deletecollection]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxscopes]
-  verbs: [get, list, watch, patch]
+  # use: the operator grants it on a scope to the scope's agentServiceAccounts, and RBAC lets it
+  # grant only what it holds (reconcile/access.py).
+  verbs: [get, list, watch, patch, use]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxwarmpools]
   verbs: [list, watch, patch]
@@ -32,6 +34,12 @@ compares them with the Kubernetes calls the operator's code makes.
   # The work volumes of sandboxes with spec.storage (kept while suspended); deletecollection:
   # scope purges.
   verbs: [get, list, watch, create, delete, deletecollection]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  # A bound SandboxScope's Role and RoleBinding (sandbox-conversation-<scope>, reconcile/access.py),
+  # written by server-side apply (create when missing); the garbage collector deletes them with
+  # the scope. RBAC lets the operator grant in them only what it holds itself.
+  verbs: [create, patch]
 - apiGroups: [""]
   resources: [events]
   # list, watch: a pod stuck before its containers exist is explained by the kubelet's events (a
