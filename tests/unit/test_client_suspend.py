@@ -67,6 +67,21 @@ def cond(type_: str, status: str, reason: str, gen: int, message: str = "") -> d
 # ---- a fake API server and operator ------------------------------------------------------------
 
 
+class RawAnswer:
+    """An aiohttp response as the generated client hands it over with ``_preload_content=False``."""
+
+    def __init__(self, status: int, reason: str, data: bytes) -> None:
+        self.status, self.reason, self.data = status, reason, data
+        self.headers: dict[str, str] = {}
+        self.released = False
+
+    async def read(self) -> bytes:
+        return self.data
+
+    def release(self) -> None:
+        self.released = True
+
+
 class FakeServer:
     """Enough of CustomObjectsApi: get, server-side apply, merge patch (with the CRD's CEL rule
     on ``suspended``), delete; every change wakes the watchers and the operator."""
@@ -102,31 +117,6 @@ class FakeServer:
             raise ApiException(status=404, reason="Not Found")
         self.changed()
 
-    async def patch_namespaced_custom_object_with_http_info(
-        self,
-        group: str,
-        version: str,
-        ns: str,
-        plural: str,
-        name: str,
-        body: dict[str, Any],
-        *,
-        field_manager: str = "",
-        _content_type: str = "",
-    ) -> tuple[dict[str, Any], int, dict[str, str]]:
-        created = (plural, name) not in self.objects
-        obj = await self.patch_namespaced_custom_object(
-            group,
-            version,
-            ns,
-            plural,
-            name,
-            body,
-            field_manager=field_manager,
-            _content_type=_content_type,
-        )
-        return obj, 201 if created else 200, {}
-
     async def patch_namespaced_custom_object(
         self,
         group: str,
@@ -138,7 +128,18 @@ class FakeServer:
         *,
         field_manager: str = "",
         _content_type: str = "",
-    ) -> dict[str, Any]:
+        _preload_content: bool = True,
+    ) -> Any:
+        if not _preload_content:  # the raw answer, as aiohttp gives it
+            created = (plural, name) not in self.objects
+            try:
+                obj = await self.patch_namespaced_custom_object(
+                    group, version, ns, plural, name, body,
+                    field_manager=field_manager, _content_type=_content_type,
+                )  # fmt: skip
+            except ApiException as exc:
+                return RawAnswer(exc.status, exc.reason, (exc.body or "").encode())
+            return RawAnswer(201 if created else 200, "OK", json.dumps(obj).encode())
         self.patches.append((_content_type, name, copy.deepcopy(body)))
         current = self.objects.get((plural, name))
         if _content_type == "application/apply-patch+yaml":
@@ -737,3 +738,67 @@ def test_errors() -> None:
     assert "storage" in str(exc)
     timeout = SandboxNotSuspendedInTime(sandbox="s", namespace="n", timeout=2, last_reason="X")
     assert isinstance(timeout, TimeoutError) and "X" in str(timeout)
+
+
+# ---- an agent bound to its conversation (#25 item 2) ---------------------------------------------
+
+
+def _forbid_watches(h: Harness, refusals: int | None) -> list[str]:
+    """The next ``refusals`` watches of a Sandbox (all, when None) answer 403, as the API server
+    does to an agent until the operator has added the Sandbox's name to its conversation's Role."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    refused: list[str] = []
+    watch = h.server.next_event
+
+    async def next_event(plural: str, name: str, rv: str | None) -> Any:
+        if plural == SANDBOX_PLURAL and (refusals is None or len(refused) < refusals):
+            refused.append(name)
+            raise ApiException(status=403, reason="Forbidden")
+        return await watch(plural, name, rv)
+
+    h.client._next_event = next_event  # type: ignore[method-assign]
+    return refused
+
+
+async def test_an_acquire_waits_for_the_read_grant_of_the_sandbox_it_created(h: Harness) -> None:
+    refused = _forbid_watches(h, 3)
+    sb = await h.acquire(storage=None)
+    assert len(refused) == 3 and set(refused) == {sb.name}
+    assert (await sb.exec(["true"])).ok
+
+
+async def test_a_read_grant_that_never_comes_is_sandbox_forbidden(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_operator.client import watching
+    from sandbox_operator.client.errors import SandboxForbidden
+
+    monkeypatch.setattr(watching, "READ_GRANT_WAIT_SECONDS", 0.3)
+    _forbid_watches(h, None)
+    with pytest.raises(SandboxForbidden) as info:
+        await h.acquire(storage=None)
+    assert info.value.action == "watch sandboxes" and info.value.namespace == NS
+
+
+async def test_a_scope_for_bound_agents_is_ready_or_says_why_not(h: Harness) -> None:
+    """create_scope(agent_service_accounts=...) returns once the operator reports the scope's
+    current generation Ready (its agents' Role written), and raises its reason otherwise."""
+    from sandbox_operator.client import SandboxScopeNotReady
+
+    def scope(status: str, reason: str, observed: int = 1) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "conv", "generation": 1, "resourceVersion": "1"},
+            "status": {
+                "observedGeneration": observed,
+                "conditions": [{"type": "Ready", "status": status, "reason": reason}],
+            },
+        }
+
+    await h.client._wait_scope_ready("conv", scope("True", "Ready"))
+    with pytest.raises(SandboxScopeNotReady) as info:
+        await h.client._wait_scope_ready("conv", scope("False", "AccessNotGranted"))
+    assert info.value.reason == "AccessNotGranted" and info.value.scope_ref == "conv"
+    with pytest.raises(TimeoutError):  # an older generation's Ready says nothing yet
+        async with asyncio.timeout(0.2):
+            await h.client._wait_scope_ready("conv", scope("True", "Ready", observed=0))

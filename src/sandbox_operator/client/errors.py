@@ -24,7 +24,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     │   ├── SandboxSpecConflict, SandboxSpecRejected    (the API server's answer to an apply)
     │   └── SandboxNotReadyInTime       (the client's own deadline)
     ├── SandboxNotSuspendable (ValueError), SandboxNotSuspendedInTime (TimeoutError)
-    ├── SandboxForbidden (PermissionError)
+    ├── SandboxForbidden (PermissionError), SandboxScopeNotReady
     ├── CapabilityNotRequired (PermissionError), PathRefused (ValueError)
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
@@ -116,6 +116,28 @@ class SandboxForbidden(SandboxClientError, PermissionError):
 
     def _message(self) -> str:
         return f"not allowed to {self.action} in namespace {self.namespace!r}"
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class SandboxScopeNotReady(SandboxClientError):
+    """A SandboxScope created for bound agents (``create_scope(agent_service_accounts=...)``)
+    that the operator did not report Ready: ``reason`` is its Ready reason (``AccessNotGranted``:
+    the agents' Role could not be written; ``ScopeConflict``: another SandboxScope holds the
+    conversation), ``""`` when ``timeout`` seconds passed first."""
+
+    scope_ref: str
+    namespace: str
+    reason: str
+    message: str = ""
+    timeout: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.message = scrub(self.message)
+        super().__post_init__()
+
+    def _message(self) -> str:
+        why = f"{self.reason}: {self.message}" if self.reason else f"not Ready in {self.timeout:g}s"
+        return f"SandboxScope {self.namespace}/{self.scope_ref}: {why}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ place an ``ApiException`` status becomes a :class:`SandboxForbidden`, :class:`Sa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -110,8 +111,13 @@ class KubeCalls:
         self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
     ) -> tuple[Mapping[str, Any], bool]:
         """:meth:`_patch`, and whether this request created the object (HTTP 201: of several
-        concurrent applies of one name, exactly one gets it)."""
-        answer = await self.custom.patch_namespaced_custom_object_with_http_info(
+        concurrent applies of one name, exactly one gets it).
+
+        The answer is decoded here: the generated client decodes a 200's body only (a create's
+        201 comes back as None), and reading the object again would cost a request and need
+        ``get``, which an agent bound to its conversation has on a new Sandbox only once the
+        operator has named it in the conversation's Role (docs/concepts.md)."""
+        response = await self.custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
             self.namespace,
@@ -120,12 +126,20 @@ class KubeCalls:
             body,
             field_manager=manager,
             _content_type=content_type,  # type: ignore[call-arg]
+            _preload_content=False,
         )
-        obj, status = answer[0], answer[1]
-        created = status == 201
-        if isinstance(obj, Mapping):
-            return obj, created
-        return await self._get_object(plural, name), created
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            refused = ApiException(status=response.status, reason=response.reason)
+            refused.body = data.decode(errors="replace")  # the Status the refusal is read from
+            raise refused
+        obj = json.loads(data)
+        if not isinstance(obj, Mapping):
+            raise ApiException(status=response.status, reason="the answer is not an object")
+        return obj, response.status == 201
 
     async def _apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
         """Server-side apply ``body`` as this client's field manager."""

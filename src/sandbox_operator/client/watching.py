@@ -4,6 +4,7 @@ goal or a terminal reason, until a SandboxScope is deleted, until an object is g
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
@@ -12,6 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandbox_operator.client.errors import (
     SandboxAcquireError,
+    SandboxForbidden,
     SandboxGone,
     SandboxScopeNotFound,
     acquire_error_for,
@@ -22,6 +24,30 @@ from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURA
 
 #: How long one watch request may stay open before it is re-issued.
 _WATCH_SECONDS = 60
+
+
+#: How long a watch of a Sandbox the client just applied may be refused (403) before the refusal
+#: stands: an agent bound to its conversation (docs/concepts.md) reads a Sandbox by name once
+#: the operator has added the name to the conversation's Role, moments after the create.
+READ_GRANT_WAIT_SECONDS = 15.0
+
+
+class _ReadGrant:
+    """The wait for a read grant: retries with a growing pause, until ``READ_GRANT_WAIT_SECONDS``
+    after the first refusal, then raises :class:`SandboxForbidden`."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._pause = 0.05
+
+    async def wait(self, namespace: str) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= READ_GRANT_WAIT_SECONDS:
+            raise SandboxForbidden(namespace=namespace, action="watch sandboxes")
+        await asyncio.sleep(self._pause)
+        self._pause = min(self._pause * 2, 1.0)
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:
@@ -145,6 +171,7 @@ class WatchCalls(KubeCalls):
     ) -> Mapping[str, Any]:
         """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
         terminal reason or deletion."""
+        grant = _ReadGrant()
         while True:
             state, reason, message = evaluate_for(obj, goal)
             last["reason"] = reason
@@ -154,7 +181,13 @@ class WatchCalls(KubeCalls):
                 self._raise_terminal(name, reason, message)
             if (obj.get("metadata") or {}).get("deletionTimestamp"):
                 raise self._deleted(name, "the Sandbox is being deleted")
-            event = await self._next_event(SANDBOX_PLURAL, name, _resource_version(obj))
+            try:
+                event = await self._next_event(SANDBOX_PLURAL, name, _resource_version(obj))
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                await grant.wait(self.namespace)
+                continue
             if event is None:  # relist
                 try:
                     obj = await self._get_object(SANDBOX_PLURAL, name)
