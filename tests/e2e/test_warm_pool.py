@@ -9,7 +9,6 @@ import contextlib
 import json
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.contract import SandboxKey
+from tests.fixtures.agents import agent_chart_objects
 from tests.fixtures.operator import (
     DECLARATIONS,
     GROUP,
@@ -32,7 +31,6 @@ from tests.fixtures.operator import (
     egress_policy_of,
     local_config,
 )
-from tests.unit.test_chart_render import template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -623,43 +621,10 @@ def agent_role_with_exec_policies(
 ) -> Iterator[list[dict[str, Any]]]:
     """The chart's agent Role, bound to ServiceAccount ``agent`` in the test namespace, and its
     exec policies (``agentRole.restrictExec``) as the chart renders them; the policies created."""
-    values = {
-        "agentRole": {
-            "create": True,
-            "namespaces": [kit.ns],
-            "subjects": [{"kind": "ServiceAccount", "name": agent, "namespace": kit.ns}],
-            "restrictExec": True,
-        }
-    }
-    path = tmp_path / "agent-values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    objs = template(values_files=[path], release=f"x{uuid.uuid4().hex[:8]}")
-    api = kit.core.api_client
-    kit.core.create_namespaced_service_account(
-        kit.ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=agent))
-    )
-    rbac = client.RbacAuthorizationV1Api(api)
-    for o in objs:
-        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-agent"):
-            rbac.create_namespaced_role(kit.ns, o)
-        if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-agent"):
-            rbac.create_namespaced_role_binding(kit.ns, o)
-    admission = client.AdmissionregistrationV1Api(api)
-    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
-    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    try:
-        for policy in policies:
-            admission.create_validating_admission_policy(policy)
-        for binding in bindings:
-            admission.create_validating_admission_policy_binding(binding)
+    with agent_chart_objects(
+        kit.core.api_client, kit.ns, tmp_path, [agent], restrictExec=True
+    ) as policies:
         yield policies
-    finally:
-        for binding in bindings:
-            with contextlib.suppress(ApiException):
-                admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
-        for policy in policies:
-            with contextlib.suppress(ApiException):
-                admission.delete_validating_admission_policy(policy["metadata"]["name"])
 
 
 def test_an_idle_pool_pod_is_out_of_an_agents_exec_reach_until_claimed(
