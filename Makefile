@@ -13,7 +13,7 @@ MAF_PYENV_VERSION ?= 3.12.1
 MAF_CODEACT := maf-sandbox-codeact==0.25.0
 MAF_SOURCES = $(shell find src/sandbox_operator/maf -name '*.py')
 
-.PHONY: venv venv-maf test test-unit test-integration test-e2e test-cluster test-maf lint typecheck crds chart-crds image \
+.PHONY: venv venv-maf test test-unit test-integration test-e2e test-cluster test-maf lint typecheck crds chart-crds docs image \
         cluster-up cluster-down cluster-status images up down clean kwok-up kwok-down
 
 $(STAMP): pyproject.toml
@@ -56,6 +56,10 @@ crds: $(STAMP)
 
 chart-crds: $(STAMP)
 	$(PY) hack/chart_crds.py
+
+# The reasons, metrics and RBAC tables of docs/, from the code and the chart (sandbox_operator.docgen).
+docs: $(STAMP)
+	$(PY) hack/gen_docs.py
 
 image: $(STAMP)
 	bash operator/build-image.sh import

@@ -5,7 +5,7 @@
 # Why kube-router: the local cluster's bridge CNI has no policy engine, so NetworkPolicies would be
 # accepted and ignored. kube-router's network-policy controller is a maintained, CNI-agnostic
 # implementation that runs as one host process (iptables + ipset, both available here) next to the
-# kubelet. See docs/egress.md ("NetworkPolicy enforcement in the local cluster").
+# kubelet. See docs/local-networkpolicy.md.
 #
 # Usage: hack/build-netpol.sh [build|print-path|print-command NODE KUBECONFIG|cleanup]
 #   build          (default) build into $CACHE/bin/kube-router-$KUBE_ROUTER_VERSION/kube-router

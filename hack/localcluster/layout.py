@@ -51,7 +51,8 @@ IMAGES = {
 }
 RUNTIME_CLASSES = {"runc": "runc", "gvisor": "runsc"}
 
-# NetworkPolicy enforcement: kube-router's policy controller (hack/build-netpol.sh, docs/egress.md).
+# NetworkPolicy enforcement: kube-router's policy controller (hack/build-netpol.sh,
+# docs/local-networkpolicy.md).
 NETPOL = HACK / "build-netpol.sh"
 # Volumes: hack/local_path_provisioner.py serves StorageClass `sandbox-local` (the cluster's
 # default class): a directory under STATE/local-path for each claim, a hostPath PersistentVolume

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -125,6 +125,72 @@ for _kind in KINDS:
         RECONCILE_SECONDS.labels(_kind, _outcome)
 
 
+class MetricDoc(NamedTuple):
+    """What the metrics table of docs/metrics.md says of one metric beyond what the metric object
+    itself knows (name, type, label names, buckets): what its labels' values are and what it
+    counts. Kept next to the metrics so that a metric cannot be added without saying what it
+    counts: ``make docs`` refuses a metric without an entry, and the docs' drift test fails
+    until the table is regenerated. The strings are Markdown."""
+
+    #: Each label of the metric, in its order: its values or meaning ("" when the name says it).
+    labels: Mapping[str, str]
+    #: What one observation or increment is.
+    counts: str
+
+
+def _values(values: Iterable[str]) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+#: One entry per metric this module defines, in the order of the docs' table.
+METRIC_DOCS: Mapping[str, MetricDoc] = {
+    "sandbox_operator_reconcile_duration_seconds": MetricDoc(
+        {"kind": _values(KINDS), "outcome": _values(OUTCOMES)},
+        "one reconcile of one object, from start to end",
+    ),
+    "sandbox_operator_reconciles_in_flight": MetricDoc({"kind": ""}, "reconciles running now"),
+    "sandbox_operator_admissions_total": MetricDoc(
+        {
+            "result": _values(("admitted", "refused")),
+            "reason": "the `Admitted` condition's reason, e.g. `IsolationBelowFloor` for a refusal",
+        },
+        "admission decisions",
+    ),
+    "sandbox_operator_sandboxes": MetricDoc(
+        {
+            "reason": "the reason of the Sandbox's `Ready` condition: `Ready`, `StartupFailed`, a "
+            "refusal reason, ...; `Pending` before it has one",
+            "backend": "`status.backend`, empty when none was chosen",
+        },
+        "Sandboxes the operator knows, counted at each scrape (not kept between scrapes)",
+    ),
+    "sandbox_operator_create_to_ready_seconds": MetricDoc(
+        {"backend": ""},
+        "from a Sandbox's `creationTimestamp` to its first `Ready=True`",
+    ),
+    "sandbox_operator_warm_pool_claims_total": MetricDoc(
+        {
+            "pool": "",
+            "result": "`warm`: served from the pool; `exhausted`: a pool of its shape had no idle "
+            "Ready pod, it started cold",
+        },
+        "Sandboxes that met a warm pool of their shape",
+    ),
+    "sandbox_operator_api_requests_total": MetricDoc(
+        {"verb": "", "resource": "", "code": "", "client": ""},
+        "requests to the Kubernetes API server (below)",
+    ),
+    "sandbox_operator_api_response_bytes_total": MetricDoc(
+        {"verb": "", "resource": "", "client": ""},
+        "bytes of their response bodies (after content decoding)",
+    ),
+    "sandbox_operator_watch_restarts_total": MetricDoc(
+        {"resource": ""},
+        "watch requests started: each stream's first and every reconnect",
+    ),
+}
+
+
 # ---- the sandbox census (a gauge computed at scrape time) --------------------------------------
 
 Census = Callable[[], Iterable[tuple[str, str, int]]]
@@ -142,6 +208,7 @@ class SandboxCensus:
 
     NAME = "sandbox_operator_sandboxes"
     DOC = "Sandboxes known to the operator, by condition reason and backend."
+    LABELS = ("reason", "backend")
 
     def __init__(self, timeout: float = 5.0) -> None:
         self.timeout = timeout
@@ -159,7 +226,7 @@ class SandboxCensus:
 
     def describe(self) -> Iterable[Metric]:
         # Lets the registry learn the name without calling the census function.
-        return [GaugeMetricFamily(self.NAME, self.DOC, labels=["reason", "backend"])]
+        return [GaugeMetricFamily(self.NAME, self.DOC, labels=list(self.LABELS))]
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -175,7 +242,7 @@ class SandboxCensus:
         except Exception as exc:
             log.warning("sandbox census failed, no %s samples: %r", self.NAME, exc, exc_info=True)
             return []
-        family = GaugeMetricFamily(self.NAME, self.DOC, labels=["reason", "backend"])
+        family = GaugeMetricFamily(self.NAME, self.DOC, labels=list(self.LABELS))
         for (reason, backend), value in sorted(totals.items()):
             family.add_metric([reason, backend], value)
         return [family]

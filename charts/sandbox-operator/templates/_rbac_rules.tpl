@@ -1,38 +1,46 @@
 {{/*
 The operator's permissions, kept in one place. tests/unit/test_chart_rbac.py renders these and
-compares them with the Kubernetes calls the operator's code makes.
+compares them with the Kubernetes calls the operator's code makes. docs/rbac.md's table is
+generated from this file (`make docs`, sandbox_operator.docgen): a comment inside a rule (indented
+under it) is that rule's "why" there; a comment at the start of a line is for readers of this file.
 */}}
 
 {{/* Rules on namespaced objects: the watched namespaces, or all of them. */}}
 {{- define "sandbox-operator.namespacedRules" -}}
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxes]
-  # deletecollection: a scope purge deletes its Sandboxes in one call by label selector.
+  # delete and deletecollection: a scope purge deletes its Sandboxes (in one call by label
+  # selector); get: only to confirm a Sandbox whose pod vanished is being deleted.
   verbs: [get, list, watch, patch, delete, deletecollection]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxscopes]
-  # use: the operator grants it on a scope to the scope's agentServiceAccounts, and RBAC lets it
-  # grant only what it holds (reconcile/access.py).
+  # get: a scope a Sandbox names but the views do not hold yet is confirmed with one read (its
+  # watch event can lag the Sandbox's); use: the operator grants it on a scope to the scope's
+  # agentServiceAccounts (reconcile/access.py), and RBAC lets it grant only what it holds.
   verbs: [get, list, watch, patch, use]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxwarmpools]
+  # kopf: its watch, and its patches.
   verbs: [list, watch, patch]
 - apiGroups: [sandbox-operator.dev]
   resources: [sandboxes/status, sandboxscopes/status, sandboxwarmpools/status]
+  # Conditions and status fields, written only when they differ.
   verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
-  # patch: claiming a warm pool's idle pod for a Sandbox (labels and owner, one conditional patch).
+  # patch: claiming a warm pool's idle pod for a Sandbox (labels and owner, one conditional patch);
+  # deletecollection: scope purges.
   verbs: [get, list, watch, create, patch, delete, deletecollection]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   # watch: the operator reconciles from watched views; update: a namespace's egress policy that
-  # differs from its backend's is replaced; deletecollection: scope purges.
+  # differs from its backend's is replaced; deletecollection: a scope purge of older per-Sandbox
+  # policies.
   verbs: [get, list, watch, create, update, delete, deletecollection]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  # The work volumes of sandboxes with spec.storage (kept while suspended); deletecollection:
-  # scope purges.
+  # The work volumes of sandboxes with spec.storage (kept while suspended); watch: the views;
+  # deletecollection: scope purges.
   verbs: [get, list, watch, create, delete, deletecollection]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
@@ -42,9 +50,10 @@ compares them with the Kubernetes calls the operator's code makes.
   verbs: [create, patch]
 - apiGroups: [""]
   resources: [events]
-  # list, watch: a pod stuck before its containers exist is explained by the kubelet's events (a
-  # node without the RuntimeClass's handler), watched with the field selector
-  # reason=FailedCreatePodSandBox (backends/runtimeclass/pod_sandbox_failures.py).
+  # create: Events on Sandboxes (the operator's and kopf's); list, watch: a pod stuck before its
+  # containers exist is explained by the kubelet's events (a node without the RuntimeClass's
+  # handler), watched with the field selector reason=FailedCreatePodSandBox
+  # (backends/runtimeclass/pod_sandbox_failures.py).
   verbs: [create, list, watch]
 {{- if kindIs "map" .Values.config.egressProxy }}
 # The egress proxy the operator runs per namespace (backends/egress_proxy.py): its objects are
@@ -53,23 +62,27 @@ compares them with the Kubernetes calls the operator's code makes.
 - apiGroups: [""]
   resources: [serviceaccounts, configmaps]
   resourceNames: [sandbox-egress-proxy]
+  # The proxy's identity and its configuration.
   verbs: [create, patch]
 - apiGroups: [""]
   resources: [services]
   resourceNames: [sandbox-egress-proxy]
+  # The proxy's address; get: the check that the proxy is still at a sandbox's recorded address.
   verbs: [get, create, patch]
 - apiGroups: [apps]
   resources: [deployments]
   resourceNames: [sandbox-egress-proxy]
+  # The proxy's pod.
   verbs: [create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   resourceNames: [sandbox-egress-proxy]
+  # What the proxy may do in its namespace (read Sandboxes and pods, post Events, patch status).
   verbs: [create, patch]
-# The proxy's Role lets it patch Events (folded repeats); RBAC lets the operator create that Role
-# only if it holds every permission in it itself.
 - apiGroups: [""]
   resources: [events]
+  # The proxy's Role lets it patch Events (folded repeats); RBAC lets the operator create that
+  # Role only if it holds every permission in it itself.
   verbs: [patch]
 {{- end }}
 {{- if .Values.watchNamespaces }}
@@ -78,6 +91,7 @@ compares them with the Kubernetes calls the operator's code makes.
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
+  # kopf peering: the highest-priority replica acts, the others stand by.
   verbs: [get, list, watch, patch]
 {{- end }}
 {{- end }}
@@ -86,19 +100,24 @@ compares them with the Kubernetes calls the operator's code makes.
 {{- define "sandbox-operator.clusterRules" -}}
 - apiGroups: [node.k8s.io]
   resources: [runtimeclasses]
+  # Whether each backend's RuntimeClass exists: the availability probe, at start and then at
+  # most every 30 s.
   verbs: [get]
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
+  # kopf: discovery of the resources it serves.
   verbs: [list, watch]
 {{- if .Values.watchNamespaces }}
-# kopf watches the namespaces it serves, to notice them being created or deleted.
 - apiGroups: [""]
   resources: [namespaces]
+  # kopf watches the namespaces it serves, to notice them being created or deleted; without it
+  # kopf retries and falls back, noisily.
   verbs: [list, watch]
 {{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
+  # kopf peering: the highest-priority replica acts, the others stand by.
   verbs: [get, list, watch, patch]
 {{- end }}
 {{- end }}
@@ -112,5 +131,18 @@ differs (an apply of a missing object is authorized as create, by name).
 - apiGroups: [""]
   resources: [configmaps]
   resourceNames: [sandbox-operator-backends]
+  # The backends it serves, for clients (docs/operator.md); read, then applied when it differs.
   verbs: [get, create, patch]
+{{- end }}
+
+{{/*
+An acas backend whose credential is a Kubernetes Secret: the operator reads that one Secret (get,
+by name) in its namespace. Its context is the backend's entry of config.backends (rbac.yaml).
+*/}}
+{{- define "sandbox-operator.credentialRule" -}}
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [{{ .credential.secretName | quote }}]
+  # The acas backend's credential.
+  verbs: [get]
 {{- end }}

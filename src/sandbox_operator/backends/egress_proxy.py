@@ -4,7 +4,7 @@ Why per namespace: the proxy tells sandboxes apart by pod IP and keeps its table
 Sandboxes it may read, so its ServiceAccount needs read access to Sandboxes and pods and the
 right to post Events. Per namespace that is a namespaced Role, so one namespace's proxy never
 sees another namespace's Sandboxes, and a namespace's sandboxes share one pod (about 40 MiB)
-instead of a pod each on their critical path (docs/egress.md).
+instead of a pod each on their critical path (docs/egress-managed.md).
 
 Objects, all named ``sandbox-egress-proxy`` in the sandbox's namespace and labelled
 :func:`proxy_labels`: a ServiceAccount, a Role (:data:`PROXY_ROLE_RULES`) and its RoleBinding, a

@@ -1,6 +1,6 @@
 """Allowlist egress proxy for sandboxes: config, proxy server, decision records.
 
-See docs/egress.md. Typical in-process use by the operator::
+See docs/egress-proxy.md and docs/egress-managed.md. Typical in-process use by the operator::
 
     proxy = EgressProxy(ProxyConfig(listen_port=3128), sink=CallbackSink(on_decision))
     await proxy.start()

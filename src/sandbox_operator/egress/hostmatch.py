@@ -1,6 +1,6 @@
 """Host names, allowlist patterns and matching.
 
-Rules (documented in docs/egress.md):
+Rules (documented in docs/egress-proxy.md, "Host patterns"):
 - names are compared case-insensitively, with one trailing dot removed;
 - ``example.com`` matches exactly ``example.com``;
 - ``*.example.com`` matches any name *below* ``example.com`` (``a.example.com``,

@@ -6,7 +6,7 @@ request (:mod:`.pods`), so what gets created is testable without a cluster, and 
 status means (:mod:`.observe`); the driver (:mod:`.driver`, with :mod:`.objects` for disposal)
 only creates, reads and deletes.
 
-Security profile of every sandbox pod (see docs/operator.md):
+Security profile of every sandbox pod (see docs/security.md):
 
 * no service-account token (``automountServiceAccountToken: false``), ``enableServiceLinks: false``;
 * no host namespaces (hostNetwork/hostPID/hostIPC false), no host paths: only emptyDirs

@@ -279,9 +279,9 @@ def build_egress_policy(
     address before the policy judges the packet.
 
     One policy per (backend, egress mode), not one per Sandbox: what it allows depends on nothing
-    else, and the network plugin's work grows with the number of policies (docs/operator.md,
-    "What is created"). It has no owner: it stays while the namespace is served, is made again
-    when deleted while pods need it, and is replaced when it differs from this.
+    else, and the network plugin's work grows with the number of policies
+    (docs/sandbox-objects.md). It has no owner: it stays while the namespace is served, is made
+    again when deleted while pods need it, and is replaced when it differs from this.
     """
     labels = lbl.egress_policy_labels(backend.name, egress.value)
     spec: dict[str, Any] = {
