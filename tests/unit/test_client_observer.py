@@ -663,12 +663,50 @@ async def test_egress_reported_once_with_a_watermark(harness: Harness) -> None:
     assert events[0].time == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
 
 
+def numbered(seqs: list[int], *, since: int = 0, total: int | None = None) -> Any:
+    """A summary as a proxy that numbers its records writes it: ``recent`` holds ``seqs``."""
+    recent = [decision(i) | {"seq": i} for i in seqs]
+    return egress(recent, total=total if total is not None else max(seqs, default=0), since=since)
+
+
 def test_watermark_restarts_with_a_new_counting_window() -> None:
+    @dataclasses.dataclass
+    class R:
+        name: str
+        seq: int | None = None
+
+    a, b, c = R("a"), R("b"), R("c")
     mark = EgressWatermark()
     t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
-    assert mark.advance(t0, 2, ["a", "b"]) == [(0, "a"), (0, "b")]
-    assert mark.advance(t0, 2, ["a", "b"]) == []
-    assert mark.advance(t1, 1, ["c"]) == [(0, "c")]  # the proxy restarted: counts restart
+    assert mark.advance(t0, 2, [a, b]) == [(0, a), (0, b)]
+    assert mark.advance(t0, 2, [a, b]) == []
+    assert mark.advance(t1, 1, [c]) == [(0, c)]  # the proxy restarted: counts restart
+    assert mark.advance(t0, 5, [a, b]) == []  # a stale read of the old window
+    assert (mark.delivered, mark.missed, mark.windows) == (3, 0, 2)
+
+
+async def test_numbered_egress_is_delivered_in_order_once_with_exact_gaps(harness: Harness) -> None:
+    """With ``seq`` on each record, the client delivers in number order, never twice, and
+    ``missed_before`` is exactly the count of numbers it never saw; a stale state (an older read
+    of the same window, or of a previous proxy's window) delivers nothing."""
+    h = harness
+    obs = rec(h)
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    h.set_egress(sb.name, numbered([1, 2]))
+    assert await h.client.report_egress(sb) == 2
+    h.set_egress(sb.name, numbered(list(range(9, 19))))  # 6 made and gone between two reads
+    assert await h.client.report_egress(sb) == 10
+    stale = numbered([2, 1, 3])  # the same window, older (and shuffled): nothing new
+    h.set_egress(sb.name, stale)
+    assert await h.client.report_egress(sb) == 0
+    h.set_egress(sb.name, numbered([1, 2], since=60))  # a new proxy process: numbers restart
+    assert await h.client.report_egress(sb) == 2
+    h.set_egress(sb.name, numbered(list(range(9, 19))))  # the old window again: stale
+    assert await h.client.report_egress(sb) == 0
+    events = obs.of(EgressObserved)
+    assert [e.seq for e in events] == [1, 2, *range(9, 19), 1, 2]
+    assert [e.missed_before for e in events] == [0, 0, 6] + [0] * 11
+    assert [e.host for e in events][:3] == ["h1.example.com", "h2.example.com", "h9.example.com"]
 
 
 async def test_host_tools_sealed_and_named_in_effective_state(harness: Harness) -> None:

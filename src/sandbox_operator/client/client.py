@@ -91,7 +91,7 @@ _observe_log = logging.getLogger("sandbox_operator.client.observer")
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: The fields of a status egress decision an ``EgressObserved`` carries as they are.
-_RECORD_FIELDS: set[str] = {"time", "verdict", "reason", "method", "host", "port"}
+_RECORD_FIELDS: set[str] = {"time", "verdict", "reason", "method", "host", "port", "seq"}
 
 #: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
 #: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.

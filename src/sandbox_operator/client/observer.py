@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType, TracebackType
-from typing import Literal, TypeAlias, TypeVar
+from typing import Literal, Protocol, TypeAlias, TypeVar
 
 from sandbox_operator.contract import DisposalFailure, SandboxKey
 
@@ -174,8 +174,11 @@ class EgressObserved:
     that span whatever calls ran in between, so they anchor on the key alone.
 
     ``host``, ``port`` and ``method`` are what the *sandbox* asked for: guest-chosen text.
-    ``missed_before`` counts decisions the proxy made before this one that were never reported
-    (the status keeps only the newest few); it is 0 when nothing was lost."""
+    ``seq`` is the decision's number in the proxy's counting window (``None`` from a proxy that
+    does not number them); one client delivers a sandbox's decisions in that order, each once.
+    ``missed_before`` counts decisions the proxy made before this one, since the last one
+    delivered, that were never shown to this client (the status keeps only the newest few); it
+    is 0 when nothing was lost."""
 
     key: SandboxKey
     call: None
@@ -187,6 +190,7 @@ class EgressObserved:
     host: str
     port: int
     missed_before: int = 0
+    seq: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -436,23 +440,63 @@ def record_key(key: SandboxKey | None) -> str | None:
     return ctx.call_id
 
 
+class NumberedRecord(Protocol):
+    """A status egress record as the watermark reads it: ``seq`` is its number in the proxy's
+    counting window (``None`` from a proxy older than the field)."""
+
+    @property
+    def seq(self) -> int | None: ...
+
+
+R = TypeVar("R", bound=NumberedRecord)
+
+
 @dataclass
 class EgressWatermark:
     """How far one sandbox's egress decisions have been reported: the proxy's counting window
-    (``status.egress.since``; a new one restarts the counts) and how many of its decisions."""
+    (``status.egress.since``; a new one restarts the numbers) and the number of the last decision
+    reported or counted as missed in it. ``delivered`` and ``missed`` add up over the windows:
+    events handed to the observer, and decisions it was told (``missed_before``) it will never
+    see. ``windows`` counts the counting windows seen (more than one: a proxy restarted, and
+    what the old one decided after its last write that was read is unknown)."""
 
     since: datetime | None = None
     reported: int = 0
+    delivered: int = 0
+    missed: int = 0
+    windows: int = 0
 
-    def advance(self, since: datetime, total: int, recent: Sequence[T]) -> list[tuple[int, T]]:
-        """``(missed_before, record)`` for the decisions not yet reported -- the newest
-        ``total - reported`` of ``recent`` (oldest first) -- and move the mark past them. The
-        first carries how many decisions were made before it but never shown."""
+    def advance(self, since: datetime, total: int, recent: Sequence[R]) -> list[tuple[int, R]]:
+        """``(missed_before, record)`` for the decisions not yet reported, oldest first, and
+        move the mark past them; a state of an older window than the mark's (a stale read) is
+        ignored, a newer one restarts the numbers.
+
+        Numbered records (every one has ``seq``) are exact: those above the mark, in ``seq``
+        order, each with ``missed_before = seq - previous - 1``. Without numbers (an older
+        proxy) the totals say it: the newest ``total - reported`` of ``recent``, the first
+        carrying how many were made before it but never shown."""
+        if self.since is not None and since < self.since:
+            return []
         if self.since != since:
             self.since, self.reported = since, 0
-        new = max(total - self.reported, 0)
-        shown = min(new, len(recent))
-        missed = new - shown
-        self.reported = max(total, self.reported)
-        tail = list(recent[len(recent) - shown :]) if shown else []
-        return [((missed if i == 0 else 0), record) for i, record in enumerate(tail)]
+            self.windows += 1
+        numbered = [r for r in recent if r.seq is not None]
+        if recent and len(numbered) == len(recent):
+            out: list[tuple[int, R]] = []
+            for record in sorted(numbered, key=lambda r: r.seq or 0):
+                seq = record.seq or 0
+                if seq <= self.reported:
+                    continue
+                out.append((seq - self.reported - 1, record))
+                self.reported = seq
+        else:
+            new = max(total - self.reported, 0)
+            shown = min(new, len(recent))
+            tail = list(recent[len(recent) - shown :]) if shown else []
+            out = [((new - shown if i == 0 else 0), record) for i, record in enumerate(tail)]
+            if new and not shown:
+                self.missed += new  # counted, but no record left to carry the count
+            self.reported = max(total, self.reported)
+        self.delivered += len(out)
+        self.missed += sum(m for m, _ in out)
+        return out

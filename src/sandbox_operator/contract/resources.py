@@ -131,6 +131,16 @@ class EgressDecisionRecord(ContractModel):
         description="Host the sandbox asked for; empty when the request named none.",
     )
     port: int = Field(default=0, ge=0, le=65535, description="Port the sandbox asked for.")
+    seq: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "The decision's number among this sandbox's decisions since `since`, from 1: the "
+            "running total (allowed + denied + unreachable) at that decision. A reader that last "
+            "saw number n and now sees m > n + 1 first knows m - n - 1 decisions were never "
+            "shown. Absent from records written by proxies older than this field."
+        ),
+    )
 
 
 class EgressSummary(ContractModel):

@@ -98,7 +98,10 @@ class _Summary:
 
     uid: str
     counts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
-    recent: deque[Decision] = field(default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS))
+    #: the newest decisions with their number (``seq``: the running total at that decision)
+    recent: deque[tuple[int, Decision]] = field(
+        default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS)
+    )
     version: int = 0  # bumped by every decision and admission
     written: int = 0  # the version last stored
     next_write: float = 0.0  # monotonic time before which it is not written again
@@ -111,8 +114,10 @@ def _timestamp(value: datetime, *, millis: bool = False) -> str:
     return value.astimezone(UTC).isoformat(timespec=spec).replace("+00:00", "Z")
 
 
-def _record(d: Decision) -> dict[str, Any]:
-    """A decision as status may show it: no address, no client (limits as in the CRD)."""
+def _record(seq: int, d: Decision) -> dict[str, Any]:
+    """A decision as status may show it: no address, no client (limits as in the CRD). ``seq``
+    is its number among the sandbox's decisions in this process, so a reader can tell exactly
+    how many it never saw."""
     return {
         "time": _timestamp(d.time, millis=True),
         "verdict": str(d.verdict),
@@ -120,6 +125,7 @@ def _record(d: Decision) -> dict[str, Any]:
         "method": d.method[:16],
         "host": d.host[:255],
         "port": d.port,
+        "seq": seq,
     }
 
 
@@ -268,7 +274,7 @@ class KubeEgressController:
     def _count(self, decision: Decision) -> None:
         summary = self._summary(str(decision.sandbox))
         summary.counts[decision.verdict] = summary.counts.get(decision.verdict, 0) + 1
-        summary.recent.append(decision)
+        summary.recent.append((sum(summary.counts.values()), decision))
         summary.version += 1
 
     def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
@@ -281,9 +287,11 @@ class KubeEgressController:
             "allowed": summary.counts[Verdict.ALLOW],
             "denied": summary.counts[Verdict.DENY],
             "unreachable": summary.counts[Verdict.UNREACHABLE],
-            "since": _timestamp(self.started),
+            # Milliseconds: a reader tells two proxy processes (two counting windows) apart by
+            # it, also when one restarts within the second.
+            "since": _timestamp(self.started, millis=True),
             "updated": _timestamp(datetime.now(UTC)),
-            "recent": [_record(d) for d in summary.recent],
+            "recent": [_record(seq, d) for seq, d in summary.recent],
         }
         if summary.admitted is not None:
             out["admitted"] = _timestamp(summary.admitted, millis=True)
