@@ -42,6 +42,7 @@ from sandbox_operator.client import (
     tool_call,
 )
 from sandbox_operator.client import client as client_mod
+from sandbox_operator.client import egress as egress_mod
 from sandbox_operator.client import observer as observer_mod
 from sandbox_operator.client import outputs as outputs_mod
 from sandbox_operator.client import sandbox as sandbox_mod
@@ -143,6 +144,32 @@ class FakeCustom:
         self.deleted.append(name)
 
 
+class FakeWatch:
+    """The client's egress watch, fed by hand: ``push`` queues an event (None ends the request,
+    an exception fails it); a (re)list answers the Sandboxes FakeCustom holds."""
+
+    def __init__(self, custom: FakeCustom) -> None:
+        self.custom = custom
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.lists = 0
+        self.requests: list[str | None] = []
+
+    async def list(self) -> tuple[list[Mapping[str, Any]], str | None]:
+        self.lists += 1
+        listing = await self.custom.list_namespaced_custom_object("", "", NS, SANDBOX_PLURAL)
+        return listing["items"], f"list-{self.lists}"
+
+    async def events(self, resource_version: str | None) -> Any:
+        self.requests.append(resource_version)
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
 def spec_for(tmp_path: Path, **fields: Any) -> SandboxSpec:
     (tmp_path / "work").mkdir(exist_ok=True)
     return SandboxSpec.model_validate(
@@ -222,6 +249,11 @@ class Harness:
             return copy.deepcopy(obj)
 
         self.client._wait_ready = wait_ready  # type: ignore[method-assign]
+        self.watch = FakeWatch(self.custom)
+        feed = self.client.egress_feed
+        feed._list = self.watch.list  # type: ignore[method-assign]
+        feed._events = self.watch.events  # type: ignore[method-assign]
+        feed.first_backoff = 0.01
         self.client._dataplane = lambda obj: local_dataplane()  # type: ignore[method-assign]
 
     def key(self, agent_dir: str = "agent", call_id: str = "") -> SandboxKey:
@@ -229,6 +261,12 @@ class Harness:
 
     def set_egress(self, name: str, summary: Any) -> None:
         self.custom.objects[(SANDBOX_PLURAL, name)]["status"]["egress"] = summary
+
+    def push(self, kind: str, name: str, rv: str = "7") -> None:
+        """A watch event carrying the Sandbox as FakeCustom holds it now."""
+        obj = copy.deepcopy(self.custom.objects[(SANDBOX_PLURAL, name)])
+        obj["metadata"]["resourceVersion"] = rv
+        self.watch.queue.put_nowait({"type": kind, "object": obj})
 
     async def close(self) -> None:
         await self.client.close()
@@ -586,7 +624,7 @@ async def test_nothing_built_without_an_observer(
 
         return build
 
-    for mod in (client_mod, sandbox_mod, outputs_mod, observer_mod):
+    for mod in (client_mod, sandbox_mod, outputs_mod, observer_mod, egress_mod):
         for cls in (
             "SandboxAcquired",
             "SandboxDisposed",
@@ -610,6 +648,7 @@ async def test_nothing_built_without_an_observer(
             assert (await sb.collect_outputs()).consumed["o"].data == b"data"
             h.set_egress(sb.name, egress([decision(1)]))
             assert await h.client.report_egress(sb) == 0
+            assert not h.client.egress_feed.watching and h.watch.lists == 0  # no watch either
             await h.client.dispose(sb)
             await h.client.dispose_scope("conv")
     finally:
@@ -707,6 +746,72 @@ async def test_numbered_egress_is_delivered_in_order_once_with_exact_gaps(harnes
     assert [e.seq for e in events] == [1, 2, *range(9, 19), 1, 2]
     assert [e.missed_before for e in events] == [0, 0, 6] + [0] * 11
     assert [e.host for e in events][:3] == ["h1.example.com", "h2.example.com", "h9.example.com"]
+
+
+async def until(predicate: Any, within: float = 2.0) -> None:
+    """Yield to the loop until ``predicate()`` holds; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        assert loop.time() - start < within, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_egress_is_pushed_by_one_watch_per_client_and_shares_the_watermark(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With an observer, the Sandboxes a client acquired are followed by one watch of the
+    namespace: a new status.egress reaches the observer without report_egress, in seq order;
+    report_egress and dispose deliver nothing twice; Sandboxes it did not acquire are not
+    reported; a watch that ends resumes from its resourceVersion, a 410 or a failure relists."""
+    h = harness
+    obs = rec(h)
+    feed = h.client.egress_feed
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    other = await h.client.acquire("conv", "other", spec_for(h.tmp_path))
+    await until(lambda: h.watch.requests == ["list-1"])
+    assert feed.watching and h.watch.lists == 1  # one watch for both
+    assert set(feed.following) == {(sb.name, f"uid-{sb.name}"), (other.name, f"uid-{other.name}")}
+
+    h.set_egress(sb.name, numbered([1, 2]))
+    h.push("MODIFIED", sb.name)
+    await until(lambda: len(obs.of(EgressObserved)) == 2)
+    assert await h.client.report_egress(sb) == 0  # the watch delivered them already
+    h.set_egress(sb.name, numbered([1, 2, 3, 4, 5]))
+    assert await h.client.report_egress(sb) == 3  # a pull in between
+    h.set_egress(sb.name, numbered(list(range(1, 8))))
+    h.push("MODIFIED", sb.name, rv="8")
+    await until(lambda: len(obs.of(EgressObserved)) == 7)
+
+    # Not acquired by this client: the watch sees it, reports nothing.
+    h.custom.objects[(SANDBOX_PLURAL, "stranger")] = {
+        "metadata": {"name": "stranger", "uid": "uid-s", "annotations": {}},
+        "status": {"egress": numbered([1])},
+    }
+    h.push("MODIFIED", "stranger", rv="9")
+    h.watch.queue.put_nowait(None)  # the server ends the request: resumed where it was
+    await until(lambda: len(h.watch.requests) == 2)
+    assert h.watch.requests == ["list-1", "9"] and h.watch.lists == 1
+
+    h.set_egress(sb.name, numbered(list(range(1, 10))))
+    h.watch.queue.put_nowait(ApiException(status=410))  # too old: a fresh list delivers it
+    await until(lambda: h.watch.lists == 2 and len(obs.of(EgressObserved)) == 9)
+    h.set_egress(other.name, numbered([1]))
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.client.observer"):
+        h.watch.queue.put_nowait(ApiException(status=500, reason=SECRET))
+        await until(lambda: h.watch.lists == 3 and len(obs.of(EgressObserved)) == 10)
+    assert "ApiException 500" in caplog.text and SECRET not in caplog.text
+
+    await h.client.dispose(sb)  # reads the Sandbox: nothing new, nothing twice
+    events = obs.of(EgressObserved)
+    assert [(e.sandbox, e.seq) for e in events] == [
+        *((sb.name, i) for i in range(1, 10)),
+        (other.name, 1),
+    ]
+    assert all(e.missed_before == 0 and e.call is None for e in events)
+    assert all(e.key == h.key() for e in events if e.sandbox == sb.name)
+    await h.client.close()
+    assert not feed.watching
 
 
 async def test_host_tools_sealed_and_named_in_effective_state(harness: Harness) -> None:

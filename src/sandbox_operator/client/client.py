@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import secrets
@@ -38,6 +37,7 @@ from sandbox_operator.client.dataplane import (
     DataPlaneFactory,
     pod_factory,
 )
+from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.errors import (
     DataPlaneError,
     SandboxGone,
@@ -45,8 +45,6 @@ from sandbox_operator.client.errors import (
 )
 from sandbox_operator.client.observer import (
     EffectiveState,
-    EgressObserved,
-    EgressWatermark,
     SandboxAcquired,
     SandboxDisposed,
     SandboxObserver,
@@ -66,7 +64,6 @@ from sandbox_operator.client.status import (
     effective_state,
     is_suspended,
     key_from_object,
-    read_status,
     served_by,
 )
 from sandbox_operator.client.suspension import SuspendCalls
@@ -89,9 +86,6 @@ from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 _observe_log = logging.getLogger("sandbox_operator.client.observer")
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-#: The fields of a status egress decision an ``EgressObserved`` carries as they are.
-_RECORD_FIELDS: set[str] = {"time", "verdict", "reason", "method", "host", "port", "seq"}
 
 #: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
 #: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.
@@ -133,8 +127,6 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         self.observer = observer
         #: how this client reaches a Ready sandbox, per ``servedBy.kind``
         self.dataplanes: dict[str, DataPlaneFactory] = {**DEFAULT_DATAPLANES, **(dataplanes or {})}
-        #: egress reporting progress per Sandbox (name, uid)
-        self._egress_marks: dict[tuple[str, str], EgressWatermark] = {}
         #: the newest last-activity stamp written per Sandbox: stamps never go back
         self._activity_stamps: dict[str, datetime] = {}
         self.api = api_client
@@ -143,6 +135,8 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         self.default_timeout = default_timeout
         self.custom = k8s.CustomObjectsApi(api_client)
         self.ws_api = WsApiClient(configuration=api_client.configuration)
+        #: egress delivery per Sandbox (name, uid), and the one watch that pushes it
+        self.egress_feed = EgressFeed(self)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -170,6 +164,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         return cls(api, namespace, **kwargs)
 
     async def close(self) -> None:
+        await self.egress_feed.close()
         await self.ws_api.close()
         await self.api.close()
 
@@ -189,8 +184,10 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
     async def report_egress(self, sandbox: Sandbox | str) -> int:
         """Read the Sandbox and deliver one ``EgressObserved`` per egress decision the proxy has
-        written to ``status.egress`` since the last report; returns how many. Without an
-        observer it reads nothing and returns 0. Decisions the proxy has not written yet (it
+        written to ``status.egress`` and this client has not delivered yet; returns how many.
+        Without an observer it reads nothing and returns 0. A Sandbox this client acquired is
+        followed by its watch anyway (decisions arrive without this call); this call shares its
+        watermark, so nothing is delivered twice. Decisions the proxy has not written yet (it
         writes at an interval) are not seen; ``missed_before`` counts those it no longer shows."""
         if self.observer is None:
             return 0
@@ -205,32 +202,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         return self._report_egress_obj(obj, key)
 
     def _report_egress_obj(self, obj: Mapping[str, Any], key: SandboxKey | None) -> int:
-        observer = self.observer
-        if observer is None or not (obj.get("status") or {}).get("egress"):
-            return 0
-        key = key or key_from_object(obj)
-        summary = read_status(obj).egress
-        if key is None or summary is None:
-            return 0
-        meta = obj.get("metadata") or {}
-        name = meta.get("name", "")
-        mark = self._egress_marks.setdefault((name, meta.get("uid", "")), EgressWatermark())
-        total = summary.allowed + summary.denied + summary.unreachable
-        fresh = mark.advance(summary.since, total, summary.recent)
-        for missed, record in fresh:
-            notify(
-                observer,
-                "egress_observed",
-                functools.partial(
-                    EgressObserved,
-                    key=key,
-                    call=None,
-                    sandbox=name,
-                    missed_before=missed,
-                    **record.model_dump(include=_RECORD_FIELDS),
-                ),
-            )
-        return len(fresh)
+        return self.egress_feed.deliver(obj, key)
 
     # -- agent side -------------------------------------------------------------------------
 
@@ -276,6 +248,8 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             "sandbox_acquired",
             lambda: self._acquired(key, call, name, started, spec, state=sandbox.effective_state),
         )
+        if sandbox.resource is not None:
+            self.egress_feed.follow(sandbox.resource, key)  # without an observer: nothing
         return sandbox
 
     def _acquired(
@@ -446,7 +420,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
-        self._egress_marks.pop((name, seen_uid), None)
+        self.egress_feed.forget(name, seen_uid)
         self._activity_stamps.pop(name, None)
         if wait:
             await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
