@@ -370,6 +370,54 @@ async def test_summary_survives_the_pod_but_not_the_sandbox_object() -> None:
     assert c.summary_status("ns/a") is None
 
 
+async def test_a_sandbox_being_deleted_is_dropped_and_its_summary_written_final_at_once() -> None:
+    """Once the Sandbox has a deletionTimestamp the proxy drops it from its table (a later
+    connection is not attributed to it) and writes its summary with ``final`` without waiting
+    for the interval: the decisions the interval held back are in it, and nothing comes after."""
+    clock = Clock()
+    items = [sandbox("a"), sandbox("b")]
+    c = controller(items, {"a": "10.244.0.7", "b": "10.244.0.8"}, clock=clock)
+    await c.sync_once()
+    await c.flush_summaries()  # the admissions
+    c.emit(decision("ns/a", "h1.test"))
+    await c.flush_summaries()  # within the interval: held back
+    c.emit(decision("ns/a", "h2.test"))
+    assert len(patches(c)) == 2
+    items[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    items[0]["status"]["egress"] = egress_of(patches(c)[0])  # what the proxy wrote
+    await c.sync_once()
+    assert c.proxy is not None and c.proxy.table.ids() == ["ns/b"]
+    await c.flush_summaries()  # at once, though the interval has not passed
+    assert [call[0][4] for call in patches(c)] == ["a", "b", "a"]
+    final = egress_of(patches(c)[-1])
+    assert final["final"] is True and final["denied"] == 2
+    assert [(r["seq"], r["host"]) for r in final["recent"]] == [(1, "h1.test"), (2, "h2.test")]
+    assert EgressSummary.model_validate(final).final
+    c.emit(decision("ns/a", "late.test"))  # not served any more: counted nowhere
+    await c.sync_once()
+    clock.now += 60
+    await c.flush_summaries()
+    assert len(patches(c)) == 3
+    assert "final" not in egress_of(patches(c)[1])  # b is not being deleted
+
+
+async def test_a_deleted_sandbox_this_proxy_never_counted_is_closed_if_it_has_a_summary() -> None:
+    """A proxy started after the last admission holds no counts for the Sandbox: it closes it as
+    an empty window of its own (``since`` is its own), so a reader knows the earlier window's
+    tail is unknown; a Sandbox no proxy ever wrote a summary for gets none."""
+    gone = sandbox("a") | {"metadata": {"name": "a", "uid": "uid-a", "deletionTimestamp": "x"}}
+    gone["status"] = {**gone["status"], "egress": {"since": "2026-01-01T00:00:00.000Z"}}
+    never = sandbox("b") | {"metadata": {"name": "b", "uid": "uid-b", "deletionTimestamp": "x"}}
+    c = controller([gone, never], {"a": "10.244.0.7", "b": "10.244.0.8"})
+    await c.sync_once()
+    await c.flush_summaries()
+    [call] = patches(c)
+    egress = egress_of(call)
+    assert call[0][4] == "a" and egress["final"] is True and egress["recent"] == []
+    assert "admitted" not in egress
+    assert c.proxy is not None and c.proxy.table.ids() == []
+
+
 async def test_shutdown_writes_what_the_interval_held_back() -> None:
     c = controller([sandbox("a")], {"a": "10.244.0.7"})
     await c.sync_once()

@@ -168,6 +168,14 @@ class EgressSummary(ContractModel):
             "once this is set."
         ),
     )
+    final: bool = Field(
+        default=False,
+        description=(
+            "Set by the proxy once the Sandbox is being deleted: it no longer serves the sandbox "
+            "(later connections are not attributed to it), and this is its last write, so the "
+            "totals and `recent` hold every decision it made for the sandbox since `since`."
+        ),
+    )
 
 
 class SandboxResourceSpec(SandboxSpec):
