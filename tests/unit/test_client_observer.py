@@ -21,6 +21,7 @@ from sandbox_operator.client import (
     Artifact,
     EffectiveState,
     EgressObserved,
+    EgressStreamEnded,
     HostToolCalled,
     LandedArtifact,
     OutputMissing,
@@ -78,6 +79,9 @@ class Recorder(SandboxObserver):
         self.events.append(event)
 
     def egress_observed(self, event: EgressObserved) -> None:
+        self.events.append(event)
+
+    def egress_stream_ended(self, event: EgressStreamEnded) -> None:
         self.events.append(event)
 
     def host_tool_called(self, event: HostToolCalled) -> None:
@@ -630,6 +634,7 @@ async def test_nothing_built_without_an_observer(
             "SandboxDisposed",
             "ScopeDisposed",
             "EgressObserved",
+            "EgressStreamEnded",
             "StoreFileRead",
             "OutputsCollected",
             "ToolCallEnded",
@@ -702,10 +707,13 @@ async def test_egress_reported_once_with_a_watermark(harness: Harness) -> None:
     assert events[0].time == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
 
 
-def numbered(seqs: list[int], *, since: int = 0, total: int | None = None) -> Any:
+def numbered(
+    seqs: list[int], *, since: int = 0, total: int | None = None, final: bool = False
+) -> Any:
     """A summary as a proxy that numbers its records writes it: ``recent`` holds ``seqs``."""
     recent = [decision(i) | {"seq": i} for i in seqs]
-    return egress(recent, total=total if total is not None else max(seqs, default=0), since=since)
+    out = egress(recent, total=total if total is not None else max(seqs, default=0), since=since)
+    return out | ({"final": True} if final else {})
 
 
 def test_watermark_restarts_with_a_new_counting_window() -> None:
@@ -812,6 +820,86 @@ async def test_egress_is_pushed_by_one_watch_per_client_and_shares_the_watermark
     assert all(e.key == h.key() for e in events if e.sandbox == sb.name)
     await h.client.close()
     assert not feed.watching
+
+
+def ended(obs: Recorder, name: str) -> list[tuple[int, int, bool]]:
+    return [
+        (e.reported, e.missed, e.complete) for e in obs.of(EgressStreamEnded) if e.sandbox == name
+    ]
+
+
+async def test_a_followed_sandbox_deleted_ends_its_stream_complete_only_after_the_final_write(
+    harness: Harness,
+) -> None:
+    """The watch's DELETED event delivers the Sandbox's last records, then one
+    EgressStreamEnded: complete when that last state was the proxy's final write (in the one
+    window seen), with the count of what was delivered and of what was missed."""
+    h = harness
+    obs = rec(h)
+    done = await h.client.acquire("conv", "done", spec_for(h.tmp_path))
+    cut = await h.client.acquire("conv", "cut", spec_for(h.tmp_path))
+    restarted = await h.client.acquire("conv", "restarted", spec_for(h.tmp_path))
+    quiet = await h.client.acquire("conv", "quiet", spec_for(h.tmp_path))  # no summary ever
+    await until(lambda: h.watch.lists == 1)
+
+    h.set_egress(done.name, numbered([1, 2]))
+    h.push("MODIFIED", done.name)
+    h.set_egress(done.name, numbered(list(range(5, 15)), final=True))  # 2 scrolled out
+    h.push("DELETED", done.name)
+    await until(lambda: bool(obs.of(EgressStreamEnded)))
+    assert ended(obs, done.name) == [(12, 2, True)]
+    seqs = [e.seq for e in obs.of(EgressObserved) if e.sandbox == done.name]
+    assert seqs == [1, 2, *range(5, 15)]
+    assert obs.events[-1] == obs.of(EgressStreamEnded)[0]  # after its last record
+
+    h.set_egress(cut.name, numbered([1, 2, 3]))  # the proxy's last write was not final
+    h.set_egress(restarted.name, numbered([1]))
+    h.push("MODIFIED", restarted.name)
+    h.set_egress(restarted.name, numbered([1], since=60, final=True))  # a new proxy closed it
+    for name in (cut.name, restarted.name, quiet.name):
+        h.push("DELETED", name)
+    await until(lambda: len(obs.of(EgressStreamEnded)) == 3)
+    assert ended(obs, cut.name) == [(3, 0, False)]
+    assert ended(obs, restarted.name) == [(2, 0, False)]
+    assert ended(obs, quiet.name) == []  # nothing to end: not an egress stream
+    h.push("DELETED", done.name)  # seen again: nothing twice
+    h.watch.queue.put_nowait(None)
+    await until(lambda: len(h.watch.requests) == 2)
+    assert len(obs.of(EgressStreamEnded)) == 3 and h.client.egress_feed.following == ()
+
+
+async def test_dispose_with_wait_ends_the_stream_with_the_last_state_seen(
+    harness: Harness,
+) -> None:
+    """dispose(wait=True) delivers what the Sandbox's last state (the proxy's final write, made
+    while the delete waited on the finalizer) adds, and ends the stream, also without a watch
+    event; a dispose without wait leaves the end to the watch; a followed Sandbox that a relist
+    no longer finds ended while no watch was open."""
+    h = harness
+    obs = rec(h)
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    h.set_egress(sb.name, numbered([1]))
+    final_state = copy.deepcopy(h.custom.objects[(SANDBOX_PLURAL, sb.name)])
+    final_state["status"]["egress"] = numbered([1, 2, 3], final=True)
+
+    async def wait_gone(*args: Any, **kw: Any) -> Mapping[str, Any]:
+        return final_state
+
+    h.client._wait_gone = wait_gone  # type: ignore[method-assign]
+    await h.client.dispose(sb, wait=True)
+    assert [e.seq for e in obs.of(EgressObserved)] == [1, 2, 3]
+    assert ended(obs, sb.name) == [(3, 0, True)]
+    h.watch.queue.put_nowait({"type": "DELETED", "object": final_state})  # the watch, later
+    await asyncio.sleep(0.02)
+    assert len(obs.of(EgressStreamEnded)) == 1
+
+    other = await h.client.acquire("conv", "other", spec_for(h.tmp_path))
+    h.set_egress(other.name, numbered([1, 2]))
+    await h.client.dispose(other)  # no wait: delivered, not ended
+    assert ended(obs, other.name) == []
+    h.watch.queue.put_nowait(ApiException(status=410))  # relisted: it is not there any more
+    await until(lambda: bool(ended(obs, other.name)))
+    assert ended(obs, other.name) == [(2, 0, False)]
 
 
 async def test_host_tools_sealed_and_named_in_effective_state(harness: Harness) -> None:

@@ -73,6 +73,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.observer import (
     EffectiveState,
     EgressObserved,
+    EgressStreamEnded,
     HostToolCalled,
     OutputsCollected,
     SandboxAcquired,
@@ -119,6 +120,7 @@ __all__ = [
     "DirEntry",
     "EffectiveState",
     "EgressObserved",
+    "EgressStreamEnded",
     "ExecCancelled",
     "ExecDataPlane",
     "ExecQueuedTimeout",

@@ -395,24 +395,27 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         With an observer, the Sandbox is read first: egress decisions not yet reported are
         delivered (``EgressObserved``), and a dispose by name learns the key from the object;
         then the delete is reported as ``SandboxDisposed``. A Sandbox already gone when disposed
-        by name has no key to report and yields no event."""
+        by name has no key to report and yields no event. With ``wait``, once it is gone, the
+        records its last state adds are delivered and its egress stream ends
+        (``EgressStreamEnded``); without, a Sandbox this client acquired ends through its
+        watch."""
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         key = None if isinstance(sandbox, str) else sandbox.key
         if not isinstance(sandbox, str):
             with contextlib.suppress(Exception):
                 await sandbox.close()
-        seen_uid = ""
+        seen: Mapping[str, Any] | None = None
         if self.observer is not None:
-            obj: Mapping[str, Any] | None = None
             with contextlib.suppress(Exception):  # reporting must not stop the delete
-                obj = await self._get_object(SANDBOX_PLURAL, name)
-            if isinstance(obj, Mapping):
-                key = key or key_from_object(obj)
-                seen_uid = (obj.get("metadata") or {}).get("uid", "")
+                seen = await self._get_object(SANDBOX_PLURAL, name)
+            if isinstance(seen, Mapping):
+                key = key or key_from_object(seen)
                 try:
-                    self._report_egress_obj(obj, key)
+                    self._report_egress_obj(seen, key)
                 except Exception as exc:
                     _log_report_failure(exc)
+            else:
+                seen = None
         call = record_key(key)
         try:
             await self._delete(SANDBOX_PLURAL, name, uid=uid)
@@ -420,10 +423,28 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
-        self.egress_feed.forget(name, seen_uid)
         self._activity_stamps.pop(name, None)
-        if wait:
-            await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
+        seen_uid = str(((seen or {}).get("metadata") or {}).get("uid") or "")
+        try:
+            if wait:
+                last = await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
+                self._egress_ended(last or seen, key, uid)
+        finally:
+            self.egress_feed.forget(name, seen_uid)
+
+    def _egress_ended(
+        self, last: Mapping[str, Any] | None, key: SandboxKey | None, uid: str | None
+    ) -> None:
+        """A disposed Sandbox is gone and ``last`` is the last state of it seen: deliver its
+        remaining egress records and end its stream (with an observer; never raises)."""
+        if self.observer is None or last is None:
+            return
+        if uid and (last.get("metadata") or {}).get("uid") != uid:
+            return  # a state of another object under the name
+        try:
+            self.egress_feed.end(last, key)
+        except Exception as exc:
+            _log_report_failure(exc)
 
     def _disposed(
         self, key: SandboxKey | None, call: str | None, name: str, exc: BaseException | None
@@ -455,6 +476,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         SandboxScope itself is the host's to delete.
 
         With an observer, the listed Sandboxes' unreported egress decisions are delivered first,
+        each one gone ends its egress stream with its last state seen (``EgressStreamEnded``),
         and the disposal is reported as one ``ScopeDisposed`` naming the conversation by
         ``(scope, thread_id)``."""
         call = record_key(None)
@@ -497,9 +519,10 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
         async def gone(name: str, uid: str | None) -> bool:
             try:
-                await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
+                last = await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
             except TimeoutError:
                 return False
+            self._egress_ended(last, None, uid)
             return True
 
         outcomes = await asyncio.gather(*(gone(name, uid) for name, uid in targets))

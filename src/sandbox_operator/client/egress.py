@@ -17,6 +17,11 @@ from the last resourceVersion it saw; one the server refuses as too old (410), o
 started again from a fresh list (after a backoff, for a failure), which delivers what changed
 meanwhile: no state is skipped for good, and the numbering makes any records that scrolled out of
 ``recent`` meanwhile an exact ``missed_before``.
+
+A stream ends when the client sees its Sandbox gone (the watch's ``DELETED``, a relist without it,
+or a disposal that waited): the last state's records are delivered, then one
+``EgressStreamEnded`` says how many were delivered and missed, and whether that is the whole
+record (the last state was the proxy's ``final`` write, in the one counting window seen).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.observer import (
     EgressObserved,
+    EgressStreamEnded,
     EgressWatermark,
     SandboxObserver,
     notify,
@@ -114,7 +120,7 @@ class EgressFeed:
         if stream is None:
             stream = self._streams[ident] = _Stream(key=key)
         total = summary.allowed + summary.denied + summary.unreachable
-        fresh = stream.mark.advance(summary.since, total, summary.recent)
+        fresh = stream.mark.advance(summary.since, total, summary.recent, final=summary.final)
         for missed, record in fresh:
             notify(
                 observer,
@@ -170,6 +176,12 @@ class EgressFeed:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def end(self, obj: Mapping[str, Any], key: SandboxKey | None = None) -> None:
+        """The Sandbox ``obj`` is gone and ``obj`` is the last state of it seen: deliver what it
+        adds, then report how the stream ended (once: a later call for it does nothing)."""
+        self.deliver(obj, key)
+        self._end(object_id(obj))
+
     def _on(self, kind: str, obj: Mapping[str, Any]) -> None:
         """One watch event: deliver what a followed Sandbox's state adds; a deleted one's
         stream ends (its last state delivered)."""
@@ -177,12 +189,31 @@ class EgressFeed:
         stream = self._streams.get(ident)
         if stream is None or not stream.followed:
             return
-        self.deliver(obj, stream.key)
         if kind == "DELETED":
-            self._end(ident)
+            self.end(obj, stream.key)
+        else:
+            self.deliver(obj, stream.key)
 
     def _end(self, ident: ObjectId) -> None:
-        self._streams.pop(ident, None)
+        """Close one stream: an ``EgressStreamEnded`` when the proxy ever wrote a summary for it
+        (a Sandbox without one, not on an allowlist, has no stream to end)."""
+        stream = self._streams.pop(ident, None)
+        if stream is None or stream.key is None or not stream.mark.windows:
+            return
+        key, mark = stream.key, stream.mark
+        notify(
+            self.observer,
+            "egress_stream_ended",
+            lambda: EgressStreamEnded(
+                key=key,
+                call=None,
+                sandbox=ident[0],
+                namespace=self.owner.namespace,
+                reported=mark.delivered,
+                missed=mark.missed,
+                complete=mark.complete,
+            ),
+        )
 
     async def _list(self) -> tuple[list[Mapping[str, Any]], str | None]:
         """The operator's Sandboxes of the namespace and the list's resourceVersion."""
