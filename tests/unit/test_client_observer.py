@@ -893,6 +893,18 @@ async def test_dispose_with_wait_ends_the_stream_with_the_last_state_seen(
     await asyncio.sleep(0.02)
     assert len(obs.of(EgressStreamEnded)) == 1
 
+    # The other way round: the watch's DELETED first, then the disposal's wait returns.
+    first = await h.client.acquire("conv", "first", spec_for(h.tmp_path))
+    h.set_egress(first.name, numbered([1]))
+    last_state = copy.deepcopy(h.custom.objects[(SANDBOX_PLURAL, first.name)])
+    last_state["status"]["egress"] = numbered([1, 2], final=True)
+    h.watch.queue.put_nowait({"type": "DELETED", "object": last_state})
+    await until(lambda: bool(ended(obs, first.name)))
+    final_state = last_state
+    await h.client.dispose(first, wait=True)  # nothing again: neither records nor the end
+    assert [e.seq for e in obs.of(EgressObserved) if e.sandbox == first.name] == [1, 2]
+    assert ended(obs, first.name) == [(2, 0, True)]
+
     other = await h.client.acquire("conv", "other", spec_for(h.tmp_path))
     h.set_egress(other.name, numbered([1, 2]))
     await h.client.dispose(other)  # no wait: delivered, not ended

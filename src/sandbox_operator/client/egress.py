@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,6 +60,9 @@ _WATCH_SECONDS = 300
 
 #: The longest wait before a failed watch is tried again.
 _BACKOFF_MAX = 30.0
+
+#: How many ended streams a client remembers (so a late state of one delivers nothing again).
+_ENDED_KEPT = 4096
 
 #: A Sandbox object: (name, uid).
 ObjectId = tuple[str, str]
@@ -94,6 +98,9 @@ class EgressFeed:
     def __init__(self, owner: FeedOwner) -> None:
         self.owner = owner
         self._streams: dict[ObjectId, _Stream] = {}
+        #: streams already ended, oldest first: a uid is never reused, so one seen again (the
+        #: watch's DELETED after a disposal's wait ended it, or the other way round) is ignored
+        self._ended: OrderedDict[ObjectId, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.watches_started = 0  # watch requests issued (tests count them)
         self.lists = 0  # full lists (a start, a 410, a failure)
@@ -112,6 +119,8 @@ class EgressFeed:
         if observer is None or not (obj.get("status") or {}).get("egress"):
             return 0
         ident = object_id(obj)
+        if ident in self._ended:
+            return 0
         stream = self._streams.get(ident)
         key = key or (stream.key if stream is not None else None) or key_from_object(obj)
         summary = read_status(obj).egress
@@ -198,6 +207,10 @@ class EgressFeed:
         """Close one stream: an ``EgressStreamEnded`` when the proxy ever wrote a summary for it
         (a Sandbox without one, not on an allowlist, has no stream to end)."""
         stream = self._streams.pop(ident, None)
+        if ident[1] and ident not in self._ended:
+            self._ended[ident] = None
+            while len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
         if stream is None or stream.key is None or not stream.mark.windows:
             return
         key, mark = stream.key, stream.mark
