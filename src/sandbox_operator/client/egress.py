@@ -102,7 +102,7 @@ class EgressFeed:
         #: watch's DELETED after a disposal's wait ended it, or the other way round) is ignored
         self._ended: OrderedDict[ObjectId, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
-        self.watches_started = 0  # watch requests issued (tests count them)
+        self.watches_started = 0  # watch requests issued
         self.lists = 0  # full lists (a start, a 410, a failure)
         self.first_backoff = 1.0  # seconds before a failed watch is tried again, doubling
 
