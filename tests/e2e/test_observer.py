@@ -18,6 +18,7 @@ import pytest
 
 from sandbox_operator.client import (
     EgressObserved,
+    EgressStreamEnded,
     FileSystemSink,
     HostToolCalled,
     OutputsCollected,
@@ -49,15 +50,18 @@ class RaisingRecorder(SandboxObserver):
 
     def __init__(self) -> None:
         self.events: list[Any] = []
+        self.arrived = asyncio.Event()  # set by every event
 
     def _keep(self, event: object) -> None:
         self.events.append(event)
+        self.arrived.set()
         raise RuntimeError("observer failure that must stay contained")
 
     sandbox_acquired = _keep
     sandbox_disposed = _keep
     scope_disposed = _keep
     egress_observed = _keep
+    egress_stream_ended = _keep
     host_tool_called = _keep
     store_file_read = _keep
     outputs_collected = _keep
@@ -275,14 +279,14 @@ async def test_egress_decisions_reach_the_observer_keyed_without_a_call(
         for _ in range(2):
             res = await sb.run_code(ASK_DENIED, timeout=60)
             assert res.stdout_text.strip() == "403", (res.stdout_text, res.stderr_text)
-        # The proxy writes its summary at an interval: wait until both decisions are there.
-        reported = 0
+        # The proxy writes its summary at an interval: wait until both decisions are there
+        # (the client's watch delivers them; a pull shares its watermark, so it may find none).
         deadline = asyncio.get_running_loop().time() + 60
-        while reported < 2 and asyncio.get_running_loop().time() < deadline:
-            reported += await client.report_egress(sb)
-            if reported < 2:
+        while len(recorder.of(EgressObserved)) < 2:
+            assert asyncio.get_running_loop().time() < deadline
+            await client.report_egress(sb)
+            if len(recorder.of(EgressObserved)) < 2:
                 await asyncio.sleep(1)
-        assert reported == 2
         await client.dispose(sb, wait=True)  # reports nothing twice
 
     egress = recorder.of(EgressObserved)
@@ -299,3 +303,64 @@ async def test_egress_decisions_reach_the_observer_keyed_without_a_call(
     [ended] = recorder.of(ToolCallEnded)
     assert ended.keys == (sb.key,) and ended.call == "call-egress"
     assert [type(e).__name__ for e in recorder.events].count("SandboxDisposed") == 1
+
+
+ASK_DENIED_TIMES = """
+import urllib.error, urllib.request
+codes = []
+for _ in range({times}):
+    try:
+        urllib.request.urlopen("http://denied.test/", timeout=20)
+        codes.append("answered")
+    except urllib.error.HTTPError as exc:
+        codes.append(str(exc.code))
+print(" ".join(codes))
+"""
+
+
+async def test_egress_is_pushed_in_order_and_the_tail_is_counted_at_the_end(
+    observed: tuple[SandboxClient, RaisingRecorder],
+    start_operator: Callable[..., Any],
+    operator_image: tuple[str, str],
+) -> None:
+    """(#25 item 8) Without report_egress: the client's watch delivers every decision, in seq
+    order; one more request made just before the disposal (left to the proxy's interval) still
+    arrives, because the proxy writes `final` at the deletion and the operator's finalizer waits
+    for it; the stream then ends complete."""
+    client, recorder = observed
+    start_operator(managed_proxy_config("runc", ":".join(operator_image)))
+    scope_ref = await client.create_scope(scope="tenant-obs", thread_id="t-push")
+    allow_spec = SandboxSpec.model_validate(
+        {
+            "kind": "python",
+            "image": PYTHON,
+            "requires": [Capability.EXEC, Capability.RUN_CODE],
+            "resources": SMALL,
+            "egress": "allowlist",
+            "egressAllow": ["allowed.test"],
+        }
+    )
+    sb = await client.acquire(scope_ref, "agents/push", allow_spec)
+    res = await sb.run_code(ASK_DENIED_TIMES.format(times=3), timeout=60)
+    assert res.stdout_text.split() == ["403"] * 3, (res.stdout_text, res.stderr_text)
+    async with asyncio.timeout(60):  # the watch delivers; nothing here asks
+        while len(recorder.of(EgressObserved)) < 3:
+            recorder.arrived.clear()
+            await recorder.arrived.wait()
+    assert [e.seq for e in recorder.of(EgressObserved)] == [1, 2, 3]
+    res = await sb.run_code(ASK_DENIED_TIMES.format(times=1), timeout=60)
+    assert res.stdout_text.split() == ["403"], (res.stdout_text, res.stderr_text)
+    await client.dispose(sb, wait=True)  # at once: the 4th is within the proxy's interval
+
+    egress = recorder.of(EgressObserved)
+    assert [(e.seq, e.missed_before) for e in egress] == [(1, 0), (2, 0), (3, 0), (4, 0)]
+    assert all(e.key == sb.key and e.call is None and e.host == "denied.test" for e in egress)
+    [end] = recorder.of(EgressStreamEnded)
+    assert (end.key, end.sandbox, end.reported, end.missed, end.complete) == (
+        sb.key,
+        sb.name,
+        4,
+        0,
+        True,
+    )
+    assert recorder.events.index(end) > recorder.events.index(egress[-1])

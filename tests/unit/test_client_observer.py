@@ -21,6 +21,7 @@ from sandbox_operator.client import (
     Artifact,
     EffectiveState,
     EgressObserved,
+    EgressStreamEnded,
     HostToolCalled,
     LandedArtifact,
     OutputMissing,
@@ -42,6 +43,7 @@ from sandbox_operator.client import (
     tool_call,
 )
 from sandbox_operator.client import client as client_mod
+from sandbox_operator.client import egress as egress_mod
 from sandbox_operator.client import observer as observer_mod
 from sandbox_operator.client import outputs as outputs_mod
 from sandbox_operator.client import sandbox as sandbox_mod
@@ -77,6 +79,9 @@ class Recorder(SandboxObserver):
         self.events.append(event)
 
     def egress_observed(self, event: EgressObserved) -> None:
+        self.events.append(event)
+
+    def egress_stream_ended(self, event: EgressStreamEnded) -> None:
         self.events.append(event)
 
     def host_tool_called(self, event: HostToolCalled) -> None:
@@ -141,6 +146,32 @@ class FakeCustom:
         if self.objects.pop((plural, name), None) is None:
             raise ApiException(status=404, reason="Not Found")
         self.deleted.append(name)
+
+
+class FakeWatch:
+    """The client's egress watch, fed by hand: ``push`` queues an event (None ends the request,
+    an exception fails it); a (re)list answers the Sandboxes FakeCustom holds."""
+
+    def __init__(self, custom: FakeCustom) -> None:
+        self.custom = custom
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.lists = 0
+        self.requests: list[str | None] = []
+
+    async def list(self) -> tuple[list[Mapping[str, Any]], str | None]:
+        self.lists += 1
+        listing = await self.custom.list_namespaced_custom_object("", "", NS, SANDBOX_PLURAL)
+        return listing["items"], f"list-{self.lists}"
+
+    async def events(self, resource_version: str | None) -> Any:
+        self.requests.append(resource_version)
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
 
 def spec_for(tmp_path: Path, **fields: Any) -> SandboxSpec:
@@ -222,6 +253,11 @@ class Harness:
             return copy.deepcopy(obj)
 
         self.client._wait_ready = wait_ready  # type: ignore[method-assign]
+        self.watch = FakeWatch(self.custom)
+        feed = self.client.egress_feed
+        feed._list = self.watch.list  # type: ignore[method-assign]
+        feed._events = self.watch.events  # type: ignore[method-assign]
+        feed.first_backoff = 0.01
         self.client._dataplane = lambda obj: local_dataplane()  # type: ignore[method-assign]
 
     def key(self, agent_dir: str = "agent", call_id: str = "") -> SandboxKey:
@@ -229,6 +265,12 @@ class Harness:
 
     def set_egress(self, name: str, summary: Any) -> None:
         self.custom.objects[(SANDBOX_PLURAL, name)]["status"]["egress"] = summary
+
+    def push(self, kind: str, name: str, rv: str = "7") -> None:
+        """A watch event carrying the Sandbox as FakeCustom holds it now."""
+        obj = copy.deepcopy(self.custom.objects[(SANDBOX_PLURAL, name)])
+        obj["metadata"]["resourceVersion"] = rv
+        self.watch.queue.put_nowait({"type": kind, "object": obj})
 
     async def close(self) -> None:
         await self.client.close()
@@ -586,12 +628,13 @@ async def test_nothing_built_without_an_observer(
 
         return build
 
-    for mod in (client_mod, sandbox_mod, outputs_mod, observer_mod):
+    for mod in (client_mod, sandbox_mod, outputs_mod, observer_mod, egress_mod):
         for cls in (
             "SandboxAcquired",
             "SandboxDisposed",
             "ScopeDisposed",
             "EgressObserved",
+            "EgressStreamEnded",
             "StoreFileRead",
             "OutputsCollected",
             "ToolCallEnded",
@@ -610,6 +653,7 @@ async def test_nothing_built_without_an_observer(
             assert (await sb.collect_outputs()).consumed["o"].data == b"data"
             h.set_egress(sb.name, egress([decision(1)]))
             assert await h.client.report_egress(sb) == 0
+            assert not h.client.egress_feed.watching and h.watch.lists == 0  # no watch either
             await h.client.dispose(sb)
             await h.client.dispose_scope("conv")
     finally:
@@ -663,12 +707,211 @@ async def test_egress_reported_once_with_a_watermark(harness: Harness) -> None:
     assert events[0].time == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
 
 
+def numbered(
+    seqs: list[int], *, since: int = 0, total: int | None = None, final: bool = False
+) -> Any:
+    """A summary as a proxy that numbers its records writes it: ``recent`` holds ``seqs``."""
+    recent = [decision(i) | {"seq": i} for i in seqs]
+    out = egress(recent, total=total if total is not None else max(seqs, default=0), since=since)
+    return out | ({"final": True} if final else {})
+
+
 def test_watermark_restarts_with_a_new_counting_window() -> None:
+    @dataclasses.dataclass
+    class R:
+        name: str
+        seq: int | None = None
+
+    a, b, c = R("a"), R("b"), R("c")
     mark = EgressWatermark()
     t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
-    assert mark.advance(t0, 2, ["a", "b"]) == [(0, "a"), (0, "b")]
-    assert mark.advance(t0, 2, ["a", "b"]) == []
-    assert mark.advance(t1, 1, ["c"]) == [(0, "c")]  # the proxy restarted: counts restart
+    assert mark.advance(t0, 2, [a, b]) == [(0, a), (0, b)]
+    assert mark.advance(t0, 2, [a, b]) == []
+    assert mark.advance(t1, 1, [c]) == [(0, c)]  # the proxy restarted: counts restart
+    assert mark.advance(t0, 5, [a, b]) == []  # a stale read of the old window
+    assert (mark.delivered, mark.missed, mark.windows) == (3, 0, 2)
+
+
+async def test_numbered_egress_is_delivered_in_order_once_with_exact_gaps(harness: Harness) -> None:
+    """With ``seq`` on each record, the client delivers in number order, never twice, and
+    ``missed_before`` is exactly the count of numbers it never saw; a stale state (an older read
+    of the same window, or of a previous proxy's window) delivers nothing."""
+    h = harness
+    obs = rec(h)
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    h.set_egress(sb.name, numbered([1, 2]))
+    assert await h.client.report_egress(sb) == 2
+    h.set_egress(sb.name, numbered(list(range(9, 19))))  # 6 made and gone between two reads
+    assert await h.client.report_egress(sb) == 10
+    stale = numbered([2, 1, 3])  # the same window, older (and shuffled): nothing new
+    h.set_egress(sb.name, stale)
+    assert await h.client.report_egress(sb) == 0
+    h.set_egress(sb.name, numbered([1, 2], since=60))  # a new proxy process: numbers restart
+    assert await h.client.report_egress(sb) == 2
+    h.set_egress(sb.name, numbered(list(range(9, 19))))  # the old window again: stale
+    assert await h.client.report_egress(sb) == 0
+    events = obs.of(EgressObserved)
+    assert [e.seq for e in events] == [1, 2, *range(9, 19), 1, 2]
+    assert [e.missed_before for e in events] == [0, 0, 6] + [0] * 11
+    assert [e.host for e in events][:3] == ["h1.example.com", "h2.example.com", "h9.example.com"]
+
+
+async def until(predicate: Any, within: float = 2.0) -> None:
+    """Yield to the loop until ``predicate()`` holds; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        assert loop.time() - start < within, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_egress_is_pushed_by_one_watch_per_client_and_shares_the_watermark(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With an observer, the Sandboxes a client acquired are followed by one watch of the
+    namespace: a new status.egress reaches the observer without report_egress, in seq order;
+    report_egress and dispose deliver nothing twice; Sandboxes it did not acquire are not
+    reported; a watch that ends resumes from its resourceVersion, a 410 or a failure relists."""
+    h = harness
+    obs = rec(h)
+    feed = h.client.egress_feed
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    other = await h.client.acquire("conv", "other", spec_for(h.tmp_path))
+    await until(lambda: h.watch.requests == ["list-1"])
+    assert feed.watching and h.watch.lists == 1  # one watch for both
+    assert set(feed.following) == {(sb.name, f"uid-{sb.name}"), (other.name, f"uid-{other.name}")}
+
+    h.set_egress(sb.name, numbered([1, 2]))
+    h.push("MODIFIED", sb.name)
+    await until(lambda: len(obs.of(EgressObserved)) == 2)
+    assert await h.client.report_egress(sb) == 0  # the watch delivered them already
+    h.set_egress(sb.name, numbered([1, 2, 3, 4, 5]))
+    assert await h.client.report_egress(sb) == 3  # a pull in between
+    h.set_egress(sb.name, numbered(list(range(1, 8))))
+    h.push("MODIFIED", sb.name, rv="8")
+    await until(lambda: len(obs.of(EgressObserved)) == 7)
+
+    # Not acquired by this client: the watch sees it, reports nothing.
+    h.custom.objects[(SANDBOX_PLURAL, "stranger")] = {
+        "metadata": {"name": "stranger", "uid": "uid-s", "annotations": {}},
+        "status": {"egress": numbered([1])},
+    }
+    h.push("MODIFIED", "stranger", rv="9")
+    h.watch.queue.put_nowait(None)  # the server ends the request: resumed where it was
+    await until(lambda: len(h.watch.requests) == 2)
+    assert h.watch.requests == ["list-1", "9"] and h.watch.lists == 1
+
+    h.set_egress(sb.name, numbered(list(range(1, 10))))
+    h.watch.queue.put_nowait(ApiException(status=410))  # too old: a fresh list delivers it
+    await until(lambda: h.watch.lists == 2 and len(obs.of(EgressObserved)) == 9)
+    h.set_egress(other.name, numbered([1]))
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.client.observer"):
+        h.watch.queue.put_nowait(ApiException(status=500, reason=SECRET))
+        await until(lambda: h.watch.lists == 3 and len(obs.of(EgressObserved)) == 10)
+    assert "ApiException 500" in caplog.text and SECRET not in caplog.text
+
+    await h.client.dispose(sb)  # reads the Sandbox: nothing new, nothing twice
+    events = obs.of(EgressObserved)
+    assert [(e.sandbox, e.seq) for e in events] == [
+        *((sb.name, i) for i in range(1, 10)),
+        (other.name, 1),
+    ]
+    assert all(e.missed_before == 0 and e.call is None for e in events)
+    assert all(e.key == h.key() for e in events if e.sandbox == sb.name)
+    await h.client.close()
+    assert not feed.watching
+
+
+def ended(obs: Recorder, name: str) -> list[tuple[int, int, bool]]:
+    return [
+        (e.reported, e.missed, e.complete) for e in obs.of(EgressStreamEnded) if e.sandbox == name
+    ]
+
+
+async def test_a_followed_sandbox_deleted_ends_its_stream_complete_only_after_the_final_write(
+    harness: Harness,
+) -> None:
+    """The watch's DELETED event delivers the Sandbox's last records, then one
+    EgressStreamEnded: complete when that last state was the proxy's final write (in the one
+    window seen), with the count of what was delivered and of what was missed."""
+    h = harness
+    obs = rec(h)
+    done = await h.client.acquire("conv", "done", spec_for(h.tmp_path))
+    cut = await h.client.acquire("conv", "cut", spec_for(h.tmp_path))
+    restarted = await h.client.acquire("conv", "restarted", spec_for(h.tmp_path))
+    quiet = await h.client.acquire("conv", "quiet", spec_for(h.tmp_path))  # no summary ever
+    await until(lambda: h.watch.lists == 1)
+
+    h.set_egress(done.name, numbered([1, 2]))
+    h.push("MODIFIED", done.name)
+    h.set_egress(done.name, numbered(list(range(5, 15)), final=True))  # 2 scrolled out
+    h.push("DELETED", done.name)
+    await until(lambda: bool(obs.of(EgressStreamEnded)))
+    assert ended(obs, done.name) == [(12, 2, True)]
+    seqs = [e.seq for e in obs.of(EgressObserved) if e.sandbox == done.name]
+    assert seqs == [1, 2, *range(5, 15)]
+    assert obs.events[-1] == obs.of(EgressStreamEnded)[0]  # after its last record
+
+    h.set_egress(cut.name, numbered([1, 2, 3]))  # the proxy's last write was not final
+    h.set_egress(restarted.name, numbered([1]))
+    h.push("MODIFIED", restarted.name)
+    h.set_egress(restarted.name, numbered([1], since=60, final=True))  # a new proxy closed it
+    for name in (cut.name, restarted.name, quiet.name):
+        h.push("DELETED", name)
+    await until(lambda: len(obs.of(EgressStreamEnded)) == 3)
+    assert ended(obs, cut.name) == [(3, 0, False)]
+    assert ended(obs, restarted.name) == [(2, 0, False)]
+    assert ended(obs, quiet.name) == []  # nothing to end: not an egress stream
+    h.push("DELETED", done.name)  # seen again: nothing twice
+    h.watch.queue.put_nowait(None)
+    await until(lambda: len(h.watch.requests) == 2)
+    assert len(obs.of(EgressStreamEnded)) == 3 and h.client.egress_feed.following == ()
+
+
+async def test_dispose_with_wait_ends_the_stream_with_the_last_state_seen(
+    harness: Harness,
+) -> None:
+    """dispose(wait=True) delivers what the Sandbox's last state (the proxy's final write, made
+    while the delete waited on the finalizer) adds, and ends the stream, also without a watch
+    event; a dispose without wait leaves the end to the watch; a followed Sandbox that a relist
+    no longer finds ended while no watch was open."""
+    h = harness
+    obs = rec(h)
+    sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+    h.set_egress(sb.name, numbered([1]))
+    final_state = copy.deepcopy(h.custom.objects[(SANDBOX_PLURAL, sb.name)])
+    final_state["status"]["egress"] = numbered([1, 2, 3], final=True)
+
+    async def wait_gone(*args: Any, **kw: Any) -> Mapping[str, Any]:
+        return final_state
+
+    h.client._wait_gone = wait_gone  # type: ignore[method-assign]
+    await h.client.dispose(sb, wait=True)
+    assert [e.seq for e in obs.of(EgressObserved)] == [1, 2, 3]
+    assert ended(obs, sb.name) == [(3, 0, True)]
+    h.watch.queue.put_nowait({"type": "DELETED", "object": final_state})  # the watch, later
+    await asyncio.sleep(0.02)
+    assert len(obs.of(EgressStreamEnded)) == 1
+
+    # The other way round: the watch's DELETED first, then the disposal's wait returns.
+    first = await h.client.acquire("conv", "first", spec_for(h.tmp_path))
+    h.set_egress(first.name, numbered([1]))
+    last_state = copy.deepcopy(h.custom.objects[(SANDBOX_PLURAL, first.name)])
+    last_state["status"]["egress"] = numbered([1, 2], final=True)
+    h.watch.queue.put_nowait({"type": "DELETED", "object": last_state})
+    await until(lambda: bool(ended(obs, first.name)))
+    final_state = last_state
+    await h.client.dispose(first, wait=True)  # nothing again: neither records nor the end
+    assert [e.seq for e in obs.of(EgressObserved) if e.sandbox == first.name] == [1, 2]
+    assert ended(obs, first.name) == [(2, 0, True)]
+
+    other = await h.client.acquire("conv", "other", spec_for(h.tmp_path))
+    h.set_egress(other.name, numbered([1, 2]))
+    await h.client.dispose(other)  # no wait: delivered, not ended
+    assert ended(obs, other.name) == []
+    h.watch.queue.put_nowait(ApiException(status=410))  # relisted: it is not there any more
+    await until(lambda: bool(ended(obs, other.name)))
+    assert ended(obs, other.name) == [(2, 0, False)]
 
 
 async def test_host_tools_sealed_and_named_in_effective_state(harness: Harness) -> None:
@@ -774,3 +1017,26 @@ async def test_a_spec_without_labels_applies_no_labels_field(harness: Harness) -
     sandbox = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
     assert "labels" not in h.custom.objects[(SANDBOX_PLURAL, sandbox.name)]["spec"]
     assert dict(rec(h).of(SandboxAcquired)[0].labels) == {}
+
+
+async def test_an_identity_refused_the_namespace_watch_stops_watching_and_still_gets_pulls(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent bound to its conversation reads its Sandboxes by name only: the namespace watch
+    answers 403 for good. The feed says so once and stops (no retry loop, no restart at the next
+    acquire); report_egress still delivers, once."""
+    h = harness
+    obs = rec(h)
+    feed = h.client.egress_feed
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.client.observer"):
+        sb = await h.client.acquire("conv", "agent", spec_for(h.tmp_path))
+        await until(lambda: h.watch.requests == ["list-1"])
+        h.watch.queue.put_nowait(ApiException(status=403, reason="Forbidden"))
+        await until(lambda: not feed.watching)
+    assert feed.refused and caplog.text.count("not allowed to watch") == 1
+    await h.client.acquire("conv", "other", spec_for(h.tmp_path))
+    await asyncio.sleep(0.05)
+    assert not feed.watching and h.watch.lists == 1  # not started again
+    h.set_egress(sb.name, numbered([1, 2]))
+    assert await h.client.report_egress(sb) == 2
+    assert [e.seq for e in obs.of(EgressObserved)] == [1, 2]

@@ -228,9 +228,10 @@ async def test_summary_written_with_counts_and_recent_decisions() -> None:
         "method": "CONNECT",
         "host": "denied.test",
         "port": 443,
+        "seq": 1,
     }
     assert egress["recent"][-1]["reason"] == "ConnectFailed"
-    assert egress["since"] == c.started.isoformat(timespec="seconds").replace("+00:00", "Z")
+    assert egress["since"] == c.started.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     assert egress["updated"].endswith("Z") and egress["recent"][0]["time"].endswith("Z")
     # The shape is the contract's (and so the CRD's): the API server would store all of it.
     summary = EgressSummary.model_validate(egress)
@@ -247,6 +248,34 @@ async def test_recent_keeps_the_newest_ten_and_counts_everything() -> None:
     egress = egress_of(patches(c)[-1])
     assert egress["denied"] == 15
     assert [r["host"] for r in egress["recent"]] == [f"h{i}.test" for i in range(5, 15)]
+
+
+async def test_each_record_carries_its_number_so_a_reader_knows_exactly_what_it_missed() -> None:
+    """``seq`` is the running total at the decision, across verdicts and writes: a reader that
+    saw up to n and now sees m knows m - n - 1 were never shown to it."""
+    clock = Clock()
+    c = controller([sandbox("a")], {"a": "10.244.0.7"}, clock=clock)
+    await c.sync_once()
+    c.emit(decision("ns/a", "h0.test", Verdict.ALLOW))
+    c.emit(decision("ns/a", "h1.test"))
+    c.emit(decision("ns/a", "h2.test", Verdict.UNREACHABLE))
+    await c.flush_summaries()
+    first = egress_of(patches(c)[-1])
+    assert [(r["seq"], r["host"]) for r in first["recent"]] == [
+        (1, "h0.test"),
+        (2, "h1.test"),
+        (3, "h2.test"),
+    ]
+    for i in range(3, 17):
+        c.emit(decision("ns/a", f"h{i}.test"))
+    clock.now += 5
+    await c.flush_summaries()
+    later = egress_of(patches(c)[-1])
+    total = later["allowed"] + later["denied"] + later["unreachable"]
+    assert [r["seq"] for r in later["recent"]] == list(range(8, 18))
+    assert later["recent"][-1]["seq"] == total == 17
+    assert [r["host"] for r in later["recent"]] == [f"h{i}.test" for i in range(7, 17)]
+    assert EgressSummary.model_validate(later).recent[0].seq == 8  # the contract keeps it
 
 
 async def test_summary_is_rate_limited_per_sandbox_and_written_only_when_changed() -> None:
@@ -341,6 +370,54 @@ async def test_summary_survives_the_pod_but_not_the_sandbox_object() -> None:
     assert c.summary_status("ns/a") is None
 
 
+async def test_a_sandbox_being_deleted_is_dropped_and_its_summary_written_final_at_once() -> None:
+    """Once the Sandbox has a deletionTimestamp the proxy drops it from its table (a later
+    connection is not attributed to it) and writes its summary with ``final`` without waiting
+    for the interval: the decisions the interval held back are in it, and nothing comes after."""
+    clock = Clock()
+    items = [sandbox("a"), sandbox("b")]
+    c = controller(items, {"a": "10.244.0.7", "b": "10.244.0.8"}, clock=clock)
+    await c.sync_once()
+    await c.flush_summaries()  # the admissions
+    c.emit(decision("ns/a", "h1.test"))
+    await c.flush_summaries()  # within the interval: held back
+    c.emit(decision("ns/a", "h2.test"))
+    assert len(patches(c)) == 2
+    items[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    items[0]["status"]["egress"] = egress_of(patches(c)[0])  # what the proxy wrote
+    await c.sync_once()
+    assert c.proxy is not None and c.proxy.table.ids() == ["ns/b"]
+    await c.flush_summaries()  # at once, though the interval has not passed
+    assert [call[0][4] for call in patches(c)] == ["a", "b", "a"]
+    final = egress_of(patches(c)[-1])
+    assert final["final"] is True and final["denied"] == 2
+    assert [(r["seq"], r["host"]) for r in final["recent"]] == [(1, "h1.test"), (2, "h2.test")]
+    assert EgressSummary.model_validate(final).final
+    c.emit(decision("ns/a", "late.test"))  # not served any more: counted nowhere
+    await c.sync_once()
+    clock.now += 60
+    await c.flush_summaries()
+    assert len(patches(c)) == 3
+    assert "final" not in egress_of(patches(c)[1])  # b is not being deleted
+
+
+async def test_a_deleted_sandbox_this_proxy_never_counted_is_closed_if_it_has_a_summary() -> None:
+    """A proxy started after the last admission holds no counts for the Sandbox: it closes it as
+    an empty window of its own (``since`` is its own), so a reader knows the earlier window's
+    tail is unknown; a Sandbox no proxy ever wrote a summary for gets none."""
+    gone = sandbox("a") | {"metadata": {"name": "a", "uid": "uid-a", "deletionTimestamp": "x"}}
+    gone["status"] = {**gone["status"], "egress": {"since": "2026-01-01T00:00:00.000Z"}}
+    never = sandbox("b") | {"metadata": {"name": "b", "uid": "uid-b", "deletionTimestamp": "x"}}
+    c = controller([gone, never], {"a": "10.244.0.7", "b": "10.244.0.8"})
+    await c.sync_once()
+    await c.flush_summaries()
+    [call] = patches(c)
+    egress = egress_of(call)
+    assert call[0][4] == "a" and egress["final"] is True and egress["recent"] == []
+    assert "admitted" not in egress
+    assert c.proxy is not None and c.proxy.table.ids() == []
+
+
 async def test_shutdown_writes_what_the_interval_held_back() -> None:
     c = controller([sandbox("a")], {"a": "10.244.0.7"})
     await c.sync_once()
@@ -401,7 +478,8 @@ async def test_summary_of_real_proxy_decisions_carries_no_secret() -> None:
     assert "sekrit" not in text
     assert "127.0.0" not in text  # neither the upstream address nor the client's
     assert all(
-        set(r) == {"time", "verdict", "reason", "method", "host", "port"} for r in egress["recent"]
+        set(r) == {"time", "verdict", "reason", "method", "host", "port", "seq"}
+        for r in egress["recent"]
     )
 
 
@@ -455,7 +533,7 @@ async def test_a_new_proxy_process_admits_again_and_counts_from_zero() -> None:
     [call] = patches(new)
     egress = egress_of(call)
     assert egress["admitted"] and egress["denied"] == 0 and egress["recent"] == []
-    assert egress["since"] == new.started.isoformat(timespec="seconds").replace("+00:00", "Z")
+    assert egress["since"] == new.started.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def test_admission_write_failing_is_retried_at_the_interval() -> None:

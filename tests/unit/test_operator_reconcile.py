@@ -872,6 +872,52 @@ async def test_an_ordinary_disposal_writes_no_status_and_a_slow_one_says_disposi
     assert ("sandboxes", "a") not in kube.objs
 
 
+async def test_a_disposed_sandbox_the_egress_proxy_admitted_waits_for_its_final_write():
+    """(#25 item 8) Once its pod is gone, a Sandbox the proxy admitted keeps its finalizer until
+    status.egress.final is there (its watch event brings the pass), at most
+    EGRESS_FINAL_WAIT_SECONDS; one the proxy never admitted goes at once."""
+    from sandbox_operator.reconcile.disposal import EGRESS_FINAL_WAIT_SECONDS
+
+    rt, kube, driver = await served_by(WatchedFake("gvisor"))
+    admit(kube, "a")
+    await finalize_sandbox(rt, NS, "a")
+    assert driver.deletes == ["a"]
+    del driver.pods["a"]  # the pod's deletion event
+    writes = kube.status_writes
+    hold = await finalize_sandbox(rt, NS, "a")
+    assert ("sandboxes", "a") in kube.objs  # disposed, but held for the proxy's last word
+    assert (
+        hold is not None and EGRESS_FINAL_WAIT_SECONDS - 1 < hold <= EGRESS_FINAL_WAIT_SECONDS + 1
+    )
+    assert kube.status_writes == writes  # holding writes nothing
+    await finalize_sandbox(rt, NS, "a")  # another event, not the final write: still held
+    assert ("sandboxes", "a") in kube.objs
+    kube.objs[("sandboxes", "a")]["status"]["egress"]["final"] = True  # the proxy's write
+    await finalize_sandbox(rt, NS, "a")
+    assert ("sandboxes", "a") not in kube.objs and (NS, "a") not in rt.egress_final_started
+
+    # A proxy that never writes it: the Sandbox goes at the deadline.
+    kube.add("sandboxes", "b", {**SPEC, "agentDir": "agents/b"})
+    await reconcile_sandbox(rt, NS, "b")
+    admit(kube, "b")
+    await finalize_sandbox(rt, NS, "b")
+    del driver.pods["b"]
+    await finalize_sandbox(rt, NS, "b")
+    assert ("sandboxes", "b") in kube.objs
+    rt.egress_final_started[(NS, "b")] -= EGRESS_FINAL_WAIT_SECONDS
+    await finalize_sandbox(rt, NS, "b")
+    assert ("sandboxes", "b") not in kube.objs
+
+    # Never admitted by a proxy (no status.egress.admitted): no wait at all.
+    kube.add("sandboxes", "c", {**SPEC, "agentDir": "agents/c"})
+    await reconcile_sandbox(rt, NS, "c")
+    admit(kube, "c", None)
+    await finalize_sandbox(rt, NS, "c")
+    del driver.pods["c"]
+    await finalize_sandbox(rt, NS, "c")
+    assert ("sandboxes", "c") not in kube.objs
+
+
 def count_api_calls(kube: FakeKube) -> dict[str, int]:
     """Wrap the fake API server's calls on this instance; the answer counts them by name."""
     calls: dict[str, int] = {}

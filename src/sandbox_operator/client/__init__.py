@@ -74,6 +74,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.observer import (
     EffectiveState,
     EgressObserved,
+    EgressStreamEnded,
     HostToolCalled,
     OutputsCollected,
     SandboxAcquired,
@@ -120,6 +121,7 @@ __all__ = [
     "DirEntry",
     "EffectiveState",
     "EgressObserved",
+    "EgressStreamEnded",
     "ExecCancelled",
     "ExecDataPlane",
     "ExecQueuedTimeout",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import secrets
@@ -38,6 +37,7 @@ from sandbox_operator.client.dataplane import (
     DataPlaneFactory,
     pod_factory,
 )
+from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.errors import (
     DataPlaneError,
     SandboxGone,
@@ -45,8 +45,6 @@ from sandbox_operator.client.errors import (
 )
 from sandbox_operator.client.observer import (
     EffectiveState,
-    EgressObserved,
-    EgressWatermark,
     SandboxAcquired,
     SandboxDisposed,
     SandboxObserver,
@@ -66,7 +64,6 @@ from sandbox_operator.client.status import (
     effective_state,
     is_suspended,
     key_from_object,
-    read_status,
     served_by,
 )
 from sandbox_operator.client.suspension import SuspendCalls
@@ -89,9 +86,6 @@ from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 _observe_log = logging.getLogger("sandbox_operator.client.observer")
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-#: The fields of a status egress decision an ``EgressObserved`` carries as they are.
-_RECORD_FIELDS: set[str] = {"time", "verdict", "reason", "method", "host", "port"}
 
 #: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
 #: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.
@@ -133,8 +127,6 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         self.observer = observer
         #: how this client reaches a Ready sandbox, per ``servedBy.kind``
         self.dataplanes: dict[str, DataPlaneFactory] = {**DEFAULT_DATAPLANES, **(dataplanes or {})}
-        #: egress reporting progress per Sandbox (name, uid)
-        self._egress_marks: dict[tuple[str, str], EgressWatermark] = {}
         #: the newest last-activity stamp written per Sandbox: stamps never go back
         self._activity_stamps: dict[str, datetime] = {}
         self.api = api_client
@@ -143,6 +135,8 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         self.default_timeout = default_timeout
         self.custom = k8s.CustomObjectsApi(api_client)
         self.ws_api = WsApiClient(configuration=api_client.configuration)
+        #: egress delivery per Sandbox (name, uid), and the one watch that pushes it
+        self.egress_feed = EgressFeed(self)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -170,6 +164,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         return cls(api, namespace, **kwargs)
 
     async def close(self) -> None:
+        await self.egress_feed.close()
         await self.ws_api.close()
         await self.api.close()
 
@@ -189,8 +184,10 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
     async def report_egress(self, sandbox: Sandbox | str) -> int:
         """Read the Sandbox and deliver one ``EgressObserved`` per egress decision the proxy has
-        written to ``status.egress`` since the last report; returns how many. Without an
-        observer it reads nothing and returns 0. Decisions the proxy has not written yet (it
+        written to ``status.egress`` and this client has not delivered yet; returns how many.
+        Without an observer it reads nothing and returns 0. A Sandbox this client acquired is
+        followed by its watch anyway (decisions arrive without this call); this call shares its
+        watermark, so nothing is delivered twice. Decisions the proxy has not written yet (it
         writes at an interval) are not seen; ``missed_before`` counts those it no longer shows."""
         if self.observer is None:
             return 0
@@ -205,32 +202,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         return self._report_egress_obj(obj, key)
 
     def _report_egress_obj(self, obj: Mapping[str, Any], key: SandboxKey | None) -> int:
-        observer = self.observer
-        if observer is None or not (obj.get("status") or {}).get("egress"):
-            return 0
-        key = key or key_from_object(obj)
-        summary = read_status(obj).egress
-        if key is None or summary is None:
-            return 0
-        meta = obj.get("metadata") or {}
-        name = meta.get("name", "")
-        mark = self._egress_marks.setdefault((name, meta.get("uid", "")), EgressWatermark())
-        total = summary.allowed + summary.denied + summary.unreachable
-        fresh = mark.advance(summary.since, total, summary.recent)
-        for missed, record in fresh:
-            notify(
-                observer,
-                "egress_observed",
-                functools.partial(
-                    EgressObserved,
-                    key=key,
-                    call=None,
-                    sandbox=name,
-                    missed_before=missed,
-                    **record.model_dump(include=_RECORD_FIELDS),
-                ),
-            )
-        return len(fresh)
+        return self.egress_feed.deliver(obj, key)
 
     # -- agent side -------------------------------------------------------------------------
 
@@ -276,6 +248,8 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             "sandbox_acquired",
             lambda: self._acquired(key, call, name, started, spec, state=sandbox.effective_state),
         )
+        if sandbox.resource is not None:
+            self.egress_feed.follow(sandbox.resource, key)  # without an observer: nothing
         return sandbox
 
     def _acquired(
@@ -421,24 +395,27 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         With an observer, the Sandbox is read first: egress decisions not yet reported are
         delivered (``EgressObserved``), and a dispose by name learns the key from the object;
         then the delete is reported as ``SandboxDisposed``. A Sandbox already gone when disposed
-        by name has no key to report and yields no event."""
+        by name has no key to report and yields no event. With ``wait``, once it is gone, the
+        records its last state adds are delivered and its egress stream ends
+        (``EgressStreamEnded``); without, a Sandbox this client acquired ends through its
+        watch."""
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         key = None if isinstance(sandbox, str) else sandbox.key
         if not isinstance(sandbox, str):
             with contextlib.suppress(Exception):
                 await sandbox.close()
-        seen_uid = ""
+        seen: Mapping[str, Any] | None = None
         if self.observer is not None:
-            obj: Mapping[str, Any] | None = None
             with contextlib.suppress(Exception):  # reporting must not stop the delete
-                obj = await self._get_object(SANDBOX_PLURAL, name)
-            if isinstance(obj, Mapping):
-                key = key or key_from_object(obj)
-                seen_uid = (obj.get("metadata") or {}).get("uid", "")
+                seen = await self._get_object(SANDBOX_PLURAL, name)
+            if isinstance(seen, Mapping):
+                key = key or key_from_object(seen)
                 try:
-                    self._report_egress_obj(obj, key)
+                    self._report_egress_obj(seen, key)
                 except Exception as exc:
                     _log_report_failure(exc)
+            else:
+                seen = None
         call = record_key(key)
         try:
             await self._delete(SANDBOX_PLURAL, name, uid=uid)
@@ -446,10 +423,28 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
-        self._egress_marks.pop((name, seen_uid), None)
         self._activity_stamps.pop(name, None)
-        if wait:
-            await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
+        seen_uid = str(((seen or {}).get("metadata") or {}).get("uid") or "")
+        try:
+            if wait:
+                last = await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
+                self._egress_ended(last or seen, key, uid)
+        finally:
+            self.egress_feed.forget(name, seen_uid)
+
+    def _egress_ended(
+        self, last: Mapping[str, Any] | None, key: SandboxKey | None, uid: str | None
+    ) -> None:
+        """A disposed Sandbox is gone and ``last`` is the last state of it seen: deliver its
+        remaining egress records and end its stream (with an observer; never raises)."""
+        if self.observer is None or last is None:
+            return
+        if uid and (last.get("metadata") or {}).get("uid") != uid:
+            return  # a state of another object under the name
+        try:
+            self.egress_feed.end(last, key)
+        except Exception as exc:
+            _log_report_failure(exc)
 
     def _disposed(
         self, key: SandboxKey | None, call: str | None, name: str, exc: BaseException | None
@@ -481,6 +476,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         SandboxScope itself is the host's to delete.
 
         With an observer, the listed Sandboxes' unreported egress decisions are delivered first,
+        each one gone ends its egress stream with its last state seen (``EgressStreamEnded``),
         and the disposal is reported as one ``ScopeDisposed`` naming the conversation by
         ``(scope, thread_id)``."""
         call = record_key(None)
@@ -523,9 +519,10 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
         async def gone(name: str, uid: str | None) -> bool:
             try:
-                await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
+                last = await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
             except TimeoutError:
                 return False
+            self._egress_ended(last, None, uid)
             return True
 
         outcomes = await asyncio.gather(*(gone(name, uid) for name, uid in targets))

@@ -4,7 +4,7 @@ A log line answers "something happened"; an audit question ("which conversation 
 host, which host tools ran and under whose authority, what left the sandbox") needs records that
 can be joined. This module defines them:
 
-* eight frozen events, each joined by the :class:`~sandbox_operator.contract.SandboxKey` of the
+* nine frozen events, each joined by the :class:`~sandbox_operator.contract.SandboxKey` of the
   sandbox it concerns (or, for :class:`ScopeDisposed`, the conversation's ``(scope, thread_id)``)
   and by ``call``, the id of the tool call it happened in;
 * :class:`SandboxObserver`, a base class with one do-nothing method per event: a host overrides
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType, TracebackType
-from typing import Literal, TypeAlias, TypeVar
+from typing import Literal, Protocol, TypeAlias, TypeVar
 
 from sandbox_operator.contract import DisposalFailure, SandboxKey
 
@@ -42,6 +42,7 @@ T = TypeVar("T")
 __all__ = [
     "EffectiveState",
     "EgressObserved",
+    "EgressStreamEnded",
     "EgressWatermark",
     "Event",
     "HostToolCalled",
@@ -174,8 +175,11 @@ class EgressObserved:
     that span whatever calls ran in between, so they anchor on the key alone.
 
     ``host``, ``port`` and ``method`` are what the *sandbox* asked for: guest-chosen text.
-    ``missed_before`` counts decisions the proxy made before this one that were never reported
-    (the status keeps only the newest few); it is 0 when nothing was lost."""
+    ``seq`` is the decision's number in the proxy's counting window (``None`` from a proxy that
+    does not number them); one client delivers a sandbox's decisions in that order, each once.
+    ``missed_before`` counts decisions the proxy made before this one, since the last one
+    delivered, that were never shown to this client (the status keeps only the newest few); it
+    is 0 when nothing was lost."""
 
     key: SandboxKey
     call: None
@@ -187,6 +191,30 @@ class EgressObserved:
     host: str
     port: int
     missed_before: int = 0
+    seq: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EgressStreamEnded:
+    """The client saw a followed Sandbox's end (its deletion, or a ``dispose(wait=True)``) and
+    delivered its last egress records; this says how the stream of ``EgressObserved`` ended.
+
+    ``reported``: ``EgressObserved`` events this client delivered for the Sandbox object;
+    ``missed``: decisions it was told of but never shown (the sum of their ``missed_before``).
+    ``complete``: the last state seen was the proxy's ``final`` write, in the one counting window
+    the client saw, so ``reported + missed`` is every decision the proxy made for the sandbox.
+    False when the last state was not final (the proxy may have decided more after its last
+    write, uncounted) or the proxy restarted meanwhile (what the old one decided after its last
+    write the client read is unknown). Only Sandboxes the proxy wrote a summary for have a
+    stream; ``call`` is always ``None``."""
+
+    key: SandboxKey
+    call: None
+    sandbox: str
+    namespace: str
+    reported: int
+    missed: int
+    complete: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +287,7 @@ Event: TypeAlias = (
     | SandboxDisposed
     | ScopeDisposed
     | EgressObserved
+    | EgressStreamEnded
     | HostToolCalled
     | StoreFileRead
     | OutputsCollected
@@ -286,6 +315,9 @@ class SandboxObserver:
     def egress_observed(self, event: EgressObserved) -> None:
         """The egress proxy decided on one outbound connection."""
 
+    def egress_stream_ended(self, event: EgressStreamEnded) -> None:
+        """A followed Sandbox ended: its egress records are all delivered (or counted)."""
+
     def host_tool_called(self, event: HostToolCalled) -> None:
         """A host-tool call was handled (answered, refused or failed)."""
 
@@ -304,6 +336,7 @@ ObserverMethod: TypeAlias = Literal[
     "sandbox_disposed",
     "scope_disposed",
     "egress_observed",
+    "egress_stream_ended",
     "host_tool_called",
     "store_file_read",
     "outputs_collected",
@@ -436,23 +469,77 @@ def record_key(key: SandboxKey | None) -> str | None:
     return ctx.call_id
 
 
+class NumberedRecord(Protocol):
+    """A status egress record as the watermark reads it: ``seq`` is its number in the proxy's
+    counting window (``None`` from a proxy older than the field)."""
+
+    @property
+    def seq(self) -> int | None: ...
+
+
+R = TypeVar("R", bound=NumberedRecord)
+
+
 @dataclass
 class EgressWatermark:
     """How far one sandbox's egress decisions have been reported: the proxy's counting window
-    (``status.egress.since``; a new one restarts the counts) and how many of its decisions."""
+    (``status.egress.since``; a new one restarts the numbers) and the number of the last decision
+    reported or counted as missed in it. ``delivered`` and ``missed`` add up over the windows:
+    events handed to the observer, and decisions it was told (``missed_before``) it will never
+    see. ``windows`` counts the counting windows seen (more than one: a proxy restarted, and
+    what the old one decided after its last write that was read is unknown); ``final``: the
+    current window's proxy wrote its last state (the Sandbox is being deleted)."""
 
     since: datetime | None = None
     reported: int = 0
+    delivered: int = 0
+    missed: int = 0
+    windows: int = 0
+    final: bool = False
 
-    def advance(self, since: datetime, total: int, recent: Sequence[T]) -> list[tuple[int, T]]:
-        """``(missed_before, record)`` for the decisions not yet reported -- the newest
-        ``total - reported`` of ``recent`` (oldest first) -- and move the mark past them. The
-        first carries how many decisions were made before it but never shown."""
+    @property
+    def complete(self) -> bool:
+        """Every decision of the sandbox was delivered or counted as missed: one window, closed
+        by the proxy's final write."""
+        return self.final and self.windows == 1
+
+    def advance(
+        self, since: datetime, total: int, recent: Sequence[R], *, final: bool = False
+    ) -> list[tuple[int, R]]:
+        """``(missed_before, record)`` for the decisions not yet reported, oldest first, and
+        move the mark past them; a state of an older window than the mark's (a stale read) is
+        ignored, a newer one restarts the numbers.
+
+        Numbered records (every one has ``seq``) are exact: those above the mark, in ``seq``
+        order, each with ``missed_before = seq - previous - 1``. Without numbers (an older
+        proxy) the totals say it: the newest ``total - reported`` of ``recent``, the first
+        carrying how many were made before it but never shown."""
+        if self.since is not None and since < self.since:
+            return []
         if self.since != since:
-            self.since, self.reported = since, 0
-        new = max(total - self.reported, 0)
-        shown = min(new, len(recent))
-        missed = new - shown
-        self.reported = max(total, self.reported)
-        tail = list(recent[len(recent) - shown :]) if shown else []
-        return [((missed if i == 0 else 0), record) for i, record in enumerate(tail)]
+            self.since, self.reported, self.final = since, 0, False
+            self.windows += 1
+        self.final = self.final or final
+        numbered = [r for r in recent if r.seq is not None]
+        if recent and len(numbered) == len(recent):
+            out: list[tuple[int, R]] = []
+            for record in sorted(numbered, key=lambda r: r.seq or 0):
+                seq = record.seq or 0
+                if seq <= self.reported:
+                    continue
+                out.append((seq - self.reported - 1, record))
+                self.reported = seq
+            if total > self.reported:  # counted beyond the newest record: never shown
+                self.missed += total - self.reported
+                self.reported = total
+        else:
+            new = max(total - self.reported, 0)
+            shown = min(new, len(recent))
+            tail = list(recent[len(recent) - shown :]) if shown else []
+            out = [((new - shown if i == 0 else 0), record) for i, record in enumerate(tail)]
+            if new and not shown:
+                self.missed += new  # counted, but no record left to carry the count
+            self.reported = max(total, self.reported)
+        self.delivered += len(out)
+        self.missed += sum(m for m, _ in out)
+        return out

@@ -245,7 +245,7 @@ REASON_DOCS: Mapping[ConditionReason, ReasonDoc] = {
     ConditionReason.ACCESS_NOT_GRANTED: ReasonDoc(
         "SandboxScope Ready=False (and a Warning Event)",
         "the Role and RoleBinding granting the scope's `agentServiceAccounts` their conversation "
-        "could not be written (docs/concepts.md, \"The conversation boundary\"); retried",
+        'could not be written (docs/concepts.md, "The conversation boundary"); retried',
         "—",
     ),
     ConditionReason.FILLING: ReasonDoc(

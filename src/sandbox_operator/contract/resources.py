@@ -133,6 +133,16 @@ class EgressDecisionRecord(ContractModel):
         description="Host the sandbox asked for; empty when the request named none.",
     )
     port: int = Field(default=0, ge=0, le=65535, description="Port the sandbox asked for.")
+    seq: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "The decision's number among this sandbox's decisions since `since`, from 1: the "
+            "running total (allowed + denied + unreachable) at that decision. A reader that last "
+            "saw number n and now sees m > n + 1 first knows m - n - 1 decisions were never "
+            "shown. Absent from records written by proxies older than this field."
+        ),
+    )
 
 
 class EgressSummary(ContractModel):
@@ -158,6 +168,14 @@ class EgressSummary(ContractModel):
             "When the running proxy admitted this sandbox to its table (its pod IP and "
             "allowlist); from then on it is served. The operator reports the sandbox Ready only "
             "once this is set."
+        ),
+    )
+    final: bool = Field(
+        default=False,
+        description=(
+            "Set by the proxy once the Sandbox is being deleted: it no longer serves the sandbox "
+            "(later connections are not attributed to it), and this is its last write, so the "
+            "totals and `recent` hold every decision it made for the sandbox since `since`."
         ),
     )
 

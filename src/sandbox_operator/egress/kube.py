@@ -21,6 +21,13 @@ whoever debugs the proxy. A Sandbox whose decisions changed is written at most o
 subresource, so the operator's own merge patches of other status fields and this one never
 overwrite each other.
 
+Each record carries ``seq``, its number among the Sandbox's decisions in this process (the
+running total at that decision), so a reader that saw up to n and now sees m knows exactly that
+m - n - 1 decisions scrolled out of ``recent`` unseen. When a Sandbox gets a
+``deletionTimestamp`` the proxy drops it from its table and writes its summary at once with
+``final``: nothing is attributed to it afterwards, so that write holds every decision this process
+made for it, and a reader that sees it knows its record is whole.
+
 Counts live in the controller, not in ``proxy.decisions``: the proxy forgets a sandbox's counters
 when it leaves the table (a pod restarting), the Sandbox's summary should not.
 
@@ -98,12 +105,16 @@ class _Summary:
 
     uid: str
     counts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
-    recent: deque[Decision] = field(default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS))
+    #: the newest decisions with their number (``seq``: the running total at that decision)
+    recent: deque[tuple[int, Decision]] = field(
+        default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS)
+    )
     version: int = 0  # bumped by every decision and admission
     written: int = 0  # the version last stored
     next_write: float = 0.0  # monotonic time before which it is not written again
     admitted: datetime | None = None  # when this process last admitted the sandbox
-    urgent: bool = False  # an admission not written yet: do not wait for the interval
+    urgent: bool = False  # an admission or the final state not written yet: do not wait
+    final: bool = False  # the Sandbox is being deleted: no longer served, nothing more counted
 
 
 def _timestamp(value: datetime, *, millis: bool = False) -> str:
@@ -111,8 +122,10 @@ def _timestamp(value: datetime, *, millis: bool = False) -> str:
     return value.astimezone(UTC).isoformat(timespec=spec).replace("+00:00", "Z")
 
 
-def _record(d: Decision) -> dict[str, Any]:
-    """A decision as status may show it: no address, no client (limits as in the CRD)."""
+def _record(seq: int, d: Decision) -> dict[str, Any]:
+    """A decision as status may show it: no address, no client (limits as in the CRD). ``seq``
+    is its number among the sandbox's decisions in this process, so a reader can tell exactly
+    how many it never saw."""
     return {
         "time": _timestamp(d.time, millis=True),
         "verdict": str(d.verdict),
@@ -120,6 +133,7 @@ def _record(d: Decision) -> dict[str, Any]:
         "method": d.method[:16],
         "host": d.host[:255],
         "port": d.port,
+        "seq": seq,
     }
 
 
@@ -176,6 +190,7 @@ class KubeEgressController:
         self.reachable = not service
         self._reach_since: float | None = None
         self._unannounced: set[str] = set()  # admitted while not reachable yet
+        self._ending: dict[str, str] = {}  # Sandboxes being deleted that have a summary: id -> uid
 
     # ---- decisions -> Events ---------------------------------------------------------------
 
@@ -265,10 +280,25 @@ class KubeEgressController:
         summary.version += 1
         summary.urgent = True
 
+    def _end(self, sandbox_id: str, uid: str) -> None:
+        """The Sandbox is being deleted (and out of the table, so nothing more is attributed to
+        it): mark its summary final and write it at once, so the last decisions are not left to
+        the interval and a reader knows the record is whole. A summary this process does not
+        hold (it started after the last admission) is closed as an empty window of its own."""
+        summary = self._summaries.get(sandbox_id)
+        if summary is None or summary.uid != uid:
+            summary = self._summaries[sandbox_id] = _Summary(uid=uid)
+        if summary.final:
+            return
+        summary.final = True
+        summary.version += 1
+        summary.urgent = True
+        log.info("sandbox %s is being deleted: its egress summary is final", sandbox_id)
+
     def _count(self, decision: Decision) -> None:
         summary = self._summary(str(decision.sandbox))
         summary.counts[decision.verdict] = summary.counts.get(decision.verdict, 0) + 1
-        summary.recent.append(decision)
+        summary.recent.append((sum(summary.counts.values()), decision))
         summary.version += 1
 
     def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
@@ -281,12 +311,16 @@ class KubeEgressController:
             "allowed": summary.counts[Verdict.ALLOW],
             "denied": summary.counts[Verdict.DENY],
             "unreachable": summary.counts[Verdict.UNREACHABLE],
-            "since": _timestamp(self.started),
+            # Milliseconds: a reader tells two proxy processes (two counting windows) apart by
+            # it, also when one restarts within the second.
+            "since": _timestamp(self.started, millis=True),
             "updated": _timestamp(datetime.now(UTC)),
-            "recent": [_record(d) for d in summary.recent],
+            "recent": [_record(seq, d) for seq, d in summary.recent],
         }
         if summary.admitted is not None:
             out["admitted"] = _timestamp(summary.admitted, millis=True)
+        if summary.final:
+            out["final"] = True
         return out
 
     async def flush_summaries(self, *, force: bool = False) -> None:
@@ -345,11 +379,17 @@ class KubeEgressController:
         )
         out: dict[str, SandboxEgress] = {}
         present: dict[str, str] = {}
+        ending: dict[str, str] = {}
         for obj in listing.get("items", []):
             meta = obj.get("metadata") or {}
             present[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
             spec = obj.get("spec") or {}
             if spec.get("egress") != "allowlist":
+                continue
+            if meta.get("deletionTimestamp"):
+                # Being deleted: no longer served, and its summary is closed (see _end).
+                if (obj.get("status") or {}).get("egress"):
+                    ending[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
                 continue
             served = (obj.get("status") or {}).get("servedBy") or {}
             if served.get("kind") != "Pod" or not served.get("name"):
@@ -370,6 +410,7 @@ class KubeEgressController:
                 {"id": sandbox_id, "allow": allow, "sourceIPs": [ip]}
             )
         self._present = present
+        self._ending = ending
         return out
 
     async def sync_once(self) -> None:
@@ -405,6 +446,8 @@ class KubeEgressController:
             else:
                 self._unannounced.add(sandbox_id)
             log.info("sandbox %s: %d allow entries", sandbox_id, len(entry.allow))
+        for sandbox_id, uid in self._ending.items():
+            self._end(sandbox_id, uid)
         # A summary outlives its pod (restarts keep counting) but not its Sandbox object.
         for sandbox_id, summary in list(self._summaries.items()):
             if self._present.get(sandbox_id) != summary.uid:

@@ -44,6 +44,13 @@ from sandbox_operator.reconcile.step import Step, sooner
 #: removal and nothing more; one that takes longer (a larger grace, a stuck volume) says so.
 DISPOSING_REPORT_AFTER_SECONDS = 10.0
 
+#: Once what served a Sandbox the egress proxy admitted is gone, how long its finalizer waits for
+#: the proxy's final write (``status.egress.final``), so the write lands before the object goes
+#: and whoever follows the Sandbox sees its egress record whole. The proxy writes it as soon as it
+#: sees the deletionTimestamp, usually before the pod has even stopped: the wait is rarely felt.
+#: It is woken by the write's watch event; the deadline only bounds a proxy that is down.
+EGRESS_FINAL_WAIT_SECONDS = 10.0
+
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = obj.get("metadata") or {}
@@ -160,11 +167,31 @@ def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
             rt.enqueue_sandbox(namespace, other)
 
 
+def egress_final_wait(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
+    """Seconds the finalizer should still wait for the egress proxy's final write, or None: the
+    proxy never admitted the Sandbox (no ``status.egress.admitted``), it wrote ``final``, or
+    :data:`EGRESS_FINAL_WAIT_SECONDS` have passed since the wait began."""
+    meta = _meta(obj)
+    key = (str(meta["namespace"]), str(meta["name"]))
+    egress = (obj.get("status") or {}).get("egress")
+    if not isinstance(egress, Mapping) or not egress.get("admitted") or egress.get("final"):
+        rt.egress_final_started.pop(key, None)
+        return None
+    started = rt.egress_final_started.setdefault(key, time.monotonic())
+    left = EGRESS_FINAL_WAIT_SECONDS - (time.monotonic() - started)
+    if left <= 0:
+        rt.egress_final_started.pop(key, None)
+        return None
+    return left + 0.05
+
+
 async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
 
     While disposal is under way or failed, the finalizer stays and the status says so; the pass
-    runs again when a child's deletion is seen, or at the retry deadline.
+    runs again when a child's deletion is seen, or at the retry deadline. Once disposed, a
+    Sandbox the egress proxy admitted is held until the proxy's final write is there (at most
+    :data:`EGRESS_FINAL_WAIT_SECONDS`, see :func:`egress_final_wait`).
     """
     meta = _meta(obj)
     namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -175,6 +202,9 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     terminal = compute.is_terminal(draft.old)
     requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
     if draft.is_true(DISPOSED):
+        hold = egress_final_wait(rt, obj)
+        if hold is not None:
+            return Step.wait(hold)  # the proxy's final write (its event) or the deadline
         remaining = [f for f in finalizers if f != FINALIZER]
         released = await rt.kube.patch_metadata(
             SANDBOX_PLURAL,

@@ -165,6 +165,8 @@ def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
     egress = status.get("egress")
     if isinstance(egress, Mapping) and egress.get("admitted"):
         slim_status["egress"] = {"admitted": egress["admitted"]}
+        if egress.get("final") is True:  # the disposal waits for it (egress_final_wait)
+            slim_status["egress"]["final"] = True
     return {
         "apiVersion": str(obj.get("apiVersion", "")),
         "kind": str(obj.get("kind", SANDBOX_KIND)),
