@@ -13,7 +13,7 @@ MAF_PYENV_VERSION ?= 3.12.1
 MAF_CODEACT := maf-sandbox-codeact==0.25.0
 MAF_SOURCES = $(shell find src/sandbox_operator/maf -name '*.py')
 
-.PHONY: venv venv-maf test test-unit test-integration test-e2e test-cluster test-maf lint typecheck crds chart-crds docs image \
+.PHONY: venv venv-maf test test-unit test-integration test-e2e test-cluster test-cluster-concurrent test-cluster-exclusive test-maf lint typecheck crds chart-crds docs image \
         cluster-up cluster-down cluster-status images up down clean kwok-up kwok-down
 
 $(STAMP): pyproject.toml
@@ -101,8 +101,28 @@ test: $(STAMP) $(MAF_STAMP) lint typecheck
 test-unit: $(STAMP)
 	$(call pytest_run,unit,$(PY) -m pytest tests/unit -n 4 --durations=15)
 
+# The cluster tiers: the tests that only use their own namespace run concurrently (pytest-xdist,
+# CLUSTER_WORKERS workers, a module per worker), then the `exclusive` ones alone; one log and one
+# closing line for both (hack/pytest_total.py), the slowest of each kept.
+CLUSTER_WORKERS ?= 3
 test-cluster: $(STAMP)
-	$(call pytest_run,cluster,$(PY) -m pytest tests/integration tests/e2e --durations=30)
+	@rc=0; \
+	$(MAKE) --no-print-directory test-cluster-concurrent || rc=1; \
+	$(MAKE) --no-print-directory test-cluster-exclusive || rc=1; \
+	cat build/test-cluster-concurrent.log build/test-cluster-exclusive.log > build/test-cluster.log; \
+	cat build/durations-cluster-concurrent.txt build/durations-cluster-exclusive.txt \
+	  > build/durations-cluster.txt; \
+	$(PY) hack/pytest_total.py build/test-cluster-concurrent.log build/test-cluster-exclusive.log \
+	  > build/test-cluster-total.txt || rc=1; \
+	cat build/test-cluster-total.txt; \
+	echo "$$(tail -1 build/test-cluster-total.txt)" >> build/test-cluster.log; \
+	exit $$rc
+
+test-cluster-concurrent: $(STAMP)
+	$(call pytest_run,cluster-concurrent,$(PY) -m pytest tests/integration tests/e2e -m "not exclusive" -n $(CLUSTER_WORKERS) --dist loadfile --durations=30)
+
+test-cluster-exclusive: $(STAMP)
+	$(call pytest_run,cluster-exclusive,$(PY) -m pytest tests/integration tests/e2e -m exclusive --durations=15)
 
 test-integration: $(STAMP)
 	$(call pytest_run,integration,$(PY) -m pytest tests/integration --durations=15)

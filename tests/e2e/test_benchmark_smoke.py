@@ -15,7 +15,8 @@ import pytest
 
 from tests.fixtures.cluster import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: the benchmarks measure the machine (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def run_smoke(

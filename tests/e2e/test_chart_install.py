@@ -48,7 +48,8 @@ from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_egress_closed import DEADLINE, SLACK, Outside, probe_in_pod
 from tests.unit.test_chart_render import CHART, ROOT, helm_binary
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: installs a release with cluster-wide objects (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 outside = closed.outside  # the fixture: an HTTP server on this machine
 

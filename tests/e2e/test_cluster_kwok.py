@@ -21,7 +21,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.fixtures.cluster import CLUSTER_PY, LOCAL_STATE
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: brings kwok fake nodes up and down (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 BUSYBOX = "sandbox-operator.dev/busybox:1"
 

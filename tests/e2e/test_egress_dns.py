@@ -22,7 +22,8 @@ from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import backend
 from tests.fixtures.operator import PYTHON
 
-pytestmark = pytest.mark.e2e
+# exclusive: asserts lookups fail at once: timing under load (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 LOOKUPS = 10
 WITHIN = 1.0  # seconds, per lookup

@@ -36,7 +36,8 @@ from tests.fixtures.faults import (
     wait_census,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: restarts the API server under every test (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 SCOPES = 3
 CREATES = 60

@@ -72,7 +72,8 @@ from sandbox_operator.contract.models import parse_quantity
 from sandbox_operator.contract.resources import SandboxResourceSpec, SandboxScopeResourceSpec
 from tests.fixtures.operator import GROUP, VERSION, Kit, OperatorProcess, local_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: a thousand specs: load that would starve concurrent tests (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 N_SANDBOXES = 800
 N_SCOPES = 200

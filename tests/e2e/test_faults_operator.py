@@ -42,7 +42,8 @@ from tests.fixtures.faults import (
 )
 from tests.fixtures.operator import OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: kills operators in bursts on kwok fake nodes (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 SCOPES = 3
 

@@ -17,7 +17,8 @@ import pytest
 from tests.fixtures.faults import runc_config
 from tests.fixtures.operator import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: peering and SIGKILL timings (run alone, after the concurrent part).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 PEERING = "sandbox-operator"
 #: create→Ready of a runc busybox Sandbox on the local node is a few seconds; a restarted

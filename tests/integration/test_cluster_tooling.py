@@ -10,7 +10,8 @@ import pytest
 
 from tests.fixtures.cluster import CLUSTER_PY, LOCAL_STATE
 
-pytestmark = pytest.mark.integration
+# exclusive: runs hack/cluster.py up on the running cluster (run alone, after the concurrent part).
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 
 @pytest.fixture
