@@ -1,8 +1,10 @@
 """Shared pytest wiring: fixtures live in tests/fixtures/, one module per concern.
 
-The cluster and operator fixtures need the operator's extras (the sync `kubernetes` client,
-PyYAML); a venv with only the base install (the client an agent installs alone) runs the
-client's unit tests without them, so they are loaded only where those extras are installed.
+The fixture modules registered here (cluster, operator, and those other tests share by fixture
+name) need the operator's extras (the sync `kubernetes` client, PyYAML); a venv with only the
+base install (the client an agent installs alone) runs the client's unit tests without them, so
+they are loaded only where those extras are installed. Helper modules under tests/fixtures/ that
+are not fixtures are imported by the tests that use them.
 """
 
 import importlib.util
@@ -12,7 +14,11 @@ _OPERATOR_EXTRAS = ("kubernetes", "yaml")
 pytest_plugins = (
     [
         name
-        for name in ("tests.fixtures.cluster", "tests.fixtures.operator")
+        for name in (
+            "tests.fixtures.cluster",
+            "tests.fixtures.operator",
+            "tests.fixtures.reconcile",
+        )
         if importlib.util.find_spec(name) is not None
     ]
     if all(importlib.util.find_spec(dep) is not None for dep in _OPERATOR_EXTRAS)

@@ -32,8 +32,8 @@ from kubernetes.client.rest import ApiException
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SandboxKey
+from tests.fixtures.chart import template
 from tests.fixtures.operator import FINALIZER, GROUP, VERSION, Kit, local_config
-from tests.unit.test_chart_render import template
 
 pytestmark = pytest.mark.e2e
 

@@ -46,7 +46,7 @@ from sandbox_operator.egress.probe import (
 )
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_egress_closed import DEADLINE, SLACK, Outside, probe_in_pod
-from tests.unit.test_chart_render import CHART, ROOT, helm_binary
+from tests.fixtures.chart import CHART, ROOT, helm_binary
 
 # exclusive: installs a release with cluster-wide objects (run alone, after the concurrent part).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]

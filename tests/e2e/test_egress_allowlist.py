@@ -55,8 +55,8 @@ from sandbox_operator.testing.egress import make_self_signed_cert, serve_http_in
 from tests.e2e import test_egress_closed as closed
 from tests.e2e.test_cluster_node import exec_in
 from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
+from tests.fixtures.chart import template
 from tests.fixtures.operator import DECLARATIONS, PYTHON
-from tests.unit.test_chart_render import template
 
 pytestmark = pytest.mark.e2e
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
 
 from sandbox_operator.backends.acas.api import AcasClient, parse_retry_after
 from sandbox_operator.backends.acas.auth import StaticTokenProvider
-from sandbox_operator.backends.acas.config import AcasBackendConfig
 from sandbox_operator.backends.acas.errors import (
     AcasAuthError,
     AcasConflict,
@@ -35,6 +33,7 @@ from sandbox_operator.backends.acas.operations import LabelSelectorError, label_
 from sandbox_operator.contract import DisposalCode, SandboxKey
 from sandbox_operator.labels import object_labels, scope_selector
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer
+from tests.fixtures.acas import make_config
 
 SECRET_TOKEN = "sekret-token-0123456789"
 
@@ -46,35 +45,6 @@ DELETE = "AzureSandboxes_Delete"
 CREATE = "AzureSandboxes_Create"
 MKDIR = "SandboxFilesOperations_PostSandboxFileMkdir"
 DELETE_FILE = "SandboxFilesOperations_DeleteSandboxFile"
-
-
-def make_config(endpoint: str, **overrides: Any) -> AcasBackendConfig:
-    data: dict[str, Any] = {
-        "type": "acas",
-        "name": "acas-test",
-        "endpoint": endpoint,
-        "subscription": "00000000-0000-0000-0000-000000000000",
-        "resourceGroup": "rg-test",
-        "sandboxGroup": "group-test",
-        "credential": {"source": "secret", "secretName": "acas", "tokenKey": "token"},
-        "timeouts": {
-            "connect": 1,
-            "read": 2,
-            "write": 2,
-            "pool": 1,
-            "execute": 10,
-            "delete": 2,
-            "pollInterval": 0.05,
-        },
-        "retries": {
-            "maxAttempts": 4,
-            "baseDelaySeconds": 0.01,
-            "maxDelaySeconds": 0.05,
-            "maxRetryAfterSeconds": 5,
-        },
-    }
-    data.update(overrides)
-    return AcasBackendConfig.model_validate(data)
 
 
 class SleepRecorder:

@@ -29,7 +29,7 @@ from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.conformance import suites
 from sandbox_operator.contract import SandboxSpec
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer
-from tests.unit.test_acas_client import make_config
+from tests.fixtures.acas import make_config
 
 EXEC = "SandboxLifecycleOperations_PostSandboxExecuteCommand"
 

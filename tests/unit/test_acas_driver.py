@@ -24,7 +24,6 @@ from sandbox_operator.backends.acas.models import RemoteSandbox
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
-    EnsureRequest,
     ObservedPhase,
     SandboxRef,
     StartupError,
@@ -32,55 +31,20 @@ from sandbox_operator.backends.base import (
 from sandbox_operator.contract import (
     ConditionReason,
     DisposalCode,
-    IsolationScope,
     SandboxKey,
-    SandboxSpec,
 )
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer
-from tests.unit.test_acas_client import make_config
+from tests.fixtures.acas import make_config, new_driver, request, spec
 
 CREATE = "AzureSandboxes_Create"
 LIST = "AzureSandboxes_List"
 DELETE = "AzureSandboxes_Delete"
 
 
-def spec(**kw: Any) -> SandboxSpec:
-    base: dict[str, Any] = {"kind": "python", "image": "python:3.12", "work_dir": "/workspace"}
-    base.update(kw)
-    return SandboxSpec(**base)
-
-
-def request(
-    name: str = "sbx-1",
-    uid: str = "uid-1",
-    key: SandboxKey | None = None,
-    **spec_kw: Any,
-) -> EnsureRequest:
-    key = key or SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/a")
-    return EnsureRequest(
-        sandbox=SandboxRef("ns1", name, uid),
-        key=key,
-        spec=spec(**spec_kw),
-        isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(key, name, "acas-test", kind="python"),
-        annotations=lbl.key_annotations(key),
-    )
-
-
 @pytest.fixture
 async def standin() -> AsyncIterator[StandinServer]:
     async with StandinServer() as server:
         yield server
-
-
-def new_driver(standin: StandinServer, **overrides: Any) -> AcasDriver:
-    async def no_sleep(_: float) -> None:
-        return None
-
-    config = make_config(standin.base_url, **overrides)
-    driver = build_driver(config, api=None, tokens=StaticTokenProvider(DEFAULT_TOKEN))
-    driver.client._sleep = no_sleep
-    return driver
 
 
 @pytest.fixture

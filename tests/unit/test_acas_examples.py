@@ -1,9 +1,10 @@
 """Replay every published example in aca-examples/ against the request builders AND the stand-in.
 
 Both sides are checked against the same anchor, independently of each other: the operation table
-of the reference document (method and path per operationId, transcribed below from section 2)
-plus the example file (parameters, body, statuses, response shapes). So neither the client's
-builders nor the stand-in can drift from the published API without a failure here.
+of the reference document (method and path per operationId, transcribed from section 2 in
+tests/fixtures/acas.py) plus the example file (parameters, body, statuses, response shapes). So
+neither the client's builders nor the stand-in can drift from the published API without a failure
+here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sandbox_operator.backends.acas.models import (
 )
 from sandbox_operator.backends.acas.operations import API_VERSION, AcasOperations, ApiRequest
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer, StandinState
+from tests.fixtures.acas import DOCUMENTED, P
 
 #: Vendored verbatim copies (so a clean clone runs this test); the shared reference they come
 #: from sits next to the repository (../shared/reference, as issue 7 names it).
@@ -51,49 +53,6 @@ def test_examples_are_the_published_ones() -> None:
     for path in EXAMPLES:
         assert path.read_bytes() == (SHARED_EXAMPLES_DIR / path.name).read_bytes(), path.name
 
-
-P = (
-    "/subscriptions/{subscriptionId}/resourceGroups/{resourceGroupName}"
-    "/sandboxGroups/{sandboxGroupName}"
-)
-
-#: Section 2 of the reference (Swagger 01868f55): operationId -> (method, path after {P}).
-DOCUMENTED: dict[str, tuple[str, str]] = {
-    "AzureSandboxes_List": ("GET", "/sandboxes"),
-    "AzureSandboxes_Create": ("POST", "/sandboxes"),
-    "AzureSandboxes_Get": ("GET", "/sandboxes/{id}"),
-    "AzureSandboxes_Delete": ("DELETE", "/sandboxes/{id}"),
-    "SandboxLifecycleOperations_GetSandboxesCount": ("GET", "/sandboxes/count"),
-    "SandboxLifecycleOperations_PostSandboxStop": ("POST", "/sandboxes/{id}/stop"),
-    "SandboxLifecycleOperations_PostSandboxStopAsync": ("POST", "/sandboxes/{id}/stop/async"),
-    "SandboxLifecycleOperations_PostSandboxResume": ("POST", "/sandboxes/{id}/resume"),
-    "SandboxLifecycleOperations_PostSandboxExecuteCommand": (
-        "POST",
-        "/sandboxes/{id}/executeCommand",
-    ),
-    "SandboxLifecycleOperations_PostSandboxExecuteShellCommand": (
-        "POST",
-        "/sandboxes/{id}/executeShellCommand",
-    ),
-    "SandboxFilesOperations_PostSandboxFile": ("POST", "/sandboxes/{id}/files"),
-    "SandboxFilesOperations_GetSandboxFile": ("GET", "/sandboxes/{id}/files"),
-    "SandboxFilesOperations_DeleteSandboxFile": ("DELETE", "/sandboxes/{id}/files"),
-    "SandboxFilesOperations_GetSandboxFilesList": ("GET", "/sandboxes/{id}/files/list"),
-    "SandboxFilesOperations_GetSandboxFileStat": ("GET", "/sandboxes/{id}/files/stat"),
-    "SandboxFilesOperations_PostSandboxFileMkdir": ("POST", "/sandboxes/{id}/files/mkdir"),
-    "SandboxNetworkingOperations_PostSandboxEgressPolicy": (
-        "POST",
-        "/sandboxes/{id}/egresspolicy",
-    ),
-    "SandboxNetworkingOperations_GetSandboxEgressDecisions2": (
-        "GET",
-        "/sandboxes/{id}/egressDecisions",
-    ),
-    "EgressPoliciesOperations_ListEgressPolicies": ("GET", "/egressPolicies"),
-    "EgressPoliciesOperations_GetEgressPolicy": ("GET", "/egressPolicies/{policyId}"),
-    "EgressPoliciesOperations_PutEgressPolicy": ("PUT", "/egressPolicies/{policyId}"),
-    "EgressPoliciesOperations_DeleteEgressPolicy": ("DELETE", "/egressPolicies/{policyId}"),
-}
 
 PATH_PARAMS = {"subscriptionId", "resourceGroupName", "sandboxGroupName", "id", "policyId"}
 BODY_PARAMS = {"content", "body"}

@@ -22,7 +22,7 @@ from sandbox_operator.backends.acas.errors import AcasError
 from sandbox_operator.backends.base import ObservedPhase, SandboxRef, ServedBy
 from sandbox_operator.contract import SandboxKey
 from tests.acas_standin import StandinServer
-from tests.unit.test_acas_driver import new_driver, request
+from tests.fixtures.acas import new_driver, request
 
 LIST = "AzureSandboxes_List"
 GET = "AzureSandboxes_Get"

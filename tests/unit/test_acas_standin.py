@@ -18,7 +18,7 @@ from sandbox_operator.backends.acas.api import AcasClient
 from sandbox_operator.backends.acas.auth import StaticTokenProvider
 from sandbox_operator.backends.acas.errors import AcasServerError
 from tests.acas_standin import DEFAULT_TOKEN, ThreadedStandin
-from tests.unit.test_acas_client import make_config
+from tests.fixtures.acas import make_config
 
 REPO = Path(__file__).resolve().parents[2]
 

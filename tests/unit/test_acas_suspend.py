@@ -35,9 +35,7 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.contract import ConditionReason
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer
-from tests.unit.test_acas_client import make_config
-from tests.unit.test_acas_driver import new_driver, request
-from tests.unit.test_acas_examples import DOCUMENTED, P
+from tests.fixtures.acas import DOCUMENTED, P, make_config, new_driver, request
 
 STOP = "SandboxLifecycleOperations_PostSandboxStop"
 STOP_ASYNC = "SandboxLifecycleOperations_PostSandboxStopAsync"

@@ -16,17 +16,8 @@ from sandbox_operator.reconcile import sandbox as sandbox_reconciler
 from sandbox_operator.reconcile.handlers import NoDiffBase, NoProgress
 from sandbox_operator.reconcile.runtime import FINALIZER
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE, Views
-from tests.unit.test_chart_render import template
-from tests.unit.test_operator_reconcile import (
-    NS,
-    SPEC,
-    cond,
-    finalize_sandbox,
-    reconcile_sandbox,
-    world,
-)
-
-__all__ = ["world"]  # the fixture, shared with test_operator_reconcile
+from tests.fixtures.chart import template
+from tests.fixtures.reconcile import NS, SPEC, cond, finalize_sandbox, reconcile_sandbox
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 

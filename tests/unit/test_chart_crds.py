@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tests.unit.test_chart_render import CHART, ROOT, by_kind, template
+from tests.fixtures.chart import CHART, ROOT, by_kind, template
 
 SOURCE = ROOT / "crds"
 COPIES = CHART / "files" / "crds"

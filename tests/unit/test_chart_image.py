@@ -8,7 +8,7 @@ import tomllib
 
 import yaml
 
-from tests.unit.test_chart_render import CHART, ROOT, one, template
+from tests.fixtures.chart import CHART, ROOT, one, template
 
 DOCKERFILE = (ROOT / "operator" / "Dockerfile").read_text()
 BUILD_SCRIPT = ROOT / "operator" / "build-image.sh"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sandbox_operator import cli
-from tests.unit.test_chart_render import (
+from tests.fixtures.chart import (
     CHART,
     KUBE_VERSION,
     by_kind,

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from sandbox_operator.backends import egress_proxy
 from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from sandbox_operator.reconcile import access
-from tests.unit.test_chart_render import ROOT, by_kind, template
+from tests.fixtures.chart import ROOT, acas_values, by_kind, managed_proxy_values, template
 
 SRC = ROOT / "src" / "sandbox_operator"
 # The operator process: everything but the client library, its conformance suites and the egress
@@ -380,12 +379,6 @@ def test_the_scanner_finds_the_operator_calls() -> None:
     assert ("sandbox-operator.dev", "sandboxscopes", "watch") in found.grants
 
 
-def managed_proxy_values(tmp_path: Path) -> Path:
-    path = tmp_path / "managed-proxy.yaml"
-    path.write_text(yaml.safe_dump({"config": {"egressProxy": {}}}))
-    return path
-
-
 @pytest.mark.parametrize("managed_proxy", [False, True], ids=["no-proxy", "managed-proxy"])
 @pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
 def test_chart_rbac_equals_the_verbs_the_operator_uses(
@@ -414,30 +407,6 @@ def test_no_secret_access_and_no_escalation() -> None:
     assert not {g for g in granted if g[1] in ("secrets", "serviceaccounts/token")}
     assert not {g for g in granted if g[2] in ("escalate", "bind", "impersonate")}
     assert not {g for g in granted if g[1] in ("pods/exec", "pods/attach", "nodes/proxy")}
-
-
-def acas_values(tmp_path: Path, credential: dict[str, Any]) -> Path:
-    values = tmp_path / "acas.yaml"
-    backend = {
-        "name": "acas-west",
-        "type": "acas",
-        "endpoint": "https://example.invalid",
-        "subscription": "sub",
-        "resourceGroup": "rg",
-        "sandboxGroup": "group",
-        "credential": credential,
-    }
-    values.write_text(
-        yaml.safe_dump(
-            {
-                "config": {
-                    "hostPolicy": {"selection": "fixed", "pinnedBackend": "acas-west"},
-                    "backends": [backend],
-                }
-            }
-        )
-    )
-    return values
 
 
 @pytest.mark.parametrize("namespace", [None, "creds"])

@@ -2,14 +2,12 @@
 
 No cluster: `helm lint` and `helm template` only. Helm itself is built from its Go module by
 hack/build-binaries.sh and cached; these tests build it once if it is missing (about a minute).
-The helpers here are shared by the other chart tests (unit and e2e).
+The helpers shared with the other chart tests (unit and e2e) are in tests/fixtures/chart.py.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +16,18 @@ import pytest
 import yaml
 
 from sandbox_operator import labels as lbl
+from tests.fixtures.chart import (
+    CHART,
+    KUBE_VERSION,
+    by_kind,
+    one,
+    run_helm,
+    set_args,
+    template,
+    template_error,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "sandbox-operator"
 RUNGS = ["none", "runtime", "os_process", "container", "hardened_container", "microvm", "vm"]
-KUBE_VERSION = "1.33.0"
 CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
@@ -32,31 +37,6 @@ CLUSTER_SCOPED = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
-
-
-def helm_binary() -> str:
-    """Path of helm: $HELM, else the project's cached build (built now if missing), else PATH."""
-    if os.environ.get("HELM"):
-        return os.environ["HELM"]
-    script = ROOT / "hack" / "build-binaries.sh"
-    paths = subprocess.run(
-        ["bash", str(script), "print-paths"], check=True, capture_output=True, text=True
-    ).stdout
-    helm_dir = dict(line.split("=", 1) for line in paths.split())["HELM_BIN"]
-    cached = Path(helm_dir) / "helm"
-    if cached.is_file():
-        return str(cached)
-    on_path = shutil.which("helm")
-    if on_path:
-        return on_path
-    subprocess.run(["bash", str(script), "helm"], check=True)
-    return str(cached)
-
-
-def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [helm_binary(), *args], check=check, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> None:
@@ -94,53 +74,11 @@ def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> N
     ]
 
 
-def set_args(values: dict[str, str] | None) -> list[str]:
-    out: list[str] = []
-    for key, value in (values or {}).items():
-        out += ["--set", f"{key}={value}"]
-    return out
-
-
-def template(
-    values: dict[str, str] | None = None,
-    *,
-    values_files: list[Path] | None = None,
-    release: str = "so",
-    namespace: str = "sandbox-operator-system",
-) -> list[dict[str, Any]]:
-    """`helm template` the chart and return the rendered objects."""
-    args = ["template", release, str(CHART), "--namespace", namespace]
-    args += ["--kube-version", KUBE_VERSION]
-    for f in values_files or []:
-        args += ["--values", str(f)]
-    out = run_helm(*args, *set_args(values)).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
 def template_values_file(values: Path) -> Any:
     """Render with a values file that may be refused; return helm's completed process."""
     return run_helm(
         "template", "so", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values), check=False
     )
-
-
-def template_error(values: dict[str, str]) -> str:
-    """Render with values that should be refused; return helm's error output."""
-    result = run_helm(
-        "template", "so", str(CHART), "--kube-version", KUBE_VERSION, *set_args(values), check=False
-    )
-    assert result.returncode != 0, f"helm accepted {values}"
-    return result.stderr
-
-
-def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objs if o["kind"] == kind]
-
-
-def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(objs, kind)
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
 
 
 @pytest.fixture(scope="module")

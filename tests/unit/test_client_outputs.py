@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,67 +11,16 @@ from sandbox_operator.client import (
     Artifact,
     ArtifactNameCollision,
     CollectedOutputs,
-    LandedArtifact,
     LandingExists,
     LandingNotConfined,
     OutputMissing,
     OutputNotRegular,
-    Sandbox,
     SinkRequired,
     TransferCapExceeded,
     collect_outputs,
     make_file_system_sink,
 )
-from sandbox_operator.client.dataplane import ExecDataPlane, LocalExecTransport
-from sandbox_operator.contract import Capability, SandboxSpec
-
-
-class Recorder(ExecDataPlane):
-    """A local data plane that records which primitives were called."""
-
-    def __init__(self) -> None:
-        super().__init__(LocalExecTransport())
-        self.calls: list[str] = []
-
-    async def stat(self, work_dir: str, relative: str) -> Any:
-        self.calls.append(f"stat {relative}")
-        return await super().stat(work_dir, relative)
-
-    async def read_file(self, work_dir: str, relative: str, *, max_bytes: int) -> bytes:
-        self.calls.append(f"read {relative}")
-        return await super().read_file(work_dir, relative, max_bytes=max_bytes)
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.delivered: list[Artifact] = []
-
-    async def deliver(self, artifact: Artifact) -> LandedArtifact:
-        self.delivered.append(artifact)
-        return LandedArtifact(artifact.name, artifact.media_type, artifact.size, "h", "d")
-
-
-def make(tmp_path: Path, outputs: list[dict[str, Any]], **limits: int) -> tuple[Sandbox, Recorder]:
-    files_out = {"max_bytes_per_file": 100, "max_total_bytes": 150, "max_files": 4, **limits}
-    spec = SandboxSpec.model_validate(
-        {
-            "kind": "t",
-            "image": "i",
-            "workDir": str(tmp_path / "work"),
-            "requires": [c.value for c in Capability],
-            "filesOut": files_out,
-            "declaredOutputs": outputs,
-        }
-    )
-    (tmp_path / "work").mkdir(exist_ok=True)
-    rec = Recorder()
-    return Sandbox(spec, rec), rec
-
-
-def put(tmp_path: Path, name: str, data: bytes) -> None:
-    p = tmp_path / "work" / name
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
+from tests.fixtures.client_outputs import ListSink, make, put
 
 
 async def test_collects_in_declaration_order(tmp_path: Path) -> None:

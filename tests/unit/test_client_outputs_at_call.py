@@ -25,7 +25,7 @@ from sandbox_operator.client import (
 )
 from sandbox_operator.client.sync import _Loop
 from sandbox_operator.contract import Capability, DeclaredOutput, Disposition, SandboxSpec
-from tests.unit.test_client_outputs import ListSink, make, put
+from tests.fixtures.client_outputs import ListSink, make, put
 
 
 def at_call(tmp_path: Path, *, flag: bool = True, **fields: Any) -> Any:
@@ -117,7 +117,7 @@ async def test_listing_is_gated_by_files_list(tmp_path: Path) -> None:
 
 
 def test_the_flag_needs_files_out_in_the_model_and_the_crd() -> None:
-    from tests.unit.test_crds import BASE, spec_rules_pass
+    from tests.fixtures.crds import BASE, spec_rules_pass
 
     with pytest.raises(ValidationError, match="outputsNamedAtCallTime needs files_out"):
         SandboxSpec.model_validate(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -11,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from pydantic import ValidationError
 
 from sandbox_operator import crdgen
@@ -25,28 +23,22 @@ from sandbox_operator.contract import (
     SandboxScopeResourceSpec,
     SandboxScopeResourceStatus,
 )
+from tests.fixtures.crds import (
+    BASE,
+    CRD_DIR,
+    ROOT,
+    SANDBOX_FILE,
+    evaluate,
+    load,
+    root_schema,
+    rules,
+    spec_rules_pass,
+    spec_schema,
+    spec_transition_rules_pass,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_DIR = ROOT / "crds"
-SANDBOX_FILE = "sandboxes.sandbox-operator.dev.yaml"
 SCOPE_FILE = "sandboxscopes.sandbox-operator.dev.yaml"
 POOL_FILE = "sandboxwarmpools.sandbox-operator.dev.yaml"
-
-
-@functools.cache
-def load(name: str) -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all((CRD_DIR / name).read_text()) if d]
-    assert len(docs) == 1
-    return docs[0]
-
-
-def root_schema(crd: dict[str, Any]) -> dict[str, Any]:
-    (version,) = crd["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]
-
-
-def spec_schema(name: str) -> dict[str, Any]:
-    return root_schema(load(name))["properties"]["spec"]
 
 
 def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -57,10 +49,6 @@ def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, 
         yield from walk(node["items"], f"{path}[]")
     if isinstance(node.get("additionalProperties"), dict):
         yield from walk(node["additionalProperties"], f"{path}{{}}")
-
-
-def rules(node: dict[str, Any]) -> list[str]:
-    return [r["rule"] for r in node.get("x-kubernetes-validations", [])]
 
 
 # --- drift and determinism --------------------------------------------------------------------
@@ -283,40 +271,6 @@ def test_cel_rule_makes_the_scope_spec_immutable() -> None:
 
 
 # --- CEL rules: evaluated (cel-python) --------------------------------------------------------
-
-
-def evaluate(rule: str, value: Any, old: Any = None) -> bool:
-    celpy = pytest.importorskip("celpy")
-    env = celpy.Environment()
-    program = env.program(env.compile(rule))
-    activation = {"self": celpy.json_to_cel(value)}
-    if old is not None:
-        activation["oldSelf"] = celpy.json_to_cel(old)
-    return bool(program.evaluate(activation))
-
-
-def spec_rules_pass(spec: dict[str, Any]) -> bool:
-    """The rules a create is checked against (transition rules run on updates only)."""
-    return all(evaluate(r, spec) for r in rules(spec_schema(SANDBOX_FILE)) if "oldSelf" not in r)
-
-
-def spec_transition_rules_pass(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    spec_rules = [r for r in rules(spec_schema(SANDBOX_FILE)) if "oldSelf" in r]
-    assert spec_rules
-    return all(evaluate(r, new, old) for r in spec_rules)
-
-
-BASE: dict[str, Any] = {
-    "scopeRef": "conv-1",
-    "agentDir": "devops",
-    "callId": "",
-    "kind": "python",
-    "image": "py:1",
-    "egress": "closed",
-    "isolationScope": "conversation",
-    "requires": ["exec", "files_in"],
-    "filesOut": {"maxBytesPerFile": 1, "maxTotalBytes": 1, "maxFiles": 1},
-}
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,7 @@ from sandbox_operator.contract import conditions
 from sandbox_operator.contract.conditions import REASON_DOCS, ConditionReason, ReasonDoc
 from sandbox_operator.metrics import METRIC_DOCS, MetricDoc
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS
-from tests.unit.test_chart_rbac import acas_values, managed_proxy_values
-from tests.unit.test_chart_render import ROOT, by_kind, template
+from tests.fixtures.chart import ROOT, acas_values, by_kind, managed_proxy_values, template
 
 RBAC_PAGE = "docs/rbac.md: the rbac table"
 

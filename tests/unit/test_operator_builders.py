@@ -375,7 +375,7 @@ def test_every_sandbox_pod_name_starts_with_the_agent_exec_prefix():
     import yaml
 
     from sandbox_operator import naming
-    from tests.unit.test_chart_render import CHART
+    from tests.fixtures.chart import CHART
 
     prefix = yaml.safe_load((CHART / "values.yaml").read_text())["agentRole"]["sandboxPodPrefix"]
     assert prefix == naming.SANDBOX_OBJECT_PREFIX

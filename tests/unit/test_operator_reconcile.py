@@ -8,275 +8,29 @@ next deadline instead of raising for kopf to retry."""
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any, TypeVar
-
-import pytest
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import (
-    Availability,
     BackendObject,
-    DisposalError,
-    Observation,
     ObservedPhase,
     ServedBy,
 )
-from sandbox_operator.config import parse_config
-from sandbox_operator.contract import DisposalCode, DisposalFailure
 from sandbox_operator.reconcile import sandbox as sandbox_reconciler
 from sandbox_operator.reconcile import scope as scope_reconciler
-from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-
-NS = "ns"
-_rv = itertools.count(1)
-
-
-class FakeKube:
-    def __init__(self) -> None:
-        self.objs: dict[tuple[str, str], dict[str, Any]] = {}
-        self.status_writes = 0
-        self.gone: dict[tuple[str, str], dict[str, Any]] = {}
-        self.events: list[tuple[str, str, str]] = []
-        self.rbac: list[dict[str, Any]] = []  # Roles and RoleBindings applied, in order
-        self.rbac_refused = False
-
-    def add(self, plural: str, name: str, spec: dict[str, Any]) -> None:
-        self.objs[(plural, name)] = {
-            "apiVersion": "sandbox-operator.dev/v1alpha1",
-            "kind": "Sandbox" if plural == "sandboxes" else "SandboxScope",
-            "metadata": {
-                "name": name,
-                "namespace": NS,
-                "uid": f"uid-{name}-{next(_rv)}",
-                "generation": 1,
-                "resourceVersion": str(next(_rv)),
-                "creationTimestamp": "2099-01-01T00:00:00Z",
-                "labels": {},
-                "annotations": {},
-            },
-            "spec": spec,
-        }
-
-    async def get_sandbox(self, ns, name):
-        return copy.deepcopy(self.objs.get(("sandboxes", name)))
-
-    async def get_scope(self, ns, name):
-        return copy.deepcopy(self.objs.get(("sandboxscopes", name)))
-
-    async def get_pod(self, ns, name):
-        return copy.deepcopy(self.objs.get(("pods", name)))
-
-    async def list_sandboxes(self, ns, label_selector=None):
-        out = []
-        want = dict(p.split("=", 1) for p in label_selector.split(",")) if label_selector else {}
-        for (plural, _), obj in self.objs.items():
-            labels = obj["metadata"]["labels"]
-            if plural == "sandboxes" and all(labels.get(k) == v for k, v in want.items()):
-                out.append(copy.deepcopy(obj))
-        return out
-
-    async def delete_sandboxes(self, ns, label_selector):
-        want = dict(p.split("=", 1) for p in label_selector.split(","))
-        for (plural, name), obj in list(self.objs.items()):
-            labels = obj["metadata"]["labels"]
-            if plural == "sandboxes" and all(labels.get(k) == v for k, v in want.items()):
-                await self.delete_sandbox(ns, name)
-
-    async def patch_status(self, plural, ns, name, status, rv):
-        obj = self.objs.get((plural, name))
-        if obj is None:
-            return None  # 404, as the real client answers it
-        if rv and rv != obj["metadata"]["resourceVersion"]:
-            raise Conflict(name)
-        st = obj.setdefault("status", {})
-        for k, v in status.items():
-            if v is None:
-                st.pop(k, None)
-            else:
-                st[k] = copy.deepcopy(v)
-        obj["metadata"]["resourceVersion"] = str(next(_rv))
-        self.status_writes += 1
-        return copy.deepcopy(obj)
-
-    async def patch_metadata(
-        self, plural, ns, name, labels=None, annotations=None, finalizers=None,
-        resource_version=None,
-    ):  # fmt: skip
-        obj = self.objs.get((plural, name))
-        if obj is None:
-            return None
-        if resource_version and resource_version != obj["metadata"]["resourceVersion"]:
-            raise Conflict(name)
-        obj["metadata"]["labels"].update(labels or {})
-        obj["metadata"]["annotations"].update(annotations or {})
-        if finalizers is not None:
-            obj["metadata"]["finalizers"] = list(finalizers)
-            if not finalizers and obj["metadata"].get("deletionTimestamp"):
-                self.gone[(plural, name)] = self.objs.pop((plural, name))  # let go
-                return copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(next(_rv))
-        return copy.deepcopy(obj)
-
-    async def delete_sandbox(self, ns, name):
-        obj = self.objs.get(("sandboxes", name))
-        if obj is None:
-            return
-        if obj["metadata"].get("finalizers"):
-            obj["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
-            obj["metadata"]["resourceVersion"] = str(next(_rv))
-        else:
-            del self.objs[("sandboxes", name)]
-
-    async def post_event(self, obj, *, type_, reason, message, action="Reconcile"):
-        self.events.append((obj["metadata"]["name"], type_, reason))
-
-    async def apply_rbac(self, body, field_manager):
-        if self.rbac_refused:
-            raise PermissionError("403")
-        self.rbac.append(copy.deepcopy(body))
-
-
-class FakeDriver:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.pods: dict[str, dict[str, Any]] = {}  # name -> {phase, owner, labels}
-        self.available = True
-        self.fail_dispose = False
-        self.creates = 0
-        self.message = "m"
-
-    async def check_available(self):
-        return Availability(self.available, "" if self.available else "RuntimeClass missing")
-
-    async def ensure(self, request):
-        name = request.sandbox.name
-        if name not in self.pods:
-            self.creates += 1
-            self.pods[name] = {
-                "phase": ObservedPhase.STARTING,
-                "owner": request.sandbox.uid,
-                "labels": dict(request.labels),
-            }
-        return ServedBy("Pod", name, NS)
-
-    async def observe(self, sandbox):
-        pod = self.pods.get(sandbox.name)
-        if pod is None:
-            return Observation(ObservedPhase.ABSENT)
-        return Observation(pod["phase"], ServedBy("Pod", sandbox.name, NS), message=self.message)
-
-    async def dispose(self, sandbox):
-        if self.fail_dispose and sandbox.name in self.pods:
-            raise DisposalError(
-                DisposalFailure(code=DisposalCode.TIMEOUT, detail="stuck", backend=self.name)
-            )
-        self.pods.pop(sandbox.name, None)
-
-    async def _list(self, want):
-        return [
-            BackendObject("Pod", n, NS, n, p["owner"], labels=p["labels"])
-            for n, p in self.pods.items()
-            if all(p["labels"].get(k) == v for k, v in want.items())
-        ]
-
-    async def list_by_scope(self, ns, scope, thread_id):
-        return await self._list({lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread_id)})
-
-    async def list_by_key(self, ns, key):
-        return await self._list({lbl.KEY_LABEL: lbl.key_value(key)})
-
-    async def dispose_object(self, obj):
-        await self.dispose(type("R", (), {"name": obj.name})())
-
-    async def close(self):
-        pass
-
-
-def runtime(floor="hardened_container") -> tuple[Runtime, FakeKube, FakeDriver]:
-    config, _ = parse_config(
-        {
-            "hostPolicy": {"minIsolation": floor, "selection": "fixed", "pinnedBackend": "gvisor"},
-            "backends": [
-                {
-                    "name": "gvisor",
-                    "type": "runtimeClass",
-                    "runtimeClassName": "gvisor",
-                    "isolation": "hardened_container",
-                    "declarations": {"egressModes": ["closed"]},
-                }
-            ],
-        }
-    )
-    kube, driver = FakeKube(), FakeDriver("gvisor")
-    rt = Runtime(config=config, kube=kube, drivers={"gvisor": driver})  # type: ignore[arg-type]
-    return rt, kube, driver
-
-
-def sync(rt: Runtime, kube: FakeKube) -> None:
-    """Play the watches: the views get what the fake API server holds now."""
-    for (plural, name), obj in kube.objs.items():
-        if plural == "sandboxes":
-            rt.views.drop_sandbox(NS, name)
-            rt.views.put_sandbox(copy.deepcopy(obj))
-        else:
-            rt.views.scopes.remove(NS, name)
-            rt.views.scopes.upsert(copy.deepcopy(obj))
-    for store, plural in ((rt.views.sandboxes, "sandboxes"), (rt.views.scopes, "sandboxscopes")):
-        for ns, name in store.names():
-            if (plural, name) not in kube.objs:
-                if plural == "sandboxes":
-                    rt.views.drop_sandbox(ns, name)
-                else:
-                    store.remove(ns, name)
-                rt.forget(ns, name)
-
-
-#: A pass that returns 0.0 asks the work queue to run it again at once (an unwatched driver's
-#: admission is written in one pass and its create made in the next): the helper does the same.
-IMMEDIATE_PASSES = 3
-
-
-async def reconcile_sandbox(rt: Runtime, ns: str, name: str) -> float | None:
-    """One pass as the work queue runs it: again at once while it asks for that."""
-    for _ in range(IMMEDIATE_PASSES):
-        sync(rt, rt.kube)  # type: ignore[arg-type]
-        delay = await sandbox_reconciler.reconcile_sandbox(rt, ns, name)
-        if delay != 0.0:
-            return delay
-    raise AssertionError(f"{name}: still asking to be passed again at once")
-
-
-async def finalize_sandbox(rt: Runtime, ns: str, name: str) -> float | None:
-    kube: FakeKube = rt.kube  # type: ignore[assignment]
-    obj = kube.objs.get(("sandboxes", name))
-    if obj is not None and not obj["metadata"].get("deletionTimestamp"):
-        await kube.delete_sandbox(ns, name)
-    sync(rt, kube)
-    return await sandbox_reconciler.reconcile_sandbox(rt, ns, name)
-
-
-async def reconcile_scope(rt: Runtime, ns: str, name: str) -> float | None:
-    sync(rt, rt.kube)  # type: ignore[arg-type]
-    return await scope_reconciler.reconcile_scope(rt, ns, name)
-
-
-def cond(kube: FakeKube, name: str, ctype: str, plural: str = "sandboxes") -> dict[str, Any]:
-    for c in kube.objs[(plural, name)].get("status", {}).get("conditions", []):
-        if c["type"] == ctype:
-            return c
-    raise AssertionError(f"no {ctype} on {name}")
-
-
-SPEC = {"scopeRef": "conv", "agentDir": "agents/a", "kind": "shell", "image": "busybox"}
-
-
-@pytest.fixture
-def world():
-    rt, kube, driver = runtime()
-    kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})
-    return rt, kube, driver
+from tests.fixtures.reconcile import (
+    NS,
+    SPEC,
+    FakeDriver,
+    FakeKube,
+    cond,
+    finalize_sandbox,
+    reconcile_sandbox,
+    reconcile_scope,
+    runtime,
+    sync,
+)
 
 
 async def test_admit_create_ready_and_write_only_on_change(world):

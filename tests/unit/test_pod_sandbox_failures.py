@@ -11,7 +11,7 @@ from sandbox_operator.backends.base import ObservedPhase, SandboxRef
 from sandbox_operator.backends.runtimeclass import build_pod
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.reconcile.views import Views
-from tests.unit.test_runtimeclass_storage import NAME, NS, UID, FakeApi, driver, request
+from tests.fixtures.runtimeclass import NAME, NS, UID, FakeApi, driver, request
 
 CONTAINERD = (
     "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "

@@ -13,7 +13,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.backends.base import (
-    EnsureRequest,
     SandboxRef,
     StartupError,
     Suspendable,
@@ -23,41 +22,14 @@ from sandbox_operator.backends.base import (
 from sandbox_operator.backends.runtimeclass import (
     CLAIM,
     WORK_VOLUME,
-    RuntimeClassDriver,
     build_pod,
     build_work_volume_claim,
     foreign_claim,
 )
-from sandbox_operator.config import RuntimeClassBackendConfig
-from sandbox_operator.contract import ConditionReason, IsolationScope, SandboxKey, SandboxSpec
+from sandbox_operator.contract import ConditionReason
 from sandbox_operator.reconcile import pool as pools
 from sandbox_operator.reconcile.views import Views
-from tests.fixtures.backends import gvisor_backend
-
-KEY = SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/coder")
-NAME = "sbx-coder-1"
-NS = "ns"
-UID = "uid-1"
-STORAGE = {"size": "2Gi", "storageClassName": "sandbox-local"}
-
-
-def request(storage: dict[str, Any] | None = STORAGE, uid: str = UID, **spec: Any) -> EnsureRequest:
-    base: dict[str, Any] = {"kind": "shell", "image": "sandbox-operator.dev/busybox:1", **spec}
-    if storage is not None:
-        base["storage"] = storage
-    return EnsureRequest(
-        sandbox=SandboxRef(NS, NAME, uid),
-        key=KEY,
-        spec=SandboxSpec.model_validate(base),
-        isolation_scope=IsolationScope.CONVERSATION,
-        labels=lbl.object_labels(KEY, NAME, "gvisor", kind="shell"),
-        annotations=lbl.key_annotations(KEY),
-    )
-
-
-def backend() -> RuntimeClassBackendConfig:
-    return gvisor_backend()
-
+from tests.fixtures.runtimeclass import KEY, NAME, NS, UID, FakeApi, backend, driver, request
 
 # ---- pure builders ------------------------------------------------------------------------------
 
@@ -127,126 +99,6 @@ def test_a_claim_of_another_sandbox_or_being_deleted_is_foreign() -> None:
 
 
 # ---- the driver against a fake API --------------------------------------------------------------
-
-KINDS = {
-    "pod": "Pod",
-    "network_policy": "NetworkPolicy",
-    "persistent_volume_claim": CLAIM,
-}
-
-
-class Response:
-    def __init__(self, status: int, body: Any) -> None:
-        self.status = status
-        self.reason = "OK" if status < 300 else "Error"
-        self._data = json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._data
-
-    def release(self) -> None:
-        pass
-
-
-class Listing:
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.items = items
-
-
-class FakeApi:
-    """Core and networking calls over one dict of objects; every call recorded as
-    (verb, kind, name or selector)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.calls: list[tuple[str, str, str]] = []
-        self.uids = 0
-
-    def put(self, kind: str, name: str, *, owner: str = UID, deleting: bool = False,
-            labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-        meta: dict[str, Any] = {
-            "name": name,
-            "namespace": NS,
-            "uid": f"{kind}-{name}",
-            "resourceVersion": "1",
-            "labels": dict(labels if labels is not None else request().labels),
-            "ownerReferences": [{"kind": "Sandbox", "name": NAME, "uid": owner}],
-        }
-        if deleting:
-            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        obj = {"metadata": meta}
-        self.objects[(kind, NS, name)] = obj
-        return obj
-
-    def names(self, kind: str) -> set[str]:
-        return {n for k, _, n in self.objects if k == kind}
-
-    def __getattr__(self, attr: str) -> Any:
-        for verb in ("delete_collection", "create", "read", "delete", "list"):
-            prefix = f"{verb}_namespaced_"
-            if attr.startswith(prefix):
-                return self._handler(verb, KINDS[attr.removeprefix(prefix)])
-        raise AttributeError(attr)
-
-    def _handler(self, verb: str, kind: str) -> Any:
-        async def call(*args: Any, _preload_content: bool = True, **kw: Any) -> Any:
-            result = self._do(verb, kind, *args, **kw)
-            return Response(200, result) if not _preload_content else result
-
-        return call
-
-    def _do(self, verb: str, kind: str, *args: Any, **kw: Any) -> Any:
-        if verb == "create":
-            ns, body = args
-            name = body["metadata"]["name"]
-            self.calls.append(("create", kind, name))
-            if (kind, ns, name) in self.objects:
-                raise ApiException(status=409, reason="Conflict")
-            self.uids += 1
-            obj = json.loads(json.dumps(body))
-            obj["metadata"].update(uid=f"new-{self.uids}", resourceVersion=str(self.uids))
-            self.objects[(kind, ns, name)] = obj
-            return obj
-        if verb in ("read", "delete"):
-            name, ns = args
-            self.calls.append((verb, kind, name))
-            obj = self.objects.get((kind, ns, name))
-            if obj is None:
-                raise ApiException(status=404, reason="Not Found")
-            if verb == "delete":
-                del self.objects[(kind, ns, name)]
-            return obj
-        selector = kw["label_selector"]
-        self.calls.append((verb, kind, selector))
-        wanted = dict(part.split("=", 1) for part in selector.split(","))
-        matching = [
-            (k, o) for k, o in self.objects.items()
-            if k[0] == kind and k[1] == args[0]
-            and wanted.items() <= (o["metadata"].get("labels") or {}).items()
-        ]  # fmt: skip
-        if verb == "delete_collection":
-            for k, _ in matching:
-                del self.objects[k]
-            return {}
-        return Listing([o for _, o in matching])
-
-
-class FakeApiClient:
-    def sanitize_for_serialization(self, obj: Any) -> Any:
-        return obj
-
-
-def driver(fake: FakeApi, *, views: Views | None = None) -> RuntimeClassDriver:
-    d = RuntimeClassDriver(backend(), FakeApiClient(), dispose_timeout=1.0, poll_interval=0.01)
-    d._core = d._net = fake
-    if views is not None:
-        d.use_views(views.pods, views.network_policies, views.persistent_volume_claims)
-        for (kind, _, _), obj in fake.objects.items():
-            store = {"Pod": views.pods, "NetworkPolicy": views.network_policies}.get(
-                kind, views.persistent_volume_claims
-            )
-            store.upsert(obj)
-    return d
 
 
 POD_NAME = naming.pod_name(NAME)

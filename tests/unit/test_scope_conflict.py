@@ -11,7 +11,7 @@ from sandbox_operator.client import errors
 from sandbox_operator.contract import ConditionReason
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.views import Views
-from tests.unit.test_operator_reconcile import (
+from tests.fixtures.reconcile import (
     NS,
     SPEC,
     cond,

@@ -25,7 +25,7 @@ from sandbox_operator.contract.models import (
     LABELS_MAX_ITEMS,
 )
 from sandbox_operator.policy.admission import BackendProfile, select_backend
-from tests.unit.test_crds import (
+from tests.fixtures.crds import (
     BASE,
     SANDBOX_FILE,
     evaluate,

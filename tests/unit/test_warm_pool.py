@@ -525,7 +525,7 @@ def test_a_pod_ready_before_the_admission_starts_the_idle_clock_at_the_admission
 
 
 async def test_a_sandbox_pass_serves_from_the_pool_or_cold_and_says_which() -> None:
-    from tests.unit.test_operator_reconcile import SPEC, FakeDriver, reconcile_sandbox, runtime
+    from tests.fixtures.reconcile import SPEC, FakeDriver, reconcile_sandbox, runtime
 
     rt, kube, _ = runtime()
     kube.add("sandboxscopes", "conv", {"scope": "s", "threadId": "t"})

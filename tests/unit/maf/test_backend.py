@@ -24,7 +24,7 @@ from sandbox_operator.maf import (
     OperatorSandbox,
     sandbox_instance_id,
 )
-from tests.unit.maf.test_translate import GVISOR, RUNC, published
+from tests.fixtures.maf_translate import GVISOR, RUNC, published
 
 
 def sandbox_object(name: str, kind: str, backend: str, served_from: str = "cold") -> dict[str, Any]:

@@ -13,7 +13,6 @@ from sandbox_operator.client import SandboxClient
 from sandbox_operator.contract.published import (
     PUBLISHED_CONFIGMAP,
     PUBLISHED_KEY,
-    PublishedBackends,
 )
 from sandbox_operator.maf import (
     BackendNotSelected,
@@ -24,26 +23,7 @@ from sandbox_operator.maf import (
     parse_published,
     select_backend,
 )
-
-
-def _backend(name: str, isolation: str, **declared: Any) -> dict[str, Any]:
-    return {"name": name, "type": "runtimeClass", "isolation": isolation, "declarations": declared}
-
-
-RUNC = _backend(
-    "runc",
-    "container",
-    capabilities=["exec", "files_in", "files_out", "files_delete", "host_tools", "snapshot"],
-    egressModes=["closed", "allowlist"],
-    osFamilies=["posix"],
-    isolationScopes=["conversation", "call"],
-    limits={"maxBytesPerFile": 1000, "maxTotalBytes": 2000, "maxFiles": 3},
-)
-GVISOR = _backend("gvisor", "hardened_container", capabilities=["exec", "files_in"])
-
-
-def published(*backends: dict[str, Any], **policy: Any) -> PublishedBackends:
-    return PublishedBackends.model_validate({"hostPolicy": policy, "backends": list(backends)})
+from tests.fixtures.maf_translate import GVISOR, RUNC, published
 
 
 def test_declarations_say_what_the_operator_enforces() -> None:
