@@ -51,10 +51,10 @@ from kubernetes.stream import stream
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.e2e.test_cluster_node import exec_in  # noqa: E402
-from tests.e2e.test_egress_allowlist import PROXY_SELECTOR, config_with_managed_proxy  # noqa: E402
-from tests.e2e.test_egress_closed import Outside, node_address, unrestricted_pod  # noqa: E402
 from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_LABEL  # noqa: E402
+from tests.fixtures.egress_probe import Outside, node_address, unrestricted_pod  # noqa: E402
+from tests.fixtures.egress_proxy import PROXY_SELECTOR, config_with_managed_proxy  # noqa: E402
+from tests.fixtures.node import exec_in  # noqa: E402
 from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, build_operator_image  # noqa: E402
 
 from sandbox_operator.testing.egress import serve_http_in_thread  # noqa: E402

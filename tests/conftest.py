@@ -18,6 +18,9 @@ pytest_plugins = (
             "tests.fixtures.cluster",
             "tests.fixtures.operator",
             "tests.fixtures.reconcile",
+            "tests.fixtures.egress_probe",
+            "tests.fixtures.suspend",
+            "tests.fixtures.acas_operator",
         )
         if importlib.util.find_spec(name) is not None
     ]

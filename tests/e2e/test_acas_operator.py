@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_acas_operator import Acas, acas, standin  # noqa: F401 (fixtures)
+from tests.fixtures.acas_operator import Acas
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_microvm_on_acas_and_container_on_runc_both_ready(acas: Acas) -> None:  # noqa: F811
+def test_microvm_on_acas_and_container_on_runc_both_ready(acas: Acas) -> None:
     kit = acas.kit
     acas.start(acas.config(perspec_with_runc=True))
     kit.scope()

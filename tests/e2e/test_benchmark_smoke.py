@@ -6,36 +6,14 @@ measured by the benchmark itself and kept in docs/performance.md)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.fixtures.cluster import REPO
+from tests.fixtures.benchmark_smoke import run_smoke
 
 # exclusive: the benchmarks measure the machine (run alone, after the concurrent part).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
-
-
-def run_smoke(
-    script: str, kubeconfig: str, *, timeout: int, extra: tuple[str, ...] = ()
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run ``benchmarks/<script> --smoke`` against the cluster; it must exit 0. The process and
-    its whole output (for assertion messages)."""
-    env = dict(os.environ, KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--smoke", *extra],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    return proc, out
 
 
 def test_scale_benchmark_smoke(kubeconfig: str) -> None:

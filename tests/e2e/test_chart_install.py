@@ -44,14 +44,11 @@ from sandbox_operator.egress.probe import (
     expect_proxy_refused,
     judge,
 )
-from tests.e2e import test_egress_closed as closed
-from tests.e2e.test_egress_closed import DEADLINE, SLACK, Outside, probe_in_pod
 from tests.fixtures.chart import CHART, ROOT, helm_binary
+from tests.fixtures.egress_probe import DEADLINE, SLACK, Outside, probe_in_pod
 
 # exclusive: installs a release with cluster-wide objects (run alone, after the concurrent part).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
-
-outside = closed.outside  # the fixture: an HTTP server on this machine
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 EXAMPLES = ROOT / "examples"

@@ -18,12 +18,8 @@ from sandbox_operator.client import (
     SyncSandboxClient,
 )
 from sandbox_operator.contract import Capability, SandboxSpec
-from tests.e2e.test_suspend_resume import (  # noqa: F401
-    STORAGE,
-    config,
-    storage_class,
-)
 from tests.fixtures.operator import BUSYBOX, Kit
+from tests.fixtures.suspend import STORAGE, config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -59,7 +55,7 @@ async def test_handle_suspends_and_resumes_with_its_files(
     aclient: SandboxClient,
     kit: Kit,
     start_operator: Callable[..., Any],
-    storage_class: str,  # noqa: F811
+    storage_class: str,
     backend: str,
 ) -> None:
     start_operator(config(backend))
@@ -103,7 +99,7 @@ async def test_acquire_resumes_kubectl_and_idle_suspensions(
     kit: Kit,
     kubectl: Callable[..., Any],
     start_operator: Callable[..., Any],
-    storage_class: str,  # noqa: F811
+    storage_class: str,
 ) -> None:
     start_operator(config("runc"))
     scope_ref = await aclient.create_scope(scope="tenant-s", thread_id="acquire")
@@ -136,7 +132,7 @@ def test_sync_twins(
     namespace: str,
     kit: Kit,
     start_operator: Callable[..., Any],
-    storage_class: str,  # noqa: F811
+    storage_class: str,
 ) -> None:
     start_operator(config("runc"))
     with SyncSandboxClient.from_kubeconfig(

@@ -14,72 +14,12 @@ import time
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubernetes.stream import stream
+
+from tests.fixtures.node import exec_in, run_pod
 
 pytestmark = pytest.mark.e2e
 
-BUSYBOX = "sandbox-operator.dev/busybox:1"
 PYTHON = "sandbox-operator.dev/python:1"
-
-
-def run_pod(
-    core: client.CoreV1Api,
-    namespace: str,
-    name: str,
-    *,
-    image: str = BUSYBOX,
-    runtime_class: str | None = None,
-    command: list[str] | None = None,
-    timeout: float = 120,
-) -> client.V1Pod:
-    """Create a pod and wait until it runs (or, for a command that ends, until it ended)."""
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PodSpec(
-            runtime_class_name=runtime_class,
-            restart_policy="Never",
-            termination_grace_period_seconds=0,
-            automount_service_account_token=False,
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image=image,
-                    image_pull_policy="Never",
-                    command=command or ["sleep", "3600"],
-                )
-            ],
-        ),
-    )
-    core.create_namespaced_pod(namespace, pod)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        current = core.read_namespaced_pod(name, namespace)
-        phase = current.status.phase
-        if phase in ("Running", "Succeeded"):
-            return current
-        if phase == "Failed":
-            raise AssertionError(f"pod {name} failed: {current.status}")
-        time.sleep(0.5)
-    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
-    raise AssertionError(
-        f"pod {name} not running after {timeout:.0f}s: {current.status.phase}; events: "
-        + "; ".join(f"{e.reason}: {e.message}" for e in events.items)
-    )
-
-
-def exec_in(core: client.CoreV1Api, namespace: str, pod: str, *command: str) -> str:
-    out: str = stream(
-        core.connect_get_namespaced_pod_exec,
-        pod,
-        namespace,
-        command=list(command),
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
-        _request_timeout=60,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.stream import stream
 
-from tests.e2e.test_cluster_node import exec_in, run_pod
+from tests.fixtures.node import exec_in, run_pod
 
 pytestmark = pytest.mark.e2e
 

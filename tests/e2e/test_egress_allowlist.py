@@ -52,47 +52,27 @@ from sandbox_operator.egress.probe import (
     judge,
 )
 from sandbox_operator.testing.egress import make_self_signed_cert, serve_http_in_thread
-from tests.e2e import test_egress_closed as closed
-from tests.e2e.test_cluster_node import exec_in
-from tests.e2e.test_egress_closed import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
+from tests.fixtures import egress_probe as closed
 from tests.fixtures.chart import template
-from tests.fixtures.operator import DECLARATIONS, PYTHON
+from tests.fixtures.egress_probe import BRIDGE_GATEWAY, DEADLINE, SLACK, Outside, probe_in_pod
+from tests.fixtures.egress_proxy import (
+    PROXY_NAME,
+    PROXY_PORT,
+    PROXY_SELECTOR,
+    config_with_managed_proxy,
+    proxy_objects,
+    ready_and_served,
+)
+from tests.fixtures.node import exec_in
+from tests.fixtures.operator import PYTHON
 
 pytestmark = pytest.mark.e2e
 
-outside = closed.outside  # the fixture: an HTTP server on this machine
-
-PROXY_PORT = 3128
-PROXY_NAME = "sandbox-egress-proxy"
-PROXY_SELECTOR = "app.kubernetes.io/name=sandbox-egress-proxy"
 PROXY_LABELS = {
     "app.kubernetes.io/name": "sandbox-egress-proxy",
     "app.kubernetes.io/managed-by": "sandbox-operator",
     "app.kubernetes.io/component": "egress-proxy",
 }
-
-
-def proxy_objects(api: client.ApiClient, ns: str) -> dict[str, Any]:
-    """The namespace's proxy objects by kind (absent ones left out)."""
-    core = client.CoreV1Api(api)
-    rbac = client.RbacAuthorizationV1Api(api)
-    apps = client.AppsV1Api(api)
-    reads = {
-        "ServiceAccount": core.read_namespaced_service_account,
-        "Role": rbac.read_namespaced_role,
-        "RoleBinding": rbac.read_namespaced_role_binding,
-        "ConfigMap": core.read_namespaced_config_map,
-        "Deployment": apps.read_namespaced_deployment,
-        "Service": core.read_namespaced_service,
-    }
-    out: dict[str, Any] = {}
-    for kind, read in reads.items():
-        try:
-            out[kind] = read(PROXY_NAME, ns)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    return out
 
 
 def proxy_pod_name(core: client.CoreV1Api, ns: str) -> str:
@@ -102,21 +82,6 @@ def proxy_pod_name(core: client.CoreV1Api, ns: str) -> str:
     running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
     assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
     return str(running[0].metadata.name)
-
-
-def ready_and_served(
-    kit: Any, core: client.CoreV1Api, name: str, first: ProbeTarget, token: str
-) -> tuple[dict[str, Any], float]:
-    """Wait for Ready (the returned object and how long after creation it came); then the very
-    first request through the proxy must be answered: Ready means the proxy admitted it."""
-    obj = kit.wait_condition(name, reasons=("Ready",), status="True", timeout=150)
-    seen = time.monotonic()
-    admitted = ((obj.get("status") or {}).get("egress") or {}).get("admitted")
-    assert admitted, f"Ready without status.egress.admitted: {obj.get('status')}"
-    pod = obj["status"]["servedBy"]["name"]
-    (res,), _ = probe_in_pod(core, obj["metadata"]["namespace"], pod, [first])
-    assert expect_answered(res, body_contains=token).ok, res.describe()
-    return obj, seen
 
 
 def proxy_log(core: client.CoreV1Api, ns: str) -> str:
@@ -129,35 +94,6 @@ def tls_outside(tmp_path: Path) -> Iterator[tuple[int, str]]:
     cert = make_self_signed_cert(tmp_path, ("allowed.test",))
     with serve_http_in_thread(b"tls-outside-ok", tls=cert.server_context()) as port:
         yield port, cert.cert.read_text()
-
-
-def config_with_managed_proxy(
-    runtime_class: str, image: str, outside: Outside, extra_ports: tuple[int, ...] = ()
-) -> dict:
-    """The operator runs the proxy (image = the operator's own, on the sandboxes' runtime class);
-    the proxy admits exactly the node address the test's servers live on."""
-    config = closed.backend(runtime_class)
-    (backend,) = config["backends"]
-    backend["declarations"] = dict(DECLARATIONS, egressModes=["closed", "allowlist"])
-    backend["egressProxy"] = {"managed": True}
-    config["egressProxy"] = {
-        "image": image,
-        "imagePullPolicy": "Never",
-        "port": PROXY_PORT,
-        "runtimeClassName": runtime_class,
-        "hostAliases": [
-            {"ip": outside.address, "hostnames": ["allowed.test", "api.wild.test", "denied.test"]},
-            # allowed by name, but a private address (the pod bridge's gateway)
-            {"ip": BRIDGE_GATEWAY, "hostnames": ["inside.test"]},
-        ],
-        "config": {
-            "allowedPorts": [80, 443, outside.port, *extra_ports],
-            # The test's outside server lives on the node's address: admit exactly that one.
-            "admittedNetworks": [f"{outside.address}/32"],
-            "limits": {"connectTimeoutSeconds": 5, "headerTimeoutSeconds": 2},
-        },
-    }
-    return config
 
 
 def cnd_ready(obj: dict | None) -> bool:

@@ -9,14 +9,7 @@ address, reached by the name `outside.test` (hostAliases); nothing leaves this m
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import pytest
 from kubernetes import client
@@ -27,111 +20,22 @@ from sandbox_operator.egress.probe import (
     expect_answered,
     expect_blocked,
     judge,
-    run_probe,
 )
-from sandbox_operator.testing.egress import serve_http_in_thread
-from tests.e2e.test_cluster_node import exec_in
-from tests.fixtures.operator import DECLARATIONS, PYTHON, egress_policy_of, local_config
+from tests.fixtures.egress_probe import (
+    BRIDGE_GATEWAY,
+    DEADLINE,
+    SLACK,
+    Outside,
+    backend,
+    check_egress_cli,
+    probe_in_pod,
+    unrestricted_pod,
+)
+from tests.fixtures.operator import PYTHON, egress_policy_of
 
 pytestmark = pytest.mark.e2e
 
-DEADLINE = 3.0  # per probe target
-SLACK = 2.0  # allowed on top of the deadline (exec round trip is not included in `seconds`)
-BRIDGE_GATEWAY = "10.244.0.1"  # the node's address on the pod bridge (hack/cluster.py)
 API_SERVICE = ProbeTarget("api-server-service", "10.96.0.1", 443)  # the `kubernetes` Service
-
-
-@dataclass(frozen=True)
-class Outside:
-    address: str
-    port: int
-    token: str
-
-
-def node_address(core: client.CoreV1Api) -> str:
-    for node in core.list_node().items:
-        for addr in node.status.addresses or []:
-            if addr.type == "InternalIP":
-                return str(addr.address)
-    raise AssertionError("no node with an InternalIP")
-
-
-@pytest.fixture
-def outside(core_v1: client.CoreV1Api) -> Iterator[Outside]:
-    """An HTTP server on this machine, on the node's address and an ephemeral port (never the
-    two node ports kube-router exempts, 30000-30001)."""
-    token = f"outside-{secrets.token_hex(4)}"
-    address = node_address(core_v1)
-    # On all of this machine's addresses (the node's and the pod bridge's gateway); a backlog
-    # for the hundreds of tunnels that may connect at once.
-    with serve_http_in_thread(token.encode()) as port:
-        assert port not in (30000, 30001)
-        yield Outside(address, port, token)
-
-
-def backend(runtime_class: str) -> dict[str, object]:
-    isolation = "hardened_container" if runtime_class == "gvisor" else "container"
-    return local_config(
-        floor="container",
-        selection="fixed",
-        pinned=runtime_class,
-        backends=[
-            {
-                "name": runtime_class,
-                "type": "runtimeClass",
-                "runtimeClassName": runtime_class,
-                "isolation": isolation,
-                "declarations": DECLARATIONS,
-            }
-        ],
-    )
-
-
-def unrestricted_pod(
-    core: client.CoreV1Api, namespace: str, name: str, runtime_class: str, outside: Outside
-) -> client.V1Pod:
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
-        spec=client.V1PodSpec(
-            runtime_class_name=runtime_class,
-            restart_policy="Never",
-            termination_grace_period_seconds=0,
-            automount_service_account_token=False,
-            host_aliases=[client.V1HostAlias(ip=outside.address, hostnames=["outside.test"])],
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image=PYTHON,
-                    image_pull_policy="Never",
-                    command=["python3", "-m", "http.server", "8080", "-d", "/tmp"],
-                )
-            ],
-        ),
-    )
-    core.create_namespaced_pod(namespace, pod)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        current: client.V1Pod = core.read_namespaced_pod(name, namespace)
-        if current.status.phase == "Running" and current.status.pod_ip:
-            return current
-        assert current.status.phase != "Failed", current.status
-        time.sleep(0.5)
-    raise AssertionError(f"pod {name} not running")
-
-
-def probe_in_pod(
-    core: client.CoreV1Api,
-    namespace: str,
-    pod: str,
-    targets: Sequence[ProbeTarget],
-    cadata: str = "",
-) -> tuple[list, float]:
-    async def execute(argv: Sequence[str]) -> str:
-        return await asyncio.to_thread(exec_in, core, namespace, pod, *argv)
-
-    started = time.monotonic()
-    results = asyncio.run(run_probe(execute, targets, timeout=DEADLINE, cadata=cadata))
-    return results, time.monotonic() - started
 
 
 @pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
@@ -190,13 +94,3 @@ def test_closed_sandbox_reaches_nothing_an_open_pod_reaches(
         "--reachable", f"{BRIDGE_GATEWAY}:{outside.port}",
     )  # fmt: skip
     assert "egress closed" in out and "FAILED" not in out, out
-
-
-def check_egress_cli(ns: str, sandbox: str, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "sandbox_operator.cli", "check-egress", "--namespace", ns,
-         "--sandbox", sandbox, *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout

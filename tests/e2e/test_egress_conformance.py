@@ -15,8 +15,7 @@ from sandbox_operator.client import SandboxClient
 from sandbox_operator.conformance.egress import check_egress
 from sandbox_operator.contract import Capability, SandboxSpec
 from sandbox_operator.egress.probe import ProbeTarget, expect_answered, judge
-from tests.e2e import test_egress_closed as closed
-from tests.e2e.test_egress_closed import (
+from tests.fixtures.egress_probe import (
     BRIDGE_GATEWAY,
     Outside,
     backend,
@@ -26,8 +25,6 @@ from tests.e2e.test_egress_closed import (
 from tests.fixtures.operator import PYTHON
 
 pytestmark = pytest.mark.e2e
-
-outside = closed.outside  # the fixture: an HTTP server on this machine
 
 
 @pytest.fixture

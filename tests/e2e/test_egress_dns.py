@@ -18,8 +18,8 @@ import json
 import pytest
 from kubernetes import client
 
-from tests.e2e.test_cluster_node import exec_in
-from tests.e2e.test_egress_closed import backend
+from tests.fixtures.egress_probe import backend
+from tests.fixtures.node import exec_in
 from tests.fixtures.operator import PYTHON
 
 # exclusive: asserts lookups fail at once: timing under load (run alone, after the concurrent part).

@@ -33,7 +33,7 @@ from sandbox_operator.client import (
 from sandbox_operator.client.hosttools import HostToolRegistry, Identity, host_tool
 from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
-from tests.e2e import test_egress_closed as closed
+from tests.fixtures import egress_probe as closed
 from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config, observed_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -18,13 +18,10 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from tests.fixtures.operator import DECLARATIONS, GROUP, VERSION, Kit, local_config
+from tests.fixtures.suspend import BACKENDS, STORAGE, config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STORAGE_CLASS = "sandbox-local"
-STORAGE = {"size": "64Mi", "storageClassName": STORAGE_CLASS}
-#: runtime class -> isolation it gives
-BACKENDS = {"runc": "container", "gvisor": "hardened_container"}
 #: What a test writes into the work dir and reads back after resuming: random bytes (read back
 #: as base64, byte for byte) next to a plain line.
 WRITE = (
@@ -32,41 +29,6 @@ WRITE = (
     "> /workspace/note.txt && mkdir -p /workspace/dir && echo nested > /workspace/dir/f"
 )
 READ = "base64 /workspace/keep.bin; cat /workspace/note.txt /workspace/dir/f; id -u"
-
-
-def config(backend: str = "runc", *, floor: str = "container", **operator: Any) -> dict[str, Any]:
-    """One runtime-class backend that declares persistent storage, pinned."""
-    return local_config(
-        floor=floor,
-        selection="fixed",
-        pinned=backend,
-        backends=[
-            {
-                "name": backend,
-                "type": "runtimeClass",
-                "runtimeClassName": backend,
-                "isolation": BACKENDS[backend],
-                "declarations": {**DECLARATIONS, "persistentStorage": True},
-                "pod": {"terminationGracePeriodSeconds": 1},
-            }
-        ],
-        operator=operator or None,
-    )
-
-
-@pytest.fixture
-def storage_class(api_client: client.ApiClient) -> str:
-    """The local cluster's dynamic provisioner (``make up``: hack/ sets it up)."""
-    try:
-        client.StorageV1Api(api_client).read_storage_class(STORAGE_CLASS)
-    except ApiException as exc:
-        if exc.status == 404:
-            pytest.fail(
-                f"StorageClass {STORAGE_CLASS} is missing: bring the cluster up with `make up`",
-                pytrace=False,
-            )
-        raise
-    return STORAGE_CLASS
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -21,19 +21,16 @@ from sandbox_operator.egress.probe import (
     expect_blocked,
     expect_proxy_refused,
 )
-from tests.e2e import test_egress_closed as closed
-from tests.e2e.test_egress_allowlist import (
+from tests.fixtures.egress_probe import DEADLINE, SLACK, Outside, probe_in_pod
+from tests.fixtures.egress_proxy import (
     PROXY_PORT,
     config_with_managed_proxy,
     proxy_objects,
     ready_and_served,
 )
-from tests.e2e.test_egress_closed import DEADLINE, SLACK, Outside, probe_in_pod
 from tests.fixtures.operator import PYTHON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-outside = closed.outside  # the fixture: an HTTP server on this machine
 
 ALLOW = ["allowed.test"]
 

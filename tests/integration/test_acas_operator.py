@@ -8,245 +8,28 @@ config offers for the stand-in); rotating that Secret is how the expired-token t
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
 from sandbox_operator.client import DataPlaneError, SandboxClient
 from sandbox_operator.client.dataplane.acas import acas_dataplanes
 from sandbox_operator.contract import Capability, SandboxSpec
-from tests.fixtures.operator import DECLARATIONS, Kit, OperatorProcess, local_config
+from tests.fixtures.acas_operator import TOKEN, Acas, acas_backend
+from tests.fixtures.operator import Kit
 
 pytestmark = [pytest.mark.integration]
-
-REPO = Path(__file__).resolve().parents[2]
-TOKEN = "test-token"
-SECRET = "acas-credential"
-OPS = {
-    "create": "AzureSandboxes_Create",
-    "list": "AzureSandboxes_List",
-    "get": "AzureSandboxes_Get",
-    "delete": "AzureSandboxes_Delete",
-    "exec": "SandboxLifecycleOperations_PostSandboxExecuteCommand",
-}
 
 
 # -- the stand-in, as a process of its own --
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Standin:
-    """`python -m tests.acas_standin` on a free loopback port, steered over `/_standin/*`."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Standin:
-        log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.acas_standin", "--port", str(self.port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"stand-in exited: {self.log_path.read_text()}")
-            try:
-                self.state()
-                return self
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("stand-in did not answer in 30 s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def _call(self, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.base_url + path,
-            data=data,
-            method="GET" if body is None else "POST",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def state(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("/_standin/state")
-        return result
-
-    def sandboxes(self) -> list[dict[str, Any]]:
-        return list(self.state()["sandboxes"])
-
-    def calls(self, op: str) -> int:
-        return int(self.state()["calls"].get(OPS.get(op, op), 0))
-
-    def fault(self, op: str | None, **fields: Any) -> None:
-        self._call("/_standin/faults", {"operation": OPS.get(op or "", op), **fields})
-
-    def faults(self) -> list[dict[str, Any]]:
-        return list(self.state()["faults"])
-
-    def configure(self, **knobs: Any) -> None:
-        self._call("/_standin/config", knobs)
-
-    def reset(self) -> None:
-        self._call("/_standin/reset", {})
-
-
-@pytest.fixture
-def standin(tmp_path: Path) -> Iterator[Standin]:
-    s = Standin(tmp_path / "standin.log").start()
-    yield s
-    s.stop()
-
-
 # -- operator with an acas backend --
-
-
-def acas_backend(standin: Standin, namespace: str, **overrides: Any) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": "acas",
-        "type": "acas",
-        "endpoint": standin.base_url,
-        "subscription": "sub-test",
-        "resourceGroup": "rg-test",
-        "sandboxGroup": "group-test",
-        "credential": {
-            "source": "secret",
-            "secretName": SECRET,
-            "namespace": namespace,
-            "tokenKey": "token",
-        },
-        "timeouts": {"connect": 2, "read": 3, "delete": 4, "pollInterval": 0.3},
-        "retries": {"maxAttempts": 4, "baseDelaySeconds": 0.1, "maxDelaySeconds": 0.5},
-    }
-    entry.update(overrides)
-    return entry
-
-
-def runc_backend() -> dict[str, Any]:
-    return {
-        "name": "runc",
-        "type": "runtimeClass",
-        "runtimeClassName": "runc",
-        "isolation": "container",
-        "declarations": DECLARATIONS,
-    }
-
-
-class Acas:
-    """What a test needs: the stand-in, the kit, a way to start operators with acas configs."""
-
-    def __init__(
-        self,
-        standin: Standin,
-        kit: Kit,
-        start_operator: Callable[..., OperatorProcess],
-    ) -> None:
-        self.standin = standin
-        self.kit = kit
-        self._start = start_operator
-        self.operators: list[OperatorProcess] = []
-
-    def set_token(self, token: str) -> None:
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(name=SECRET),
-            data={"token": base64.b64encode(token.encode()).decode()},
-        )
-        try:
-            self.kit.core.create_namespaced_secret(self.kit.ns, body)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-            self.kit.core.replace_namespaced_secret(SECRET, self.kit.ns, body)
-
-    def config(self, *, perspec_with_runc: bool = False, **acas_kw: Any) -> dict[str, Any]:
-        acas = acas_backend(self.standin, self.kit.ns, **acas_kw)
-        if perspec_with_runc:
-            return local_config(floor="container", backends=[runc_backend(), acas])
-        return local_config(floor="microvm", selection="fixed", pinned="acas", backends=[acas])
-
-    def start(self, config: dict[str, Any] | None = None) -> OperatorProcess:
-        proc = self._start(config if config is not None else self.config())
-        self.operators.append(proc)
-        return proc
-
-    def assert_logs_clean(self, *tokens: str) -> None:
-        """No operator log line shows a token, the endpoint or the sandbox group's path."""
-        secrets = (
-            *tokens,
-            TOKEN,
-            f"127.0.0.1:{self.standin.port}",
-            "sub-test",
-            "rg-test",
-            "group-test",
-        )
-        for proc in self.operators:
-            text = proc.log_path.read_text(errors="replace")
-            assert "acas" in text or "Activity" in text  # the log is the operator's
-            for secret in secrets:
-                assert secret not in text, f"{secret!r} in {proc.log_path}"
-
-    def wait_ready(self, name: str, timeout: float = 60) -> dict[str, Any]:
-        return self.kit.wait_condition(
-            name, "Ready", reasons=("Ready",), status="True", timeout=timeout
-        )
-
-    def remote(self, sandbox_name: str) -> list[dict[str, Any]]:
-        return [
-            s
-            for s in self.standin.sandboxes()
-            if s["labels"].get(lbl.SANDBOX_LABEL) == sandbox_name
-        ]
-
-
-@pytest.fixture
-def acas(
-    standin: Standin, kit: Kit, start_operator: Callable[..., OperatorProcess]
-) -> Iterator[Acas]:
-    """Set up after the stand-in and the operator fixture, so its teardown (clearing every
-    armed fault) runs before the operator fixture deletes what is left, with the stand-in up."""
-    a = Acas(standin, kit, start_operator)
-    a.set_token(TOKEN)
-    yield a
-    with contextlib.suppress(OSError):
-        standin.reset()
-        standin.configure(tokens=[TOKEN, "rotated-token"], expiredTokens=[])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -9,42 +9,10 @@ import time
 import pytest
 
 from sandbox_operator import naming
+from tests.fixtures.admission import assert_refused, fixed, gvisor
 from tests.fixtures.operator import DECLARATIONS, REPO, local_config
 
 pytestmark = pytest.mark.integration
-
-
-def gvisor(**kw):
-    b = {
-        "name": "gvisor",
-        "type": "runtimeClass",
-        "runtimeClassName": "gvisor",
-        "isolation": "hardened_container",
-        "declarations": dict(DECLARATIONS),
-    }
-    b.update(kw)
-    return b
-
-
-def fixed(**backend_kw):
-    return local_config(
-        floor="hardened_container",
-        selection="fixed",
-        pinned="gvisor",
-        backends=[gvisor(**backend_kw)],
-    )
-
-
-def assert_refused(kit, name, reason):
-    obj = kit.wait_condition(name, "Admitted", reasons=(reason,), status="False", timeout=60)
-    ready = kit.condition(obj, "Ready")
-    assert ready is not None and ready["status"] == "False" and ready["reason"] == reason
-    assert ready["message"]
-    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
-    # Nothing was ever created for it.
-    assert kit.pods() == []
-    assert kit.core.list_namespaced_pod(kit.ns).items == []
-    return obj
 
 
 def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(kit, start_operator):

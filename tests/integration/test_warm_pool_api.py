@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import GROUP, SANDBOX_WARM_POOL_PLURAL, VERSION
-from tests.integration.test_operator_admission import assert_refused, fixed
+from tests.fixtures.admission import assert_refused, fixed
 
 pytestmark = pytest.mark.integration
 

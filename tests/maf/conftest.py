@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import maf_sandbox as maf
@@ -21,28 +20,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tests.fixtures.cluster import TEST_LABEL
+from tests.fixtures.maf_cluster import RUNTIMES, Served
 from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, local_config
 
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from sandbox_operator.maf import OperatorBackend
-
-#: The runtimes the tier runs on: the operator backend's name (= its RuntimeClass) -> its rung.
-RUNTIMES = {"runc": maf.Isolation.CONTAINER, "gvisor": maf.Isolation.HARDENED_CONTAINER}
-
-
-@dataclass(frozen=True)
-class Served:
-    """A namespace an operator serves with one backend."""
-
-    runtime: str
-    namespace: str
-    kubeconfig: str
-    operator: OperatorProcess
-
-    @property
-    def isolation(self) -> maf.Isolation:
-        return RUNTIMES[self.runtime]
 
 
 def _namespace(core: client.CoreV1Api, runtime: str) -> str:

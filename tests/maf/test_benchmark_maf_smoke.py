@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from tests.e2e.test_benchmark_smoke import run_smoke
+from tests.fixtures.benchmark_smoke import run_smoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from typing import Any
 import maf_sandbox as maf
 import pytest
 from maf_sandbox.maf import make_caller_context
+from tests.fixtures.maf_cluster import Served
 from tests.fixtures.operator import PYTHON
-from tests.maf.conftest import Served
 
 codeact = pytest.importorskip("maf_sandbox_codeact")
 

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 import maf_sandbox as maf
 import pytest
 from maf_sandbox import conformance
-from tests.e2e.test_egress_closed import BRIDGE_GATEWAY
-from tests.maf.conftest import Served
+from tests.fixtures.egress_probe import BRIDGE_GATEWAY
+from tests.fixtures.maf_cluster import Served
 
 from sandbox_operator.maf import OperatorBackend, OperatorSandbox, sandbox_instance_id
 from sandbox_operator.maf.fingerprint import NodeFingerprintSubject
