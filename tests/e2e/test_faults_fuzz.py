@@ -72,7 +72,7 @@ from sandbox_operator.contract.models import parse_quantity
 from sandbox_operator.contract.resources import SandboxResourceSpec, SandboxScopeResourceSpec
 from tests.fixtures.operator import GROUP, VERSION, Kit, OperatorProcess, local_config
 
-# exclusive: a thousand specs: load that would starve concurrent tests (run alone, after the concurrent part).
+# exclusive: a thousand specs, a load that would starve concurrent tests (run alone, last).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 N_SANDBOXES = 800
