@@ -112,8 +112,8 @@ test-cluster: $(STAMP)
 	cat build/test-cluster-concurrent.log build/test-cluster-exclusive.log > build/test-cluster.log; \
 	cat build/durations-cluster-concurrent.txt build/durations-cluster-exclusive.txt \
 	  > build/durations-cluster.txt; \
-	$(PY) hack/pytest_total.py build/test-cluster-concurrent.log build/test-cluster-exclusive.log \
-	  > build/test-cluster-total.txt || rc=1; \
+	$(PY) hack/pytest_total.py --drop=deselected build/test-cluster-concurrent.log \
+	  build/test-cluster-exclusive.log > build/test-cluster-total.txt || rc=1; \
 	cat build/test-cluster-total.txt; \
 	echo "$$(tail -1 build/test-cluster-total.txt)" >> build/test-cluster.log; \
 	exit $$rc

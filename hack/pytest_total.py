@@ -23,7 +23,9 @@ def _word(word: str, count: int) -> str:
     return word[:-1] if count == 1 and word in ("errors", "warnings") else word
 
 
-def main(logs: list[str]) -> int:
+def main(logs: list[str], *, drop: frozenset[str] = frozenset()) -> int:
+    """Print the runs' summed closing line; ``drop``: words not summed (the two parts of the
+    cluster run split it by a marker, so each deselects what the other runs)."""
     counts: dict[str, int] = {}
     seconds = 0.0
     for log in logs:
@@ -36,7 +38,8 @@ def main(logs: list[str]) -> int:
         body = closing["body"]
         for number, word in COUNT.findall(body.split(" in ")[0]):
             word = {"error": "errors", "warning": "warnings"}.get(word, word)
-            counts[word] = counts.get(word, 0) + int(number)
+            if word not in drop:
+                counts[word] = counts.get(word, 0) + int(number)
         if found := SECONDS.search(body):
             seconds += float(found[1])
     words = sorted(counts, key=lambda w: ORDER.index(w) if w in ORDER else len(ORDER))
@@ -46,4 +49,6 @@ def main(logs: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    dropped = frozenset(a.removeprefix("--drop=") for a in args if a.startswith("--drop="))
+    sys.exit(main([a for a in args if not a.startswith("--drop=")], drop=dropped))
