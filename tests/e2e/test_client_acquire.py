@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
-from kubernetes_asyncio import client as ak8s
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
@@ -28,6 +27,7 @@ from sandbox_operator.client import (
 )
 from sandbox_operator.conformance import check_call_scope, check_sandbox
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
+from tests.fixtures.agents import token, token_client
 from tests.fixtures.operator import BUSYBOX, PYTHON, Kit, local_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -222,22 +222,6 @@ def _apply_rbac(api: k8s.ApiClient, namespace: str) -> None:
         utils.create_from_dict(api, doc, namespace=namespace)
 
 
-def _token(core: k8s.CoreV1Api, namespace: str, sa: str) -> str:
-    req = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[]))
-    return str(core.create_namespaced_service_account_token(sa, namespace, req).status.token)
-
-
-async def _token_client(kubeconfig: str, namespace: str, token: str) -> SandboxClient:
-    admin = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
-    cfg = admin.api.configuration
-    await admin.close()
-    tcfg = ak8s.Configuration()
-    tcfg.host = cfg.host
-    tcfg.ssl_ca_cert = cfg.ssl_ca_cert
-    tcfg.api_key = {"BearerToken": f"Bearer {token}"}
-    return SandboxClient(ak8s.ApiClient(configuration=tcfg), namespace)
-
-
 @pytest.fixture
 def other_namespace(core_v1: k8s.CoreV1Api, namespace: str) -> Iterator[str]:
     name = f"{namespace}-other"[:63]
@@ -257,8 +241,8 @@ async def test_agent_role_confined_to_its_namespace(
 ) -> None:
     operator()
     _apply_rbac(api_client, namespace)
-    host = await _token_client(kubeconfig, namespace, _token(core_v1, namespace, "host"))
-    agent = await _token_client(kubeconfig, namespace, _token(core_v1, namespace, "agent"))
+    host = await token_client(kubeconfig, namespace, token(core_v1, namespace, "host"))
+    agent = await token_client(kubeconfig, namespace, token(core_v1, namespace, "agent"))
     try:
         # The host creates the scope; the agent may not.
         scope_ref = await host.create_scope(scope="tenant-a", thread_id="rbac")
