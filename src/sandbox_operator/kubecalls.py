@@ -10,6 +10,13 @@ async def call_json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Make a kubernetes_asyncio call without building its typed model (a V1Pod costs far
     more CPU to deserialize than the JSON it came in) and return the parsed JSON; a non-2xx
     answer raises ``ApiException`` as the ordinary call would."""
+    parsed, _ = await call_json_status(call, *args, **kwargs)
+    return parsed
+
+
+async def call_json_status(call: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], int]:
+    """:func:`call_json`, and the answer's HTTP status (a create answers 201, which the
+    generated client does not even decode: its answer comes back as None)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
     resp = await call(*args, _preload_content=False, **kwargs)
@@ -22,7 +29,7 @@ async def call_json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         exc.body = data.decode("utf-8", "replace")
         raise exc
     parsed: dict[str, Any] = json.loads(data) if data else {}
-    return parsed
+    return parsed, int(resp.status)
 
 
 async def read_or_none(api: Any, call: Any, *args: Any) -> dict[str, Any] | None:

@@ -9,7 +9,6 @@ place an ``ApiException`` status becomes a :class:`SandboxForbidden`, :class:`Sa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -29,6 +28,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.observer import SandboxObserver
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
 from sandbox_operator.kubeapi import api_message
+from sandbox_operator.kubecalls import call_json_status
 
 #: Content types of the two kinds of patch the client sends.
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -117,7 +117,8 @@ class KubeCalls:
         201 comes back as None), and reading the object again would cost a request and need
         ``get``, which an agent bound to its conversation has on a new Sandbox only once the
         operator has named it in the conversation's Role (docs/concepts.md)."""
-        response = await self.custom.patch_namespaced_custom_object(
+        obj, status = await call_json_status(
+            self.custom.patch_namespaced_custom_object,
             GROUP,
             VERSION,
             self.namespace,
@@ -125,21 +126,9 @@ class KubeCalls:
             name,
             body,
             field_manager=manager,
-            _content_type=content_type,  # type: ignore[call-arg]
-            _preload_content=False,
+            _content_type=content_type,
         )
-        try:
-            data = await response.read()
-        finally:
-            response.release()
-        if not 200 <= response.status <= 299:
-            refused = ApiException(status=response.status, reason=response.reason)
-            refused.body = data.decode(errors="replace")  # the Status the refusal is read from
-            raise refused
-        obj = json.loads(data)
-        if not isinstance(obj, Mapping):
-            raise ApiException(status=response.status, reason="the answer is not an object")
-        return obj, response.status == 201
+        return obj, status == 201
 
     async def _apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
         """Server-side apply ``body`` as this client's field manager."""
