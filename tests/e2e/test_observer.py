@@ -227,6 +227,19 @@ async def test_observer_sees_the_whole_sequence(
     assert (scope.count, scope.failure) == (1, None)
 
 
+#: A python sandbox allowed to reach allowed.test only, through the operator's proxy.
+ALLOW_SPEC = SandboxSpec.model_validate(
+    {
+        "kind": "python",
+        "image": PYTHON,
+        "requires": [Capability.EXEC, Capability.RUN_CODE],
+        "resources": SMALL,
+        "egress": "allowlist",
+        "egressAllow": ["allowed.test"],
+    }
+)
+
+
 def managed_proxy_config(runtime: str, image: str) -> dict[str, Any]:
     """One backend with the operator-run egress proxy (image = the operator's own)."""
     config: dict[str, Any] = closed.backend(runtime)
@@ -261,16 +274,7 @@ async def test_egress_decisions_reach_the_observer_keyed_without_a_call(
     client, recorder = observed
     start_operator(managed_proxy_config("runc", ":".join(operator_image)))
     scope_ref = await client.create_scope(scope="tenant-obs", thread_id="t-egress")
-    allow_spec = SandboxSpec.model_validate(
-        {
-            "kind": "python",
-            "image": PYTHON,
-            "requires": [Capability.EXEC, Capability.RUN_CODE],
-            "resources": SMALL,
-            "egress": "allowlist",
-            "egressAllow": ["allowed.test"],
-        }
-    )
+    allow_spec = ALLOW_SPEC
     async with client.tool_call("call-egress"):
         sb = await client.acquire(scope_ref, "agents/egress", allow_spec)
         assert sb.effective_state is not None
@@ -330,16 +334,7 @@ async def test_egress_is_pushed_in_order_and_the_tail_is_counted_at_the_end(
     client, recorder = observed
     start_operator(managed_proxy_config("runc", ":".join(operator_image)))
     scope_ref = await client.create_scope(scope="tenant-obs", thread_id="t-push")
-    allow_spec = SandboxSpec.model_validate(
-        {
-            "kind": "python",
-            "image": PYTHON,
-            "requires": [Capability.EXEC, Capability.RUN_CODE],
-            "resources": SMALL,
-            "egress": "allowlist",
-            "egressAllow": ["allowed.test"],
-        }
-    )
+    allow_spec = ALLOW_SPEC
     sb = await client.acquire(scope_ref, "agents/push", allow_spec)
     res = await sb.run_code(ASK_DENIED_TIMES.format(times=3), timeout=60)
     assert res.stdout_text.split() == ["403"] * 3, (res.stdout_text, res.stderr_text)
