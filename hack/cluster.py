@@ -132,12 +132,14 @@ def cmd_up(level: str, clean: bool = False) -> None:
         start(etcd_proc(bins))
         start(apiserver_proc(bins, ip))
         start(kcm_proc(bins))
+        # Both levels schedule: the api level has no node of its own, but kwok's fake nodes
+        # (tests that need a control plane, not a kubelet) take pods only once they are bound.
+        start(scheduler_proc(bins))
         wait_default_service_account()
         start(local_path_proc())
         ensure_storage_class()
         if level == "node":
             prepare_host()
-            start(scheduler_proc(bins))
             start(containerd_proc(write_containerd_config(bins)))
             import_images()
             start(kubelet_proc(bins, ip, write_kubelet_config()))

@@ -86,9 +86,10 @@ def build_target(target: str, want: list[Path]) -> None:
 def ensure_binaries(level: str) -> Bins:
     bins = binary_paths()
     build_target("etcd", [bins.etcd / "etcd"])
-    kube = ["kube-apiserver", "kube-controller-manager", "kubectl"]
+    # The control plane, scheduler included (kwok's fake nodes need pods bound): level api.
+    kube = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
     if level == "node":
-        kube += ["kube-scheduler", "kubelet", "kube-proxy"]
+        kube += ["kubelet", "kube-proxy"]
     build_target("kubernetes", [bins.k8s / b for b in kube])
     if level == "node":
         build_target("gvisor", [bins.gvisor / "runsc"])

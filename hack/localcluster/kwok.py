@@ -269,8 +269,9 @@ def kwok_up(nodes: int) -> None:
             "kwok up", "the cluster's API server is not running: `hack/cluster.py up` first"
         )
     if not (PIDS / "kube-scheduler.json").exists():
-        say("note: no kube-scheduler runs (level api): pods are bound to fake nodes only if "
-            "they name spec.nodeName")  # fmt: skip
+        say("note: no kube-scheduler runs (a cluster brought up by an older hack/cluster.py: "
+            "`up` again starts it): pods are bound to fake nodes only if they name "
+            "spec.nodeName")  # fmt: skip
     binary, stages = build_kwok()
     KWOK_DIR.mkdir(parents=True, exist_ok=True)
     config = KWOK_DIR / "kwok.yaml"
