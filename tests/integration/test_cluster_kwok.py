@@ -1,8 +1,10 @@
 """`hack/cluster.py kwok up`: fake nodes that play pods Pending -> Running/Ready, and away once
 deleted, for scale tests (docs/cluster.md, "Fake nodes: kwok"). Nothing runs on them.
 
-The module brings kwok up with one fake node when it is not up already (the first time on a
-machine that builds kwok: a few minutes) and takes it down again only if it started it."""
+The ``kwok_nodes`` fixture (tests/fixtures/cluster.py) brings kwok up with one fake node when it
+is not up already (the first time on a machine that builds kwok: a few minutes) and takes it
+down at the end of the session only if it started it. No kubelet is needed: the integration
+tier's cluster (level api) has none."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from tests.fixtures.cluster import CLUSTER_PY, LOCAL_STATE
 
 # exclusive: brings kwok fake nodes up and down (run alone, after the concurrent part).
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 BUSYBOX = "sandbox-operator.dev/busybox:1"
 
@@ -33,36 +35,6 @@ def _cluster_py(*args: str, timeout: float = 1800) -> str:
     )
     assert proc.returncode == 0, f"hack/cluster.py {' '.join(args)}:\n{proc.stdout}{proc.stderr}"
     return proc.stdout
-
-
-def _ready_fake_nodes(core: client.CoreV1Api) -> list[str]:
-    names = []
-    for node in core.list_node(label_selector="type=kwok").items:
-        conds = {c.type: c.status for c in node.status.conditions or []}
-        if conds.get("Ready") == "True":
-            names.append(node.metadata.name)
-    return names
-
-
-@pytest.fixture(scope="module")
-def fake_nodes(cluster_is_local: bool, api_client: client.ApiClient) -> Iterator[list[str]]:
-    core = client.CoreV1Api(api_client)
-    try:
-        client.NodeV1Api(api_client).read_runtime_class("kwok")
-        up = bool(_ready_fake_nodes(core))
-    except ApiException:
-        up = False
-    started = False
-    if not up:
-        if not cluster_is_local:
-            pytest.skip("no kwok on this cluster (hack/cluster.py kwok up is for the local one)")
-        _cluster_py("kwok", "up", "--nodes", "1")
-        started = True
-    try:
-        yield _ready_fake_nodes(core)
-    finally:
-        if started:
-            _cluster_py("kwok", "down", timeout=300)
 
 
 def _pod(name: str, **spec: Any) -> dict[str, Any]:
@@ -104,14 +76,14 @@ def _ready(pod: client.V1Pod | None) -> bool:
 
 
 def test_pod_of_runtime_class_kwok_runs_on_a_fake_node(
-    fake_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
+    kwok_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
 ) -> None:
-    assert fake_nodes, "no fake node Ready"
+    assert kwok_nodes, "no fake node Ready"
     core_v1.create_namespaced_pod(namespace, _pod("on-kwok", runtimeClassName="kwok"))
     _wait("pod Running and Ready", lambda: _ready(_read(core_v1, namespace, "on-kwok")))
     pod = _read(core_v1, namespace, "on-kwok")
     assert pod is not None
-    assert pod.spec.node_name in fake_nodes
+    assert pod.spec.node_name in kwok_nodes
     # The RuntimeClass's scheduling section was merged in by the RuntimeClass admission plugin.
     assert pod.spec.node_selector == {"type": "kwok"}
     assert any(t.key == "kwok.x-k8s.io/node" for t in pod.spec.tolerations or [])
@@ -120,7 +92,7 @@ def test_pod_of_runtime_class_kwok_runs_on_a_fake_node(
 
 
 def test_deleted_pod_is_gone_at_once(
-    fake_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
+    kwok_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
 ) -> None:
     core_v1.create_namespaced_pod(namespace, _pod("graceful", runtimeClassName="kwok"))
     _wait("pod Ready", lambda: _ready(_read(core_v1, namespace, "graceful")))
@@ -131,7 +103,7 @@ def test_deleted_pod_is_gone_at_once(
 
 
 def test_pod_with_a_finalizer_waits_for_it(
-    fake_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
+    kwok_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
 ) -> None:
     finalizer = "sandbox-operator.dev/test-hold"
     body = _pod("held", runtimeClassName="kwok", metadata={"finalizers": [finalizer]})
@@ -150,7 +122,7 @@ def test_pod_with_a_finalizer_waits_for_it(
 
 
 def test_fake_nodes_take_no_pod_that_does_not_tolerate_them(
-    fake_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
+    kwok_nodes: list[str], core_v1: client.CoreV1Api, namespace: str
 ) -> None:
     core_v1.create_namespaced_pod(namespace, _pod("untolerated", nodeSelector={"type": "kwok"}))
 
@@ -163,7 +135,7 @@ def test_fake_nodes_take_no_pod_that_does_not_tolerate_them(
     _wait("pod reported Unschedulable", unschedulable)
 
 
-def test_status_reports_kwok(fake_nodes: list[str], cluster_is_local: bool) -> None:
+def test_status_reports_kwok(kwok_nodes: list[str], cluster_is_local: bool) -> None:
     if not cluster_is_local:
         pytest.skip("the local cluster's status")
     out = subprocess.run(
@@ -171,11 +143,11 @@ def test_status_reports_kwok(fake_nodes: list[str], cluster_is_local: bool) -> N
     ).stdout
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "healthy" in lines["kwok"], out
-    assert all(name in out for name in fake_nodes), out
+    assert all(name in out for name in kwok_nodes), out
 
 
 def test_restarted_kwok_takes_its_nodes_over_at_once(
-    fake_nodes: list[str], core_v1: client.CoreV1Api, namespace: str, cluster_is_local: bool
+    kwok_nodes: list[str], core_v1: client.CoreV1Api, namespace: str, cluster_is_local: bool
 ) -> None:
     """kwok holds each node through a Lease under a per-process identity: `kwok up` after a
     crash releases the dead one's Leases, so pods do not wait ~50 s for them to expire."""
@@ -184,6 +156,6 @@ def test_restarted_kwok_takes_its_nodes_over_at_once(
     record = json.loads((LOCAL_STATE / "pids" / "kwok.json").read_text())
     os.kill(int(record["pid"]), signal.SIGKILL)
     time.sleep(1)
-    _cluster_py("kwok", "up", "--nodes", str(len(fake_nodes)), timeout=300)
+    _cluster_py("kwok", "up", "--nodes", str(len(kwok_nodes)), timeout=300)
     core_v1.create_namespaced_pod(namespace, _pod("after-restart", runtimeClassName="kwok"))
     _wait("pod Ready", lambda: _ready(_read(core_v1, namespace, "after-restart")), timeout=10)

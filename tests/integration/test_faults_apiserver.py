@@ -37,7 +37,7 @@ from tests.fixtures.faults import (
 )
 
 # exclusive: restarts the API server under every test (run alone, after the concurrent part).
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 SCOPES = 3
 CREATES = 60

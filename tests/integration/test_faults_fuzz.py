@@ -73,7 +73,7 @@ from sandbox_operator.contract.resources import SandboxResourceSpec, SandboxScop
 from tests.fixtures.operator import GROUP, VERSION, Kit, OperatorProcess, local_config
 
 # exclusive: a thousand specs, a load that would starve concurrent tests (run alone, last).
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 N_SANDBOXES = 800
 N_SCOPES = 200
