@@ -456,7 +456,9 @@ class SandboxClient:
         async def touch() -> None:
             await self.touch(name)
 
-        async def resume() -> None:  # the handle's: its plane then serves the new pod
+        async def resume() -> None:
+            # The plane's resume is the handle's (built below): a resume by handle is what
+            # points the plane at the new pod and refreshes the handle's effective state.
             await self.resume(sandbox)
 
         dataplane = ServedPlane(

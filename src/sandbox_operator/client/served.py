@@ -53,9 +53,10 @@ class ServedPlane:
     timeout, ``kubectl patch``) raises :class:`SandboxSuspended`; the next use resumes it.
 
     It is a :class:`DataPlane` with the protocol's own signatures, and it is given at
-    construction what it asks of the client: the Sandbox's name and namespace, how to resume it
-    (``resume``) and how to tell whether it is suspended (``is_suspended``). It holds neither the
-    handle nor the client, so neither is reached through it."""
+    construction what it asks of the client: the Sandbox's name and namespace, how to reach what
+    serves it (``connect``), how to resume it (``resume``) and how to tell whether it is
+    suspended (``is_suspended``). It is typed by none of the client's or the handle's classes
+    and reaches into neither: the client that builds both decides what those callables do."""
 
     def __init__(
         self,
