@@ -111,7 +111,7 @@ async def test_no_storage_cannot_be_suspended(
         await aclient.suspend(name)
     # Past the client's own check, the API server refuses it (the CRD's CEL rule), typed.
     with pytest.raises(SandboxNotSuspendable) as info:
-        await aclient._patch_suspended(name, True)
+        await aclient.objects.patch_suspended(name, True)
     assert "storage" in info.value.message
     result = kubectl(
         "patch",

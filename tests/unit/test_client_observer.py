@@ -885,7 +885,7 @@ async def test_dispose_with_wait_ends_the_stream_with_the_last_state_seen(
     async def wait_gone(*args: Any, **kw: Any) -> Mapping[str, Any]:
         return final_state
 
-    h.client._wait_gone = wait_gone  # type: ignore[method-assign]
+    h.client.watches.wait_gone = wait_gone  # type: ignore[method-assign]
     await h.client.dispose(sb, wait=True)
     assert [e.seq for e in obs.of(EgressObserved)] == [1, 2, 3]
     assert ended(obs, sb.name) == [(3, 0, True)]

@@ -346,7 +346,7 @@ class Harness:
         self.server = FakeServer()
         self.operator = FakeOperator(self.server)
         self.client.custom = self.server  # type: ignore[assignment]
-        self.client._next_event = self.server.next_event  # type: ignore[method-assign]
+        self.client.watches.next_event = self.server.next_event  # type: ignore[method-assign]
         self.planes: list[FakePlane] = []
 
         def dataplane(obj: Any) -> FakePlane:
@@ -419,7 +419,7 @@ async def test_suspend_without_storage_refused_before_any_patch(h: Harness) -> N
 async def test_server_refusal_of_suspended_without_storage_is_typed(h: Harness) -> None:
     sb = await h.acquire(storage=None)
     with pytest.raises(SandboxNotSuspendable):
-        await h.client._patch_suspended(sb.name, True)
+        await h.client.objects.patch_suspended(sb.name, True)
 
 
 async def test_suspend_patches_and_waits_for_suspended(h: Harness) -> None:
@@ -651,7 +651,7 @@ async def test_spec_rejected_on_resume_is_typed(h: Harness) -> None:
 
     h.server.patch_namespaced_custom_object = reject  # type: ignore[method-assign]
     with pytest.raises(SandboxSpecRejected):
-        await h.client._patch_suspended(sb.name, False)
+        await h.client.objects.patch_suspended(sb.name, False)
 
 
 # ---- sync twins --------------------------------------------------------------------------------
@@ -757,7 +757,7 @@ def _forbid_watches(h: Harness, refusals: int | None) -> list[str]:
             raise ApiException(status=403, reason="Forbidden")
         return await watch(plural, name, rv)
 
-    h.client._next_event = next_event  # type: ignore[method-assign]
+    h.client.watches.next_event = next_event  # type: ignore[method-assign]
     return refused
 
 
@@ -795,10 +795,10 @@ async def test_a_scope_for_bound_agents_is_ready_or_says_why_not(h: Harness) -> 
             },
         }
 
-    await h.client._wait_scope_ready("conv", scope("True", "Ready"))
+    await h.client.scopes.wait_ready("conv", scope("True", "Ready"))
     with pytest.raises(SandboxScopeNotReady) as info:
-        await h.client._wait_scope_ready("conv", scope("False", "AccessNotGranted"))
+        await h.client.scopes.wait_ready("conv", scope("False", "AccessNotGranted"))
     assert info.value.reason == "AccessNotGranted" and info.value.scope_ref == "conv"
     with pytest.raises(TimeoutError):  # an older generation's Ready says nothing yet
         async with asyncio.timeout(0.2):
-            await h.client._wait_scope_ready("conv", scope("True", "Ready", observed=0))
+            await h.client.scopes.wait_ready("conv", scope("True", "Ready", observed=0))

@@ -12,7 +12,6 @@ import pytest
 from sandbox_operator.client.dataplane import ExecResult
 from sandbox_operator.client.errors import ExecQueuedTimeout, ExecTimeout, SandboxClientError
 from sandbox_operator.client.served import ServedPlane
-from sandbox_operator.contract import SandboxSpec
 
 
 class RecordingPlane:
@@ -32,30 +31,52 @@ class RecordingPlane:
 class SlowResumes:
     """A client whose resume takes ``delay`` seconds and then serves ``plane``."""
 
-    def __init__(self, served: ServedPlane, plane: RecordingPlane, delay: float) -> None:
-        self.served = served
+    def __init__(self, plane: RecordingPlane, delay: float) -> None:
+        self.served: ServedPlane | None = None
         self.plane = plane
         self.delay = delay
         self.resumes = 0
 
-    async def resume(self, sandbox: Any) -> None:
+    async def resume(self) -> None:
         self.resumes += 1
         await asyncio.sleep(self.delay)
+        assert self.served is not None
         await self.served.serve(self.plane, None)  # type: ignore[arg-type]
 
-    async def _found_suspended(self, name: str) -> bool:
+    async def is_suspended(self, name: str) -> bool:
         return False
 
 
-def suspended_plane(delay: float) -> tuple[ServedPlane, SlowResumes, RecordingPlane]:
-    from sandbox_operator.client.sandbox import Sandbox
+def served_plane(inner: RecordingPlane, client: SlowResumes) -> ServedPlane:
+    """The served plane of the Sandbox ``sbx``, resumed through ``client`` (looked up at each
+    use, so a test may replace its methods)."""
 
+    def connect(obj: Any) -> Any:
+        return inner
+
+    async def resume() -> None:
+        await client.resume()
+
+    async def is_suspended(name: str) -> bool:
+        return await client.is_suspended(name)
+
+    served = ServedPlane(
+        inner,  # type: ignore[arg-type]
+        None,
+        sandbox="sbx",
+        namespace="",
+        connect=connect,
+        resume=resume,
+        is_suspended=is_suspended,
+    )
+    client.served = served
+    return served
+
+
+def suspended_plane(delay: float) -> tuple[ServedPlane, SlowResumes, RecordingPlane]:
     inner = RecordingPlane()
-    served = ServedPlane(None, inner, None)  # type: ignore[arg-type]
-    client = SlowResumes(served, inner, delay)
-    served.client = client
-    spec = SandboxSpec.model_validate({"kind": "t", "image": "i"})
-    served.handle = Sandbox(spec, served, name="sbx")
+    client = SlowResumes(inner, delay)
+    served = served_plane(inner, client)
     served.inner = None  # suspended: the next use resumes
     return served, client, inner
 
@@ -82,7 +103,7 @@ async def test_the_command_gets_what_the_wait_left() -> None:
 
 async def test_a_live_plane_gets_nearly_the_whole_bound() -> None:
     inner = RecordingPlane()
-    served = ServedPlane(None, inner, None)  # type: ignore[arg-type]
+    served = served_plane(inner, SlowResumes(inner, 0.0))
     await served.exec(["true"], cwd="/workspace", timeout=2.0)
     [(_, bound)] = inner.execs
     assert 1.9 < bound <= 2.0
@@ -91,7 +112,7 @@ async def test_a_live_plane_gets_nearly_the_whole_bound() -> None:
 async def test_a_resume_failure_is_its_own_error_not_a_queued_timeout() -> None:
     served, client, _ = suspended_plane(delay=0.0)
 
-    async def refuse(sandbox: Any) -> None:
+    async def refuse() -> None:
         raise TimeoutError("a transport's own timeout")
 
     client.resume = refuse  # type: ignore[method-assign]

@@ -11,6 +11,15 @@ one object (and one pod). Then the client *watches*
 the Sandbox (it never polls) until ``Ready=True`` or a terminal reason, raising that reason's
 exception the moment the operator reports it; it also watches the SandboxScope, so a scope
 deleted while a caller waits raises promptly.
+
+The client is composed, not stacked: it holds one object per job and delegates to them --
+:class:`~sandbox_operator.client.kube.SandboxObjects` (the namespace's API calls, its typed
+refusals), :class:`~sandbox_operator.client.watching.Watches` (every wait),
+:class:`~sandbox_operator.client.suspension.Suspensions` (suspend, resume, activity),
+:class:`~sandbox_operator.client.scopes.Scopes` (create a SandboxScope and wait for it) and
+:class:`~sandbox_operator.client.egress.EgressFeed` (egress delivery). None of them knows the
+client; what the client does itself is what reports to its observer (acquire, dispose, the
+scope purges) and the handles it builds.
 """
 
 from __future__ import annotations
@@ -22,7 +31,6 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -43,6 +51,7 @@ from sandbox_operator.client.errors import (
     SandboxGone,
     SandboxNotReadyInTime,
 )
+from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import (
     EffectiveState,
     SandboxAcquired,
@@ -57,7 +66,7 @@ from sandbox_operator.client.observer import (
 )
 from sandbox_operator.client.purges import purge_of_scope, undisposed
 from sandbox_operator.client.sandbox import Sandbox
-from sandbox_operator.client.scopes import ScopeCalls
+from sandbox_operator.client.scopes import Scopes
 from sandbox_operator.client.served import ServedPlane
 from sandbox_operator.client.status import (
     Goal,
@@ -66,14 +75,13 @@ from sandbox_operator.client.status import (
     key_from_object,
     served_by,
 )
-from sandbox_operator.client.suspension import SuspendCalls
+from sandbox_operator.client.suspension import Suspensions
+from sandbox_operator.client.watching import Watches
 from sandbox_operator.contract import (
     API_VERSION,
-    GROUP,
     SANDBOX_KIND,
     SANDBOX_PLURAL,
     SANDBOX_SCOPE_PLURAL,
-    VERSION,
     DisposalFailure,
     IsolationScope,
     SandboxKey,
@@ -102,7 +110,7 @@ class CarriesHostTools(Protocol):
     def names(self) -> tuple[str, ...]: ...
 
 
-class SandboxClient(SuspendCalls, ScopeCalls):
+class SandboxClient:
     """Async client for one namespace. Build it with :meth:`from_kubeconfig` or
     :meth:`in_cluster`, or hand it a configured ``kubernetes_asyncio`` ``ApiClient``.
 
@@ -124,19 +132,63 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         observer: SandboxObserver | None = None,
         dataplanes: Mapping[str, DataPlaneFactory] | None = None,
     ) -> None:
-        self.observer = observer
         #: how this client reaches a Ready sandbox, per ``servedBy.kind``
         self.dataplanes: dict[str, DataPlaneFactory] = {**DEFAULT_DATAPLANES, **(dataplanes or {})}
-        #: the newest last-activity stamp written per Sandbox: stamps never go back
-        self._activity_stamps: dict[str, datetime] = {}
         self.api = api_client
-        self.namespace = namespace
-        self.field_manager = field_manager or f"sandbox-client-{secrets.token_hex(4)}"
         self.default_timeout = default_timeout
-        self.custom = k8s.CustomObjectsApi(api_client)
         self.ws_api = WsApiClient(configuration=api_client.configuration)
+        #: the namespace's API calls: what every other part below goes through
+        self.objects = SandboxObjects(
+            k8s.CustomObjectsApi(api_client),
+            namespace,
+            field_manager or f"sandbox-client-{secrets.token_hex(4)}",
+        )
+        #: every wait on one object
+        self.watches = Watches(self.objects)
+        #: suspend, resume and the last-activity stamps
+        self.suspensions = Suspensions(self.objects, self.watches)
+        #: create a SandboxScope and wait until it is Ready
+        self.scopes = Scopes(self.objects, self.watches)
         #: egress delivery per Sandbox (name, uid), and the one watch that pushes it
-        self.egress_feed = EgressFeed(self)
+        self.egress_feed = EgressFeed(self.objects, observer)
+
+    # -- what the parts share, kept where they hold it ----------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        return self.objects.namespace
+
+    @namespace.setter
+    def namespace(self, namespace: str) -> None:
+        self.objects.namespace = namespace
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        """The API every call goes through (setting it swaps it for all of the client's parts)."""
+        return self.objects.custom
+
+    @custom.setter
+    def custom(self, custom: k8s.CustomObjectsApi) -> None:
+        self.objects.custom = custom
+
+    @property
+    def field_manager(self) -> str:
+        """This client's name in server-side apply."""
+        return self.objects.field_manager
+
+    @field_manager.setter
+    def field_manager(self, field_manager: str) -> None:
+        self.objects.field_manager = field_manager
+
+    @property
+    def observer(self) -> SandboxObserver | None:
+        """Who receives this client's events; kept in its egress feed, which delivers to it too,
+        so that setting it reaches both."""
+        return self.egress_feed.observer
+
+    @observer.setter
+    def observer(self, observer: SandboxObserver | None) -> None:
+        self.egress_feed.observer = observer
 
     # -- construction ---------------------------------------------------------------------
 
@@ -193,7 +245,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             return 0
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         try:
-            obj = await self._get_object(SANDBOX_PLURAL, name)
+            obj = await self.objects.get(SANDBOX_PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return 0
@@ -203,6 +255,86 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
     def _report_egress_obj(self, obj: Mapping[str, Any], key: SandboxKey | None) -> int:
         return self.egress_feed.deliver(obj, key)
+
+    # -- scopes, suspension and activity: delegated to the parts that hold them --------------
+
+    async def create_scope(
+        self,
+        *,
+        scope: str,
+        thread_id: str,
+        name: str | None = None,
+        min_isolation: str | None = None,
+        min_isolation_scope: str | None = None,
+        agent_service_accounts: Sequence[str] = (),
+        timeout: float = 60.0,  # noqa: ASYNC109
+    ) -> str:
+        """Create (or converge) the SandboxScope of a conversation; returns its name. For the
+        *host*: an agent's service account should not be able to do this.
+
+        ``agent_service_accounts`` binds those ServiceAccounts of the namespace to this
+        conversation (docs/concepts.md, "The conversation boundary"); the call then waits (up to
+        ``timeout`` seconds) until the operator reports the scope Ready, which it does once their
+        Role is written, so an agent handed the scope can use it at once; else
+        :class:`SandboxScopeNotReady`."""
+        return await self.scopes.create(
+            scope=scope,
+            thread_id=thread_id,
+            name=name,
+            min_isolation=min_isolation,
+            min_isolation_scope=min_isolation_scope,
+            agent_service_accounts=agent_service_accounts,
+            timeout=timeout,
+        )
+
+    def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+        """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names."""
+        return Scopes.key_for(scope_obj, agent_dir, call_id)
+
+    async def suspend(
+        self,
+        sandbox: Sandbox | str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Suspend a Sandbox (by handle or name): ``spec.suspended: true``; the operator deletes
+        its pod and keeps its work volume, NetworkPolicy and identity. Processes and memory are
+        not kept; files in the work dir are.
+
+        Raises :class:`SandboxNotSuspendable` when the Sandbox declares no ``spec.storage`` (read
+        first; the API server refuses it too). With ``wait``, returns once the operator reports
+        ``Ready=False`` reason ``Suspended`` for this spec, raises the typed error of a terminal
+        reason (e.g. :class:`SandboxGone`), or :class:`SandboxNotSuspendedInTime` after
+        ``timeout`` (default: the client's ``default_timeout``). A handle's next use resumes."""
+        deadline = timeout if timeout is not None else self.default_timeout
+        await self.suspensions.suspend(sandbox, wait=wait, timeout=deadline)
+
+    async def resume(
+        self,
+        sandbox: Sandbox | str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Resume a Sandbox (by handle or name), whatever suspended it: ``spec.suspended`` back
+        to false when it is true, and the last-activity annotation stamped when the idle timeout
+        suspended it (``status.suspendedBy: idle``). The operator starts a new pod on the same
+        work volume after judging the spec again. A Sandbox that is not suspended is left as is.
+
+        With ``wait``, returns once it is Ready (a handle then talks to the new pod); raises the
+        refusal's typed error when the operator refuses the resume (e.g.
+        :class:`SandboxIsolationBelowFloor`: the floor was raised meanwhile; it stays
+        suspended), :class:`SandboxSuspended` when it is suspended again meanwhile, or
+        :class:`SandboxNotReadyInTime` (after ``timeout``, default: the client's
+        ``default_timeout``). Without ``wait``, a handle's next use waits."""
+        deadline = timeout if timeout is not None else self.default_timeout
+        await self.suspensions.resume(sandbox, wait=wait, timeout=deadline)
+
+    async def touch(self, name: str) -> None:
+        """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from
+        it). The handle does this by itself, at most every 30 seconds, while it is used."""
+        await self.suspensions.touch(name)
 
     # -- agent side -------------------------------------------------------------------------
 
@@ -226,7 +358,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         delivered as a ``SandboxAcquired``; a SandboxScope that cannot be read leaves no key to
         report, so that refusal reaches the caller only."""
         deadline = timeout if timeout is not None else self.default_timeout
-        scope_obj = await self._read_scope(scope_ref)
+        scope_obj = await self.objects.read_scope(scope_ref)
         key = self.key_for(scope_obj, agent_dir, call_id)
         name = naming.sandbox_name(key, spec.kind)
         call = record_key(key)
@@ -320,11 +452,24 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         if host_tools is not None:
             host_tools.aggregate()  # seal: what the sandbox carries cannot change under it
             tools = tuple(host_tools.names)
-        dataplane = ServedPlane(self, self._dataplane(obj), served_by(obj))
 
         async def touch() -> None:
             await self.touch(name)
 
+        async def resume() -> None:
+            # The plane's resume is the handle's (built below): a resume by handle is what
+            # points the plane at the new pod and refreshes the handle's effective state.
+            await self.resume(sandbox)
+
+        dataplane = ServedPlane(
+            self._dataplane(obj),
+            served_by(obj),
+            sandbox=name,
+            namespace=self.namespace,
+            connect=self._dataplane,
+            resume=resume,
+            is_suspended=self.suspensions.is_suspended,
+        )
         sandbox = Sandbox(
             spec,
             dataplane,
@@ -340,7 +485,6 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             created=bool(last.get("created"))
             and last.get("created") == (obj.get("metadata") or {}).get("uid"),
         )
-        dataplane.handle = sandbox
         return sandbox
 
     def _dataplane(self, obj: Mapping[str, Any]) -> DataPlane:
@@ -353,20 +497,20 @@ class SandboxClient(SuspendCalls, ScopeCalls):
     async def _wait_ready(
         self, name: str, scope_ref: str, body: dict[str, Any], last: dict[str, str]
     ) -> Mapping[str, Any]:
-        obj, created = await self._apply_created(SANDBOX_PLURAL, name, body)
+        obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
         while (obj.get("metadata") or {}).get("deletionTimestamp"):
             # A previous sandbox under this key is still going away: wait, then recreate.
-            await self._wait_gone(SANDBOX_PLURAL, name, None)
-            obj, created = await self._apply_created(SANDBOX_PLURAL, name, body)
+            await self.watches.wait_gone(SANDBOX_PLURAL, name, None)
+            obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
         if created:
             last["created"] = (obj.get("metadata") or {}).get("uid", "")
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.
-            obj = await self._start_resume(name, obj)
+            obj = await self.suspensions.start_resume(name, obj)
             goal = "resumed"
-        sandbox_watch = asyncio.ensure_future(self._watch_sandbox(name, obj, last, goal=goal))
-        scope_watch = asyncio.ensure_future(self._watch_scope_deleted(scope_ref))
+        sandbox_watch = asyncio.ensure_future(self.watches.until_goal(name, obj, last, goal=goal))
+        scope_watch = asyncio.ensure_future(self.watches.scope_deleted(scope_ref))
         try:
             done, _ = await asyncio.wait(
                 {sandbox_watch, scope_watch}, return_when=asyncio.FIRST_COMPLETED
@@ -407,7 +551,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         seen: Mapping[str, Any] | None = None
         if self.observer is not None:
             with contextlib.suppress(Exception):  # reporting must not stop the delete
-                seen = await self._get_object(SANDBOX_PLURAL, name)
+                seen = await self.objects.get(SANDBOX_PLURAL, name)
             if isinstance(seen, Mapping):
                 key = key or key_from_object(seen)
                 try:
@@ -418,16 +562,16 @@ class SandboxClient(SuspendCalls, ScopeCalls):
                 seen = None
         call = record_key(key)
         try:
-            await self._delete(SANDBOX_PLURAL, name, uid=uid)
+            await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
         except BaseException as exc:
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
-        self._activity_stamps.pop(name, None)
+        self.suspensions.activity_stamps.pop(name, None)
         seen_uid = str(((seen or {}).get("metadata") or {}).get("uid") or "")
         try:
             if wait:
-                last = await self._wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
+                last = await self.watches.wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
                 self._egress_ended(last or seen, key, uid)
         finally:
             self.egress_feed.forget(name, seen_uid)
@@ -483,12 +627,9 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         items: list[Mapping[str, Any]] = []
         purge = ScopePurge()
         try:
-            listing = await self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, SANDBOX_PLURAL
-            )
             items = [
                 item
-                for item in listing.get("items", [])
+                for item in await self.objects.list_objects(SANDBOX_PLURAL)
                 if (item.get("spec") or {}).get("scopeRef") == scope_ref
             ]
             if self.observer is not None:
@@ -502,7 +643,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
                 for item in items
             ]
             for name, uid in targets:
-                await self._delete(SANDBOX_PLURAL, name, uid=uid)
+                await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
             purge = await self._disposed_within(targets, timeout)
         except BaseException as exc:
             await self._scope_disposed(scope_ref, items, call, purge, exc)
@@ -519,7 +660,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
 
         async def gone(name: str, uid: str | None) -> bool:
             try:
-                last = await self._wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
+                last = await self.watches.wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
             except TimeoutError:
                 return False
             self._egress_ended(last, None, uid)
@@ -531,7 +672,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
             if done:
                 continue
             try:
-                obj = await self._get_object(SANDBOX_PLURAL, name)
+                obj = await self.objects.get(SANDBOX_PLURAL, name)
             except ApiException as exc:
                 if exc.status == 404:
                     continue  # went just now
@@ -560,12 +701,12 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         call = record_key(None)
         scope_obj: Mapping[str, Any] | None = None
         try:
-            answer = await self._delete(SANDBOX_SCOPE_PLURAL, name)
+            answer = await self.objects.delete(SANDBOX_SCOPE_PLURAL, name)
             if not wait:
                 return None
             scope_obj = answer
             uid = str(((answer or {}).get("metadata") or {}).get("uid") or "") or None
-            scope_obj = await self._wait_gone(
+            scope_obj = await self.watches.wait_gone(
                 SANDBOX_SCOPE_PLURAL, name, timeout, uid=uid, seen=answer
             )
         except BaseException as exc:
@@ -592,7 +733,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         scope: str | None = None
         thread_id: str | None = None
         try:
-            obj = scope_obj or await self._get_object(SANDBOX_SCOPE_PLURAL, scope_ref)
+            obj = scope_obj or await self.objects.get(SANDBOX_SCOPE_PLURAL, scope_ref)
             spec = obj.get("spec") or {}
             scope, thread_id = spec.get("scope"), spec.get("threadId")
         except Exception:  # gone already, or not readable: fall back to a Sandbox's key
@@ -639,7 +780,7 @@ class SandboxClient(SuspendCalls, ScopeCalls):
         finally:
             if name is None:
                 with contextlib.suppress(Exception):
-                    scope_obj = await self._read_scope(scope_ref)
+                    scope_obj = await self.objects.read_scope(scope_ref)
                     key = self.key_for(scope_obj, agent_dir, call_id)
                     name = naming.sandbox_name(key, spec.kind)
             if name is not None:

@@ -82,21 +82,26 @@ class _Stream:
     followed: bool = False  # acquired by this client: its watch delivers it
 
 
-class FeedOwner(Protocol):
-    """What the feed reads from its client, at each use (a test may swap them)."""
+class WatchedNamespace(Protocol):
+    """Where the feed lists and watches Sandboxes: an API and a namespace, read at each use (the
+    client's :class:`~sandbox_operator.client.kube.SandboxObjects`, whose API a test may swap)."""
 
-    custom: CustomObjectsApi
-    namespace: str
-    observer: SandboxObserver | None
+    @property
+    def custom(self) -> CustomObjectsApi: ...
+
+    @property
+    def namespace(self) -> str: ...
 
 
 class EgressFeed:
-    """The egress streams of one client (see the module): the client's API, namespace and
-    observer are read from ``owner`` at each use (without an observer, nothing is read or
-    built)."""
+    """The egress streams of one client (see the module): it lists and watches through
+    ``source`` and delivers to ``observer`` (without one, nothing is read or built). It is given
+    those two, not the client."""
 
-    def __init__(self, owner: FeedOwner) -> None:
-        self.owner = owner
+    def __init__(self, source: WatchedNamespace, observer: SandboxObserver | None) -> None:
+        self.source = source
+        #: who the streams are delivered to (the client's observer: the client keeps it here)
+        self.observer = observer
         self._streams: dict[ObjectId, _Stream] = {}
         #: streams already ended, oldest first: a uid is never reused, so one seen again (the
         #: watch's DELETED after a disposal's wait ended it, or the other way round) is ignored
@@ -107,10 +112,6 @@ class EgressFeed:
         self.first_backoff = 1.0  # seconds before a failed watch is tried again, doubling
         #: the API server refused the watch (403): this identity reads Sandboxes by name only
         self.refused = False
-
-    @property
-    def observer(self) -> SandboxObserver | None:
-        return self.owner.observer
 
     # ---- delivering one state ------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class EgressFeed:
                 key=key,
                 call=None,
                 sandbox=ident[0],
-                namespace=self.owner.namespace,
+                namespace=self.source.namespace,
                 reported=mark.delivered,
                 missed=mark.missed,
                 complete=mark.complete,
@@ -232,10 +233,10 @@ class EgressFeed:
 
     async def _list(self) -> tuple[list[Mapping[str, Any]], str | None]:
         """The operator's Sandboxes of the namespace and the list's resourceVersion."""
-        listing = await self.owner.custom.list_namespaced_custom_object(
+        listing = await self.source.custom.list_namespaced_custom_object(
             GROUP,
             VERSION,
-            self.owner.namespace,
+            self.source.namespace,
             SANDBOX_PLURAL,
             label_selector=lbl.managed_selector(),
         )
@@ -250,10 +251,10 @@ class EgressFeed:
         self.watches_started += 1
         try:
             stream = w.stream(
-                self.owner.custom.list_namespaced_custom_object,
+                self.source.custom.list_namespaced_custom_object,
                 GROUP,
                 VERSION,
-                self.owner.namespace,
+                self.source.namespace,
                 SANDBOX_PLURAL,
                 label_selector=lbl.managed_selector(),
                 resource_version=resource_version,

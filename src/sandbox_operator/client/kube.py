@@ -1,10 +1,13 @@
-"""The client's calls on the Kubernetes API: read, apply, patch and delete the custom objects of
-one namespace, with the API's refusals turned into the client's typed errors.
+"""The client's calls on the Kubernetes API: read, list, apply, patch and delete the custom objects
+of one namespace, with the API's refusals turned into the client's typed errors.
 
-:class:`KubeCalls` is the base of :class:`~sandbox_operator.client.SandboxClient`'s method groups
-(watching, suspension, scopes): it declares what every group reads from the client and is the one
-place an ``ApiException`` status becomes a :class:`SandboxForbidden`, :class:`SandboxGone`,
-:class:`SandboxSpecConflict` or :class:`SandboxSpecRejected`.
+:class:`SandboxObjects` exists so that the client's other parts (its watches, suspensions and
+scopes, and :class:`~sandbox_operator.client.SandboxClient` itself) share one namespace, one API
+and one field manager without sharing a base class, and so that there is one place an
+``ApiException`` status becomes a :class:`SandboxForbidden`, :class:`SandboxGone`,
+:class:`SandboxSpecConflict` or :class:`SandboxSpecRejected`. Each of them holds this object and
+reads ``custom`` and ``namespace`` from it at each call, so swapping them here (a test's fake API
+server, a client pointed at another namespace) swaps them for all.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import (
     SandboxClientError,
     SandboxForbidden,
@@ -25,7 +29,6 @@ from sandbox_operator.client.errors import (
     SandboxSpecRejected,
     scrub,
 )
-from sandbox_operator.client.observer import SandboxObserver
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json_status
@@ -35,16 +38,16 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class KubeCalls:
-    """API calls on one namespace's Sandboxes and SandboxScopes (see the module)."""
+class SandboxObjects:
+    """API calls on one namespace's Sandboxes and SandboxScopes (see the module): ``custom`` is
+    the API they go through, ``field_manager`` names the client in server-side apply."""
 
-    custom: k8s.CustomObjectsApi
-    namespace: str
-    field_manager: str
-    default_timeout: float
-    observer: SandboxObserver | None
+    def __init__(self, custom: k8s.CustomObjectsApi, namespace: str, field_manager: str) -> None:
+        self.custom = custom
+        self.namespace = namespace
+        self.field_manager = field_manager
 
-    def _refuse(
+    def refuse(
         self, exc: ApiException, action: str, missing: SandboxClientError | None = None
     ) -> NoReturn:
         """Raise the typed error of a refused call: 403 is :class:`SandboxForbidden`, 404 is
@@ -55,31 +58,31 @@ class KubeCalls:
             raise missing from None
         raise exc
 
-    def _no_sandbox(self, name: str) -> SandboxGone:
+    def no_sandbox(self, name: str) -> SandboxGone:
         return SandboxGone(sandbox=name, namespace=self.namespace, message="no such Sandbox")
 
-    async def _get_object(self, plural: str, name: str) -> Mapping[str, Any]:
+    async def get(self, plural: str, name: str) -> Mapping[str, Any]:
         """One object, as the API returns it (``ApiException`` as it came)."""
         obj: Mapping[str, Any] = await self.custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, plural, name
         )
         return obj
 
-    async def _get_sandbox(self, name: str) -> Mapping[str, Any]:
+    async def get_sandbox(self, name: str) -> Mapping[str, Any]:
         try:
-            return await self._get_object(SANDBOX_PLURAL, name)
+            return await self.get(SANDBOX_PLURAL, name)
         except ApiException as exc:
-            self._refuse(exc, "get sandboxes", self._no_sandbox(name))
+            self.refuse(exc, "get sandboxes", self.no_sandbox(name))
 
-    async def _read_scope(self, scope_ref: str) -> Mapping[str, Any]:
+    async def read_scope(self, scope_ref: str) -> Mapping[str, Any]:
         """The SandboxScope ``scope_ref``; missing or being deleted raises."""
         try:
-            obj = await self._get_object(SANDBOX_SCOPE_PLURAL, scope_ref)
+            obj = await self.get(SANDBOX_SCOPE_PLURAL, scope_ref)
         except ApiException as exc:
             missing = SandboxScopeNotFound(
                 sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
             )
-            self._refuse(exc, "get sandboxscopes", missing)
+            self.refuse(exc, "get sandboxscopes", missing)
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             raise SandboxGone(
                 sandbox="",
@@ -89,7 +92,14 @@ class KubeCalls:
             )
         return obj
 
-    async def _patch(
+    async def list_objects(self, plural: str) -> list[Mapping[str, Any]]:
+        """Every object of ``plural`` in the namespace (``ApiException`` as it came)."""
+        listing = await self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, plural
+        )
+        return list(listing.get("items", []))
+
+    async def patch(
         self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
     ) -> Mapping[str, Any]:
         """Patch one object; a response without a decoded body (e.g. a no-op apply) is read."""
@@ -105,12 +115,12 @@ class KubeCalls:
         )
         if isinstance(obj, Mapping):
             return obj
-        return await self._get_object(plural, name)
+        return await self.get(plural, name)
 
-    async def _patch_created(
+    async def patch_created(
         self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
     ) -> tuple[Mapping[str, Any], bool]:
-        """:meth:`_patch`, and whether this request created the object (HTTP 201: of several
+        """:meth:`patch`, and whether this request created the object (HTTP 201: of several
         concurrent applies of one name, exactly one gets it).
 
         The answer is decoded here: the generated client decodes a 200's body only (a create's
@@ -130,17 +140,17 @@ class KubeCalls:
         )
         return obj, status == 201
 
-    async def _apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
+    async def apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
         """Server-side apply ``body`` as this client's field manager."""
-        obj, _ = await self._apply_created(plural, name, body)
+        obj, _ = await self.apply_created(plural, name, body)
         return obj
 
-    async def _apply_created(
+    async def apply_created(
         self, plural: str, name: str, body: dict[str, Any]
     ) -> tuple[Mapping[str, Any], bool]:
-        """:meth:`_apply`, and whether this apply created the object."""
+        """:meth:`apply`, and whether this apply created the object."""
         try:
-            return await self._patch_created(
+            return await self.patch_created(
                 plural, name, body, manager=self.field_manager, content_type=APPLY_PATCH
             )
         except ApiException as exc:
@@ -153,12 +163,12 @@ class KubeCalls:
                 raise SandboxSpecRejected(
                     sandbox=name, namespace=self.namespace, message=message
                 ) from None
-            self._refuse(exc, f"apply {plural}")
+            self.refuse(exc, f"apply {plural}")
 
-    async def _patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
+    async def patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
         """Set ``spec.suspended`` (a merge patch: the acquirer's apply does not own it)."""
         try:
-            return await self._patch(
+            return await self.patch(
                 SANDBOX_PLURAL,
                 name,
                 {"spec": {"suspended": value}},
@@ -175,9 +185,23 @@ class KubeCalls:
                 raise SandboxSpecRejected(
                     sandbox=name, namespace=self.namespace, message=message
                 ) from None
-            self._refuse(exc, "patch sandboxes", self._no_sandbox(name))
+            self.refuse(exc, "patch sandboxes", self.no_sandbox(name))
 
-    async def _delete(
+    async def annotate_activity(self, name: str, stamp: str) -> None:
+        """Set the Sandbox's last-activity annotation (a merge patch, as this client's
+        ``-activity`` field manager); the answer is not read."""
+        await self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            SANDBOX_PLURAL,
+            name,
+            {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}},
+            field_manager=f"{self.field_manager}-activity",
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+        )
+
+    async def delete(
         self, plural: str, name: str, *, uid: str | None = None
     ) -> Mapping[str, Any] | None:
         """Delete one object; missing is success. With ``uid``, only that very object: the API
@@ -203,7 +227,7 @@ class KubeCalls:
         except ApiException as exc:
             if exc.status == 404 or (uid and exc.status == 409):
                 return None
-            self._refuse(exc, f"delete {plural}")
+            self.refuse(exc, f"delete {plural}")
         if isinstance(answer, Mapping) and (answer.get("metadata") or {}).get("deletionTimestamp"):
             return answer
         return None

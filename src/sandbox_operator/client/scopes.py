@@ -1,5 +1,10 @@
-"""The host side of a conversation: create and delete its SandboxScope, and the sandbox key a
-SandboxScope gives an agent's ``(agent_dir, call_id)``."""
+"""The host side of a conversation: create its SandboxScope and wait until the operator reports it
+Ready, and the sandbox key a SandboxScope gives an agent's ``(agent_dir, call_id)``.
+
+:class:`Scopes` holds the namespace's :class:`~sandbox_operator.client.kube.SandboxObjects` (to
+apply and read a scope) and the client's :class:`~sandbox_operator.client.watching.Watches` (to
+wait for it); deleting a scope is the client's, beside ``dispose_scope``: both report to its
+observer, which this object does not hold."""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from typing import Any
 
 from sandbox_operator import naming
 from sandbox_operator.client.errors import SandboxScopeNotReady
-from sandbox_operator.client.watching import WatchCalls
+from sandbox_operator.client.kube import SandboxObjects
+from sandbox_operator.client.watching import Watches
 from sandbox_operator.contract import (
     API_VERSION,
     SANDBOX_SCOPE_KIND,
@@ -18,11 +24,14 @@ from sandbox_operator.contract import (
 )
 
 
-class ScopeCalls(WatchCalls):
-    """:meth:`create_scope` and :meth:`key_for` of the client (``delete_scope`` is the client's,
-    beside ``dispose_scope``: both report to its observer)."""
+class Scopes:
+    """The SandboxScopes of one namespace (see the module)."""
 
-    async def create_scope(
+    def __init__(self, objects: SandboxObjects, watches: Watches) -> None:
+        self.objects = objects
+        self.watches = watches
+
+    async def create(
         self,
         *,
         scope: str,
@@ -33,14 +42,9 @@ class ScopeCalls(WatchCalls):
         agent_service_accounts: Sequence[str] = (),
         timeout: float = 60.0,  # noqa: ASYNC109
     ) -> str:
-        """Create (or converge) the SandboxScope of a conversation; returns its name. For the
-        *host*: an agent's service account should not be able to do this.
-
-        ``agent_service_accounts`` binds those ServiceAccounts of the namespace to this
-        conversation (docs/concepts.md, "The conversation boundary"); the call then waits (up to
-        ``timeout`` seconds) until the operator reports the scope Ready, which it does once their
-        Role is written, so an agent handed the scope can use it at once; else
-        :class:`SandboxScopeNotReady`."""
+        """:meth:`SandboxClient.create_scope
+        <sandbox_operator.client.SandboxClient.create_scope>`: apply the SandboxScope, then, when
+        it binds agents, wait until the operator reports it Ready."""
         name = name or naming.scope_name(scope, thread_id)
         spec: dict[str, Any] = {"scope": scope, "threadId": thread_id}
         if min_isolation:
@@ -52,21 +56,21 @@ class ScopeCalls(WatchCalls):
         body = {
             "apiVersion": API_VERSION,
             "kind": SANDBOX_SCOPE_KIND,
-            "metadata": {"name": name, "namespace": self.namespace},
+            "metadata": {"name": name, "namespace": self.objects.namespace},
             "spec": spec,
         }
-        obj = await self._apply(SANDBOX_SCOPE_PLURAL, name, body)
+        obj = await self.objects.apply(SANDBOX_SCOPE_PLURAL, name, body)
         if agent_service_accounts:
             try:
                 async with asyncio.timeout(timeout):
-                    await self._wait_scope_ready(name, obj)
+                    await self.wait_ready(name, obj)
             except TimeoutError:
                 raise SandboxScopeNotReady(
-                    scope_ref=name, namespace=self.namespace, reason="", timeout=timeout
+                    scope_ref=name, namespace=self.objects.namespace, reason="", timeout=timeout
                 ) from None
         return name
 
-    async def _wait_scope_ready(self, name: str, obj: Mapping[str, Any]) -> None:
+    async def wait_ready(self, name: str, obj: Mapping[str, Any]) -> None:
         """Until the operator has reported the scope's current generation Ready (watched)."""
         while True:
             meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -80,24 +84,26 @@ class ScopeCalls(WatchCalls):
                 if ready.get("reason") != "Pending":
                     raise SandboxScopeNotReady(
                         scope_ref=name,
-                        namespace=self.namespace,
+                        namespace=self.objects.namespace,
                         reason=str(ready.get("reason") or ""),
                         message=str(ready.get("message") or ""),
                     )
             rv = meta.get("resourceVersion")
-            event = await self._next_event(
+            event = await self.watches.next_event(
                 SANDBOX_SCOPE_PLURAL, name, None if rv is None else str(rv)
             )
             if event is None:
-                obj = await self._read_scope(name)
+                obj = await self.objects.read_scope(name)
                 continue
             kind, obj = event
             if kind == "DELETED":
                 raise SandboxScopeNotReady(
-                    scope_ref=name, namespace=self.namespace, reason="Deleted"
+                    scope_ref=name, namespace=self.objects.namespace, reason="Deleted"
                 )
 
-    def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+    @staticmethod
+    def key_for(scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+        """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names."""
         spec = scope_obj.get("spec") or {}
         return SandboxKey(
             scope=spec["scope"], thread_id=spec["threadId"], agent_dir=agent_dir, call_id=call_id

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Unpack
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, Unpack
 
 from sandbox_operator.client.dataplane import (
     DataPlane,
@@ -25,19 +25,20 @@ from sandbox_operator.client.dataplane import (
 )
 from sandbox_operator.client.errors import DataPlaneError, ExecQueuedTimeout, SandboxSuspended
 from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.status import served_by as served_by_of
 from sandbox_operator.contract.resources import ServedBy
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+T = TypeVar("T")
 
+#: The data plane of what serves a Ready Sandbox (the client's factory for its servedBy kind).
+Connect = Callable[[Mapping[str, Any]], DataPlane]
 
-class ResumesSandboxes(Protocol):
-    """What a served plane asks of its client: resume the Sandbox, and tell whether it is
-    suspended now."""
+#: Resume the Sandbox a plane serves and point the plane at what serves it then (the client's
+#: ``resume`` of the plane's handle).
+Resume = Callable[[], Awaitable[None]]
 
-    async def resume(self, sandbox: Sandbox | str) -> None: ...
-
-    async def _found_suspended(self, name: str) -> bool: ...
+#: Whether the named Sandbox is suspended now (False when it cannot be read).
+IsSuspended = Callable[[str], Awaitable[bool]]
 
 
 async def _close_quietly(plane: DataPlane | None) -> None:
@@ -49,15 +50,35 @@ async def _close_quietly(plane: DataPlane | None) -> None:
 class ServedPlane:
     """A suspend closes the served plane; the next use resumes the Sandbox and talks to the new
     pod. A data-plane failure on a Sandbox found suspended behind the handle's back (the idle
-    timeout, ``kubectl patch``) raises :class:`SandboxSuspended`; the next use resumes it."""
+    timeout, ``kubectl patch``) raises :class:`SandboxSuspended`; the next use resumes it.
+
+    It is a :class:`DataPlane` with the protocol's own signatures, and it is given at
+    construction what it asks of the client: the Sandbox's name and namespace, how to reach what
+    serves it (``connect``), how to resume it (``resume``) and how to tell whether it is
+    suspended (``is_suspended``). It is typed by none of the client's or the handle's classes
+    and reaches into neither: the client that builds both decides what those callables do."""
 
     def __init__(
-        self, client: ResumesSandboxes, inner: DataPlane, served_by: ServedBy | None
+        self,
+        inner: DataPlane,
+        served_by: ServedBy | None,
+        *,
+        sandbox: str,
+        namespace: str,
+        connect: Connect,
+        resume: Resume,
+        is_suspended: IsSuspended,
     ) -> None:
-        self.client = client
+        #: the plane of what serves the Sandbox now (None: suspended, the next use resumes)
         self.inner: DataPlane | None = inner
         self.served_by = served_by
-        self.handle: Sandbox | None = None
+        #: the Sandbox served, as named in a :class:`SandboxSuspended`
+        self.sandbox = sandbox
+        self.namespace = namespace
+        # Given, not read from the handle or the client: the plane knows neither.
+        self._connect = connect
+        self._resume = resume
+        self._is_suspended = is_suspended
         self._lock = asyncio.Lock()
 
     @property
@@ -74,29 +95,37 @@ class ServedPlane:
         if old is not inner:
             await _close_quietly(old)
 
+    async def reconnect(self, obj: Mapping[str, Any]) -> bool:
+        """Talk to what serves the Ready Sandbox ``obj`` (a new pod after a resume); False when
+        this plane already does."""
+        served = served_by_of(obj)
+        if not self.suspended and served == self.served_by:
+            return False
+        await self.serve(self._connect(obj), served)
+        return True
+
     async def _live(self) -> DataPlane:
         async with self._lock:
-            if self.inner is None and self.handle is not None:
-                await self.client.resume(self.handle)
+            if self.inner is None:
+                await self._resume()
         if self.inner is None:
             raise DataPlaneError("the sandbox is suspended")
         return self.inner
 
     async def _call(
-        self, method: Callable[[DataPlane], Any], plane: DataPlane | None = None
-    ) -> Any:
+        self, method: Callable[[DataPlane], Awaitable[T]], plane: DataPlane | None = None
+    ) -> T:
         if plane is None:
             plane = await self._live()
         try:
             return await method(plane)
         except DataPlaneError as exc:
-            handle = self.handle
-            if handle is None or not await self.client._found_suspended(handle.name):
+            if not await self._is_suspended(self.sandbox):
                 raise
             await self.drop()
             raise SandboxSuspended(
-                sandbox=handle.name,
-                namespace=handle.namespace,
+                sandbox=self.sandbox,
+                namespace=self.namespace,
                 message="the sandbox was suspended; the next use of the handle resumes it",
             ) from exc
 
@@ -120,27 +149,24 @@ class ServedPlane:
             ) from None
         left = timeout - waited
         ran: ExecOptions = {**options, "timeout": left}
-        result: ExecResult = await self._call(lambda p: p.exec(argv, **ran), plane)
-        return result
+        return await self._call(lambda p: p.exec(argv, **ran), plane)
 
-    async def write_file(self, *args: Any, **kwargs: Any) -> None:
-        await self._call(lambda p: p.write_file(*args, **kwargs))
+    async def write_file(
+        self, work_dir: str, relative: str, data: bytes, *, replace: bool = True
+    ) -> None:
+        await self._call(lambda p: p.write_file(work_dir, relative, data, replace=replace))
 
-    async def read_file(self, *args: Any, **kwargs: Any) -> bytes:
-        data: bytes = await self._call(lambda p: p.read_file(*args, **kwargs))
-        return data
+    async def read_file(self, work_dir: str, relative: str, *, max_bytes: int) -> bytes:
+        return await self._call(lambda p: p.read_file(work_dir, relative, max_bytes=max_bytes))
 
-    async def stat(self, *args: Any, **kwargs: Any) -> FileStat:
-        st: FileStat = await self._call(lambda p: p.stat(*args, **kwargs))
-        return st
+    async def stat(self, work_dir: str, relative: str) -> FileStat:
+        return await self._call(lambda p: p.stat(work_dir, relative))
 
-    async def list_dir(self, *args: Any, **kwargs: Any) -> list[DirEntry]:
-        entries: list[DirEntry] = await self._call(lambda p: p.list_dir(*args, **kwargs))
-        return entries
+    async def list_dir(self, work_dir: str, relative: str) -> list[DirEntry]:
+        return await self._call(lambda p: p.list_dir(work_dir, relative))
 
-    async def remove(self, *args: Any, **kwargs: Any) -> bool:
-        removed: bool = await self._call(lambda p: p.remove(*args, **kwargs))
-        return removed
+    async def remove(self, work_dir: str, relative: str, *, recursive: bool) -> bool:
+        return await self._call(lambda p: p.remove(work_dir, relative, recursive=recursive))
 
     async def close(self) -> None:
         await self.drop()

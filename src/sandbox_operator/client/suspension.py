@@ -3,6 +3,13 @@
 A suspend sets ``spec.suspended`` and waits for the operator to report ``Ready=False`` reason
 ``Suspended`` for that spec; a resume undoes whatever suspended the Sandbox (the spec, or the idle
 timeout: activity newer than the suspension) and points a handle at the new pod.
+
+:class:`Suspensions` holds what that needs and nothing more: the namespace's
+:class:`~sandbox_operator.client.kube.SandboxObjects` (to read and patch), the client's
+:class:`~sandbox_operator.client.watching.Watches` (to wait) and the newest activity stamp
+written per Sandbox. A handle's :class:`~sandbox_operator.client.served.ServedPlane` connects
+itself to the new pod after a resume, and timeouts arrive resolved (the client's
+``default_timeout`` is the client's to apply).
 """
 
 from __future__ import annotations
@@ -10,15 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import (
     SandboxNotReadyInTime,
     SandboxNotSuspendable,
     SandboxNotSuspendedInTime,
 )
-from sandbox_operator.client.kube import MERGE_PATCH
+from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.served import ServedPlane, plane_of
 from sandbox_operator.client.status import (
@@ -26,72 +32,61 @@ from sandbox_operator.client.status import (
     effective_state,
     is_suspended,
     read_status,
-    served_by,
 )
-from sandbox_operator.client.watching import WatchCalls
-from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, VERSION
+from sandbox_operator.client.watching import Watches
 from sandbox_operator.kubeapi import parse_time
-
-if TYPE_CHECKING:
-    from sandbox_operator.client.dataplane import DataPlane
 
 
 def _name(sandbox: Sandbox | str) -> str:
     return sandbox if isinstance(sandbox, str) else sandbox.name
 
 
-class SuspendCalls(WatchCalls):
-    """:meth:`suspend`, :meth:`resume` and :meth:`touch` of the client (see the module)."""
+class Suspensions:
+    """Suspend, resume and touch Sandboxes of one namespace (see the module)."""
 
-    #: the newest last-activity stamp written per Sandbox: stamps never go back
-    _activity_stamps: dict[str, datetime]
-
-    if TYPE_CHECKING:
-
-        def _dataplane(self, obj: Mapping[str, Any]) -> DataPlane: ...
+    def __init__(self, objects: SandboxObjects, watches: Watches) -> None:
+        self.objects = objects
+        self.watches = watches
+        #: the newest last-activity stamp written per Sandbox: stamps never go back
+        self.activity_stamps: dict[str, datetime] = {}
 
     async def _wait_goal(
         self,
         name: str,
         obj: Mapping[str, Any],
         goal: Goal,
-        timeout: float | None,  # noqa: ASYNC109
+        timeout: float,  # noqa: ASYNC109
         late: type[SandboxNotReadyInTime | SandboxNotSuspendedInTime],
     ) -> Mapping[str, Any]:
         """Watch until ``goal``; ``late`` (with the last reason seen) after ``timeout``."""
-        deadline = timeout if timeout is not None else self.default_timeout
         last = {"reason": ""}
         try:
-            async with asyncio.timeout(deadline):
-                return await self._watch_sandbox(name, obj, last, goal=goal)
+            async with asyncio.timeout(timeout):
+                return await self.watches.until_goal(name, obj, last, goal=goal)
         except TimeoutError:
             raise late(
-                sandbox=name, namespace=self.namespace, timeout=deadline, last_reason=last["reason"]
+                sandbox=name,
+                namespace=self.objects.namespace,
+                timeout=timeout,
+                last_reason=last["reason"],
             ) from None
 
     async def suspend(
         self,
         sandbox: Sandbox | str,
         *,
-        wait: bool = True,
-        timeout: float | None = None,  # noqa: ASYNC109
+        wait: bool,
+        timeout: float,  # noqa: ASYNC109
     ) -> None:
-        """Suspend a Sandbox (by handle or name): ``spec.suspended: true``; the operator deletes
-        its pod and keeps its work volume, NetworkPolicy and identity. Processes and memory are
-        not kept; files in the work dir are.
-
-        Raises :class:`SandboxNotSuspendable` when the Sandbox declares no ``spec.storage`` (read
-        first; the API server refuses it too). With ``wait``, returns once the operator reports
-        ``Ready=False`` reason ``Suspended`` for this spec, raises the typed error of a terminal
-        reason (e.g. :class:`SandboxGone`), or :class:`SandboxNotSuspendedInTime` after
-        ``timeout`` (default: the client's ``default_timeout``). A handle's next use resumes."""
+        """:meth:`SandboxClient.suspend <sandbox_operator.client.SandboxClient.suspend>`, with
+        ``timeout`` in seconds."""
         name = _name(sandbox)
-        obj = await self._get_sandbox(name)
+        obj = await self.objects.get_sandbox(name)
         spec = obj.get("spec") or {}
         if not spec.get("storage"):
-            raise SandboxNotSuspendable(sandbox=name, namespace=self.namespace)
+            raise SandboxNotSuspendable(sandbox=name, namespace=self.objects.namespace)
         if not spec.get("suspended"):
-            obj = await self._patch_suspended(name, True)
+            obj = await self.objects.patch_suspended(name, True)
         plane = plane_of(sandbox)
         if plane is not None:
             await plane.drop()
@@ -102,24 +97,16 @@ class SuspendCalls(WatchCalls):
         self,
         sandbox: Sandbox | str,
         *,
-        wait: bool = True,
-        timeout: float | None = None,  # noqa: ASYNC109
+        wait: bool,
+        timeout: float,  # noqa: ASYNC109
     ) -> None:
-        """Resume a Sandbox (by handle or name), whatever suspended it: ``spec.suspended`` back
-        to false when it is true, and the last-activity annotation stamped when the idle timeout
-        suspended it (``status.suspendedBy: idle``). The operator starts a new pod on the same
-        work volume after judging the spec again. A Sandbox that is not suspended is left as is.
-
-        With ``wait``, returns once it is Ready (a handle then talks to the new pod); raises the
-        refusal's typed error when the operator refuses the resume (e.g.
-        :class:`SandboxIsolationBelowFloor`: the floor was raised meanwhile; it stays
-        suspended), :class:`SandboxSuspended` when it is suspended again meanwhile, or
-        :class:`SandboxNotReadyInTime`. Without ``wait``, a handle's next use waits."""
+        """:meth:`SandboxClient.resume <sandbox_operator.client.SandboxClient.resume>`, with
+        ``timeout`` in seconds."""
         name = _name(sandbox)
-        obj = await self._get_sandbox(name)
+        obj = await self.objects.get_sandbox(name)
         was_suspended = is_suspended(obj)
         if was_suspended:
-            obj = await self._start_resume(name, obj)
+            obj = await self.start_resume(name, obj)
         plane = plane_of(sandbox)
         if not wait:
             if plane is not None and was_suspended:
@@ -133,38 +120,36 @@ class SuspendCalls(WatchCalls):
         self, sandbox: Sandbox, plane: ServedPlane, obj: Mapping[str, Any]
     ) -> None:
         """Point a handle at what serves its Sandbox now (a new pod after a resume)."""
-        served = served_by(obj)
-        if not plane.suspended and served == plane.served_by:
+        if not await plane.reconnect(obj):
             return
-        await plane.serve(self._dataplane(obj), served)
         old = sandbox.effective_state
         if old is not None:
             fresh = effective_state(obj, sandbox.spec, host_tools=old.host_tools, call=old.call)
             sandbox._effective_state = fresh
 
-    async def _start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""
         status = read_status(obj)
         if (obj.get("spec") or {}).get("suspended"):
-            obj = await self._patch_suspended(name, False)
+            obj = await self.objects.patch_suspended(name, False)
         elif status.suspended_by != "spec":
             # Suspended by the idle timeout (spec.suspended is false): activity newer than the
             # suspension resumes it. (By spec with spec.suspended already false: on its way.)
             await self._touch_after(name, parse_time(status.suspended_at))
         return obj
 
-    async def _found_suspended(self, name: str) -> bool:
+    async def is_suspended(self, name: str) -> bool:
         """Whether the Sandbox is suspended now (False when it cannot be read)."""
         try:
-            return is_suspended(await self._get_sandbox(name))
+            return is_suspended(await self.objects.get_sandbox(name))
         except Exception:
             return False
 
     # -- activity ---------------------------------------------------------------------------
 
     async def touch(self, name: str) -> None:
-        """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from
-        it). The handle does this by itself, at most every 30 seconds, while it is used."""
+        """Stamp the Sandbox's last-activity annotation now (the operator's idle timeout counts
+        from it)."""
         await self._stamp_activity(name, datetime.now(UTC))
 
     async def _touch_after(self, name: str, after: datetime | None) -> None:
@@ -179,16 +164,6 @@ class SuspendCalls(WatchCalls):
     async def _stamp_activity(self, name: str, when: datetime) -> None:
         # A stamp written late (the handle's background touch) must not undo a newer one (a
         # resume's, which may be ahead of this clock).
-        when = max(when, self._activity_stamps.get(name, when))
-        self._activity_stamps[name] = when
-        stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            SANDBOX_PLURAL,
-            name,
-            {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}},
-            field_manager=f"{self.field_manager}-activity",
-            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-        )
+        when = max(when, self.activity_stamps.get(name, when))
+        self.activity_stamps[name] = when
+        await self.objects.annotate_activity(name, when.strftime("%Y-%m-%dT%H:%M:%SZ"))

@@ -1,5 +1,10 @@
 """Waiting on one object by watching it (the client never polls): until a Sandbox reaches a wait's
-goal or a terminal reason, until a SandboxScope is deleted, until an object is gone."""
+goal or a terminal reason, until a SandboxScope is deleted, until an object is gone.
+
+:class:`Watches` holds the :class:`~sandbox_operator.client.kube.SandboxObjects` it watches
+through (to read an object afresh after a relist) and nothing else: every wait of the client,
+its suspensions' and its scopes' included, goes through :meth:`Watches.next_event`, the one
+place a test puts a fake watch."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from sandbox_operator.client.errors import (
     SandboxScopeNotFound,
     acquire_error_for,
 )
-from sandbox_operator.client.kube import KubeCalls
+from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.status import Goal, evaluate_for
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
 
@@ -55,20 +60,23 @@ def _resource_version(obj: Mapping[str, Any]) -> str | None:
     return None if rv is None else str(rv)
 
 
-class WatchCalls(KubeCalls):
+class Watches:
     """Watches on one namespace's objects (see the module)."""
 
-    async def _next_event(
+    def __init__(self, objects: SandboxObjects) -> None:
+        self.objects = objects
+
+    async def next_event(
         self, plural: str, name: str, resource_version: str | None
     ) -> tuple[str, Mapping[str, Any]] | None:
         """The next event on one object after ``resource_version`` (None: relist needed)."""
         w = k8s_watch.Watch()
         try:
             stream = w.stream(
-                self.custom.list_namespaced_custom_object,
+                self.objects.custom.list_namespaced_custom_object,
                 GROUP,
                 VERSION,
-                self.namespace,
+                self.objects.namespace,
                 plural,
                 field_selector=f"metadata.name={name}",
                 resource_version=resource_version,
@@ -88,7 +96,7 @@ class WatchCalls(KubeCalls):
             await w.close()
         return None
 
-    async def _until_gone(
+    async def until_gone(
         self,
         plural: str,
         name: str,
@@ -110,7 +118,7 @@ class WatchCalls(KubeCalls):
                 return last
             last = obj
             rv = _resource_version(obj)
-            while (event := await self._next_event(plural, name, rv)) is not None:
+            while (event := await self.next_event(plural, name, rv)) is not None:
                 kind, new = event
                 last = new
                 if kind == "DELETED" or (
@@ -119,7 +127,7 @@ class WatchCalls(KubeCalls):
                     return last
                 rv = _resource_version(new)
 
-    async def _wait_gone(
+    async def wait_gone(
         self,
         plural: str,
         name: str,
@@ -130,11 +138,11 @@ class WatchCalls(KubeCalls):
     ) -> Mapping[str, Any] | None:
         """Return once the object is gone; with ``uid``, once that very object is (a
         replacement under the same name does not keep the wait going). Returns its last state
-        seen (None: gone before any was); ``seen`` as for :meth:`_until_gone`."""
+        seen (None: gone before any was); ``seen`` as for :meth:`until_gone`."""
 
         async def read() -> Mapping[str, Any] | None:
             try:
-                obj = await self._get_object(plural, name)
+                obj = await self.objects.get(plural, name)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
@@ -144,29 +152,29 @@ class WatchCalls(KubeCalls):
             return obj
 
         async with asyncio.timeout(timeout):
-            return await self._until_gone(plural, name, read, marked=False, seen=seen)
+            return await self.until_gone(plural, name, read, marked=False, seen=seen)
 
-    async def _watch_scope_deleted(self, scope_ref: str) -> None:
+    async def scope_deleted(self, scope_ref: str) -> None:
         """Return when the SandboxScope is deleted or marked for deletion."""
 
         async def read() -> Mapping[str, Any] | None:
             try:
-                return await self._read_scope(scope_ref)
+                return await self.objects.read_scope(scope_ref)
             except (SandboxScopeNotFound, SandboxGone):
                 return None
 
-        await self._until_gone(SANDBOX_SCOPE_PLURAL, scope_ref, read, marked=True)
+        await self.until_gone(SANDBOX_SCOPE_PLURAL, scope_ref, read, marked=True)
 
     def _raise_terminal(self, name: str, reason: str, message: str) -> NoReturn:
         cls = acquire_error_for(reason) or SandboxAcquireError
-        raise cls(sandbox=name, namespace=self.namespace, reason=reason, message=message)
+        raise cls(sandbox=name, namespace=self.objects.namespace, reason=reason, message=message)
 
     def _deleted(self, name: str, message: str) -> SandboxGone:
         return SandboxGone(
-            sandbox=name, namespace=self.namespace, reason="Deleted", message=message
+            sandbox=name, namespace=self.objects.namespace, reason="Deleted", message=message
         )
 
-    async def _watch_sandbox(
+    async def until_goal(
         self, name: str, obj: Mapping[str, Any], last: dict[str, str], *, goal: Goal = "ready"
     ) -> Mapping[str, Any]:
         """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
@@ -182,15 +190,15 @@ class WatchCalls(KubeCalls):
             if (obj.get("metadata") or {}).get("deletionTimestamp"):
                 raise self._deleted(name, "the Sandbox is being deleted")
             try:
-                event = await self._next_event(SANDBOX_PLURAL, name, _resource_version(obj))
+                event = await self.next_event(SANDBOX_PLURAL, name, _resource_version(obj))
             except ApiException as exc:
                 if exc.status != 403:
                     raise
-                await grant.wait(self.namespace)
+                await grant.wait(self.objects.namespace)
                 continue
             if event is None:  # relist
                 try:
-                    obj = await self._get_object(SANDBOX_PLURAL, name)
+                    obj = await self.objects.get(SANDBOX_PLURAL, name)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
