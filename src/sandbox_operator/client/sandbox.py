@@ -178,6 +178,12 @@ class Sandbox:
         self._effective_state = built = state()
         return built
 
+    @effective_state.setter
+    def effective_state(self, state: EffectiveState) -> None:
+        """What serves the Sandbox now, once a resume has moved it to a new pod (the client's
+        resume sets it; the rung and egress are the new pod's, judged again)."""
+        self._effective_state = state
+
     def report_activity(self) -> None:
         """Count a use made through :attr:`dataplane` directly (a caller wrapping the data plane,
         e.g. the maf backend), so the idle timeout sees it as it sees a use of this handle."""

@@ -125,7 +125,7 @@ class Suspensions:
         old = sandbox.effective_state
         if old is not None:
             fresh = effective_state(obj, sandbox.spec, host_tools=old.host_tools, call=old.call)
-            sandbox._effective_state = fresh
+            sandbox.effective_state = fresh
 
     async def start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""
