@@ -16,6 +16,7 @@ from sandbox_operator import naming
 from sandbox_operator.client import (
     SandboxClient,
     SandboxGone,
+    SandboxNoBackendCanServe,
     SandboxNotReadyInTime,
     SandboxRefused,
     SandboxScopeNotFound,
@@ -23,7 +24,7 @@ from sandbox_operator.client import (
     refusal_error_for,
 )
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
-from tests.fixtures.operator import Kit
+from tests.fixtures.operator import Kit, local_config
 
 pytestmark = [pytest.mark.integration]
 
@@ -141,8 +142,46 @@ async def test_refusal_raised_without_waiting_for_deadline(
     with pytest.raises(SandboxRefused) as info:
         await aclient.acquire(scope_ref, "agents/vm", spec(min_isolation="vm"), timeout=120)
     assert time.monotonic() - start < 30
+    assert isinstance(info.value, SandboxNoBackendCanServe)
     assert type(info.value) is refusal_error_for(info.value.reason)
     assert info.value.sandbox and info.value.namespace == aclient.namespace
+
+
+async def test_refused_under_fixed_selection(
+    aclient: SandboxClient, start_operator: Callable[..., Any]
+) -> None:
+    start_operator(local_config(selection="fixed", pinned="runc"))
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="fixed")
+    start = time.monotonic()
+    with pytest.raises(SandboxRefused) as info:
+        await aclient.acquire(
+            scope_ref,
+            "agents/snap",
+            spec(requires=[Capability.EXEC, Capability.FILES_IN, Capability.SNAPSHOT]),
+            timeout=120,
+        )
+    assert time.monotonic() - start < 30
+    assert info.value.reason == "CapabilityNotSupported"
+    assert type(info.value).__name__ == "SandboxCapabilityNotSupported"
+
+
+async def test_scope_deleted_while_the_operator_holds_the_sandbox_unscheduled(
+    aclient: SandboxClient, start_operator: Callable[..., Any]
+) -> None:
+    """As ``test_scope_deleted_while_waiting``, with the operator running: its pod is made and
+    never scheduled (above any node here: 8 CPU, within the host's ceiling), and the scope's
+    deletion still ends the wait at once."""
+    start_operator()
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id="deleted")
+    stuck = spec(resources={"requests": {"cpu": "8", "memory": "16Mi"}, "limits": {"cpu": "8"}})
+    task = asyncio.ensure_future(aclient.acquire(scope_ref, "agents/stuck", stuck, timeout=120))
+    await asyncio.sleep(3)
+    assert not task.done()
+    start = time.monotonic()
+    await aclient.delete_scope(scope_ref)
+    with pytest.raises(SandboxGone):
+        await task
+    assert time.monotonic() - start < 15
 
 
 async def test_dispose_with_a_uid_never_deletes_a_replacement(
