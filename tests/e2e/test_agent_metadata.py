@@ -1,8 +1,9 @@
 """Nothing an agent may write on its Sandboxes wedges the operator (issue 13, finding 4).
 
 Every Sandbox here is created (and deleted) as the agent: a ServiceAccount bound to the chart's
-agent Role (create/get/list/watch/delete on Sandboxes), the calls impersonating it. The operator
-runs as a subprocess with the test's admin identity.
+agent Role (create/get/list/watch/delete on Sandboxes), the calls impersonating it, made once for
+the module. One operator serves every test here (``module_kit``), a subprocess with the test's
+admin identity.
 
 * garbage in the operator's and kopf's bookkeeping annotations: served and deleted at once, its
   scope purged (kopf reads no progress or diff base from the object);
@@ -33,7 +34,7 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SandboxKey
 from tests.fixtures.chart import template
-from tests.fixtures.operator import FINALIZER, GROUP, VERSION, Kit, local_config
+from tests.fixtures.operator import FINALIZER, GROUP, VERSION, Kit, OperatorProcess, local_config
 
 pytestmark = pytest.mark.e2e
 
@@ -69,9 +70,21 @@ def _write_values(tmp_path: Path, name: str, values: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.fixture
-def agent(kit: Kit, api_client: client.ApiClient, tmp_path: Path) -> Iterator[Agent]:
-    ns = kit.ns
+@pytest.fixture(scope="module")
+def module_operator_config() -> dict[str, Any]:
+    """Every test here shares one operator (``module_kit``). No safety-net resync: whatever is
+    served is served from watch events and the operator's own deadlines."""
+    return local_config(floor="container", operator={"resyncSeconds": 3600})
+
+
+@pytest.fixture(scope="module")
+def agent(
+    module_namespace: str, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
+    """The agent of the module's namespace (its ServiceAccount, Role and RoleBinding are made
+    once: they go with the namespace)."""
+    ns = module_namespace
+    tmp_path = tmp_path_factory.mktemp("agent")
     values = {
         "agentRole": {
             "create": True,
@@ -118,12 +131,6 @@ def agent(kit: Kit, api_client: client.ApiClient, tmp_path: Path) -> Iterator[Ag
         api.close()
 
 
-def _config() -> dict[str, Any]:
-    # No safety-net resync during the test: whatever is served is served from watch events and
-    # the operator's own deadlines.
-    return local_config(floor="container", operator={"resyncSeconds": 3600})
-
-
 def _released(kit: Kit, name: str, timeout: float = 30) -> dict[str, Any]:
     """Wait until the operator's finalizer is off a deleted Sandbox that a foreign one holds."""
     deadline = time.monotonic() + timeout
@@ -157,9 +164,9 @@ GARBAGE = {
 
 
 def test_garbage_in_kopfs_and_the_operators_annotations_wedges_nothing(
-    kit: Kit, agent: Agent, start_operator: Any
+    module_kit: Kit, agent: Agent, module_operator: OperatorProcess
 ) -> None:
-    operator = start_operator(_config())
+    kit, operator = module_kit, module_operator
     kit.scope()
     for name in ("garbled", "garbled-purged"):
         body = kit.sandbox_body(name)
@@ -183,9 +190,9 @@ def test_garbage_in_kopfs_and_the_operators_annotations_wedges_nothing(
 
 
 def test_a_last_activity_from_the_future_neither_breaks_nor_delays_idle_expiry(
-    kit: Kit, agent: Agent, start_operator: Any
+    module_kit: Kit, agent: Agent, module_operator: OperatorProcess
 ) -> None:
-    operator = start_operator(_config())
+    kit, operator = module_kit, module_operator
     kit.scope()
     body = kit.sandbox_body("future", lifetime={"idleTimeoutSeconds": 6, "ttlSeconds": 3600})
     body["metadata"]["annotations"] = {lbl.LAST_ACTIVITY_ANNOTATION: "9999-12-31T23:59:59Z"}
@@ -205,9 +212,9 @@ def test_a_last_activity_from_the_future_neither_breaks_nor_delays_idle_expiry(
 
 
 def test_a_sandbox_whose_annotations_fill_the_limit_is_served_and_deleted(
-    kit: Kit, agent: Agent, start_operator: Any
+    module_kit: Kit, agent: Agent, module_operator: OperatorProcess
 ) -> None:
-    operator = start_operator(_config())
+    kit, operator = module_kit, module_operator
     kit.scope()
     body = kit.sandbox_body("stuffed")
     key = "example.com/filler"
@@ -229,9 +236,9 @@ def test_a_sandbox_whose_annotations_fill_the_limit_is_served_and_deleted(
 
 
 def test_a_deleted_sandbox_held_by_a_foreign_finalizer_does_not_hold_a_key(
-    kit: Kit, agent: Agent, start_operator: Any
+    module_kit: Kit, agent: Agent
 ) -> None:
-    start_operator(_config())
+    kit = module_kit
     kit.scope()  # tenant-a / thread-1
     victim_key = SandboxKey(
         scope="tenant-a", thread_id="thread-1", agent_dir="agents/victim", call_id=""
@@ -259,11 +266,11 @@ def test_a_deleted_sandbox_held_by_a_foreign_finalizer_does_not_hold_a_key(
 
 
 def test_a_sandbox_waiting_on_its_key_goes_ahead_once_a_held_holder_is_let_go(
-    kit: Kit, agent: Agent, start_operator: Any
+    module_kit: Kit, agent: Agent
 ) -> None:
     """The waiting Sandbox is woken when the operator lets go of the holder (no DELETED event
     comes while a foreign finalizer holds it, and no resync runs here)."""
-    start_operator(_config())
+    kit = module_kit
     kit.scope()
     agent.create(kit.sandbox_body("first", agent_dir="agents/shared"))
     kit.wait_condition("first", "Ready", status="True", timeout=60)
@@ -298,11 +305,11 @@ def _whoami(api_client: client.ApiClient) -> str:
 
 
 @pytest.fixture
-def metadata_policy(kit: Kit, api_client: client.ApiClient, tmp_path: Path) -> Iterator[str]:
+def metadata_policy(module_kit: Kit, api_client: client.ApiClient, tmp_path: Path) -> Iterator[str]:
     """The chart's sandboxMetadataPolicy, rendered for the test namespace (the operator under test
     runs as this test's admin identity, so that user is the operator here); its name."""
     values = {
-        "watchNamespaces": [kit.ns],
+        "watchNamespaces": [module_kit.ns],
         "sandboxMetadataPolicy": {"enabled": True, "operatorUsers": [_whoami(api_client)]},
     }
     release = f"md-{uuid.uuid4().hex[:8]}"
@@ -331,9 +338,9 @@ def _refusal(call: Any) -> str:
 
 
 def test_the_metadata_policy_keeps_the_operators_metadata_out_of_the_agents_reach(
-    kit: Kit, agent: Agent, start_operator: Any, metadata_policy: str, api_client: client.ApiClient
+    module_kit: Kit, agent: Agent, metadata_policy: str, api_client: client.ApiClient
 ) -> None:
-    start_operator(_config())
+    kit = module_kit
     kit.scope()
 
     def body(name: str, **meta: Any) -> dict[str, Any]:

@@ -23,6 +23,13 @@ from tests.fixtures.suspend import STORAGE, config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+
+@pytest.fixture(scope="module")
+def module_operator_config() -> dict[str, Any]:
+    """Every test here shares one runc operator (``module_kit``)."""
+    return config("runc")
+
+
 SMALL = {
     "requests": {"cpu": "10m", "memory": "16Mi"},
     "limits": {"cpu": "500m", "memory": "128Mi"},
@@ -42,24 +49,21 @@ def spec(**fields: Any) -> SandboxSpec:
 
 
 @pytest.fixture
-async def aclient(kubeconfig: str, namespace: str) -> AsyncIterator[SandboxClient]:
-    c = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig, default_timeout=180)
+async def aclient(kubeconfig: str, module_kit: Kit) -> AsyncIterator[SandboxClient]:
+    c = await SandboxClient.from_kubeconfig(
+        module_kit.ns, kubeconfig=kubeconfig, default_timeout=180
+    )
     yield c
     await c.close()
 
 
-# The handle's part is the client's, whatever the runtime: runc only (the work volume across a
-# suspension is proven on runc and gVisor in tests/e2e/test_suspend_resume.py).
-@pytest.mark.parametrize("backend", ["runc"])
+# The handle's part is the client's, whatever the runtime: runc only, the module's operator (the
+# work volume across a suspension is proven on runc and gVisor in tests/e2e/test_suspend_resume.py).
 async def test_handle_suspends_and_resumes_with_its_files(
-    aclient: SandboxClient,
-    kit: Kit,
-    start_operator: Callable[..., Any],
-    storage_class: str,
-    backend: str,
+    aclient: SandboxClient, module_kit: Kit, storage_class: str
 ) -> None:
-    start_operator(config(backend))
-    scope_ref = await aclient.create_scope(scope="tenant-s", thread_id=f"handle-{backend}")
+    kit = module_kit
+    scope_ref = await aclient.create_scope(scope="tenant-s", thread_id="handle-runc")
     sandbox = await aclient.acquire(scope_ref, "agents/s", spec())
     payload = os.urandom(4096)
     await sandbox.write_file("keep.bin", payload)
@@ -83,10 +87,7 @@ async def test_handle_suspends_and_resumes_with_its_files(
     await aclient.dispose(sandbox, wait=True)
 
 
-async def test_no_storage_refused_typed(
-    aclient: SandboxClient, kit: Kit, start_operator: Callable[..., Any]
-) -> None:
-    start_operator(config("runc"))
+async def test_no_storage_refused_typed(aclient: SandboxClient) -> None:
     scope_ref = await aclient.create_scope(scope="tenant-s", thread_id="plain")
     sandbox = await aclient.acquire(scope_ref, "agents/p", spec(storage=None))
     with pytest.raises(SandboxNotSuspendable):
@@ -96,12 +97,11 @@ async def test_no_storage_refused_typed(
 
 async def test_acquire_resumes_kubectl_and_idle_suspensions(
     aclient: SandboxClient,
-    kit: Kit,
+    module_kit: Kit,
     kubectl: Callable[..., Any],
-    start_operator: Callable[..., Any],
     storage_class: str,
 ) -> None:
-    start_operator(config("runc"))
+    kit = module_kit
     scope_ref = await aclient.create_scope(scope="tenant-s", thread_id="acquire")
     sbx_spec = spec(lifetime={"idleTimeoutSeconds": 10, "idleAction": "suspend", "ttlSeconds": 900})
     sandbox = await aclient.acquire(scope_ref, "agents/a", sbx_spec)
@@ -127,16 +127,9 @@ async def test_acquire_resumes_kubectl_and_idle_suspensions(
     await aclient.dispose(third, wait=True)
 
 
-def test_sync_twins(
-    kubeconfig: str,
-    namespace: str,
-    kit: Kit,
-    start_operator: Callable[..., Any],
-    storage_class: str,
-) -> None:
-    start_operator(config("runc"))
+def test_sync_twins(kubeconfig: str, module_kit: Kit, storage_class: str) -> None:
     with SyncSandboxClient.from_kubeconfig(
-        namespace, kubeconfig=kubeconfig, default_timeout=180
+        module_kit.ns, kubeconfig=kubeconfig, default_timeout=180
     ) as client:
         scope_ref = client.create_scope(scope="tenant-s", thread_id="sync")
         sandbox = client.acquire(scope_ref, "agents/y", spec())

@@ -34,7 +34,7 @@ from sandbox_operator.client.hosttools import HostToolRegistry, Identity, host_t
 from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
 from tests.fixtures import egress_probe as closed
-from tests.fixtures.operator import DECLARATIONS, PYTHON, local_config, observed_client
+from tests.fixtures.operator import DECLARATIONS, PYTHON, Kit, local_config, observed_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -77,6 +77,17 @@ async def observed(
 ) -> AsyncIterator[tuple[SandboxClient, RaisingRecorder]]:
     recorder = RaisingRecorder()
     async with observed_client(kubeconfig, namespace, recorder) as c:
+        yield c, recorder
+
+
+@pytest.fixture
+async def module_observed(
+    kubeconfig: str, module_kit: Kit
+) -> AsyncIterator[tuple[SandboxClient, RaisingRecorder]]:
+    """``observed`` on the module's namespace, served by the module's operator (the egress tests
+    share one, with the operator-run egress proxy)."""
+    recorder = RaisingRecorder()
+    async with observed_client(kubeconfig, module_kit.ns, recorder) as c:
         yield c, recorder
 
 
@@ -256,6 +267,12 @@ def managed_proxy_config(runtime: str, image: str) -> dict[str, Any]:
     return config
 
 
+@pytest.fixture(scope="module")
+def module_operator_config(operator_image: tuple[str, str]) -> dict[str, Any]:
+    """The egress tests share one operator (``module_observed``), and so its egress proxy."""
+    return managed_proxy_config("runc", ":".join(operator_image))
+
+
 ASK_DENIED = """
 import urllib.error, urllib.request
 try:
@@ -267,12 +284,9 @@ except urllib.error.HTTPError as exc:
 
 
 async def test_egress_decisions_reach_the_observer_keyed_without_a_call(
-    observed: tuple[SandboxClient, RaisingRecorder],
-    start_operator: Callable[..., Any],
-    operator_image: tuple[str, str],
+    module_observed: tuple[SandboxClient, RaisingRecorder],
 ) -> None:
-    client, recorder = observed
-    start_operator(managed_proxy_config("runc", ":".join(operator_image)))
+    client, recorder = module_observed
     scope_ref = await client.create_scope(scope="tenant-obs", thread_id="t-egress")
     allow_spec = ALLOW_SPEC
     async with client.tool_call("call-egress"):
@@ -323,16 +337,13 @@ print(" ".join(codes))
 
 
 async def test_egress_is_pushed_in_order_and_the_tail_is_counted_at_the_end(
-    observed: tuple[SandboxClient, RaisingRecorder],
-    start_operator: Callable[..., Any],
-    operator_image: tuple[str, str],
+    module_observed: tuple[SandboxClient, RaisingRecorder],
 ) -> None:
     """(#25 item 8) Without report_egress: the client's watch delivers every decision, in seq
     order; one more request made just before the disposal (left to the proxy's interval) still
     arrives, because the proxy writes `final` at the deletion and the operator's finalizer waits
     for it; the stream then ends complete."""
-    client, recorder = observed
-    start_operator(managed_proxy_config("runc", ":".join(operator_image)))
+    client, recorder = module_observed
     scope_ref = await client.create_scope(scope="tenant-obs", thread_id="t-push")
     allow_spec = ALLOW_SPEC
     sb = await client.acquire(scope_ref, "agents/push", allow_spec)

@@ -28,13 +28,23 @@ def only(name: str, runtime_class: str, isolation: str, **kw):
     return local_config(floor="container", selection="fixed", pinned=name, backends=[backend])
 
 
-@pytest.mark.parametrize(
-    ("runtime_class", "isolation"), [("gvisor", "hardened_container"), ("runc", "container")]
-)
-def test_apply_becomes_ready_with_a_hardened_pod(
-    kit, start_operator, kubectl, runtime_class, isolation
-):
-    start_operator(only(runtime_class, runtime_class, isolation))
+@pytest.fixture(scope="module")
+def module_operator_config():
+    """The tests on ``module_kit`` share one runc operator (the others start their own, with a
+    backend of theirs)."""
+    return only("runc", "runc", "container")
+
+
+def test_apply_becomes_ready_with_a_hardened_pod_under_gvisor(kit, start_operator, kubectl):
+    start_operator(only("gvisor", "gvisor", "hardened_container"))
+    _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, "gvisor", "hardened_container")
+
+
+def test_apply_becomes_ready_with_a_hardened_pod_under_runc(module_kit, kubectl):
+    _apply_becomes_ready_with_a_hardened_pod(module_kit, kubectl, "runc", "container")
+
+
+def _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, runtime_class, isolation):
     kit.scope()
     kit.sandbox("box")
     # `kubectl wait` works on the Ready condition.
@@ -90,10 +100,10 @@ def test_apply_becomes_ready_with_a_hardened_pod(
     assert "Ready" in table and runtime_class in table
 
 
-def test_deleting_the_sandbox_deletes_its_pod_and_keeps_the_namespaces_policy(kit, start_operator):
+def test_deleting_the_sandbox_deletes_its_pod_and_keeps_the_namespaces_policy(module_kit):
     """The pod goes with its Sandbox; the NetworkPolicy that confined it is the namespace's (one
     per backend and egress mode, no owner) and stays for the next sandbox of its kind."""
-    start_operator(only("runc", "runc", "container"))
+    kit = module_kit
     kit.scope()
     kit.sandbox("short")
     kit.wait_condition("short", reasons=("Ready",), status="True", timeout=120)
@@ -119,8 +129,8 @@ def test_missing_image_is_startup_failed(kit, start_operator):
     assert kit.pod("noimage") is None
 
 
-def test_startup_timeout(kit, start_operator):
-    start_operator(only("runc", "runc", "container"))
+def test_startup_timeout(module_kit):
+    kit = module_kit
     kit.scope()
     # Nothing on this 2-core node can satisfy the request (within the host's ceiling of 8 CPU),
     # so the pod stays Pending.
@@ -197,8 +207,8 @@ def test_runtime_class_without_a_handler_on_the_node_is_startup_failed(kit, star
             node.delete_runtime_class(rc_name)
 
 
-def test_pod_that_dies_after_ready_is_failed(kit, start_operator, kubectl):
-    start_operator(only("runc", "runc", "container"))
+def test_pod_that_dies_after_ready_is_failed(module_kit, kubectl):
+    kit = module_kit
     kit.scope()
     kit.sandbox("mortal")
     kit.wait_condition("mortal", reasons=("Ready",), status="True", timeout=120)
@@ -217,8 +227,8 @@ def test_pod_that_dies_after_ready_is_failed(kit, start_operator, kubectl):
     assert kit.condition(obj, "Ready")["status"] == "False"
 
 
-def test_ttl_expires_and_disposes(kit, start_operator):
-    start_operator(only("runc", "runc", "container"))
+def test_ttl_expires_and_disposes(module_kit):
+    kit = module_kit
     kit.scope()
     kit.sandbox(
         "brief",

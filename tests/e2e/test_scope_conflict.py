@@ -18,7 +18,9 @@ from tests.fixtures.faults import runc_config
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def runc_only():
+@pytest.fixture(scope="module")
+def module_operator_config():
+    """Both tests share one runc operator (``module_kit``)."""
     return runc_config(resyncSeconds=30)
 
 
@@ -48,8 +50,8 @@ def _stays_ready(kit, name: str, seconds: float = 5) -> None:
         time.sleep(1)
 
 
-def test_deleting_the_refused_scope_leaves_the_holders_ready_sandbox_alone(kit, start_operator):
-    start_operator(runc_only())
+def test_deleting_the_refused_scope_leaves_the_holders_ready_sandbox_alone(module_kit):
+    kit = module_kit
     _conflict_setup(kit)
     kit.delete("dup", "sandboxscopes")
     kit.wait_gone("dup", "sandboxscopes", timeout=60)
@@ -59,8 +61,8 @@ def test_deleting_the_refused_scope_leaves_the_holders_ready_sandbox_alone(kit, 
     assert (kit.condition(kit.get("conv", "sandboxscopes")) or {}).get("status") == "True"
 
 
-def test_deleting_the_holder_hands_the_conversation_to_the_waiting_scope(kit, start_operator):
-    start_operator(runc_only())
+def test_deleting_the_holder_hands_the_conversation_to_the_waiting_scope(module_kit):
+    kit = module_kit
     _conflict_setup(kit)
     kit.delete("conv", "sandboxscopes")
     kit.wait_gone("conv", "sandboxscopes", timeout=60)

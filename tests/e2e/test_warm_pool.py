@@ -28,6 +28,7 @@ from tests.fixtures.operator import (
     GROUP,
     VERSION,
     Kit,
+    OperatorProcess,
     egress_policy_of,
     local_config,
 )
@@ -58,6 +59,20 @@ def only(runtime: str) -> dict[str, Any]:
         ],
         operator={"resyncSeconds": 5},
     )
+
+
+@pytest.fixture(scope="module")
+def module_operator_config() -> dict[str, Any]:
+    """The runc tests that only use the operator share one (see ``operated``)."""
+    return only("runc")
+
+
+def operated(request: pytest.FixtureRequest, runtime: str) -> tuple[Kit, OperatorProcess]:
+    """The Kit and operator a test of ``runtime`` runs on: the module's for runc
+    (``module_kit``), one of the test's own in a fresh namespace for gVisor (``start_operator``)."""
+    if runtime == "runc":
+        return request.getfixturevalue("module_kit"), request.getfixturevalue("module_operator")
+    return request.getfixturevalue("kit"), request.getfixturevalue("start_operator")(only(runtime))
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
@@ -206,8 +221,8 @@ def exec_sh(kubectl: Callable[..., Any], ns: str, pod: str, script: str) -> Any:
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
-def test_claim_is_served_from_the_pool_without_a_new_pod(kit, start_operator, kubectl, runtime):
-    start_operator(only(runtime))
+def test_claim_is_served_from_the_pool_without_a_new_pod(request, kubectl, runtime):
+    kit, _ = operated(request, runtime)
     kit.scope()
     create_pool(kit, "warm", 2)
     pool = wait_pool_ready(kit, "warm", 2)
@@ -274,8 +289,8 @@ def test_claim_is_served_from_the_pool_without_a_new_pod(kit, start_operator, ku
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
-def test_twenty_sandboxes_against_a_pool_of_ten(kit, start_operator, runtime):
-    op = start_operator(only(runtime))
+def test_twenty_sandboxes_against_a_pool_of_ten(request, runtime):
+    kit, op = operated(request, runtime)
     kit.scope()
     create_pool(kit, "ten", 10, max_creating=10)
     wait_pool_ready(kit, "ten", 10)
@@ -325,8 +340,8 @@ def test_twenty_sandboxes_against_a_pool_of_ten(kit, start_operator, runtime):
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
-def test_a_deleted_claimed_sandbox_s_pod_is_disposed_never_returned(kit, start_operator, runtime):
-    start_operator(only(runtime))
+def test_a_deleted_claimed_sandbox_s_pod_is_disposed_never_returned(request, runtime):
+    kit, _ = operated(request, runtime)
     kit.scope()
     create_pool(kit, "recycle", 2)
     wait_pool_ready(kit, "recycle", 2)
@@ -359,8 +374,8 @@ def test_a_deleted_claimed_sandbox_s_pod_is_disposed_never_returned(kit, start_o
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
-def test_a_file_from_one_claim_is_not_in_the_next(kit, start_operator, kubectl, runtime):
-    start_operator(only(runtime))
+def test_a_file_from_one_claim_is_not_in_the_next(request, kubectl, runtime):
+    kit, _ = operated(request, runtime)
     kit.scope()
     create_pool(kit, "fresh", 2)
     wait_pool_ready(kit, "fresh", 2)
@@ -425,10 +440,10 @@ def test_a_template_the_policy_refuses_creates_nothing(kit, start_operator):
     assert net.list_namespaced_network_policy(kit.ns).items == []
 
 
-def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(kit, start_operator):
+def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(module_kit):
     """A pool pod Ready for longer than the claiming Sandbox's idleTimeoutSeconds does not make
     the Sandbox expire at once: its idle time counts from the claim."""
-    start_operator(only("runc"))
+    kit = module_kit
     kit.scope()
     create_pool(kit, "old", 1)
     wait_pool_ready(kit, "old", 1)
@@ -572,12 +587,12 @@ def forge(kit: Kit, genuine: client.V1Pod, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])
-def test_a_forged_pool_pod_is_never_claimed(kit, start_operator, runtime):
+def test_a_forged_pool_pod_is_never_claimed(request, runtime):
     """#28 item 1: a pod carrying a pool's labels and an owner reference to the live pool, made
     by someone else (runc, a service-account token), is never claimed: the pool replaces it (it
     is not confined as the backend makes the pool's pods) and every Sandbox runs on a pod
     confined as its backend demands."""
-    start_operator(only(runtime))
+    kit, _ = operated(request, runtime)
     kit.scope()
     create_pool(kit, "warm", 1)
     wait_pool_ready(kit, "warm", 1)
@@ -628,14 +643,14 @@ def agent_role_with_exec_policies(
 
 
 def test_an_idle_pool_pod_is_out_of_an_agents_exec_reach_until_claimed(
-    kit, start_operator, kubectl, tmp_path
+    module_kit, kubectl, tmp_path
 ):
     """(#28 item 6) With the chart's agent exec policies, an agent cannot exec into an idle pool
     pod (so nothing it plants there can reach a later claimant); the claim, one patch the operator
     makes anyway, opens that pod, and only that pod, to the agent's exec."""
+    kit = module_kit
     agent = "agent"
     as_agent = f"--as=system:serviceaccount:{kit.ns}:{agent}"
-    start_operator(only("runc"))
     kit.scope()
     create_pool(kit, "warm", 2)
     with agent_role_with_exec_policies(kit, tmp_path, agent) as policies:

@@ -15,8 +15,15 @@ from tests.fixtures.operator import DECLARATIONS, REPO, local_config
 pytestmark = pytest.mark.integration
 
 
-def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(kit, start_operator):
-    start_operator(fixed())
+@pytest.fixture(scope="module")
+def module_operator_config():
+    """The tests on ``module_kit`` share one operator of this configuration (the others start
+    their own, with a configuration of theirs or more than one replica)."""
+    return fixed()
+
+
+def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(module_kit):
+    kit = module_kit
     kit.scope()
     kit.sandbox("wants-microvm", minIsolation="microvm")
     obj = assert_refused(kit, "wants-microvm", "IsolationBelowFloor")
@@ -33,16 +40,27 @@ def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(kit, start_
 
 
 @pytest.mark.parametrize(
-    ("spec", "backend_kw", "reason"),
+    ("spec", "reason"),
     [
-        ({"requires": ["exec", "snapshot"]}, {}, "CapabilityNotSupported"),
-        ({"requiresOsFamily": "windows"}, {}, "OsFamilyNotSupported"),
+        ({"requires": ["exec", "snapshot"]}, "CapabilityNotSupported"),
+        ({"requiresOsFamily": "windows"}, "OsFamilyNotSupported"),
         (
             {"filesIn": {"maxBytesPerFile": 64 * 1024 * 1024, "maxTotalBytes": 64 * 1024 * 1024}},
-            {},
             "TransferLimitsNotPermitted",
         ),
-        ({"egress": "allowlist", "egressAllow": ["example.com"]}, {}, "EgressNotEnforced"),
+        ({"egress": "allowlist", "egressAllow": ["example.com"]}, "EgressNotEnforced"),
+    ],
+)
+def test_each_check_refuses_with_its_reason(module_kit, spec, reason):
+    kit = module_kit
+    kit.scope()
+    kit.sandbox("refused", **spec)
+    assert_refused(kit, "refused", reason)
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend_kw", "reason"),
+    [
         (
             {"isolationScope": "call", "callId": "call-1"},
             {"declarations": {**DECLARATIONS, "isolationScopes": ["conversation"]}},
@@ -51,7 +69,7 @@ def test_isolation_below_floor_is_refused_and_no_pod_is_ever_created(kit, start_
         ({}, {"runtimeClassName": "no-such-runtime-class"}, "BackendUnavailable"),
     ],
 )
-def test_each_check_refuses_with_its_reason(kit, start_operator, spec, backend_kw, reason):
+def test_each_backend_check_refuses_with_its_reason(kit, start_operator, spec, backend_kw, reason):
     start_operator(fixed(**backend_kw))
     kit.scope()
     kit.sandbox("refused", **spec)
@@ -94,21 +112,26 @@ def test_a_capability_the_host_denies_is_refused_whatever_the_backend_declares(k
     kit.wait_condition("plain", "Admitted", status="True", timeout=60)
 
 
-@pytest.mark.parametrize("raised_by", ["host", "scope"])
-def test_a_call_scope_raised_above_the_spec_needs_a_call_id(kit, start_operator, raised_by):
-    config = fixed()
-    if raised_by == "host":
-        config = local_config(
-            floor="hardened_container",
-            selection="fixed",
-            pinned="gvisor",
-            backends=[gvisor()],
-            min_isolation_scope="call",
-        )
-        kit.scope()
+def test_a_call_scope_raised_by_the_host_needs_a_call_id(kit, start_operator):
+    config = local_config(
+        floor="hardened_container",
+        selection="fixed",
+        pinned="gvisor",
+        backends=[gvisor()],
+        min_isolation_scope="call",
+    )
+    kit.scope()
     start_operator(config)
-    if raised_by == "scope":
-        kit.scope(minIsolationScope="call")
+    _call_scope_needs_a_call_id(kit, "host")
+
+
+def test_a_call_scope_raised_by_the_scope_needs_a_call_id(module_kit):
+    module_kit.scope(minIsolationScope="call")
+    _call_scope_needs_a_call_id(module_kit, "scope")
+
+
+def _call_scope_needs_a_call_id(kit, raised_by):
+    """A call scope raised above the spec's by ``raised_by`` (``host`` or ``scope``)."""
     # The spec keeps the default scope (conversation): its schema then forbids a callId, so
     # the key names no call, and serving it would share one sandbox across the calls.
     kit.sandbox("shared")
@@ -156,8 +179,8 @@ def test_per_spec_selection_picks_the_first_backend_that_passes(kit, start_opera
     assert "gvisor" in msg and "runc" in msg
 
 
-def test_host_tools_is_admitted_on_gvisor(kit, start_operator):
-    start_operator(fixed())
+def test_host_tools_is_admitted_on_gvisor(module_kit):
+    kit = module_kit
     kit.scope()
     kit.sandbox("tools", requires=["exec", "files_in", "files_out", "host_tools"])
     obj = kit.wait_condition("tools", "Admitted", status="True", timeout=60)
@@ -165,8 +188,8 @@ def test_host_tools_is_admitted_on_gvisor(kit, start_operator):
     assert obj["status"]["isolation"] == "hardened_container"
 
 
-def test_missing_scope_waits_and_proceeds_when_it_appears(kit, start_operator):
-    start_operator(fixed())
+def test_missing_scope_waits_and_proceeds_when_it_appears(module_kit):
+    kit = module_kit
     kit.sandbox("early", scope_ref="later")
     kit.wait_condition("early", "Admitted", reasons=("ScopeNotFound",), status="False")
     assert kit.pods() == []

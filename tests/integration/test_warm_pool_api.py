@@ -15,6 +15,13 @@ from tests.fixtures.admission import assert_refused, fixed
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module")
+def module_operator_config():
+    """The operator tests share one (``module_kit``); the schema tests need none."""
+    return fixed()
+
+
 TEMPLATE = {"kind": "shell", "image": "busybox:1.36", "resources": {"limits": {"memory": "64Mi"}}}
 
 
@@ -89,8 +96,8 @@ def test_replicas_are_bounded_and_set_through_the_scale_subresource(kit, crds):
     assert scale["spec"]["replicas"] == 3
 
 
-def test_a_pool_makes_idle_pods_and_reports_them_through_scale(kit, start_operator):
-    start_operator(fixed())
+def test_a_pool_makes_idle_pods_and_reports_them_through_scale(module_kit):
+    kit = module_kit
     create_pool(kit, "warm", replicas=2)
     obj = wait_pool(kit, "warm", lambda o: (o.get("status") or {}).get("replicas") == 2)
     status = obj["status"]
@@ -125,8 +132,8 @@ def test_a_pool_makes_idle_pods_and_reports_them_through_scale(kit, start_operat
     assert all(p.metadata.deletion_timestamp is not None for p in pool_pods(kit, "warm"))
 
 
-def test_a_refused_template_creates_nothing_and_carries_the_sandboxes_reason(kit, start_operator):
-    start_operator(fixed())
+def test_a_refused_template_creates_nothing_and_carries_the_sandboxes_reason(module_kit):
+    kit = module_kit
     kit.scope()
     kit.sandbox("wants-snapshot", requires=["exec", "snapshot"])
     assert_refused(kit, "wants-snapshot", "CapabilityNotSupported")
