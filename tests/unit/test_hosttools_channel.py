@@ -714,7 +714,10 @@ def test_the_shim_stops_waiting_once_the_channel_is_removed(tmp_path: Path) -> N
     )
     try:
         deadline = time.monotonic() + 10
-        while not (tmp_path / "calls" / "1.req").exists():
+        # Wait until the claim is complete: the request is linked into place *and* its
+        # temporary file is gone. Removing the directory between the two races the shim's
+        # own cleanup (rmdir would find the temporary file and fail with ENOTEMPTY).
+        while sorted(p.name for p in (tmp_path / "calls").iterdir()) != ["1.req"]:
             assert time.monotonic() < deadline, "the program never asked"
             time.sleep(0.01)
         assert proc.poll() is None  # waiting for its answer
