@@ -34,7 +34,7 @@ from sandbox_operator.contract import (
     SandboxScopeResourceSpec,
     SandboxSpec,
 )
-from sandbox_operator.policy import check_call_key, select_backend
+from sandbox_operator.policy import admit_request
 
 EXIT_OK = 0
 EXIT_CONFIG = 1
@@ -183,17 +183,11 @@ def _judge(
     call_id: str | None = None,
 ) -> int:
     try:
-        if call_id is not None:
-            check_call_key(
-                config.host_policy,
-                spec,
-                call_id,
-                scope_min_isolation_scope=scope.min_isolation_scope if scope else None,
-            )
-        admission = select_backend(
+        admission = admit_request(
             config.host_policy,
             profiles(config),
             spec,
+            call_id=call_id,
             scope_floor=scope.min_isolation if scope else None,
             scope_min_isolation_scope=scope.min_isolation_scope if scope else None,
         )

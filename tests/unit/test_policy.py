@@ -45,6 +45,7 @@ from sandbox_operator.contract import (
 )
 from sandbox_operator.policy import (
     BackendProfile,
+    admit_request,
     check_backend,
     check_call_key,
     check_resources,
@@ -405,6 +406,24 @@ def test_a_raised_call_scope_needs_a_call_id() -> None:
         HostPolicy(), spec(isolationScope="call"), "call-7",
         scope_min_isolation_scope=IsolationScope.CALL,
     )  # fmt: skip
+
+
+def test_admit_request_judges_the_key_before_any_backend() -> None:
+    host_call = HostPolicy(min_isolation_scope=IsolationScope.CALL)
+    no_backend_serves_call = backend(declarations=declared(isolation_scopes=frozenset()))
+    # A keyed request without its call: refused for the key even though no backend could serve
+    # it either (select_backend alone refuses for the backend: IsolationScopeNotEnforced).
+    with pytest.raises(CallIdRequired):
+        admit_request(host_call, [no_backend_serves_call], spec(), call_id="")
+    with pytest.raises(IsolationScopeNotEnforced):
+        select_backend(host_call, [no_backend_serves_call], spec())
+    # No key at all (a bare spec): the per-call check is skipped, the backends still judge.
+    with pytest.raises(IsolationScopeNotEnforced):
+        admit_request(host_call, [no_backend_serves_call], spec(), call_id=None)
+    # With its call: the same admission select_backend gives.
+    got = admit_request(host_call, [backend()], spec(isolationScope="call"), call_id="c-1")
+    assert got == select_backend(host_call, [backend()], spec(isolationScope="call"))
+    assert got.backend.name == "acas"
 
 
 def test_observes_egress_is_informational() -> None:

@@ -462,3 +462,29 @@ def select_backend(
         except SandboxRefusal as refusal:
             refusals.append(refusal)
     raise NoBackendCanServe(kind=spec.kind, refusals=refusals)
+
+
+def admit_request(
+    host: HostPolicy,
+    backends: Sequence[BackendProfile],
+    spec: SandboxSpec,
+    *,
+    call_id: str | None,
+    scope_floor: Isolation | None = None,
+    scope_min_isolation_scope: IsolationScope | None = None,
+) -> Admission:
+    """The whole admission of a keyed request: :func:`check_call_key`, then
+    :func:`select_backend`. The operator, ``sandbox-operator check`` and the test kit judge
+    through this one function, so the order (the key before any backend) cannot differ
+    between them. ``call_id`` is the key's call part, ``""`` when the key has none; None means
+    there is no key at all (a bare spec judged by ``sandbox-operator check``), which skips the
+    per-call check: without a key there is nothing to find missing."""
+    if call_id is not None:
+        check_call_key(host, spec, call_id, scope_min_isolation_scope=scope_min_isolation_scope)
+    return select_backend(
+        host,
+        backends,
+        spec,
+        scope_floor=scope_floor,
+        scope_min_isolation_scope=scope_min_isolation_scope,
+    )

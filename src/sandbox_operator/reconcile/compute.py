@@ -47,7 +47,7 @@ from sandbox_operator.contract import (
     refusal_condition_reason,
 )
 from sandbox_operator.kubeapi import parse_time
-from sandbox_operator.policy import BackendProfile, check_call_key, effective_floor, select_backend
+from sandbox_operator.policy import BackendProfile, admit_request, effective_floor
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
 
@@ -183,22 +183,17 @@ def admit(
     if held and host_policy.selection is Selection.PER_SPEC:
         candidates = [p for p in profiles if p.name == held]
     try:
-        check_call_key(
-            host_policy,
-            sandbox_spec,
-            spec.call_id,
-            scope_min_isolation_scope=scope.spec.min_isolation_scope,
-        )
         if held and not any(p.name == held for p in profiles):
             raise BackendUnavailable(
                 backend=held,
                 kind=sandbox_spec.kind,
                 unavailable_reason="it is no longer configured, and it holds the work volume",
             )
-        chosen = select_backend(
+        chosen = admit_request(
             host_policy,
             candidates,
             sandbox_spec,
+            call_id=spec.call_id,
             scope_floor=scope.spec.min_isolation,
             scope_min_isolation_scope=scope.spec.min_isolation_scope,
         )

@@ -38,8 +38,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy.admission import (
     Admission,
     BackendProfile,
-    check_call_key,
-    select_backend,
+    admit_request,
 )
 from sandbox_operator.testing.fakes import local_sandbox
 
@@ -94,13 +93,11 @@ def admit(
     ``__cause__`` is the contract's refusal, with its fields). ``scope_*`` stand for a
     SandboxScope's own floor and isolation scope; ``call_id`` for the key's call part."""
     try:
-        check_call_key(
-            host, spec, call_id or None, scope_min_isolation_scope=scope_min_isolation_scope
-        )
-        return select_backend(
+        return admit_request(
             host,
             [b.profile for b in backends],
             spec,
+            call_id=call_id,
             scope_floor=scope_floor,
             scope_min_isolation_scope=scope_min_isolation_scope,
         )
