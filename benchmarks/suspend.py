@@ -23,7 +23,7 @@ Python client; each writes a file into its work directory, then is suspended and
 
 Times are wall-clock seconds from just before the patch; the end is seen by polling the Sandbox
 (and its pod) every 50 ms, so each figure is late by at most that much. p50 and p90 are
-nearest-rank. Nothing is asserted here; the figures go in docs/performance.md.
+nearest-rank. Nothing is asserted here; the figures go in docs/performance-node.md.
 """
 
 from __future__ import annotations
