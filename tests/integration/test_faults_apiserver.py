@@ -25,11 +25,12 @@ from tests.fixtures.cluster import CLUSTER_PY
 from tests.fixtures.faults import (
     PEERING,
     Recorder,
+    assert_one_pod_each_and_no_flap,
     census,
     create_retrying,
+    delete_scopes_until_empty,
     ensure_peering,
     kwok_config,
-    namespace_empty,
     sandbox_body,
     spread,
     terminal,
@@ -104,14 +105,7 @@ def test_api_server_restarted_mid_burst_every_sandbox_converges(
         final = census(kit)
         metrics = op.metrics()
         # Deleting the scopes leaves nothing.
-        purge_start = time.monotonic()
-        for s in range(SCOPES):
-            kit.delete(f"scope-{s}", "sandboxscopes")
-        left = namespace_empty(kit)
-        while any(left.values()) and time.monotonic() < purge_start + 120:
-            time.sleep(1)
-            left = namespace_empty(kit)
-        purge = time.monotonic() - purge_start
+        left, purge = delete_scopes_until_empty(kit, (f"scope-{s}" for s in range(SCOPES)))
     finally:
         rec.stop()
         if restarter.is_alive() or restart.get("rc") not in (None, 0):
@@ -128,7 +122,6 @@ def test_api_server_restarted_mid_burst_every_sandbox_converges(
         v for (name, _), v in metrics.items() if name == "sandbox_operator_watch_restarts_total"
     )
     duplicates = rec.duplicates()
-    per = rec.pods_per_sandbox()
     latencies = rec.create_to_ready(names)
     say(
         f"[faults apiserver] creates {CREATES} (API server restarted after create {RESTART_AT}"
@@ -144,7 +137,5 @@ def test_api_server_restarted_mid_burst_every_sandbox_converges(
     )
     assert op.running, f"the operator exited during the outage:\n{op.log()}"
     assert final.converged and final.sandboxes == CREATES, final.brief()
-    assert not duplicates, f"Sandboxes that had more than one pod: {duplicates}"
-    assert all(per.get(n) == 1 for n in names), {n: per.get(n) for n in names if per.get(n) != 1}
-    assert not rec.flaps, f"Ready went True -> False: {rec.flaps[:5]}"
+    assert_one_pod_each_and_no_flap(rec, names)
     assert not any(left.values()), f"deleting the scopes left {left} after {purge:.0f}s"

@@ -14,6 +14,7 @@ import pytest
 from tests.fixtures.faults import (
     PEERING,
     Recorder,
+    assert_one_pod_each_and_no_flap,
     census,
     create_retrying,
     ensure_peering,
@@ -110,7 +111,6 @@ def test_two_peered_replicas_hand_over_during_50_creates_without_double_create_o
     finally:
         rec.stop()
     duplicates = rec.duplicates()
-    per = rec.pods_per_sandbox()
     latencies = rec.create_to_ready(names)
     say(
         f"[faults peering] creates {creates}, pods ever created {len(rec.pods)}, duplicates "
@@ -123,9 +123,7 @@ def test_two_peered_replicas_hand_over_during_50_creates_without_double_create_o
     say(f"[faults peering] pods the standby created while it acted: {standby_pods:.0f}")
     say(f"[faults peering] standby: {standby}")
     assert final.converged and final.sandboxes == creates, final.brief()
-    assert not duplicates, f"Sandboxes that had more than one pod: {duplicates}"
-    assert all(per.get(n) == 1 for n in names), {n: per.get(n) for n in names if per.get(n) != 1}
-    assert not rec.flaps, f"Ready went True -> False: {rec.flaps[:5]}"
+    assert_one_pod_each_and_no_flap(rec, names)
     # Both handovers happened: the standby resumed when the active one left, and paused again
     # when it came back.
     assert "Resuming operations" in low.log(), standby
