@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
 
 
 async def call_json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -46,3 +51,64 @@ async def read_or_none(api: Any, call: Any, *args: Any) -> dict[str, Any] | None
         raise
     out: dict[str, Any] = api.sanitize_for_serialization(obj)
     return out
+
+
+#: A watch is ended by the server after this long and opened again (from the last version).
+WATCH_SECONDS: Final = 300
+
+
+async def list_then_watch(
+    list_call: Any,
+    *args: Any,
+    on_list: Callable[[list[dict[str, Any]]], None],
+    on_change: Callable[[str, dict[str, Any]], None],
+    what: str,
+    field_selector: str | None = None,
+    retry_seconds: float = 2.0,
+) -> None:
+    """List, then watch, for ever: ``on_list(items)`` with every object a list returns, then
+    ``on_change(type, object)`` for each change the watch delivers (``ADDED``, ``MODIFIED``,
+    ``DELETED``). A watch the server ends is opened again from the last version seen; an expired
+    version (410) or an error lists again, after ``retry_seconds``, and is logged naming
+    ``what`` and the error's status or type (never its message, which may echo the request).
+    Objects stay JSON dicts (no typed models built). Never raises but ``CancelledError``."""
+    from kubernetes_asyncio import watch
+
+    selector = {"field_selector": field_selector} if field_selector else {}
+    version: str | None = None
+    while True:
+        try:
+            if version is None:
+                body = await call_json(list_call, *args, **selector)
+                on_list(list(body.get("items") or []))
+                version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+            # return_type "object": the changes stay dicts. An expired version arrives as an
+            # ApiException (410), below.
+            w = watch.Watch(return_type="object")
+            async with w.stream(
+                list_call,
+                *args,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_SECONDS + 30,
+                **selector,
+            ) as stream:
+                async for change in stream:
+                    version = w.resource_version or version
+                    kind = str(change.get("type") or "")
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        on_change(kind, change.get("object") or {})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            log.warning(
+                "watching %s failed (%s); again in %.0fs",
+                what,
+                status or type(exc).__name__,
+                retry_seconds,
+            )
+            if status == 410:
+                version = None
+            await asyncio.sleep(retry_seconds)

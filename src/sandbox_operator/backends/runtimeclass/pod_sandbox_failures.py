@@ -10,22 +10,18 @@ pod starts. What they say is kept by pod uid; the Sandbox owning the pod is woke
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandbox_operator.backends.runtimeclass.observe import missing_handler
-from sandbox_operator.kubecalls import call_json
+from sandbox_operator.kubecalls import list_then_watch
 
 log = logging.getLogger(__name__)
 
 #: The only Events the watch asks for.
 FIELD_SELECTOR = "reason=FailedCreatePodSandBox"
-
-#: A watch is ended by the server after this long and opened again (from the last version).
-WATCH_SECONDS = 300
 
 #: The most pods remembered: a node without the handler fails every pod sent to it, and each is
 #: reported once; the oldest are let go first (their Sandboxes have long ended in StartupFailed).
@@ -73,7 +69,7 @@ async def watch_pod_sandbox_failures(
     handler. A watch the server ends is opened again from the last version seen; an expired
     version (410) or an error lists again (after ``retry_seconds``). Never raises but
     ``CancelledError``."""
-    from kubernetes_asyncio import client, watch
+    from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api)
     list_call: Any = core.list_event_for_all_namespaces
@@ -86,40 +82,20 @@ async def watch_pod_sandbox_failures(
         if concerned is not None and concerned[1]:
             notify(*concerned)
 
-    version: str | None = None
-    while True:
-        try:
-            if version is None:
-                body = await call_json(list_call, *where, field_selector=FIELD_SELECTOR)
-                for item in body.get("items") or []:
-                    take(item)
-                version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
-            # return_type "object": the events stay dicts. An expired version arrives as an
-            # ApiException (410), below.
-            w = watch.Watch(return_type="object")
-            async with w.stream(
-                list_call,
-                *where,
-                field_selector=FIELD_SELECTOR,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_SECONDS,
-                _request_timeout=WATCH_SECONDS + 30,
-            ) as stream:
-                async for change in stream:
-                    version = w.resource_version or version
-                    if change.get("type") in ("ADDED", "MODIFIED"):
-                        take(change.get("object") or {})
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            status = getattr(exc, "status", None)
-            log.warning(
-                "watching FailedCreatePodSandBox events%s failed (%s); again in %.0fs",
-                f" in {namespace}" if namespace else "",
-                status or type(exc).__name__,
-                retry_seconds,
-            )
-            if status == 410:
-                version = None
-            await asyncio.sleep(retry_seconds)
+    def listed(items: list[dict[str, Any]]) -> None:
+        for item in items:
+            take(item)
+
+    def changed(kind: str, event: dict[str, Any]) -> None:
+        if kind != "DELETED":
+            take(event)
+
+    await list_then_watch(
+        list_call,
+        *where,
+        on_list=listed,
+        on_change=changed,
+        what=f"FailedCreatePodSandBox events{f' in {namespace}' if namespace else ''}",
+        field_selector=FIELD_SELECTOR,
+        retry_seconds=retry_seconds,
+    )
