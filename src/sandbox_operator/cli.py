@@ -92,14 +92,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _exact_namespaces(namespaces: list[str], all_namespaces: bool) -> tuple[str, ...] | None:
-    """The served namespaces when each is a plain name; None (all) otherwise: kopf also takes
-    patterns (``team-*``, ``!kube-system``), which only a watch over all namespaces covers."""
-    if all_namespaces or any(set(ns) & set("*?[]!") for ns in namespaces):
-        return None
-    return tuple(namespaces)
-
-
 def _default_priority() -> int:
     ident = os.environ.get("POD_NAME") or os.uname().nodename
     return 100 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % 10000
@@ -224,17 +216,9 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every health probe
     if args.metrics_port:
         _start_metrics(args.metrics_host, args.metrics_port)
-    from sandbox_operator.reconcile.publish import publication_namespaces
+    from sandbox_operator.reconcile.namespaces import ServedNamespaces
 
-    publish_to = publication_namespaces(
-        args.namespace, bool(args.all_namespaces), os.environ.get("POD_NAMESPACE")
-    )
-    if not publish_to:
-        print(
-            "publish: serving all namespaces without POD_NAMESPACE: the backends ConfigMap is "
-            "not published",
-            file=sys.stderr,
-        )
+    served = ServedNamespaces.of(args.namespace, bool(args.all_namespaces))
     liveness = None if args.no_health else f"http://{args.health_host}:{args.health_port}/healthz"
     kopf.run(
         clusterwide=bool(args.all_namespaces),
@@ -248,10 +232,11 @@ def _run(args: argparse.Namespace) -> int:
         # publish what it serves: reconcile/publish.py).
         memo=kopf.Memo(
             config=config,
-            publish_namespaces=publish_to,
-            # Where the operator's own watches (reconcile/handlers.py) look: these namespaces,
-            # or all of them (None) when serving all or given a pattern.
-            namespaces=_exact_namespaces(args.namespace, bool(args.all_namespaces)),
+            # What it serves: where it publishes (reconcile/publish.py) and where its own
+            # watches (reconcile/handlers.py) look: the named namespaces, or all of them (None)
+            # when serving all or given a pattern.
+            served=served,
+            namespaces=served.exact,
         ),
     )
     return EXIT_OK

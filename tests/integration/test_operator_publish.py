@@ -4,10 +4,13 @@ the same configuration writes nothing, and a changed configuration is republishe
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -18,6 +21,7 @@ from sandbox_operator.contract.published import (
     PublishedBackends,
 )
 from sandbox_operator.reconcile.publish import published_backends
+from tests.fixtures.cluster import TEST_NAMESPACE_LABELS
 from tests.fixtures.operator import Kit, OperatorProcess, local_config
 
 pytestmark = pytest.mark.integration
@@ -30,6 +34,11 @@ def _read(core: client.CoreV1Api, namespace: str) -> client.V1ConfigMap | None:
         if exc.status == 404:
             return None
         raise
+
+
+def _version(core: client.CoreV1Api, namespace: str) -> str | None:
+    cm = _read(core, namespace)
+    return cm.metadata.resource_version if cm is not None else None
 
 
 def _wait_log(proc: OperatorProcess, text: str, timeout: float = 30) -> None:
@@ -83,3 +92,45 @@ def test_published_configmap_follows_the_configuration(kit: Kit, start_operator:
     assert cm is not None and cm.metadata.resource_version != version
     assert _document(cm) == published_backends(parse_config(changed)[0])
     assert _document(cm).host_policy.pinned_backend == "gvisor"
+
+
+def test_serving_a_pattern_it_publishes_into_each_namespace_as_it_appears(
+    kit: Kit, kubeconfig: str, tmp_path: Path
+) -> None:
+    """Serving a pattern (as serving all namespaces), the operator publishes into every
+    namespace it serves, a new one within moments of its creation, so a client always reads its
+    own namespace; a restart lists what is there once and writes nothing."""
+    config = local_config()
+    expected = published_backends(parse_config(config)[0])
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    later = f"{kit.ns}-later"  # served: it matches the pattern
+    pattern = f"{kit.ns}*"
+    first = OperatorProcess(config_path, pattern, tmp_path / "first.log", kubeconfig)
+    second = OperatorProcess(config_path, pattern, tmp_path / "second.log", kubeconfig)
+    try:
+        first.start()
+        _wait_log(first, f"namespace {kit.ns}: published")
+        kit.core.create_namespace(
+            client.V1Namespace(
+                metadata=client.V1ObjectMeta(name=later, labels=TEST_NAMESPACE_LABELS)
+            )
+        )
+        created = time.monotonic()
+        while (cm := _read(kit.core, later)) is None:
+            assert time.monotonic() - created < 10, f"never published into {later}:\n{first.log()}"
+            time.sleep(0.1)
+        print(f"published into a new namespace {time.monotonic() - created:.2f}s after its create")
+        assert _document(cm) == expected
+        versions = {ns: _version(kit.core, ns) for ns in (kit.ns, later)}
+        first.stop()
+
+        second.start()
+        _wait_log(second, "2 namespaces served, 0 to publish into")
+        assert _configmap_writes(second) == 0
+        assert {ns: _version(kit.core, ns) for ns in versions} == versions
+    finally:
+        first.stop()
+        second.stop()
+        with contextlib.suppress(ApiException):
+            kit.core.delete_namespace(later, propagation_policy="Background")

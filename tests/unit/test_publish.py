@@ -12,13 +12,15 @@ import pytest
 from sandbox_operator import labels as lbl
 from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract.published import PUBLISHED_KEY, PublishedBackends
+from sandbox_operator.reconcile.namespaces import ServedNamespaces
 from sandbox_operator.reconcile.publish import (
     RETRY_FIRST_SECONDS,
     RETRY_MAX_SECONDS,
+    Pending,
     config_map,
     document_text,
+    follow_namespaces,
     is_current,
-    publication_namespaces,
     publish_until_done,
     published_backends,
 )
@@ -68,10 +70,77 @@ def test_document_follows_the_configuration() -> None:
     assert document_text(doc) == document_text(published_backends(pinned))
 
 
-def test_publication_namespaces() -> None:
-    assert publication_namespaces(["a", "b", "a"], False, "ops") == ("a", "b")
-    assert publication_namespaces([], True, "ops") == ("ops",)
-    assert publication_namespaces([], True, None) == ()
+@pytest.mark.parametrize(
+    ("namespaces", "all_namespaces", "exact", "served", "not_served"),
+    [
+        (["a", "b", "a"], False, ("a", "b"), ["a", "b"], ["c", "ab"]),
+        ([], True, None, ["a", "kube-system", "t-x"], []),
+        (["!t-*"], False, None, ["agents", "default", "tx"], ["t-x", "t-"]),
+        (["!t-*,!kube-*"], False, None, ["agents"], ["t-x", "kube-system"]),
+        (["team-*", "ops"], False, None, ["team-a", "ops"], ["opsx", "team"]),
+        (["team-?"], False, None, ["team-a"], ["team-ab"]),
+    ],
+)
+def test_served_namespaces_are_kopfs(
+    namespaces: list[str],
+    all_namespaces: bool,
+    exact: tuple[str, ...] | None,
+    served: list[str],
+    not_served: list[str],
+) -> None:
+    """What the operator publishes into is what kopf serves: plain names exactly, patterns (and
+    all namespaces) by kopf's matching, namespace by namespace."""
+    scope = ServedNamespaces.of(namespaces, all_namespaces)
+    assert scope.exact == exact
+    assert [n for n in served if scope.serves(n)] == served
+    assert [n for n in not_served if scope.serves(n)] == []
+
+
+def _namespace(name: str, phase: str = "Active") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"phase": phase}}
+
+
+async def test_the_namespace_watch_wants_each_served_live_namespace() -> None:
+    """Serving all but ``t-*``: a list wants every served namespace that is not terminating and
+    forgets one no longer there; a new namespace is wanted, a deleted or terminating one is
+    forgotten, an ignored one never wanted; the worker publishes what is wanted, once each."""
+    written: list[str] = []
+
+    async def publish(namespace: str, text: str) -> bool:
+        written.append(namespace)
+        return True
+
+    pending = Pending(publish, "{}")
+    pending.current.add("stale")  # published before; gone from the next list
+    listed, changed = follow_namespaces(pending, ServedNamespaces.of(["!t-*"], False))
+    listed([_namespace("default"), _namespace("t-1"), _namespace("old", "Terminating")])
+    assert pending.known() == {"default"}
+    changed("ADDED", _namespace("agents"))
+    changed("ADDED", _namespace("t-2"))
+    changed("ADDED", _namespace("gone"))
+    changed("DELETED", _namespace("gone"))
+    changed("MODIFIED", _namespace("dying"))
+    changed("MODIFIED", _namespace("dying", "Terminating"))
+    await pending.work(until_empty=True)
+    assert written == ["default", "agents"]
+    assert pending.current == {"default", "agents"}
+    changed("MODIFIED", _namespace("agents"))  # a label changed: already current
+    assert pending.known() == {"default", "agents"}
+    await pending.work(until_empty=True)
+    assert written == ["default", "agents"]
+
+
+async def test_a_namespace_forgotten_while_it_is_written_is_not_current() -> None:
+    pending: Pending
+
+    async def publish(namespace: str, text: str) -> bool:
+        pending.forget(namespace)  # deleted while the apply was in flight
+        return True
+
+    pending = Pending(publish, "{}")
+    pending.want("a")
+    await pending.work(until_empty=True)
+    assert pending.known() == set()
 
 
 def test_is_current_needs_the_text_and_the_label() -> None:

@@ -142,9 +142,9 @@ class OperatorBackend:
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
         published_namespace: str | None = None,
     ) -> Self:
-        """Read what the operator publishes in ``client.namespace`` (or, for an operator serving
-        all namespaces, in its own: ``published_namespace``) and stand for ``backend`` (see
-        :func:`~._published.select_backend`)."""
+        """Read what the operator publishes in ``client.namespace`` (every operator publishes it
+        in each namespace it serves; ``published_namespace`` reads another's) and stand for
+        ``backend`` (see :func:`~._published.select_backend`)."""
         published = await read_published(client, namespace=published_namespace)
         return cls(
             client,

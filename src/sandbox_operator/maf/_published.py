@@ -3,9 +3,12 @@ stands for (:func:`read_published`, :func:`select_backend`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -25,7 +28,8 @@ from sandbox_operator.contract.published import (
 class PublishedBackendsMissing(LookupError):
     """The operator's published backends could not be read: ``what`` says which part is missing
     or invalid (``configmap``, ``key``, ``document``), in ConfigMap ``configmap`` of
-    ``namespace`` under ``key``. Is an operator serving this namespace?"""
+    ``namespace`` under ``key``. Is an operator serving this namespace? (Every operator
+    publishes the document in each namespace it serves.)"""
 
     what: str
     namespace: str
@@ -59,19 +63,41 @@ class BackendNotSelected(LookupError):
         )
 
 
+#: How long :func:`read_published` waits for the document to appear: an operator serving all
+#: namespaces publishes into a new one as its watch sees it, a fraction of a second after the
+#: namespace is created.
+PUBLISHED_WAIT_SECONDS: Final = 10.0
+
+
 async def read_published(
-    client: SandboxClient, *, namespace: str | None = None
+    client: SandboxClient,
+    *,
+    namespace: str | None = None,
+    wait: float = PUBLISHED_WAIT_SECONDS,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> PublishedBackends:
-    """The document the operator published in ``namespace`` (default: the client's). An
-    operator serving named namespaces publishes in each of them; one serving all namespaces
-    publishes in its own namespace only (the chart's release namespace), so name that one."""
+    """The document the operator published in ``namespace`` (default: the client's). Every
+    operator publishes it in each namespace it serves, whether it serves named ones or all of
+    them, so the client's own namespace is where to look. A ConfigMap not there (404) is read
+    again, with a doubling pause, for up to ``wait`` seconds: a namespace created just now gets
+    it moments later. Any other refusal (403: RBAC) raises at once."""
     where = namespace or client.namespace
     core = k8s.CoreV1Api(client.api)
-    try:
-        cm = await core.read_namespaced_config_map(PUBLISHED_CONFIGMAP, where)
-    except ApiException as exc:
-        raise PublishedBackendsMissing("configmap", where, detail=f"HTTP {exc.status}") from None
-    return parse_published(cm.data, where)
+    deadline = time.monotonic() + wait
+    pause = 0.1
+    while True:
+        try:
+            cm = await core.read_namespaced_config_map(PUBLISHED_CONFIGMAP, where)
+        except ApiException as exc:
+            left = deadline - time.monotonic()
+            if exc.status != 404 or left <= 0:
+                raise PublishedBackendsMissing(
+                    "configmap", where, detail=f"HTTP {exc.status}"
+                ) from None
+            await sleep(min(pause, left))
+            pause = min(pause * 2, 1.0)
+            continue
+        return parse_published(cm.data, where)
 
 
 def parse_published(data: Mapping[str, str] | None, namespace: str) -> PublishedBackends:

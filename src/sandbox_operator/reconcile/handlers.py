@@ -54,11 +54,11 @@ from sandbox_operator.contract import (
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.egress_policies import keep_egress_policy
 from sandbox_operator.reconcile.kube import Conflict
+from sandbox_operator.reconcile.namespaces import ServedNamespaces
 from sandbox_operator.reconcile.pool import reconcile_pool
 from sandbox_operator.reconcile.publish import (
-    Publisher,
     document_text,
-    publish_until_done,
+    publish_into_served,
     published_backends,
 )
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
@@ -277,9 +277,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # What this operator serves, for clients that must know before any sandbox exists (in the
     # background: publishing never holds up serving Sandboxes; see reconcile/publish.py).
     memo.publish_task = asyncio.create_task(
-        publish_until_done(
-            Publisher(api).publish,
-            getattr(memo, "publish_namespaces", ()),
+        publish_into_served(
+            api,
+            getattr(memo, "served", None) or ServedNamespaces(),  # none: publish nowhere
             document_text(published_backends(config)),
         ),
         name="publish",

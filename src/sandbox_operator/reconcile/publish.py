@@ -3,14 +3,18 @@
 A maf-sandbox backend reads its declarations synchronously, before any sandbox exists, so a client
 must be able to read what this operator really serves without asking it. At startup the operator
 writes :data:`~sandbox_operator.contract.published.PUBLISHED_CONFIGMAP` into every namespace it
-serves (``--namespace``) or, serving all namespaces, into its own (``POD_NAMESPACE``): the
-document is derived from the validated configuration only, so it never says more than admission
-enforces.
+serves, where a client looks without being told (its own namespace): the named ones
+(``--namespace a``) at startup; serving all namespaces or a pattern (``--all-namespaces``,
+``--namespace '!t-*'``), each namespace that exists and matches, and each new one as it appears,
+from a watch on the namespaces (:func:`publish_into_served`). The document is derived from the
+validated configuration only, so it never says more than admission enforces.
 
 Only differences are written: the ConfigMap is read first and applied (server-side apply, which
 RBAC can restrict to the one name, unlike a create) only when its document or labels differ, so
-a restart with the same configuration costs one read per namespace and changes no
-resourceVersion. Publishing never holds up serving Sandboxes and never stops the operator: it
+a restart with the same configuration changes no resourceVersion: serving named namespaces it
+costs one read each; serving all of them, one list of the ConfigMaps of that name in every
+namespace (a field selector), then only the namespaces that lack the current document are
+written. Publishing never holds up serving Sandboxes and never stops the operator: it
 runs in the background, and a namespace that could not be written is logged and retried with
 backoff until it is.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 from sandbox_operator import labels as lbl
@@ -30,7 +34,8 @@ from sandbox_operator.contract.published import (
     PublishedBackend,
     PublishedBackends,
 )
-from sandbox_operator.kubecalls import read_or_none
+from sandbox_operator.kubecalls import call_json, list_then_watch, read_or_none
+from sandbox_operator.reconcile.namespaces import ServedNamespaces
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +64,6 @@ def published_backends(config: OperatorConfig) -> PublishedBackends:
 def document_text(document: PublishedBackends) -> str:
     """The ConfigMap value: the document's JSON in the contract's camelCase spelling."""
     return document.model_dump_json(by_alias=True)
-
-
-def publication_namespaces(
-    namespaces: Sequence[str], all_namespaces: bool, own_namespace: str | None
-) -> tuple[str, ...]:
-    """Where to publish: every served namespace or, serving all of them, the operator's own
-    (empty when it is not known: outside a pod, without ``POD_NAMESPACE``)."""
-    if all_namespaces:
-        return (own_namespace,) if own_namespace else ()
-    return tuple(dict.fromkeys(namespaces))
 
 
 def config_map(namespace: str, text: str) -> dict[str, Any]:
@@ -105,6 +100,19 @@ class Publisher:
         self._api = api
         self._core: Any = client.CoreV1Api(api)
 
+    async def current_everywhere(self, text: str) -> set[str]:
+        """The namespaces whose ConfigMap already says ``text``: one list across namespaces,
+        by name (a field selector, which RBAC authorizes by resourceNames)."""
+        body = await call_json(
+            self._core.list_config_map_for_all_namespaces,
+            field_selector=f"metadata.name={PUBLISHED_CONFIGMAP}",
+        )
+        return {
+            str(item["metadata"]["namespace"])
+            for item in body.get("items") or []
+            if is_current(item, text)
+        }
+
     async def publish(self, namespace: str, text: str) -> bool:
         """Make the namespace's ConfigMap say ``text``; True when it had to be written."""
         current = await read_or_none(
@@ -123,6 +131,87 @@ class Publisher:
         return True
 
 
+class Pending:
+    """The namespaces still to publish into, worked off by one task: each is applied until it
+    succeeds, with doubling backoff (capped) after a round in which any failed; a namespace
+    forgotten meanwhile (deleted) is dropped. Failures are logged with the namespace and the
+    error's type and status, never its message (the API server's may echo the request)."""
+
+    def __init__(
+        self,
+        publish: Callable[[str, str], Awaitable[bool]],
+        text: str,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._publish = publish
+        self._text = text
+        self._sleep = sleep
+        self._wanted: dict[str, None] = {}
+        self._woken = asyncio.Event()
+        #: The namespaces known to hold the current document.
+        self.current: set[str] = set()
+
+    def want(self, namespace: str) -> None:
+        """Publish into ``namespace`` unless it is known current."""
+        if namespace not in self.current and namespace not in self._wanted:
+            self._wanted[namespace] = None
+            self._woken.set()
+
+    def forget(self, namespace: str) -> None:
+        """The namespace is gone (or no longer served): nothing more to do there."""
+        self._wanted.pop(namespace, None)
+        self.current.discard(namespace)
+
+    def known(self) -> set[str]:
+        return self.current | set(self._wanted)
+
+    async def work(self, *, until_empty: bool) -> None:
+        """Publish what is wanted; return once nothing is (``until_empty``) or wait for more."""
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            if not self._wanted:
+                if until_empty:
+                    return
+                self._woken.clear()
+                await self._woken.wait()
+                continue
+            failed = 0
+            for namespace in list(self._wanted):
+                if namespace not in self._wanted:
+                    continue
+                try:
+                    wrote = await self._publish(namespace, self._text)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    failed += 1
+                    status = getattr(exc, "status", None)
+                    log.error(
+                        "publishing ConfigMap %s in namespace %s failed (%s%s); retrying in %.0fs",
+                        PUBLISHED_CONFIGMAP,
+                        namespace,
+                        type(exc).__name__,
+                        f", HTTP {status}" if status else "",
+                        delay,
+                    )
+                    continue
+                if namespace in self._wanted:  # not forgotten while it was written
+                    del self._wanted[namespace]
+                    self.current.add(namespace)
+                log.info(
+                    "ConfigMap %s in namespace %s: %s",
+                    PUBLISHED_CONFIGMAP,
+                    namespace,
+                    "published" if wrote else "already current",
+                )
+            if failed:
+                await self._sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+            else:
+                delay = RETRY_FIRST_SECONDS
+
+
 async def publish_until_done(
     publish: Callable[[str, str], Awaitable[bool]],
     namespaces: Iterable[str],
@@ -130,38 +219,81 @@ async def publish_until_done(
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
-    """Publish into every namespace, retrying the ones that failed with doubling backoff until
-    all are done; each failure is logged with its namespace and the error's type and status (the
-    API server's message may echo the request)."""
-    pending = list(dict.fromkeys(namespaces))
-    delay = RETRY_FIRST_SECONDS
-    while pending:
-        failed: list[str] = []
-        for namespace in pending:
-            try:
-                wrote = await publish(namespace, text)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failed.append(namespace)
-                status = getattr(exc, "status", None)
-                log.error(
-                    "publishing ConfigMap %s in namespace %s failed (%s%s); retrying in %.0fs",
-                    PUBLISHED_CONFIGMAP,
-                    namespace,
-                    type(exc).__name__,
-                    f", HTTP {status}" if status else "",
-                    delay,
-                )
-                continue
-            log.info(
-                "ConfigMap %s in namespace %s: %s",
-                PUBLISHED_CONFIGMAP,
-                namespace,
-                "published" if wrote else "already current",
-            )
-        if not failed:
+    """Publish into every one of ``namespaces``, retrying the ones that failed with doubling
+    backoff until all are done (:class:`Pending`)."""
+    pending = Pending(publish, text, sleep=sleep)
+    for namespace in namespaces:
+        pending.want(namespace)
+    await pending.work(until_empty=True)
+
+
+def _active_name(namespace: Mapping[str, Any]) -> str | None:
+    """A namespace's name, None while it terminates (nothing can be created in it)."""
+    if (namespace.get("status") or {}).get("phase") == "Terminating":
+        return None
+    name = (namespace.get("metadata") or {}).get("name")
+    return str(name) if name else None
+
+
+def follow_namespaces(
+    pending: Pending, served: ServedNamespaces
+) -> tuple[Callable[[list[dict[str, Any]]], None], Callable[[str, dict[str, Any]], None]]:
+    """The namespace watch's two callbacks: a (re)list wants every served live namespace and
+    forgets the rest; a change wants a new served namespace and forgets a deleted one."""
+
+    def listed(items: list[dict[str, Any]]) -> None:
+        live = {n for item in items if (n := _active_name(item)) and served.serves(n)}
+        for gone in pending.known() - live:
+            pending.forget(gone)
+        for namespace in sorted(live):
+            pending.want(namespace)
+        log.info(
+            "ConfigMap %s: %d namespaces served, %d to publish into",
+            PUBLISHED_CONFIGMAP,
+            len(live),
+            len(live - pending.current),
+        )
+
+    def changed(kind: str, item: dict[str, Any]) -> None:
+        name = str((item.get("metadata") or {}).get("name") or "")
+        if not name or not served.serves(name):
             return
-        pending = failed
-        await sleep(delay)
-        delay = min(delay * 2, RETRY_MAX_SECONDS)
+        if kind == "DELETED" or _active_name(item) is None:
+            pending.forget(name)
+        else:
+            pending.want(name)
+
+    return listed, changed
+
+
+async def publish_into_served(api: Any, served: ServedNamespaces, text: str) -> None:
+    """Publish into every namespace ``served`` covers, for as long as the operator runs: the
+    named ones once; all or a pattern's, from a watch on the namespaces (one list of the
+    existing ConfigMaps first, so a restart writes only where the document is missing or
+    stale)."""
+    from kubernetes_asyncio import client
+
+    publisher = Publisher(api)
+    pending = Pending(publisher.publish, text)
+    if served.exact is not None:
+        for namespace in served.exact:
+            pending.want(namespace)
+        await pending.work(until_empty=True)
+        return
+    try:
+        pending.current |= await publisher.current_everywhere(text)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        # Only a saving: each namespace is then read before it is written.
+        log.warning(
+            "listing ConfigMaps %s failed (%s); reading each namespace's instead",
+            PUBLISHED_CONFIGMAP,
+            getattr(exc, "status", None) or type(exc).__name__,
+        )
+    listed, changed = follow_namespaces(pending, served)
+    core = client.CoreV1Api(api)
+    await asyncio.gather(
+        pending.work(until_empty=False),
+        list_then_watch(core.list_namespace, on_list=listed, on_change=changed, what="namespaces"),
+    )
