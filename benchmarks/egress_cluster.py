@@ -51,7 +51,7 @@ from kubernetes.stream import stream
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_LABEL  # noqa: E402
+from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_NAMESPACE_LABELS  # noqa: E402
 from tests.fixtures.egress_probe import Outside, node_address, unrestricted_pod  # noqa: E402
 from tests.fixtures.egress_proxy import PROXY_SELECTOR, config_with_managed_proxy  # noqa: E402
 from tests.fixtures.node import exec_in  # noqa: E402
@@ -254,7 +254,7 @@ def run(
     kit = Kit(client.CustomObjectsApi(api), core, f"bench-egress-{runtime}-{uuid.uuid4().hex[:6]}")
     ns = kit.ns
     core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels={TEST_LABEL: "true"}))
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=TEST_NAMESPACE_LABELS))
     )
     tmp = Path(tempfile.mkdtemp(prefix=f"egress-cluster-{runtime}-"))
     operator: OperatorProcess | None = None

@@ -18,8 +18,9 @@
 # sandbox-operator), OPERATOR_NAMESPACE (default sandbox-operator-system), DEMO_NAMESPACE
 # (default default), OPERATOR_IMAGE (repository:tag of an image your cluster can pull: skips the
 # local build and import), READY_TIMEOUT (default 180s), WATCH_NAMESPACES (comma-separated: serve
-# only these namespaces instead of all; on the local cluster it defaults to DEMO_NAMESPACE, so the
-# test suite's namespaces are left alone; set it empty to serve all).
+# only these namespaces instead of all), IGNORE_NAMESPACES (comma-separated globs: serve all
+# namespaces but these; on the local cluster it defaults to t-*, so the test suite's namespaces
+# are left alone; set it empty to serve all).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -124,10 +125,11 @@ else
     "$PY" hack/cluster.py up
   export KUBECONFIG="$LOCAL_KUBECONFIG"
   # `make test` runs next on this cluster and starts an operator of its own in each test
-  # namespace: an operator serving every namespace would reconcile the tests' Sandboxes too (two
-  # operators, one object). So on the local cluster the release serves only the demo namespace
-  # unless WATCH_NAMESPACES says otherwise (WATCH_NAMESPACES= , set and empty, serves all).
-  WATCH_NAMESPACES="${WATCH_NAMESPACES-$DEMO_NAMESPACE}"
+  # namespace (all named t-*): an operator serving those too would reconcile the tests' Sandboxes
+  # (two operators, one object). So on the local cluster the release serves every namespace but
+  # the test suite's, unless IGNORE_NAMESPACES says otherwise (IGNORE_NAMESPACES= , set and
+  # empty, serves all of them).
+  IGNORE_NAMESPACES="${IGNORE_NAMESPACES-t-*}"
 fi
 KUBECTL="$(kubectl_path)"; export KUBECTL
 HELM="$(helm_path)"
@@ -193,6 +195,11 @@ helm_args+=(--set "config.egressProxy.image=$IMAGE_REPO:$IMAGE_TAG")
 if [[ -n "${WATCH_NAMESPACES:-}" ]]; then
   note "the operator serves only: $WATCH_NAMESPACES (WATCH_NAMESPACES)"
   helm_args+=(--set "watchNamespaces={$WATCH_NAMESPACES}")
+elif [[ -n "${IGNORE_NAMESPACES:-}" ]]; then
+  # Serving a pattern, kopf's peering would want an object in every namespace: one replica,
+  # standalone.
+  note "the operator serves every namespace except: $IGNORE_NAMESPACES (IGNORE_NAMESPACES)"
+  helm_args+=(--set "ignoreNamespaces={$IGNORE_NAMESPACES}" --set peering.enabled=false)
 fi
 # A rebuilt image under the same tag rolls the operator pods.
 [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")

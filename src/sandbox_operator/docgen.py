@@ -186,7 +186,7 @@ class RbacRule:
 RBAC_PLACES: Final[Mapping[str, str]] = {
     "sandbox-operator.namespacedRules": "each served namespace (all of them: a ClusterRole)",
     "sandbox-operator.clusterRules": "cluster-wide",
-    "sandbox-operator.publishedRule": "where it publishes: each served namespace, or its own",
+    "sandbox-operator.publishedRule": "where it publishes: each served namespace",
     "sandbox-operator.credentialRule": "the Secret's namespace, per `acas` backend with a Secret "
     "credential",
 }

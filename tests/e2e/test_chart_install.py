@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from sandbox_operator.egress.probe import (
     ProbeTarget,
@@ -45,6 +46,7 @@ from sandbox_operator.egress.probe import (
     judge,
 )
 from tests.fixtures.chart import CHART, ROOT, helm_binary
+from tests.fixtures.cluster import TEST_LABEL, fresh_namespace, kubectl_command
 from tests.fixtures.egress_probe import DEADLINE, SLACK, Outside, probe_in_pod
 
 # exclusive: installs a release with cluster-wide objects (run alone, after the concurrent part).
@@ -511,3 +513,87 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     for crd in (f"sandboxes.{GROUP}", f"sandboxscopes.{GROUP}"):
         kept = json.loads(kubectl("get", "crd", crd, "-o", "json").stdout)
         assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_switching_watch_namespaces_leaves_nothing_the_outgoing_pod_needs(
+    kubeconfig: str,
+    kubectl: Kubectl,
+    namespace: str,
+    release: str,
+    operator_image: tuple[str, str],
+    tmp_path: Path,
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+) -> None:
+    """A release serving named namespaces, with peering, `helm upgrade`d to serve another one:
+    the outgoing pod stops without one forbidden request (its last peering write meets a deleted
+    object, which kopf ignores, not a revoked Role, which it retries for its grace period); the
+    new pod publishes into the namespace it now serves; and a Sandbox created where the release
+    no longer serves is refused at admission at once, naming what it serves."""
+    repo, tag = operator_image
+    with contextlib.ExitStack() as stack:
+        second = stack.enter_context(fresh_namespace(core_v1, "chart-second"))
+        # Served by nothing: no served-by label (unlike the test suite's namespaces).
+        unserved = f"t-chart-unserved-{uuid.uuid4().hex[:6]}"
+        core_v1.create_namespace(
+            client.V1Namespace(
+                metadata=client.V1ObjectMeta(name=unserved, labels={TEST_LABEL: "true"})
+            )
+        )
+        stack.callback(core_v1.delete_namespace, unserved, propagation_policy="Background")
+        common = ["--namespace", namespace, "--set", f"image.repository={repo}", "--set",
+                  f"image.tag={tag}", "--wait", "--timeout", "5m"]  # fmt: skip
+        explain = explainer(kubectl, namespace)
+        values = local_values(tmp_path, watchNamespaces=[namespace])
+        helm(kubeconfig, "install", release, str(CHART), "-f", str(values), "--take-ownership",
+             *common, explain=explain)  # fmt: skip
+        selector = f"app.kubernetes.io/instance={release}"
+        (old,) = json.loads(
+            kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        )["items"]
+        old_pod = old["metadata"]["name"]
+        # Follow the outgoing pod's log until its container ends.
+        follow = subprocess.Popen(
+            [*kubectl_command(kubeconfig), "logs", "-f", "-n", namespace, old_pod],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        stack.callback(follow.kill)
+        helm(kubeconfig, "upgrade", release, str(CHART), "-f", str(values), "--set",
+             f"watchNamespaces={{{second}}}", *common, explain=explain)  # fmt: skip
+        _wait(
+            lambda: not kubectl("get", "pod", old_pod, "-n", namespace, check=False).stdout,
+            120,
+            f"the outgoing pod {old_pod} to be gone",
+        )
+        log, _ = follow.communicate(timeout=60)
+        forbidden = [line for line in log.splitlines() if "403" in line or "orbidden" in line]
+        assert not forbidden, "\n".join(forbidden[-10:])
+        assert "Couldn't remove self from the peering" not in log, log[-3000:]
+
+        # The new pod publishes into the namespace it now serves.
+        _wait(
+            lambda: bool(
+                kubectl(
+                    "get", "configmap", "sandbox-operator-backends", "-n", second, check=False
+                ).stdout
+            ),
+            60,
+            f"the backends ConfigMap in {second}",
+        )
+
+        # Nothing serves `unserved`: a Sandbox there is refused at its create.
+        sandbox = yaml.safe_load((EXAMPLES / "sandbox.yaml").read_text())
+        with pytest.raises(ApiException) as refused:
+            custom_objects.create_namespaced_custom_object(
+                GROUP, "v1alpha1", unserved, "sandboxes", sandbox
+            )
+        body = str(refused.value.body)
+        assert f"namespace {unserved} is not served by any sandbox-operator" in body, body
+        assert f"serves the namespaces {second}" in body, body
+        # The test suite's own namespaces carry the served-by label: not refused.
+        created = custom_objects.create_namespaced_custom_object(
+            GROUP, "v1alpha1", namespace, "sandboxes", {**sandbox, "spec": {**sandbox["spec"]}}
+        )
+        assert created["metadata"]["namespace"] == namespace

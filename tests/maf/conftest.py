@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tests.fixtures.cluster import TEST_LABEL
+from tests.fixtures.cluster import TEST_NAMESPACE_LABELS
 from tests.fixtures.maf_cluster import RUNTIMES, Served
 from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, local_config
 
@@ -31,7 +31,7 @@ from sandbox_operator.maf import OperatorBackend
 def _namespace(core: client.CoreV1Api, runtime: str) -> str:
     name = f"t-maf-{runtime}-{uuid.uuid4().hex[:6]}"
     core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={TEST_LABEL: "true"}))
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=TEST_NAMESPACE_LABELS))
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

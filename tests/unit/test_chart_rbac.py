@@ -200,10 +200,15 @@ def _api_attributes(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+#: The calls that open a watch on the list call they are given: a ``Watch().stream`` and the
+#: shared list-then-watch loop (kubecalls.py).
+WATCHING_CALLS = frozenset({"stream", "list_then_watch"})
+
+
 def _streams(func: ast.AST | None) -> bool:
-    """Whether a function opens a watch (``watch.Watch(...).stream(...)``)."""
+    """Whether a function opens a watch (``watch.Watch(...).stream(...)``, ``list_then_watch``)."""
     return func is not None and any(
-        isinstance(n, ast.Call) and _callee_name(n.func) == "stream" for n in ast.walk(func)
+        isinstance(n, ast.Call) and _callee_name(n.func) in WATCHING_CALLS for n in ast.walk(func)
     )
 
 
@@ -344,9 +349,9 @@ def expected_grants(*, cluster_wide: bool = True, managed_proxy: bool = False) -
     # and (peering) reads, watches and patches its peering object.
     grants.add(("", "events", "create"))
     grants |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
-    # Serving named namespaces, kopf lists and watches namespaces to notice them come and go.
-    if not cluster_wide:
-        grants |= {("", "namespaces", v) for v in ("list", "watch")}
+    # Serving named namespaces, kopf lists and watches namespaces to notice them come and go
+    # (serving all of them, the operator's publisher does: found above).
+    grants |= {("", "namespaces", v) for v in ("list", "watch")}
     peering = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
     grants |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
     # A status patch needs the status subresource only when the CRD has one; ours do, and kopf
@@ -487,10 +492,15 @@ def test_managed_egress_proxy_objects_are_granted_by_name(
 @pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
 def test_published_configmap_is_granted_by_name(cluster_wide: bool) -> None:
     """The operator reads and applies its backends ConfigMap (reconcile/publish.py), by name,
-    where it publishes: each served namespace, or its own when it serves all of them."""
+    where it publishes: each served namespace, all of them when it serves all."""
     used = scan(only=PUBLISHER).grants
-    assert used == {("", "configmaps", "get"), ("", "configmaps", "patch")}
-    wanted = used | {("", "configmaps", "create")}  # an apply of a missing object is a create
+    published = {g for g in used if g[1] == "configmaps"}
+    assert published == {
+        ("", "configmaps", "get"),
+        ("", "configmaps", "list"),  # by name across namespaces (a field selector)
+        ("", "configmaps", "patch"),
+    }
+    wanted = published | {("", "configmaps", "create")}  # an apply of a missing one is a create
     values = {} if cluster_wide else {"watchNamespaces": "{team-a,team-b}"}
     objs = template(values, namespace="so-system")
     where: dict[str, set[Grant]] = {}
@@ -504,6 +514,7 @@ def test_published_configmap_is_granted_by_name(cluster_wide: bool) -> None:
                     (g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
                     for v in rule["verbs"]
                 )  # fmt: skip
-    expected = {"so-system"} if cluster_wide else {"team-a", "team-b"}
+    # Serving all namespaces: in every one of them (a ClusterRole), by name.
+    expected = {"*"} if cluster_wide else {"team-a", "team-b"}
     assert where == dict.fromkeys(expected, wanted)
     assert not {g for g in chart_grants(objs) if g[1] == "configmaps"}  # nothing unnamed

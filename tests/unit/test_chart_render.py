@@ -39,11 +39,16 @@ CLUSTER_SCOPED = {
 }
 
 
-def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> None:
-    """Serving all namespaces, the operator publishes in its own namespace: the agent's subjects
-    get ``get`` on that one ConfigMap there, and the per-namespace agent Role none."""
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": "{agents}"}], ids=["all", "named"])
+def test_agent_reads_the_published_configmap_where_the_operator_writes_it(
+    values: dict[str, str],
+) -> None:
+    """The operator publishes in every namespace it serves, serving all of them too: the agent
+    Role of each agent namespace grants ``get`` on that one ConfigMap there, and no Role in the
+    release's namespace grants agents anything."""
     objs = template(
         {
+            **values,
             "agentRole.create": "true",
             "agentRole.namespaces": "{agents}",
             "agentRole.subjects[0].kind": "ServiceAccount",
@@ -53,11 +58,8 @@ def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> N
         namespace="so-system",
     )
     agent = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
-    assert not [r for r in agent["rules"] if "configmaps" in r["resources"]]
-    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-published")
-                and "agent" in r["metadata"]["name"])  # fmt: skip
-    assert role["metadata"]["namespace"] == "so-system"
-    assert role["rules"] == [
+    assert agent["metadata"]["namespace"] == "agents"
+    assert [r for r in agent["rules"] if "configmaps" in r["resources"]] == [
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
@@ -65,12 +67,10 @@ def test_agent_reads_the_published_configmap_where_the_operator_writes_it() -> N
             "verbs": ["get"],
         }
     ]
-    binding = next(
-        b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
-    )
-    assert binding["metadata"]["namespace"] == "so-system"
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}
+    assert not [
+        r
+        for r in by_kind(objs, "Role")
+        if "agent" in r["metadata"]["name"] and r["metadata"]["namespace"] == "so-system"
     ]
 
 
@@ -336,9 +336,16 @@ def test_agent_role_grants_sandboxes_and_exec_only() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}
     ]
-    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "ValidatingAdmissionPolicy")}
+    # The agents' policies (serving named namespaces adds the served-namespaces one: below).
+    policies = {
+        p["metadata"]["name"]: p
+        for p in by_kind(objs, "ValidatingAdmissionPolicy")
+        if "-agent-" in p["metadata"]["name"]
+    }
     bindings = {
-        b["spec"]["policyName"]: b for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+        b["spec"]["policyName"]: b
+        for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+        if "-agent-" in b["spec"]["policyName"]
     }
     assert set(policies) == set(bindings)
     exec_policy = "so-sandbox-operator-agent-exec"
@@ -698,3 +705,71 @@ def test_the_conversation_boundary_binds_agents_to_the_scopes_that_list_them() -
     assert exec_binding["spec"]["paramRef"]["selector"]["matchExpressions"] == [
         {"key": "sandbox-operator.dev/sandbox", "operator": "Exists"}
     ]
+
+
+@pytest.mark.parametrize(
+    ("values", "expression", "served_words"),
+    [
+        ({"watchNamespaces": "{team-a,team-b}"}, 'request.namespace in ["team-a","team-b"]',
+         "the namespaces team-a, team-b"),
+        ({"ignoreNamespaces": "{t-*,scratch?}", "peering.enabled": "false"},
+         "!(request.namespace.matches('^t-.*$') || request.namespace.matches('^scratch.$'))",
+         "every namespace except those matching t-*, scratch?"),
+    ],
+    ids=["named", "ignored"],
+)  # fmt: skip
+def test_unserved_namespaces_are_refused_at_admission(
+    values: dict[str, str], expression: str, served_words: str
+) -> None:
+    """Serving named namespaces, or all but some: one policy refuses a create of any of the
+    three kinds outside them, naming what the release serves; a namespace another operator
+    serves (labelled served-by) is exempt; changes and deletes are never refused."""
+    objs = template(values, namespace="so-system")
+    policy = one(
+        [
+            p
+            for p in by_kind(objs, "ValidatingAdmissionPolicy")
+            if "served" in p["metadata"]["name"]
+        ],
+        "ValidatingAdmissionPolicy",
+    )
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {
+            "apiGroups": ["sandbox-operator.dev"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["sandboxes", "sandboxscopes", "sandboxwarmpools"],
+        }
+    ]
+    (validation,) = policy["spec"]["validations"]
+    assert validation["expression"] == expression
+    assert served_words in validation["messageExpression"]
+    assert "Release so (in so-system)" in validation["messageExpression"]
+    binding = one(
+        [b for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+         if b["spec"]["policyName"] == policy["metadata"]["name"]],
+        "ValidatingAdmissionPolicyBinding",
+    )  # fmt: skip
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "sandbox-operator.dev/served-by", "operator": "DoesNotExist"}
+    ]
+
+
+def test_serving_every_namespace_refuses_none() -> None:
+    for values in ({}, {"watchNamespaces": "{a}", "refuseUnservedNamespaces": "false"}):
+        objs = template(values)
+        assert not [
+            p
+            for p in by_kind(objs, "ValidatingAdmissionPolicy")
+            if "served" in p["metadata"]["name"]
+        ]
+
+
+def test_ignored_namespaces_are_one_kopf_pattern_and_need_standalone() -> None:
+    objs = template({"ignoreNamespaces": "{t-*,scratch}", "peering.enabled": "false"})
+    args = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=!t-*,!scratch" in args and "--all-namespaces" not in args
+    assert "--standalone" in args
+    assert "peering.enabled=false" in template_error({"ignoreNamespaces": "{t-*}"})

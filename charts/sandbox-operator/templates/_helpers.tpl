@@ -81,3 +81,43 @@ by username, Groups by group), for the agents' admission policies' matchConditio
 {{- end -}}
 request.userInfo.username in {{ toJson $users }} || request.userInfo.groups.exists(g, g in {{ toJson $groups }})
 {{- end }}
+
+{{/*
+Serving all namespaces but ignoreNamespaces: the one kopf pattern (a leading exclusion implies
+every other namespace), e.g. "!t-*,!scratch".
+*/}}
+{{- define "sandbox-operator.ignorePattern" -}}
+{{- $parts := list }}
+{{- range .Values.ignoreNamespaces }}{{ $parts = append $parts (printf "!%s" .) }}{{ end }}
+{{- join "," $parts }}
+{{- end }}
+
+{{/*
+A CEL expression on request.namespace: whether this release serves it (the same set kopf serves:
+reconcile/namespaces.py). Globs become anchored regular expressions (`*` any, `?` one character;
+the schema allows nothing else that a regular expression reads specially).
+*/}}
+{{- define "sandbox-operator.servesNamespace" -}}
+{{- if .Values.watchNamespaces -}}
+request.namespace in {{ toJson .Values.watchNamespaces }}
+{{- else if .Values.ignoreNamespaces -}}
+{{- $globs := list }}
+{{- range .Values.ignoreNamespaces }}
+{{- $globs = append $globs (printf "request.namespace.matches('^%s$')" (. | replace "*" ".*" | replace "?" ".")) }}
+{{- end -}}
+!({{ join " || " $globs }})
+{{- else -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* What this release serves, in words, for refusals. */}}
+{{- define "sandbox-operator.servedInWords" -}}
+{{- if .Values.watchNamespaces -}}
+the namespaces {{ join ", " .Values.watchNamespaces }}
+{{- else if .Values.ignoreNamespaces -}}
+every namespace except those matching {{ join ", " .Values.ignoreNamespaces }}
+{{- else -}}
+every namespace
+{{- end -}}
+{{- end }}

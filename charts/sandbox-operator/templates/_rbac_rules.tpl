@@ -88,12 +88,6 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
 {{- if .Values.watchNamespaces }}
 {{ include "sandbox-operator.publishedRule" . }}
 {{- end }}
-{{- if and .Values.peering.enabled .Values.watchNamespaces }}
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  # kopf peering: the highest-priority replica acts, the others stand by.
-  verbs: [get, list, watch, patch]
-{{- end }}
 {{- end }}
 
 {{/* Rules on cluster-scoped objects. */}}
@@ -107,12 +101,19 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
   resources: [customresourcedefinitions]
   # kopf: discovery of the resources it serves.
   verbs: [list, watch]
-{{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: [namespaces]
-  # kopf watches the namespaces it serves, to notice them being created or deleted; without it
-  # kopf retries and falls back, noisily.
+  # kopf watches the namespaces it serves, to notice them being created or deleted; serving all
+  # of them, the operator watches them to publish its backends into each (reconcile/publish.py).
   verbs: [list, watch]
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  # kopf peering: the highest-priority replica acts, the others stand by. Granted in every
+  # namespace, not per served one: a `helm upgrade` that changes watchNamespaces removes the old
+  # namespaces' Roles before the outgoing pod has stopped, and kopf's last peering write there
+  # must meet a missing object (which it ignores), not a 403 (which it retries until killed).
+  verbs: [get, list, watch, patch]
 {{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 - apiGroups: [kopf.dev]
@@ -124,7 +125,8 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
 
 {{/*
 The ConfigMap the operator publishes its backends in (reconcile/publish.py), in every namespace
-it serves or, serving all of them, in its own: read, then server-side applied only when it
+it serves: read (serving all namespaces, listed by name across them: a list with the field
+selector metadata.name is authorized by resourceNames), then server-side applied only when it
 differs (an apply of a missing object is authorized as create, by name).
 */}}
 {{- define "sandbox-operator.publishedRule" -}}
@@ -132,7 +134,7 @@ differs (an apply of a missing object is authorized as create, by name).
   resources: [configmaps]
   resourceNames: [sandbox-operator-backends]
   # The backends it serves, for clients (docs/operator.md); read, then applied when it differs.
-  verbs: [get, create, patch]
+  verbs: [get, list, create, patch]
 {{- end }}
 
 {{/*
