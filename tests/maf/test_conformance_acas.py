@@ -19,6 +19,7 @@ what the operator sends is asserted instead).
 from __future__ import annotations
 
 import base64
+import os
 import posixpath
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -36,7 +37,13 @@ from sandbox_operator.client import SandboxClient
 from sandbox_operator.client.dataplane.acas import acas_dataplanes
 from sandbox_operator.maf import OperatorBackend, OperatorSandbox, sandbox_instance_id
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="the rooted stand-in needs root (unshare, mount, chroot)"
+    ),
+]
 
 BACKEND = "acas"
 FILE_CAPABILITIES = frozenset(
