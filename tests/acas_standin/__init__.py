@@ -7,7 +7,10 @@ which the fault injection needs. State: sandboxes with labels (list filter `labe
 paging), a real directory per sandbox for files, command executions that really run (subprocess,
 cwd inside that directory), inline and named egress policies, egress decisions, lifecycle
 auto-delete (and, opt-in, idle auto-suspend), stop / stop-async / resume (section 3.8: no body,
-a Snapshot from the blocking stop, 409 from the wrong state, files kept). Faults: any status
+a Snapshot from the blocking stop, 409 from the wrong state, files kept). `rooted` (a knob, as
+root): each sandbox's directory is its `/` for the file API and executions alike (executions
+chrooted in a private mount namespace, the host's system directories bound read-only), so
+conformance suites with absolute paths run on it and two sandboxes share nothing. Faults: any status
 (429 with Retry-After, 500, 503, ...) per operation, slow responses, delete that leaves the
 sandbox listed, expired/invalid tokens (401).
 """

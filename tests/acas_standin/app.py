@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .state import API_VERSION, Fault, Sandbox, StandinState, now_iso
+from .state import API_VERSION, Fault, Sandbox, StandinState, now_iso, rooted_argv
 
 P = "/subscriptions/{sub}/resourceGroups/{rg}/sandboxGroups/{group}"
 STATE_KEY = web.AppKey("standin_state", StandinState)
@@ -307,7 +307,7 @@ async def _run(
     state = _state(request)
     workdir = body.get("workingDirectory")
     try:
-        cwd = state.host_path(sandbox, workdir) if workdir else sandbox.root
+        cwd = state.host_path(sandbox, workdir, follow=True) if workdir else sandbox.root
     except PermissionError:
         return problem(400, "InvalidWorkingDirectory", "working directory escapes the sandbox")
     if not cwd.is_dir():
@@ -320,7 +320,12 @@ async def _run(
         "LANG": "C.UTF-8",
     }
     env.update({str(k): str(v) for k, v in (body.get("environment") or {}).items()})
+    if state.rooted:
+        env.update(HOME="/", SANDBOX_ROOT="/", TMPDIR="/tmp")
+        env.update({str(k): str(v) for k, v in (body.get("environment") or {}).items()})
     record = {"sandbox": sandbox.id, "argv": argv, "cwd": str(cwd)}
+    if state.rooted:
+        argv = rooted_argv(sandbox.root, workdir or "/", argv)
     state.executions.append(record)
     started = time.monotonic()
     try:
@@ -416,14 +421,16 @@ def _file_info(
     }
 
 
-def _path_arg(request: web.Request, sandbox: Sandbox, required: bool = True) -> Any:
+def _path_arg(
+    request: web.Request, sandbox: Sandbox, required: bool = True, *, follow: bool = False
+) -> Any:
     raw = request.query.get("path")
     if raw is None or raw == "":
         if required:
             raise problem_error(web.HTTPBadRequest, "PathRequired", "path")
         raw = "/"
     try:
-        return _state(request).host_path(sandbox, raw)
+        return _state(request).host_path(sandbox, raw, follow=follow)
     except PermissionError:
         raise problem_error(web.HTTPBadRequest, "InvalidPath", "escapes") from None
 
@@ -432,7 +439,7 @@ async def write_file(request: web.Request) -> web.Response:
     state = _state(request)
     sandbox = _get_sandbox(request)
     _require_running(sandbox)
-    target = _path_arg(request, sandbox)
+    target = _path_arg(request, sandbox, follow=True)
     data = await request.read()
     if len(data) > state.max_file_bytes:
         return problem(413, "PayloadTooLarge", "file exceeds the stand-in's limit")
@@ -454,7 +461,7 @@ async def write_file(request: web.Request) -> web.Response:
 async def read_file(request: web.Request) -> web.Response:
     sandbox = _get_sandbox(request)
     _require_running(sandbox)
-    target = _path_arg(request, sandbox)
+    target = _path_arg(request, sandbox, follow=True)
     if not target.exists():
         return problem(404, "FileNotFound", "no such file")
     if target.is_dir():
@@ -482,7 +489,7 @@ async def delete_file(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     sandbox = _get_sandbox(request)
     _require_running(sandbox)
-    target = _path_arg(request, sandbox)
+    target = _path_arg(request, sandbox, follow=True)
     if not target.exists():
         return problem(404, "DirectoryNotFound", "no such directory")
     if not target.is_dir():
@@ -511,7 +518,7 @@ async def mkdir(request: web.Request) -> web.Response:
     if not isinstance(path, str) or not path:
         return problem(400, "PathRequired", "path is required")
     try:
-        target = state.host_path(sandbox, path)
+        target = state.host_path(sandbox, path, follow=True)
     except PermissionError:
         return problem(400, "InvalidPath", "path escapes the sandbox")
     if target.exists() and not target.is_dir():
@@ -638,6 +645,7 @@ async def control_config(request: web.Request) -> web.Response:
         "maxFileBytes": "max_file_bytes",
         "maxSandboxes": "max_sandboxes",
         "hostPaths": "host_paths",
+        "rooted": "rooted",
         "stoppingGets": "stopping_gets",
         "stopOutcome": "stop_outcome",
         "autoSuspend": "auto_suspend",

@@ -141,6 +141,69 @@ class Sandbox:
             self.snapshot_id = f"snap-{self.id}-{uuid.uuid4().hex[:8]}"
 
 
+#: Run as `sh -c ROOTED_EXEC rooted ROOT WORKDIR ARGV...` under `unshare --mount`: bind the
+#: host's system directories read-only and /dev into ROOT (in the private namespace only, so
+#: they vanish with its last process), then chroot there, change to WORKDIR, run ARGV.
+ROOTED_EXEC = r"""r=$1; wd=$2; shift 2
+for d in /usr /bin /sbin /lib /lib32 /lib64 /libx32 /etc; do
+  [ -e "$d" ] || continue
+  if [ -L "$d" ]; then
+    [ -e "$r$d" ] || [ -L "$r$d" ] || ln -s "$(readlink "$d")" "$r$d"
+    continue
+  fi
+  mkdir -p "$r$d" && mount --rbind "$d" "$r$d" && mount -o remount,bind,ro "$r$d" || exit 126
+done
+mkdir -p "$r/dev" "$r/tmp" && mount --rbind /dev "$r/dev" || exit 126
+exec chroot "$r" /bin/sh -c 'cd "$1" || exit 125; shift; exec "$@"' sh "$wd" "$@"
+"""
+
+
+def rooted_argv(root: Path, workdir: str, argv: list[str]) -> list[str]:
+    """`argv` run with `root` as its `/` and `workdir` (a sandbox path) as its directory."""
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--fork",
+        "sh",
+        "-c",
+        ROOTED_EXEC,
+        "rooted",
+        str(root),
+        workdir or "/",
+        *argv,
+    ]
+
+
+def resolve_in_root(root: Path, path: str, *, follow_final: bool) -> Path:
+    """The host path a process whose `/` is `root` reaches at `path`: every link on the way
+    (and the last one with `follow_final`) resolved with `root` as `/`; `..` stops at it."""
+    pending = [p for p in path.split("/") if p][::-1]
+    parts: list[str] = []
+    hops = 0
+    while pending:
+        name = pending.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            if parts:
+                parts.pop()
+            continue
+        here = root.joinpath(*parts, name)
+        if here.is_symlink() and (follow_final or pending):
+            hops += 1
+            if hops > 40:
+                raise PermissionError("too many levels of symbolic links")
+            target = os.readlink(here)
+            if target.startswith("/"):
+                parts = []
+            pending.extend([p for p in target.split("/") if p][::-1])
+            continue
+        parts.append(name)
+    return root.joinpath(*parts)
+
+
 class StandinState:
     """Everything the stand-in knows; tests read and steer it directly (or over /_standin)."""
 
@@ -168,6 +231,12 @@ class StandinState:
         # host_paths: sandbox paths ARE host paths (files and executions agree on absolute
         # paths, as conformance suites need). No confinement at all: loopback tests only.
         self.host_paths = False
+        # rooted: each sandbox's directory is its `/` for files AND executions, as in a real
+        # sandbox's own filesystem: executions run chrooted there (`rooted_argv`: a private
+        # mount namespace, the host's system directories bound read-only, /dev), and file
+        # operations resolve links with that directory as `/`. Two sandboxes share nothing.
+        # Needs root (unshare, mount, chroot). Wins over host_paths.
+        self.rooted = False
         self._seq = itertools.count()
         self._base = Path(tempfile.mkdtemp(prefix="acas-standin-"))
 
@@ -270,11 +339,16 @@ class StandinState:
 
     # -- files -------------------------------------------------------------------------------
 
-    def host_path(self, sandbox: Sandbox, path: str) -> Path:
+    def host_path(self, sandbox: Sandbox, path: str, *, follow: bool = False) -> Path:
         """Map a sandbox path (absolute, or relative to /) into the sandbox's directory.
 
         `..` cannot climb above the sandbox root; a symlink that resolves outside it is refused.
+        When `rooted`, links resolve inside the sandbox (its directory as `/`), the last one
+        too when `follow` (the operations that act on what a link names, as the service's file
+        API does: it has no no-follow).
         """
+        if self.rooted:
+            return resolve_in_root(sandbox.root, path, follow_final=follow)
         clean = os.path.normpath("/" + path.lstrip("/"))
         if self.host_paths:
             return Path(clean)
@@ -290,7 +364,7 @@ class StandinState:
         return candidate
 
     def sandbox_path(self, sandbox: Sandbox, host: Path) -> str:
-        if self.host_paths:
+        if self.host_paths and not self.rooted:
             return str(host)
         rel = host.relative_to(sandbox.root)
         return "/" + str(rel) if str(rel) != "." else "/"

@@ -4,6 +4,7 @@ as out-of-process operator tests use it; and the threaded variant for synchronou
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -107,3 +108,34 @@ async def test_slow_fault_does_not_block_other_requests() -> None:
             assert await client.list_sandboxes() != []
             assert time.monotonic() - started < 0.9
             await slow
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the rooted stand-in needs root")
+async def test_rooted_sandboxes_have_their_own_root_for_files_and_executions() -> None:
+    """`rooted`: an absolute path means one thing to the file API and to an execution (the
+    sandbox's directory is their `/`), a link's absolute target resolves inside the sandbox, the
+    host's system directories are read-only to an execution, and two sandboxes share nothing."""
+    from tests.acas_standin import StandinServer
+
+    async with StandinServer() as standin:
+        standin.state.rooted = True
+        for name in ("one", "two"):
+            standin.state.seed_sandbox(name)
+        async with AcasClient(
+            make_config(standin.base_url, timeouts={"execute": 30}),
+            StaticTokenProvider(DEFAULT_TOKEN),
+        ) as client:
+            await client.write_file("one", "/work/a.txt", b"from the file api", create_dirs=True)
+            seen = await client.execute_command("one", ["cat", "/work/a.txt"])
+            assert (seen.exit_code, seen.stdout) == (0, "from the file api")
+            made = await client.execute_command(
+                "one", ["sh", "-c", "echo x > /work/b.txt; ln -s /work/b.txt /work/link"]
+            )
+            assert made.exit_code == 0, made
+            assert await client.read_file("one", "/work/b.txt") == b"x\n"
+            assert await client.read_file("one", "/work/link") == b"x\n"  # followed, inside
+            assert (await client.stat_file("one", "/work/link")).is_symlink
+            other = await client.execute_command("two", ["test", "-e", "/work/a.txt"])
+            assert other.exit_code == 1  # the other sandbox's root holds nothing of this one
+            host = await client.execute_command("one", ["sh", "-c", "echo x > /usr/x"])
+            assert host.exit_code != 0 and not Path("/usr/x").exists()  # noqa: ASYNC240

@@ -22,10 +22,12 @@ from sandbox_operator.maf._published import (
     select_backend,
 )
 from sandbox_operator.maf._sandbox import OperatorSandbox
-from sandbox_operator.maf._translate import declarations, operator_spec
+from sandbox_operator.maf._translate import RECLAIM_WITHHELD, RECLAIMS, declarations, operator_spec
 
 __all__ = [
     "ACQUIRE_ERRORS",
+    "RECLAIMS",
+    "RECLAIM_WITHHELD",
     "BackendNotSelected",
     "OperatorAcquireFailed",
     "OperatorAcquireTimedOut",

@@ -119,7 +119,7 @@ class OperatorBackend:
         chosen = select_backend(published, backend)
         self.backend_name = chosen.name
         self._isolation = maf.Isolation(chosen.isolation)
-        self._declarations = declarations(chosen.declarations)
+        self._declarations = declarations(chosen)
         #: under perSpec, a named backend raises every spec's floor to its rung
         self._floor = (
             self._isolation
@@ -226,6 +226,7 @@ class OperatorBackend:
             namespace=handle.namespace,
             pod=served_by.get("name", ""),
             on_use=handle.report_activity,
+            reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
         )
         await sandbox.prepare()
         return sandbox

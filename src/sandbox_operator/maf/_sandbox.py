@@ -112,6 +112,8 @@ class OperatorSandbox:
     wrapper created the instance from a clean image. ``name``/``namespace``/``pod`` name the
     Sandbox resource and its pod (empty for a wrapper built directly on a data plane).
     ``on_use`` is called at every method (the client's idle-timeout activity report).
+    ``reclaims`` is False where the backend withholds ``RECLAIM`` (its data plane cannot refuse a
+    link on the way): :meth:`reclaim` then raises ``NotImplementedError``, as maf's protocol asks.
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class OperatorSandbox:
         pod: str = "",
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         on_use: Callable[[], None] | None = None,
+        reclaims: bool = True,
     ) -> None:
         if not base.startswith("/") or posixpath.normpath(base) != base:
             raise ValueError("base must be an absolute, normalized guest path")
@@ -140,6 +143,7 @@ class OperatorSandbox:
         self.pod = pod
         self.op_timeout = op_timeout
         self._on_use = on_use
+        self.reclaims = reclaims
 
     def __repr__(self) -> str:
         return f"OperatorSandbox(name={self.name!r}, pod={self.pod!r}, base={self.base!r})"
@@ -425,7 +429,13 @@ class OperatorSandbox:
     ) -> None:
         """Remove a framework directory and everything under it, as the guest's own user (so a
         swapped component reaches nothing the guest could not delete itself); links inside are
-        unlinked, never followed. Absolute targets must be canonical and two components deep."""
+        unlinked, never followed. Absolute targets must be canonical and two components deep.
+        Raises ``NotImplementedError`` where the backend withholds ``RECLAIM``."""
+        if not self.reclaims:
+            raise NotImplementedError(
+                "this backend withholds RECLAIM: its data plane cannot refuse a link on the way; "
+                "dispose the sandbox instead"
+            )
         wd = self._working_directory(working_directory)
         if not posixpath.isabs(directory):
             directory = confine_resolve_guest_path(directory, wd)

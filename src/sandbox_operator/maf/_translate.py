@@ -18,7 +18,7 @@ from __future__ import annotations
 import maf_sandbox as maf
 
 from sandbox_operator import contract
-from sandbox_operator.contract.hostpolicy import BackendDeclarations as OperatorDeclarations
+from sandbox_operator.contract.published import PublishedBackend
 
 #: Capabilities the wrapper serves whenever the operator declares them.
 _SERVED = frozenset(
@@ -38,6 +38,19 @@ WITHHELD: dict[contract.Capability, str] = {
     contract.Capability.ATTACHED_IDENTITY: "maf's attached identity needs a policy we do not hold",
 }
 
+#: Backend types whose data plane removes at the guest's own authority and refuses a link on the
+#: way right where it acts (the pod data plane: a no-follow walk by the guest's own ``sh``, over
+#: ``pods/exec``), so the wrapper's ``reclaim`` meets maf's RECLAIM rule. Any other type is
+#: withheld RECLAIM, an unknown one included; :data:`RECLAIM_WITHHELD` says why for the known.
+RECLAIMS: frozenset[str] = frozenset({"runtimeClass"})
+#: Why a known backend type is withheld RECLAIM even when it declares ``FILES_DELETE``.
+RECLAIM_WITHHELD: dict[str, str] = {
+    "acas": (
+        "ACA's file API acts at the service's authority and has no no-follow: the data plane's "
+        "stat walk comes before the delete, so a link swapped in on the way is followed"
+    ),
+}
+
 #: The media type a declared output without one is collected as (ours requires one).
 DEFAULT_MEDIA_TYPE = "application/octet-stream"
 
@@ -50,16 +63,19 @@ def _limits(limits: contract.TransferLimits) -> maf.TransferLimits:
     )
 
 
-def declarations(published: OperatorDeclarations) -> maf.BackendDeclarations:
+def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     """maf's declarations of one published operator backend.
 
-    ``RECLAIM`` is declared with ``FILES_DELETE``: the wrapper reclaims with the same data-plane
-    removal, at the guest's own authority. ``HOST_TOOLS`` brings maf's exec program channel, so
-    maf's host tools run over our exec unchanged. Egress is declared per mode, never per method
-    or path (``egress_method_tokens`` empty), and ``observes_egress`` is False: the wrapper does
-    not implement maf's ``ObservesEgress``."""
+    ``RECLAIM`` is declared with ``FILES_DELETE`` only for a backend type in :data:`RECLAIMS`:
+    the wrapper reclaims with the same data-plane removal, and only the pod data plane removes at
+    the guest's own authority with the links on the way refused where it acts (an ``acas``
+    backend's file API cannot refuse them: :data:`RECLAIM_WITHHELD`). ``HOST_TOOLS`` brings
+    maf's exec program channel, so maf's host tools run over our exec unchanged. Egress is
+    declared per mode, never per method or path (``egress_method_tokens`` empty), and
+    ``observes_egress`` is False: the wrapper does not implement maf's ``ObservesEgress``."""
+    published = backend.declarations
     caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
-    if maf.Capability.FILES_DELETE in caps:
+    if maf.Capability.FILES_DELETE in caps and backend.type in RECLAIMS:
         caps.add(maf.Capability.RECLAIM)
     host_tools = maf.Capability.HOST_TOOLS in caps
     return maf.BackendDeclarations(

@@ -15,20 +15,23 @@ from sandbox_operator.contract.published import (
     PUBLISHED_KEY,
 )
 from sandbox_operator.maf import (
+    RECLAIM_WITHHELD,
+    RECLAIMS,
     BackendNotSelected,
     OperatorBackend,
+    OperatorSandbox,
     PublishedBackendsMissing,
     declarations,
     operator_spec,
     parse_published,
     select_backend,
 )
-from tests.fixtures.maf_translate import GVISOR, RUNC, published
+from tests.fixtures.maf_translate import ACAS, GVISOR, RUNC, published
 
 
 def test_declarations_say_what_the_operator_enforces() -> None:
     doc = published(RUNC)
-    got = declarations(doc.backends[0].declarations)
+    got = declarations(doc.backends[0])
     assert got.capabilities == {
         maf.Capability.EXEC,
         maf.Capability.FILES_IN,
@@ -46,8 +49,22 @@ def test_declarations_say_what_the_operator_enforces() -> None:
     assert [type(c) for c in got.program_channels] == [maf.ExecProgramChannel]
 
 
+def test_acas_is_withheld_reclaim_with_files_delete() -> None:
+    """ACA's file API cannot refuse a link on the way, so an acas backend declaring
+    ``files_delete`` is not declared RECLAIM (a runtime-class one with the same capabilities
+    is); nor is a backend of a type the wrapper does not know."""
+    got = declarations(published(ACAS).backends[0])
+    assert maf.Capability.FILES_DELETE in got.capabilities
+    assert maf.Capability.RECLAIM not in got.capabilities
+    assert "acas" in RECLAIM_WITHHELD and "acas" not in RECLAIMS
+    same_as_runc = {**ACAS, "type": "runtimeClass"}
+    assert maf.Capability.RECLAIM in declarations(published(same_as_runc).backends[0]).capabilities
+    unknown = {**ACAS, "type": "someday"}
+    assert maf.Capability.RECLAIM not in declarations(published(unknown).backends[0]).capabilities
+
+
 def test_silence_stays_silence() -> None:
-    got = declarations(published(GVISOR).backends[0].declarations)
+    got = declarations(published(GVISOR).backends[0])
     assert got.capabilities == {maf.Capability.EXEC, maf.Capability.FILES_IN}
     assert got.egress_modes == frozenset() and got.os_families == frozenset()
     assert got.program_channels == ()
@@ -158,3 +175,24 @@ def test_outputs_named_at_call_time_is_carried() -> None:
     assert ours.outputs_named_at_call_time
     assert ours.to_wire()["outputsNamedAtCallTime"] is True
     assert not operator_spec(_maf_spec()).outputs_named_at_call_time
+
+
+def test_acas_backend_sits_at_the_default_floor_without_reclaim() -> None:
+    """An acas backend is ``MICROVM``: maf's router admits it at its own default floor (nothing
+    lowered), and a sandbox it hands out refuses ``reclaim`` as maf's protocol asks of a backend
+    withholding RECLAIM (NotImplementedError), so maf's cleanup disposes instead."""
+    client = SandboxClient.__new__(SandboxClient)  # never called: no cluster in unit tests
+    backend = OperatorBackend(client, published(ACAS))
+    assert backend.isolation is maf.Isolation.MICROVM
+    router = maf.SandboxRouter([backend])  # maf's default floor: microvm
+    router.ensure_can_serve(
+        maf.SandboxSpec(kind="python", requires=frozenset({maf.Capability.FILES_DELETE}))
+    )
+
+
+async def test_a_sandbox_withheld_reclaim_refuses_it() -> None:
+    spec = maf.SandboxSpec(kind="python", requires=frozenset({maf.Capability.FILES_DELETE}))
+    plane: Any = object()  # never reached: the refusal comes first
+    sandbox = OperatorSandbox(plane, spec, base="/work", instance_id="i", reclaims=False)
+    with pytest.raises(NotImplementedError, match="RECLAIM"):
+        await sandbox.reclaim("call", working_directory=".", timeout=5)

@@ -11,16 +11,24 @@ mistakes, not against a racing adversary inside it.)
 `exec` uses `executeCommand` (sent once, never retried) with a small POSIX `sh` wrapper, since
 the operation has neither a timeout nor stdin: the wrapper changes directory (creating it if
 asked), reads stdin from a file uploaded just before (and removes it), runs the argv verbatim in
-a process group of its own and kills that group when the timeout passes. stdout/stderr arrive as
-JSON strings, so non-UTF-8 output is not byte-exact.
+a process group of its own and kills that group when the timeout passes.
+
+The service returns stdout/stderr as JSON strings, which cannot carry bytes that are not UTF-8.
+So the command's two streams go to files in a private directory of the guest's temp dir (mode
+700, removed after), and the wrapper answers with an ASCII envelope only: exit code, whether the
+timeout fired, both sizes, then both streams in base64 (or `od` hex where the image has no
+`base64`). Output is byte-exact, both streams stay separate, and output over the budget is
+refused from the sizes, before a byte of it crosses the wire.
 """
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
 from sandbox_operator.backends.acas.api import AcasClient
@@ -52,16 +60,21 @@ if TYPE_CHECKING:
 RESPONSE_MARGIN = 30.0
 
 
-_EXEC_WRAPPER = r"""t=$1; mk=$2; cwd=$3; in=$4; mark=$5; shift 5
+_EXEC_WRAPPER = r"""t=$1; mk=$2; cwd=$3; in=$4; mark=$5; cap=$6; budget=$7; shift 7
 if [ "$mk" = 1 ] && [ ! -d "$cwd" ]; then mkdir -p "$cwd" 2>/dev/null; fi
 cd "$cwd" 2>/dev/null || { printf 'SBX:err:cwd\n' >&2; exit 125; }
+(umask 077 && mkdir "$cap") 2>/dev/null || { printf 'SBX:err:capture\n' >&2; exit 125; }
 if [ -n "$in" ]; then
-  exec 3<"$in" || { printf 'SBX:err:stdin\n' >&2; exit 125; }
+  exec 3<"$in" || { rmdir "$cap"; printf 'SBX:err:stdin\n' >&2; exit 125; }
   rm -f "$in"
 else
   exec 3</dev/null
 fi
-if command -v setsid >/dev/null 2>&1; then setsid "$@" <&3 3<&- & else "$@" <&3 3<&- & fi
+if command -v setsid >/dev/null 2>&1; then
+  setsid "$@" <&3 3<&- >"$cap/o" 2>"$cap/e" &
+else
+  "$@" <&3 3<&- >"$cap/o" 2>"$cap/e" &
+fi
 c=$!
 exec 3<&-
 ( sleep "$t"; : > "$mark"; kill -9 -"$c" 2>/dev/null || kill -9 "$c" 2>/dev/null ) \
@@ -69,11 +82,75 @@ exec 3<&-
 w=$!
 wait "$c"; rc=$?
 kill "$w" 2>/dev/null
-if [ -e "$mark" ]; then rm -f "$mark"; printf 'SBX:timeout\n' >&2; fi
-exit "$rc"
+to=0; if [ -e "$mark" ]; then rm -f "$mark"; to=1; fi
+os=$(wc -c <"$cap/o"); es=$(wc -c <"$cap/e")
+if command -v base64 >/dev/null 2>&1; then enc=b64; else enc=hex; fi
+printf 'SBX:out %s %s %s %s %s\n' "$rc" "$to" $os $es "$enc"
+if [ $((os + es)) -le "$budget" ]; then
+  for f in o e; do
+    if [ "$enc" = b64 ]; then base64 <"$cap/$f"; else od -An -v -tx1 <"$cap/$f"; fi
+    printf '\nSBX:end\n'
+  done
+fi
+rm -f "$cap/o" "$cap/e"; rmdir "$cap" 2>/dev/null
+exit 0
 """
 
-_TIMEOUT_MARK = b"SBX:timeout\n"
+#: The first line of the wrapper's envelope: exit code, timed out (0/1), the two streams' sizes
+#: and their encoding.
+_ENVELOPE = "SBX:out "
+_STREAM_END = "SBX:end"
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """What the wrapper's envelope says: the command's exit code, whether its timeout fired,
+    the sizes of its two streams and, when within the budget, their exact bytes."""
+
+    exit_code: int
+    timed_out: bool
+    sizes: tuple[int, int]
+    streams: tuple[bytes, bytes] | None
+
+
+def _decode(lines: list[str], encoding: str) -> bytes:
+    text = "".join(lines)
+    if encoding == "b64":
+        return base64.b64decode("".join(text.split()), validate=True)
+    return bytes.fromhex(text)
+
+
+def _parse_envelope(stdout: str) -> _Captured | None:
+    """The wrapper's envelope (ASCII only, so the service's JSON strings carry it unchanged), or
+    None when the wrapper printed none (it refused to set up, or did not run)."""
+    if not stdout.startswith(_ENVELOPE):
+        return None
+    head, _, rest = stdout.partition("\n")
+    try:
+        rc, flag, out_size, err_size, encoding = head[len(_ENVELOPE) :].split()
+        sizes = (int(out_size), int(err_size))
+        if encoding not in ("b64", "hex"):
+            raise ValueError(encoding)
+        captured = _Captured(int(rc), flag == "1", sizes, None)
+        if not rest:
+            return captured
+        chunks: list[list[str]] = [[]]
+        for line in rest.splitlines():
+            if line == _STREAM_END:
+                chunks.append([])
+            else:
+                chunks[-1].append(line)
+        if len(chunks) != 3 or chunks[2]:
+            raise ValueError("streams")
+        decoded = [_decode(chunk, encoding) for chunk in chunks[:2]]
+    except ValueError:
+        raise DataPlaneError("exec output envelope is malformed") from None
+    # A process the command left behind may write on after it ended: the command's output is
+    # what the stream held when the command's own exit was seen.
+    if any(len(raw) < size for raw, size in zip(decoded, sizes, strict=True)):
+        raise DataPlaneError("exec output shrank between its measure and its read")
+    streams = (decoded[0][: sizes[0]], decoded[1][: sizes[1]])
+    return _Captured(captured.exit_code, captured.timed_out, sizes, streams)
 
 
 def _kind(info: FileInfo) -> FileKind:
@@ -120,6 +197,7 @@ class AcasDataPlane:
             except AcasError as exc:
                 raise DataPlaneError(f"uploading stdin failed: {exc.detail}") from None
         mark = posixpath.join(self._tmp, f".sbx-timeout-{token}")
+        capture = posixpath.join(self._tmp, f".sbx-out-{token}")
         wrapper = [
             "sh",
             "-c",
@@ -130,6 +208,8 @@ class AcasDataPlane:
             req.cwd,
             stdin_path,
             mark,
+            capture,
+            str(req.budget),
             *req.argv,
         ]
         started = time.monotonic()
@@ -144,14 +224,21 @@ class AcasDataPlane:
             raise req.timed_out(b"", b"", kill_delivered=False, kill_reach="nothing") from None
         except AcasError as exc:
             raise DataPlaneError(f"execute command failed: {exc.detail}") from None
-        stdout = result.stdout.encode("utf-8", errors="surrogateescape")
-        stderr = result.stderr.encode("utf-8", errors="surrogateescape")
-        if stderr.endswith(_TIMEOUT_MARK) or (
-            result.exit_code == 137 and time.monotonic() - started >= timeout
-        ):
-            stderr = stderr.removesuffix(_TIMEOUT_MARK)
+        captured = _parse_envelope(result.stdout)
+        if captured is None:
+            stderr = result.stderr.encode("utf-8", errors="replace")
+            if result.exit_code == 137 and time.monotonic() - started >= timeout:
+                raise req.timed_out(b"", stderr, kill_delivered=True, kill_reach="group")
+            req.finish(result.exit_code, b"", stderr)  # raises the wrapper's setup refusal
+            raise DataPlaneError(
+                f"exec wrapper printed no output envelope (exit {result.exit_code})"
+            )
+        if captured.streams is None:
+            raise req.over_budget(sum(captured.sizes), kill_delivered=captured.timed_out)
+        stdout, stderr = captured.streams
+        if captured.timed_out:
             raise req.timed_out(stdout, stderr, kill_delivered=True, kill_reach="group")
-        return req.finish(result.exit_code, stdout, stderr)
+        return req.finish(captured.exit_code, stdout, stderr)
 
     # -- path walk --------------------------------------------------------------------------
 
