@@ -217,6 +217,10 @@ class OperatorBackend:
                 # Our remembered SandboxScope was purged (by any process): converge it once more.
                 self._scopes.discard((key.scope, key.thread_id))
                 handle = await once()
+        except client_errors.SandboxScopeNotReady as exc:
+            # The agents' grant was not written (or another scope holds the conversation): no
+            # Sandbox was asked for; maf has no type for it, and it must not fall back.
+            raise OperatorAcquireFailed(str(exc), reason=exc.reason or "ScopeNotReady") from exc
         except client_errors.SandboxAcquireError as exc:
             if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
                 self._scopes.discard((key.scope, key.thread_id))

@@ -276,6 +276,31 @@ async def test_the_scope_binds_the_backends_agents(spec: maf.SandboxSpec) -> Non
     }
 
 
+async def test_a_scope_whose_agents_were_not_granted_fails_the_acquire(
+    spec: maf.SandboxSpec,
+) -> None:
+    """The operator did not report the agents' scope Ready: OperatorAcquireFailed with its
+    reason (no fallback, nothing acquired), and the next acquire converges the scope again."""
+    client = StandIn()
+    refusals = [client_errors.SandboxScopeNotReady(scope_ref="s", namespace="ns",
+                                                   reason="AccessNotGranted")]  # fmt: skip
+    real_create = client.create_scope
+
+    async def create_scope(**kw: Any) -> str:
+        if refusals:
+            raise refusals.pop()
+        return await real_create(**kw)
+
+    client.create_scope = create_scope  # type: ignore[method-assign]
+    b = backend(client, agent_service_accounts=["agent-a"])
+    with pytest.raises(OperatorAcquireFailed) as raised:
+        await b.acquire(KEY, spec)
+    assert raised.value.reason == "AccessNotGranted"
+    assert not isinstance(raised.value, maf.SandboxBackendUnavailable) and client.specs == []
+    assert (await b.acquire(KEY, spec)).name == "sbx-agent-python"
+    assert list(client.scopes) == [naming.scope_name("tenant", "thread")]
+
+
 async def test_maf_router_serves_through_the_backend(spec: maf.SandboxSpec) -> None:
     """maf's own router accepts the backend (declarations readable, rung placed) and routes a
     spec to it per spec, refusing one the declarations do not cover before any acquire."""
