@@ -13,7 +13,9 @@ what this module renders now, the way tests/unit/test_crds.py holds crds/ to the
   :data:`sandbox_operator.metrics.METRIC_DOCS`);
 * ``rbac``: the operator's RBAC rules as the Helm chart grants them, read from
   ``charts/sandbox-operator/templates/_rbac_rules.tpl`` (the one place they are kept; a test
-  holds that file to the rendered chart), each rule's "why" from the comment inside it.
+  holds that file to the rendered chart), each rule's "why" from the comment inside it;
+* ``host-rbac``: the maf host's (the chart's ``hostRole``), read the same way from
+  ``_host_rules.tpl``.
 
 In a page, a table sits between two marker comments, and only what is between them is rewritten::
 
@@ -44,6 +46,8 @@ from sandbox_operator.contract import conditions as conditions_module
 
 #: The chart's file of the operator's RBAC rules, relative to the repository root.
 RBAC_RULES: Final = Path("charts/sandbox-operator/templates/_rbac_rules.tpl")
+#: The chart's file of the maf host's RBAC rules (``hostRole``), relative to the repository root.
+HOST_RULES: Final = Path("charts/sandbox-operator/templates/_host_rules.tpl")
 #: Where the pages are, relative to the repository root.
 DOCS: Final = Path("docs")
 
@@ -189,6 +193,7 @@ RBAC_PLACES: Final[Mapping[str, str]] = {
     "sandbox-operator.publishedRule": "where it publishes: each served namespace",
     "sandbox-operator.credentialRule": "the Secret's namespace, per `acas` backend with a Secret "
     "credential",
+    "sandbox-operator.hostRules": "each of `hostRole.namespaces`",
 }
 #: The template conditions, in words.
 RBAC_CONDITIONS: Final[Mapping[str, str]] = {
@@ -210,6 +215,7 @@ _RULE_KEYS = {"apiGroups", "resources", "resourceNames", "verbs"}
 class _Reader:
     """The state of :func:`rbac_rules` reading the template line by line."""
 
+    source: Path = RBAC_RULES
     define: str | None = None
     conditions: tuple[str, ...] = ()
     chunk: list[str] | None = None
@@ -222,13 +228,13 @@ def _finish(state: _Reader, rules: list[RbacRule], lineno: int) -> None:
         return
     text = _INLINE.sub(lambda m: f'"<{m["path"]}>"', "".join(state.chunk))
     if "{{" in text:
-        raise DocgenError(f"{RBAC_RULES}:{lineno}: a template expression the table cannot show")
+        raise DocgenError(f"{state.source}:{lineno}: a template expression the table cannot show")
     loaded: Any = yaml.safe_load(text)
     if not (isinstance(loaded, list) and len(loaded) == 1 and isinstance(loaded[0], dict)):
-        raise DocgenError(f"{RBAC_RULES}:{lineno}: not one rule: {text!r}")
+        raise DocgenError(f"{state.source}:{lineno}: not one rule: {text!r}")
     rule: dict[str, Any] = loaded[0]
     if not set(rule) <= _RULE_KEYS or not {"apiGroups", "resources", "verbs"} <= set(rule):
-        raise DocgenError(f"{RBAC_RULES}:{lineno}: a rule with keys {sorted(rule)}")
+        raise DocgenError(f"{state.source}:{lineno}: a rule with keys {sorted(rule)}")
     rules.append(
         RbacRule(
             define=state.define or "",
@@ -257,12 +263,12 @@ def _action(state: _Reader, word: str, arg: str, lineno: int) -> None:
         elif state.define is not None:
             state.define = None
         else:
-            raise DocgenError(f"{RBAC_RULES}:{lineno}: end outside a define")
+            raise DocgenError(f"{state.source}:{lineno}: end outside a define")
     elif word != "include":  # an include: the named template's rules are listed on their own
-        raise DocgenError(f"{RBAC_RULES}:{lineno}: {word} outside a condition")
+        raise DocgenError(f"{state.source}:{lineno}: {word} outside a condition")
 
 
-def rbac_rules(template: str) -> list[RbacRule]:
+def rbac_rules(template: str, source: Path = RBAC_RULES) -> list[RbacRule]:
     """The rules of the chart's RBAC template, in its order, each with its named template and
     the conditions around it.
 
@@ -272,7 +278,7 @@ def rbac_rules(template: str) -> list[RbacRule]:
     is shown as ``<credential.secretName>``. Anything else is an error rather than a table that
     silently leaves a rule out."""
     rules: list[RbacRule] = []
-    state = _Reader()
+    state = _Reader(source=source)
     in_comment = False
     for lineno, line in enumerate(template.splitlines(keepends=True), start=1):
         stripped = line.strip()
@@ -285,11 +291,11 @@ def rbac_rules(template: str) -> list[RbacRule]:
             _finish(state, rules, lineno)
             _action(state, action["word"], action["arg"], lineno)
         elif stripped.startswith("{{"):
-            raise DocgenError(f"{RBAC_RULES}:{lineno}: cannot read {stripped!r}")
+            raise DocgenError(f"{state.source}:{lineno}: cannot read {stripped!r}")
         elif not stripped or line.startswith("#"):
             _finish(state, rules, lineno)
         elif state.define is None:
-            raise DocgenError(f"{RBAC_RULES}:{lineno}: a rule outside a define")
+            raise DocgenError(f"{state.source}:{lineno}: a rule outside a define")
         elif line.startswith("- "):
             _finish(state, rules, lineno)
             state.chunk, state.why = [line], []
@@ -299,7 +305,7 @@ def rbac_rules(template: str) -> list[RbacRule]:
             else:
                 state.chunk.append(line)
         else:
-            raise DocgenError(f"{RBAC_RULES}:{lineno}: cannot read {stripped!r}")
+            raise DocgenError(f"{state.source}:{lineno}: cannot read {stripped!r}")
     _finish(state, rules, lineno=len(template.splitlines()))
     return rules
 
@@ -310,10 +316,10 @@ def _granted(rule: RbacRule) -> str:
     return "; ".join([where, *when])
 
 
-def rbac_table(template: str) -> str:
-    """The operator's grants as the chart's RBAC template holds them, one row per rule."""
+def rbac_table(template: str, source: Path = RBAC_RULES) -> str:
+    """The grants a chart's RBAC template (``source``) holds, one row per rule."""
     rows = []
-    for rule in rbac_rules(template):
+    for rule in rbac_rules(template, source):
         resources = ", ".join(f"`{r}`" for r in rule.resources)
         if rule.resource_names:
             resources += " named " + ", ".join(f"`{n}`" for n in rule.resource_names)
@@ -331,6 +337,7 @@ def tables(root: Path) -> dict[str, str]:
         "reasons": reasons_table,
         "metrics": metrics_table,
         "rbac": lambda: rbac_table((root / RBAC_RULES).read_text()),
+        "host-rbac": lambda: rbac_table((root / HOST_RULES).read_text(), HOST_RULES),
     }
     return {name: make() for name, make in makers.items()}
 

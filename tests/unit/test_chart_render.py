@@ -773,3 +773,86 @@ def test_ignored_namespaces_are_one_kopf_pattern_and_need_standalone() -> None:
     assert "--namespace=!t-*,!scratch" in args and "--all-namespaces" not in args
     assert "--standalone" in args
     assert "peering.enabled=false" in template_error({"ignoreNamespaces": "{t-*}"})
+
+
+HOST_VALUES = {
+    "hostRole.create": "true",
+    "hostRole.namespaces": "{hosts,more}",
+    "hostRole.subjects[0].kind": "ServiceAccount",
+    "hostRole.subjects[0].name": "maf-host",
+    "hostRole.subjects[0].namespace": "hosts",
+}
+
+
+def test_the_maf_host_role_grants_scopes_sandboxes_exec_and_the_published_backends() -> None:
+    """(#37 item 3) hostRole: in each listed namespace a Role and RoleBinding granting what the
+    maf backend calls (create, read, patch and delete SandboxScopes and Sandboxes, exec, the
+    published ConfigMap by name) and nothing else; two exec policies for its subjects only."""
+    assert not [o for o in template() if o["metadata"].get("labels", {}).get(
+        "app.kubernetes.io/component") == "host"]  # fmt: skip
+    objs = template(HOST_VALUES)
+    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-host")]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["hosts", "more"]
+    crud = {"create", "get", "list", "watch", "patch", "delete"}
+    wanted = {
+        ("sandbox-operator.dev", res, v) for res in ("sandboxscopes", "sandboxes") for v in crud
+    } | {("", "pods/exec", "create"), ("", "pods/exec", "get")}
+    for role in roles:
+        unnamed = {
+            (g, res, v) for r in role["rules"] if "resourceNames" not in r
+            for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]
+        }  # fmt: skip
+        assert unnamed == wanted  # no secrets, pods, logs, status, RBAC or `use`
+        assert [r for r in role["rules"] if "resourceNames" in r] == [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": ["sandbox-operator-backends"],
+                "verbs": ["get"],
+            }
+        ]
+    bindings = [b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"].endswith("-host")]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["hosts", "more"]
+    assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": "maf-host",
+                                  "namespace": "hosts"}] for b in bindings)  # fmt: skip
+    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "ValidatingAdmissionPolicy")}
+    assert set(policies) == {"so-sandbox-operator-host-exec", "so-sandbox-operator-host-exec-idle"}
+    for policy in policies.values():
+        match = policy["spec"]["matchConditions"][0]["expression"]
+        assert '["system:serviceaccount:hosts:maf-host"]' in match
+    prefix = policies["so-sandbox-operator-host-exec"]["spec"]["validations"][0]
+    assert prefix["expression"] == 'request.name.startsWith("sbx-")'
+    idle = policies["so-sandbox-operator-host-exec-idle"]["spec"]["validations"][0]
+    assert idle["expression"] == "params.metadata.name != request.name"
+    for binding in by_kind(objs, "ValidatingAdmissionPolicyBinding"):
+        where = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert where[0]["values"] == ["hosts", "more"]
+    unrestricted = template({**HOST_VALUES, "hostRole.restrictExec": "false"})
+    assert not by_kind(unrestricted, "ValidatingAdmissionPolicy")
+
+
+def test_the_host_and_the_agents_each_have_their_own_policies() -> None:
+    """With both roles and the conversation boundary, the agents' policies match the agents only
+    and the host's the host only: the host serves every conversation of its namespaces."""
+    agents = {
+        "agentRole.create": "true",
+        "agentRole.namespaces": "{hosts}",
+        "agentRole.subjects[0].kind": "ServiceAccount",
+        "agentRole.subjects[0].name": "agent",
+        "agentRole.subjects[0].namespace": "hosts",
+        "agentRole.conversationBoundary": "true",
+    }
+    objs = template({**HOST_VALUES, **agents})
+    host, agent = "system:serviceaccount:hosts:maf-host", "system:serviceaccount:hosts:agent"
+    kinds = set()
+    for policy in by_kind(objs, "ValidatingAdmissionPolicy"):
+        match = policy["spec"]["matchConditions"][0]["expression"]
+        is_host = policy["metadata"]["name"].startswith("so-sandbox-operator-host-")
+        assert (host in match, agent in match) == (is_host, not is_host), policy["metadata"]
+        kinds.add(is_host)
+    assert kinds == {True, False}
+
+
+def test_the_schema_refuses_bad_host_role_values() -> None:
+    assert "kind" in template_error({**HOST_VALUES, "hostRole.subjects[0].kind": "Robot"})
+    assert "hostRole" in template_error({"hostRole.verbs": "all"})

@@ -154,6 +154,7 @@ def _copy(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / docgen.DOCS, tmp_path / docgen.DOCS)
     (tmp_path / docgen.RBAC_RULES).parent.mkdir(parents=True)
     shutil.copy(ROOT / docgen.RBAC_RULES, tmp_path / docgen.RBAC_RULES)
+    shutil.copy(ROOT / docgen.HOST_RULES, tmp_path / docgen.HOST_RULES)
     return tmp_path
 
 
@@ -210,6 +211,42 @@ def test_the_rbac_table_holds_every_rule_the_chart_renders(tmp_path: Path) -> No
     )
     assert {g if g[3] != "<credential.secretName>" else (*g[:3], "acas-sp") for g in read} == (
         rendered
+    )
+
+
+def test_the_host_rbac_table_holds_what_the_chart_grants_the_maf_host(tmp_path: Path) -> None:
+    """(#37 item 3) The host table is read from the rules the chart's hostRole renders (no
+    more, no fewer), and a host rule added without regenerating is drift in docs/rbac.md."""
+    objs = template(
+        {
+            "hostRole.create": "true",
+            "hostRole.namespaces": "{hosts}",
+            "hostRole.subjects[0].kind": "ServiceAccount",
+            "hostRole.subjects[0].name": "maf-host",
+        }
+    )
+    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-host")]
+    read = docgen.rbac_rules((ROOT / docgen.HOST_RULES).read_text(), docgen.HOST_RULES)
+    assert {r.define for r in read} == {"sandbox-operator.hostRules"}
+    as_rules = [
+        {
+            "apiGroups": r.api_groups,
+            "resources": r.resources,
+            "verbs": r.verbs,
+            **({"resourceNames": r.resource_names} if r.resource_names else {}),
+        }
+        for r in read
+    ]
+    assert _grants(as_rules) == _grants(role["rules"])
+    root = _copy(tmp_path)
+    rules = root / docgen.HOST_RULES
+    grant = "- apiGroups: ['']\n  resources: [secrets]\n  verbs: [get]\n"
+    anchor = '{{- define "sandbox-operator.hostRules" -}}\n'
+    rules.write_text(rules.read_text().replace(anchor, anchor + grant))
+    assert docgen.drift(root) == ["docs/rbac.md: the host-rbac table"]
+    docgen.write_all(root)
+    assert '| `""` | `secrets` | get | each of `hostRole.namespaces` |  |' in (
+        (root / "docs" / "rbac.md").read_text()
     )
 
 

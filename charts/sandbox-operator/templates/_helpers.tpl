@@ -64,15 +64,17 @@ runs the operator's own image unless it names another one.
 {{- end }}
 
 {{/*
-The CEL condition matching a request made by one of agentRole.subjects (ServiceAccounts and Users
-by username, Groups by group), for the agents' admission policies' matchConditions.
+The CEL condition matching a request made by one of a list of RBAC subjects (ServiceAccounts and
+Users by username, Groups by group), for admission policies' matchConditions. Its context is a
+dict: subjects, and namespace (a ServiceAccount's when it names none: the release's).
 */}}
-{{- define "sandbox-operator.isAgent" -}}
+{{- define "sandbox-operator.isSubject" -}}
 {{- $users := list }}
 {{- $groups := list }}
-{{- range .Values.agentRole.subjects }}
+{{- $namespace := .namespace }}
+{{- range .subjects }}
 {{- if eq .kind "ServiceAccount" }}
-{{- $users = append $users (printf "system:serviceaccount:%s:%s" (.namespace | default $.Release.Namespace) .name) }}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" (.namespace | default $namespace) .name) }}
 {{- else if eq .kind "User" }}
 {{- $users = append $users .name }}
 {{- else }}
@@ -120,4 +122,14 @@ every namespace except those matching {{ join ", " .Values.ignoreNamespaces }}
 {{- else -}}
 every namespace
 {{- end -}}
+{{- end }}
+
+{{/* A request by one of agentRole.subjects (the agents' admission policies). */}}
+{{- define "sandbox-operator.isAgent" -}}
+{{- include "sandbox-operator.isSubject" (dict "subjects" .Values.agentRole.subjects "namespace" .Release.Namespace) }}
+{{- end }}
+
+{{/* A request by one of hostRole.subjects (the maf host's exec policies). */}}
+{{- define "sandbox-operator.isHost" -}}
+{{- include "sandbox-operator.isSubject" (dict "subjects" .Values.hostRole.subjects "namespace" .Release.Namespace) }}
 {{- end }}

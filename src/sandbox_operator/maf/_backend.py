@@ -10,7 +10,10 @@ The adapter acts as the host: it creates the conversation's SandboxScope, then a
 Sandbox through the client (server-side apply, so concurrent acquires of one key converge on one
 object; the client waits on its watch). Disposal finds Sandboxes by the key's and conversation's
 labels, so any process can dispose what another created, and counts a Sandbox only once the
-API server no longer has it.
+API server no longer has it. The SandboxScope's name is derived from the conversation
+(:func:`sandbox_operator.naming.scope_name`), never remembered only in this process, so a
+conversation purged from another replica loses its SandboxScope too (and with it, under the
+conversation boundary, its agents' grant).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import maf_sandbox as maf
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
 from sandbox_operator.contract import (
@@ -102,6 +106,10 @@ class OperatorBackend:
     :class:`~sandbox_operator.contract.published.PublishedBackends` already read.
     ``default_image`` serves a spec naming no image; ``acquire_timeout`` bounds the wait for
     Ready (default: the client's); ``dispose_timeout`` bounds a disposal's wait for the gone.
+    ``agent_service_accounts`` are the ServiceAccounts of the namespace each conversation's
+    SandboxScope binds (the conversation boundary, docs/concepts.md): the agents that may then
+    use that conversation's sandboxes with their own tokens; the first acquire of a conversation
+    waits until the operator has granted it.
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class OperatorBackend:
         default_image: str | None = None,
         acquire_timeout: float | None = None,
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
+        agent_service_accounts: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.published = published
@@ -129,7 +138,9 @@ class OperatorBackend:
         self.default_image = default_image
         self.acquire_timeout = acquire_timeout
         self.dispose_timeout = dispose_timeout
-        self._scopes: dict[tuple[str, str], str] = {}
+        self.agent_service_accounts = tuple(agent_service_accounts)
+        #: the conversations whose SandboxScope this process has converged
+        self._scopes: set[tuple[str, str]] = set()
 
     @classmethod
     async def connect(
@@ -141,6 +152,7 @@ class OperatorBackend:
         acquire_timeout: float | None = None,
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
         published_namespace: str | None = None,
+        agent_service_accounts: Sequence[str] = (),
     ) -> Self:
         """Read what the operator publishes in ``client.namespace`` (every operator publishes it
         in each namespace it serves; ``published_namespace`` reads another's) and stand for
@@ -153,6 +165,7 @@ class OperatorBackend:
             default_image=default_image,
             acquire_timeout=acquire_timeout,
             dispose_timeout=dispose_timeout,
+            agent_service_accounts=agent_service_accounts,
         )
 
     @property
@@ -170,12 +183,18 @@ class OperatorBackend:
     # -- acquire --------------------------------------------------------------------------
 
     async def _scope(self, key: maf.SandboxKey) -> str:
-        """The conversation's SandboxScope, created (converged) once per process."""
+        """The conversation's SandboxScope, created (converged) once per process, under the name
+        every process derives alike."""
         conversation = (key.scope, key.thread_id)
-        ref = self._scopes.get(conversation)
-        if ref is None:
-            ref = await self.client.create_scope(scope=key.scope, thread_id=key.thread_id)
-            self._scopes[conversation] = ref
+        ref = naming.scope_name(*conversation)
+        if conversation not in self._scopes:
+            await self.client.create_scope(
+                scope=key.scope,
+                thread_id=key.thread_id,
+                name=ref,
+                agent_service_accounts=self.agent_service_accounts,
+            )
+            self._scopes.add(conversation)
         return ref
 
     async def acquire(self, key: maf.SandboxKey, spec: maf.SandboxSpec) -> OperatorSandbox:
@@ -196,11 +215,15 @@ class OperatorBackend:
                 handle = await once()
             except client_errors.SandboxScopeNotFound:
                 # Our remembered SandboxScope was purged (by any process): converge it once more.
-                self._scopes.pop((key.scope, key.thread_id), None)
+                self._scopes.discard((key.scope, key.thread_id))
                 handle = await once()
+        except client_errors.SandboxScopeNotReady as exc:
+            # The agents' grant was not written (or another scope holds the conversation): no
+            # Sandbox was asked for; maf has no type for it, and it must not fall back.
+            raise OperatorAcquireFailed(str(exc), reason=exc.reason or "ScopeNotReady") from exc
         except client_errors.SandboxAcquireError as exc:
             if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
-                self._scopes.pop((key.scope, key.thread_id), None)
+                self._scopes.discard((key.scope, key.thread_id))
             raise await self._refusal(exc) from exc
         obj = handle.resource or {}
         status = obj.get("status") or {}
@@ -296,14 +319,17 @@ class OperatorBackend:
 
     async def dispose_scope(self, scope: str, thread_id: str) -> maf.ScopePurge:
         """Delete every Sandbox of the conversation (found by label, whoever created them),
-        then its SandboxScope. ``disposed`` counts the Sandboxes seen gone. Never raises."""
+        then its SandboxScope (by its derived name, whoever created it: a purge served by another
+        replica must not leave the conversation, or its agents' grant, behind). ``disposed``
+        counts the Sandboxes seen gone. Never raises."""
         try:
             items = await self._list(lbl.scope_selector(scope, thread_id))
         except Exception as exc:
             return maf.ScopePurge(0, _unlisted(exc, "listing the conversation's sandboxes"))
         disposed, failure = await self._delete_and_wait([_target(item) for item in items])
-        ref = self._scopes.pop((scope, thread_id), None)
-        if failure is None and ref is not None:
+        self._scopes.discard((scope, thread_id))
+        if failure is None:
+            ref = naming.scope_name(scope, thread_id)
             try:
                 await self.client.delete_scope(ref)
             except Exception as exc:

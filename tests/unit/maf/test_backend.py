@@ -13,6 +13,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
 from sandbox_operator.client.dataplane import local_dataplane
@@ -82,12 +83,19 @@ class StandIn:
         self.list_fails = False
         self.selectors: list[str] = []
         self.custom = Custom(self)
+        self.scopes: dict[str, dict[str, Any]] = {}
+        self.deleted_scopes: list[str] = []
 
-    async def create_scope(self, *, scope: str, thread_id: str) -> str:
-        return f"scope-{scope}-{thread_id}"
+    async def create_scope(
+        self, *, scope: str, thread_id: str, name: str | None = None, **kw: Any
+    ) -> str:
+        name = name or naming.scope_name(scope, thread_id)  # the client's default
+        self.scopes[name] = {"scope": scope, "thread_id": thread_id, **kw}
+        return name
 
     async def delete_scope(self, name: str) -> None:
-        return None
+        self.deleted_scopes.append(name)
+        self.scopes.pop(name, None)
 
     async def acquire(
         self, scope_ref: str, agent_dir: str, spec: SandboxSpec, call_id: str = "", **kw: Any
@@ -225,6 +233,72 @@ async def test_scope_purge_counts_only_what_is_gone() -> None:
     assert purge.undisposed.code == "unlisted"
     failure = await backend(client).dispose(KEY)
     assert failure is not None and failure.code == "unlisted"
+
+
+async def test_a_purge_from_another_process_deletes_the_conversations_scope(
+    spec: maf.SandboxSpec,
+) -> None:
+    """A conversation purge is served wherever it lands: a backend (another replica) that never
+    acquired in the conversation deletes its SandboxScope too, by the name every process
+    derives, not only its Sandboxes."""
+    client = StandIn()
+    await backend(client).acquire(KEY, spec)
+    (ref,) = client.scopes
+    assert ref == naming.scope_name("tenant", "thread")
+    other = backend(client)  # never acquired: holds nothing of the conversation in memory
+    purge = await other.dispose_scope("tenant", "thread")
+    assert purge.disposed == 1 and purge.undisposed is None
+    assert client.deleted_scopes == [ref] and not client.scopes
+
+
+async def test_a_purge_that_left_a_sandbox_keeps_the_scope() -> None:
+    client = StandIn()
+    client.objects["a"] = sandbox_object("a", "python", "runc")
+    client.undeletable = {"a"}
+    purge = await backend(client).dispose_scope("tenant", "thread")
+    assert purge.undisposed is not None
+    assert client.deleted_scopes == []
+
+
+async def test_the_scope_binds_the_backends_agents(spec: maf.SandboxSpec) -> None:
+    """With agent_service_accounts the conversation's SandboxScope names those agents (the
+    conversation boundary: they may use it), once per conversation per process."""
+    client = StandIn()
+    b = backend(client, agent_service_accounts=["agent-a", "agent-b"])
+    await b.acquire(KEY, spec)
+    await b.acquire(maf.SandboxKey("tenant", "thread", "other"), spec)
+    assert client.scopes == {
+        naming.scope_name("tenant", "thread"): {
+            "scope": "tenant",
+            "thread_id": "thread",
+            "agent_service_accounts": ("agent-a", "agent-b"),
+        }
+    }
+
+
+async def test_a_scope_whose_agents_were_not_granted_fails_the_acquire(
+    spec: maf.SandboxSpec,
+) -> None:
+    """The operator did not report the agents' scope Ready: OperatorAcquireFailed with its
+    reason (no fallback, nothing acquired), and the next acquire converges the scope again."""
+    client = StandIn()
+    refusals = [client_errors.SandboxScopeNotReady(scope_ref="s", namespace="ns",
+                                                   reason="AccessNotGranted")]  # fmt: skip
+    real_create = client.create_scope
+
+    async def create_scope(**kw: Any) -> str:
+        if refusals:
+            raise refusals.pop()
+        return await real_create(**kw)
+
+    client.create_scope = create_scope  # type: ignore[method-assign]
+    b = backend(client, agent_service_accounts=["agent-a"])
+    with pytest.raises(OperatorAcquireFailed) as raised:
+        await b.acquire(KEY, spec)
+    assert raised.value.reason == "AccessNotGranted"
+    assert not isinstance(raised.value, maf.SandboxBackendUnavailable) and client.specs == []
+    assert (await b.acquire(KEY, spec)).name == "sbx-agent-python"
+    assert list(client.scopes) == [naming.scope_name("tenant", "thread")]
 
 
 async def test_maf_router_serves_through_the_backend(spec: maf.SandboxSpec) -> None:
