@@ -29,7 +29,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
     ├── ExecSetupError, ExecTimeout (TimeoutError), ExecQueuedTimeout (TimeoutError)
-    ├── OutputBudgetExceeded, DataPlaneError
+    ├── OutputBudgetExceeded, DataPlaneError (ExecStreamLost)
     ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
@@ -316,8 +316,9 @@ class ExecCancelled(asyncio.CancelledError):
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class SandboxUnclean(SandboxClientError):
-    """The sandbox may still run something a caller no longer owns (an exec cancelled or timed
-    out whose kill did not reach its process group, a host-tool run that could not be stopped):
+    """The sandbox may still run something a caller no longer owns (an exec cancelled, timed out,
+    over its output budget or cut off from its stream whose kill did not reach its process
+    group, a host-tool run that could not be stopped; :mod:`~sandbox_operator.client.unclean`):
     the handle refuses every further use, and the Sandbox is disposed (a client-acquired handle),
     so the conversation's next acquire gets a new one once the disposal lands. ``sandbox`` names
     it; ``reason`` says what left it so."""
@@ -332,17 +333,30 @@ class SandboxUnclean(SandboxClientError):
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class OutputBudgetExceeded(SandboxClientError):
-    """The command produced more output than the budget allows; it was killed and nothing is
-    returned (output is never truncated)."""
+    """The command produced more output than the budget allows; nothing is returned (output is
+    never truncated).
+
+    ``ended`` says the command had already ended when its output was judged (nothing was left
+    to kill). Otherwise its process group was sent SIGKILL: ``kill_delivered`` and
+    ``kill_reach`` say what that reached, as for :class:`ExecTimeout`; anything short of
+    ``group`` leaves the sandbox unclean (:class:`SandboxUnclean`)."""
 
     budget: int
     received: int
     kill_delivered: bool
+    kill_reach: str = "nothing"
+    ended: bool = False
 
     def _message(self) -> str:
+        if self.ended:
+            tail = "the command had ended"
+        elif self.kill_delivered:
+            tail = f"its {self.kill_reach} was sent SIGKILL"
+        else:
+            tail = "it could not be signalled, so it may still be running"
         return (
             f"command output exceeded the budget of {self.budget} bytes (received "
-            f"{self.received}); the command was killed and its output discarded"
+            f"{self.received}); its output was discarded and {tail}"
         )
 
 
@@ -358,6 +372,27 @@ class DataPlaneError(SandboxClientError):
 
     def _message(self) -> str:
         return self.detail
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class ExecStreamLost(DataPlaneError):
+    """The connection to a running command was lost before its end (the exec stream dropped):
+    the command runs on in the sandbox unless its process group is killed, so the data plane
+    sent SIGKILL to it over a new connection first. ``kill_delivered`` and ``kill_reach`` say
+    what that reached, as for :class:`ExecTimeout`; anything short of ``group`` leaves the
+    sandbox unclean (:class:`SandboxUnclean`). A :class:`DataPlaneError`: a caller handling a
+    transport failure handles this one."""
+
+    argv: tuple[str, ...]
+    kill_delivered: bool
+    kill_reach: str
+
+    def _message(self) -> str:
+        if self.kill_delivered:
+            tail = f"its {self.kill_reach} was sent SIGKILL"
+        else:
+            tail = "it could not be signalled, so it may still be running"
+        return f"the exec stream was lost before the command ended ({self.detail}); {tail}"
 
 
 # --------------------------------------------------------------------------------------------

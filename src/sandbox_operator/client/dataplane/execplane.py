@@ -6,8 +6,9 @@ and give me back exit code, stdout and stderr" (an :class:`ExecTransport`).
 Every file primitive is a POSIX ``sh`` script (:mod:`.scripts`) using only busybox/coreutils
 applets (``head``, ``wc``, ``mv``, ``ln``, ``rm``, ``mkdir``, ``setsid``, ``kill``), so one
 implementation serves any transport: ``pods/exec`` (:mod:`.pod`) or local processes
-(:mod:`.local`). On timeout (or output over budget) the client stops reading and, over a second
-exec, sends SIGKILL to the command's process group.
+(:mod:`.local`). On timeout, output over budget, cancellation or a stream lost before the
+command's end, the client stops reading and, over a second exec, sends SIGKILL to the command's
+process group (the exception says what that reached: :mod:`sandbox_operator.client.unclean`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sandbox_operator.client.errors import (
     DataPlaneError,
     ExecCancelled,
     ExecSetupError,
+    ExecStreamLost,
     PathRefused,
     SandboxFileNotFound,
     TransferIntegrityError,
@@ -41,8 +43,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class RawResult:
-    """What a transport returns. ``exit_code`` is None when the command did not finish (timeout,
-    overflow); ``stdout``/``stderr`` are what arrived before that."""
+    """What a transport returns. ``exit_code`` is None when the command's end was not seen: a
+    timeout, an overflow, or (neither flag set) a stream lost after the command was started;
+    ``stdout``/``stderr`` are what arrived before that."""
 
     exit_code: int | None
     stdout: bytes
@@ -55,7 +58,11 @@ class ExecTransport(Protocol):
     """Run an argv (no shell) with the given stdin bytes; stop reading at ``timeout`` seconds or
     after more than ``max_output`` bytes of stdout+stderr and report which. ``stderr``, when
     given, is where stderr is gathered as it arrives: a caller whose run is cancelled reads what
-    came before (the exec wrapper's pid, to kill its process group)."""
+    came before (the exec wrapper's pid, to kill its process group).
+
+    A failure to start the command raises :class:`DataPlaneError`; a stream lost once the
+    command was started returns a result without an exit code and without either flag (the
+    data plane then kills the command's group and raises :class:`ExecStreamLost`)."""
 
     async def run(
         self,
@@ -169,15 +176,22 @@ class ExecDataPlane:
                 kill_reach=reach if delivered else "nothing",
             ) from None
         pid, reach, stderr = _split_header(raw.stderr)
-        if raw.timed_out or raw.overflowed:
+        if raw.timed_out or raw.overflowed or raw.exit_code is None:
+            # The command may run on (past its deadline, over its budget, or behind a stream
+            # that ended without its exit status): kill its group over a new exec first.
             delivered = await self._kill(pid) if pid is not None else False
+            reach = reach if delivered else "nothing"
             if raw.overflowed:
                 received = len(raw.stdout) + len(stderr)
-                raise req.over_budget(received, kill_delivered=delivered)
-            reach = reach if delivered else "nothing"
-            raise req.timed_out(raw.stdout, stderr, kill_delivered=delivered, kill_reach=reach)
-        if raw.exit_code is None:
-            raise DataPlaneError("command ended without an exit code")
+                raise req.over_budget(received, kill_delivered=delivered, kill_reach=reach)
+            if raw.timed_out:
+                raise req.timed_out(raw.stdout, stderr, kill_delivered=delivered, kill_reach=reach)
+            raise ExecStreamLost(
+                "the stream ended without the command's exit status",
+                argv=req.argv,
+                kill_delivered=delivered,
+                kill_reach=reach,
+            )
         if pid is None:
             raise ExecSetupError(what="wrapper", detail=_stderr_detail(raw.stderr))
         return req.finish(raw.exit_code, raw.stdout, stderr)
