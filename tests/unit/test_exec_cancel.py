@@ -8,7 +8,6 @@ pods' own scripts."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,12 @@ from sandbox_operator.client import (
     Sandbox,
     SandboxUnclean,
 )
-from sandbox_operator.client.dataplane import scripts
-from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
+from sandbox_operator.client.dataplane.execplane import ExecDataPlane
 from sandbox_operator.client.dataplane.local import LocalExecTransport
 from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.contract import Capability, SandboxSpec
 from sandbox_operator.testing import local_sandbox
+from tests.fixtures.faulty_transports import KillLate, KillRefused, StreamDrops
 
 
 def exists(path: Path) -> bool:
@@ -83,15 +82,6 @@ class Lifecycle:
 
     async def resume(self, sandbox: Any, *, wait: bool, timeout: float | None) -> None:  # noqa: ASYNC109
         raise AssertionError("not used")
-
-
-class KillRefused(LocalExecTransport):
-    """Local processes whose kill exec fails (a sandbox that refuses, a broken stream)."""
-
-    async def run(self, argv: Sequence[str], **kw: Any) -> RawResult:
-        if tuple(argv[: len(scripts.KILL)]) == scripts.KILL:
-            return RawResult(1, b"", b"kill refused")
-        return await super().run(argv, **kw)
 
 
 def handle(transport: LocalExecTransport, lifecycle: Lifecycle, root: Path) -> Sandbox:
@@ -176,29 +166,6 @@ async def test_a_run_directory_that_cannot_be_removed_leaves_the_sandbox_unclean
     assert lifecycle.disposed == [("sbx-a", "uid-a")]
 
 
-class StreamDrops(LocalExecTransport):
-    """Local processes whose exec stream is lost ``after`` seconds into a command: the result
-    has no exit code and no flag, as a pods/exec websocket closed without a status gives; the
-    command runs on, as it does in a pod. ``refuse_kill`` also fails the kill that follows."""
-
-    def __init__(self, after: float, *, refuse_kill: bool = False) -> None:
-        super().__init__()
-        self.after = after
-        self.refuse_kill = refuse_kill
-
-    async def run(self, argv: Sequence[str], **kw: Any) -> RawResult:
-        if tuple(argv[: len(scripts.KILL)]) == scripts.KILL:
-            if self.refuse_kill:
-                return RawResult(1, b"", b"kill refused")
-            return await super().run(argv, **kw)
-        if argv[:3] != ["sh", "-c", scripts.EXEC_OUTER]:
-            return await super().run(argv, **kw)
-        raw = await super().run(argv, **{**kw, "timeout": self.after})
-        if not raw.timed_out:
-            return raw
-        return RawResult(None, raw.stdout, raw.stderr)
-
-
 async def test_a_lost_stream_whose_kill_fails_leaves_the_sandbox_unclean(tmp_path: Path) -> None:
     """#37 item 4: the connection to a running command lost (and the kill after it refused):
     the command may run on, so the sandbox is unclean and disposed. Before, the handle raised a
@@ -264,6 +231,28 @@ async def test_an_output_budget_kill_that_reaches_the_group_or_a_command_that_en
     assert box.unclean is None and lifecycle.disposed == []
 
 
+async def test_a_group_the_kill_finds_already_ended_is_gone_and_clean(tmp_path: Path) -> None:
+    """A kill that finds nothing left in the command's group (it ended by itself before the
+    kill's exec ran) is ``gone``, no failed kill, so the sandbox stays in use; where the image
+    had no process group to offer (``process``), a vanished process proves nothing of its
+    children and reaches ``nothing``."""
+    plane = ExecDataPlane(LocalExecTransport())
+    ended = await asyncio.create_subprocess_exec("true")
+    await ended.wait()  # reaped: neither its pid nor a group by that id is left
+    assert await plane._kill(ended.pid, "group") == (False, "gone")
+    assert await plane._kill(ended.pid, "process") == (False, "nothing")
+    assert await ExecDataPlane(KillRefused())._kill(ended.pid, "group") == (False, "nothing")
+    # Through a handle: output over the budget from a command that then ends by itself (its
+    # pipe closed under it), its kill sent late.
+    lifecycle = Lifecycle()
+    box = handle(KillLate(1.0), lifecycle, tmp_path)
+    with pytest.raises(OutputBudgetExceeded) as raised:
+        await box.exec("yes | head -c 3000000", timeout=30, max_output_bytes=100_000)
+    assert raised.value.kill_reach in ("gone", "group")  # a leader left a zombie is signalled
+    await asyncio.sleep(0)
+    assert box.unclean is None and lifecycle.disposed == []
+
+
 def timeout(delivered: bool, reach: str) -> ExecTimeout:
     return ExecTimeout(
         argv=("x",), timeout=1, stdout=b"", stderr=b"", kill_delivered=delivered, kill_reach=reach
@@ -285,6 +274,7 @@ def budget(delivered: bool, reach: str = "nothing", ended: bool = False) -> Outp
         (timeout(True, "group"), False),
         (timeout(True, "process"), True),
         (timeout(False, "nothing"), True),
+        (timeout(False, "gone"), False),
         (budget(True, "group"), False),
         (budget(True, "process"), True),
         (budget(False), True),

@@ -250,13 +250,23 @@ class ExecSetupError(SandboxClientError):
         return f"exec could not start: {self.what}" + (f" ({self.detail})" if self.detail else "")
 
 
+def kill_outcome(delivered: bool, reach: str) -> str:
+    """What a command's kill reached, in words (the exec errors' messages)."""
+    if delivered:
+        return f"its {reach} was sent SIGKILL"
+    if reach == "gone":
+        return "its process group had already ended"
+    return "it could not be signalled, so it may still be running"
+
+
 @dataclass(eq=False, repr=False, kw_only=True)
 class ExecTimeout(SandboxClientError, TimeoutError):
     """The command ran past its timeout; its process group was signalled.
 
     ``stdout``/``stderr`` hold the output received before the deadline; ``kill_delivered`` says
     whether the kill signal was accepted by the sandbox (not that everything died);
-    ``kill_reach`` is ``group`` (the whole process group) or ``process`` or ``nothing``."""
+    ``kill_reach`` is ``group`` (the whole process group), ``process``, ``gone`` (not delivered
+    because the group had already ended: nothing was left in it) or ``nothing``."""
 
     argv: tuple[str, ...]
     timeout: float
@@ -266,11 +276,8 @@ class ExecTimeout(SandboxClientError, TimeoutError):
     kill_reach: str
 
     def _message(self) -> str:
-        if self.kill_delivered:
-            tail = f"and its {self.kill_reach} was sent SIGKILL"
-        else:
-            tail = "and could not be signalled, so it may still be running"
-        return f"command timed out after {self.timeout:g}s {tail}"
+        tail = kill_outcome(self.kill_delivered, self.kill_reach)
+        return f"command timed out after {self.timeout:g}s and {tail}"
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
@@ -301,8 +308,8 @@ class ExecCancelled(asyncio.CancelledError):
     ``except Exception`` swallows it), not a :class:`SandboxClientError`.
 
     ``kill_delivered`` says whether the kill was accepted by the sandbox; ``kill_reach`` is
-    ``group``, ``process`` or ``nothing`` (the command had not announced itself, or the kill
-    failed), as for :class:`ExecTimeout`. Anything short of ``group`` leaves the sandbox
+    ``group``, ``process``, ``gone`` or ``nothing`` (the command had not announced itself, or the
+    kill failed), as for :class:`ExecTimeout`. Anything short of ``group`` leaves the sandbox
     unclean: its handle refuses further use (:class:`SandboxUnclean`) and, when a client
     acquired it, the Sandbox is disposed."""
 
@@ -310,7 +317,7 @@ class ExecCancelled(asyncio.CancelledError):
         self.argv = argv
         self.kill_delivered = kill_delivered
         self.kill_reach = kill_reach
-        what = f"its {kill_reach} was sent SIGKILL" if kill_delivered else "nothing was signalled"
+        what = kill_outcome(kill_delivered, kill_reach)
         super().__init__(f"exec cancelled by the caller: {what}")
 
 
@@ -348,12 +355,11 @@ class OutputBudgetExceeded(SandboxClientError):
     ended: bool = False
 
     def _message(self) -> str:
-        if self.ended:
-            tail = "the command had ended"
-        elif self.kill_delivered:
-            tail = f"its {self.kill_reach} was sent SIGKILL"
-        else:
-            tail = "it could not be signalled, so it may still be running"
+        tail = (
+            "the command had ended"
+            if self.ended
+            else kill_outcome(self.kill_delivered, self.kill_reach)
+        )
         return (
             f"command output exceeded the budget of {self.budget} bytes (received "
             f"{self.received}); its output was discarded and {tail}"
@@ -388,10 +394,7 @@ class ExecStreamLost(DataPlaneError):
     kill_reach: str
 
     def _message(self) -> str:
-        if self.kill_delivered:
-            tail = f"its {self.kill_reach} was sent SIGKILL"
-        else:
-            tail = "it could not be signalled, so it may still be running"
+        tail = kill_outcome(self.kill_delivered, self.kill_reach)
         return f"the exec stream was lost before the command ended ({self.detail}); {tail}"
 
 

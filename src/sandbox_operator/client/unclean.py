@@ -3,10 +3,11 @@
 A command the caller stops owning (cancelled, timed out, over its output budget, cut off from
 its stream) runs on in the sandbox unless its process group is killed; the data plane sends the
 kill and says what it reached (``kill_delivered``, ``kill_reach``). Anything short of a kill
-delivered to the whole group leaves something running that no caller owns, so the sandbox is
-unclean: its handle refuses every further use and a client-acquired Sandbox is disposed
-(:meth:`~sandbox_operator.client.Sandbox.exec_on_plane`). The client's handle and the maf backend
-both go through that method, so the rule is judged here and nowhere else.
+delivered to the whole group (or a group found already ended, ``gone``) may leave something
+running that no caller owns, so the sandbox is unclean: its handle refuses every further use and
+a client-acquired Sandbox is disposed (:meth:`~sandbox_operator.client.Sandbox.exec_on_plane`).
+The client's handle and the maf backend both go through that method, so the rule is judged here
+and nowhere else.
 
 Pure: it reads an exception's fields and decides nothing else.
 """
@@ -22,7 +23,8 @@ from sandbox_operator.client.errors import (
 
 
 def _reached_group(delivered: bool, reach: str) -> bool:
-    return delivered and reach == "group"
+    """The kill reached the command's whole group, or found it already ended (``gone``)."""
+    return reach == "gone" or (delivered and reach == "group")
 
 
 def unclean_reason(exc: BaseException) -> str | None:

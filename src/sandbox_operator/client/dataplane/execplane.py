@@ -169,18 +169,13 @@ class ExecDataPlane:
             # Closing the stream stops nothing in the sandbox: the command runs on unless its
             # group is killed, whatever cancelled the caller.
             pid, reach, _ = _split_header(bytes(arrived))
-            delivered = await _despite_cancellation(self._kill(pid)) if pid is not None else False
-            raise ExecCancelled(
-                argv=req.argv,
-                kill_delivered=delivered,
-                kill_reach=reach if delivered else "nothing",
-            ) from None
+            delivered, reach = await _despite_cancellation(self._kill(pid, reach))
+            raise ExecCancelled(argv=req.argv, kill_delivered=delivered, kill_reach=reach) from None
         pid, reach, stderr = _split_header(raw.stderr)
         if raw.timed_out or raw.overflowed or raw.exit_code is None:
             # The command may run on (past its deadline, over its budget, or behind a stream
             # that ended without its exit status): kill its group over a new exec first.
-            delivered = await self._kill(pid) if pid is not None else False
-            reach = reach if delivered else "nothing"
+            delivered, reach = await self._kill(pid, reach)
             if raw.overflowed:
                 received = len(raw.stdout) + len(stderr)
                 raise req.over_budget(received, kill_delivered=delivered, kill_reach=reach)
@@ -196,11 +191,13 @@ class ExecDataPlane:
             raise ExecSetupError(what="wrapper", detail=_stderr_detail(raw.stderr))
         return req.finish(raw.exit_code, raw.stdout, stderr)
 
-    async def _kill(self, pid: int) -> bool:
-        """SIGKILL the process group led by ``pid`` (or the process): whether the sandbox
-        accepted it."""
-        if pid <= 1:
-            return False
+    async def _kill(self, pid: int | None, reach: str) -> tuple[bool, str]:
+        """SIGKILL the process group led by ``pid`` (or the process; ``reach`` is which, from
+        the wrapper's header): whether the sandbox accepted it, and what it reached. A group
+        found already ended (nothing left in it to signal) is ``gone``: as sure as a kill that
+        reached it. A kill that could not be sent or failed reached ``nothing``."""
+        if pid is None or pid <= 1:
+            return False, "nothing"
         try:
             raw = await self.transport.run(
                 [*scripts.KILL, str(pid)],
@@ -209,8 +206,12 @@ class ExecDataPlane:
                 max_output=64 * 1024,
             )
         except Exception:
-            return False
-        return raw.exit_code == 0
+            return False, "nothing"
+        if raw.exit_code == 0:
+            return True, reach
+        if raw.exit_code == scripts.KILL_GONE and reach == "group":
+            return False, "gone"
+        return False, "nothing"
 
     # -- file primitives ------------------------------------------------------------------
 
