@@ -139,10 +139,10 @@ async def test_an_exec_whose_kill_cannot_reach_its_group_retires_the_pod(
         assert isinstance(raised, EXPECTED[case]), repr(raised)
         assert getattr(raised, "kill_reach", None) == "nothing", repr(raised)
         assert sb.unclean is not None, "the handle still counts the sandbox clean"
+        link.refuse(False)  # the refusal below is the handle's, not the network's
         with pytest.raises(SandboxUnclean):
             await sb.exec(["true"], timeout=30)
 
-        link.refuse(False)
         again = await acquire(c, scope, runtime)
         new_uid, _, new_pod_uid = served(module_kit, again)
         assert new_uid != uid and new_pod_uid != pod_uid, "the next acquire got the unclean pod"
