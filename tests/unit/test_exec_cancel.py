@@ -1,23 +1,34 @@
 """A cancelled exec kills its process group and says what the kill reached; a sandbox left
 running what nobody owns (a cancel or timeout whose kill fell short, a host-tool run not ended,
 a run directory not removed) is unclean: its handle refuses every further use and the Sandbox is
-disposed (#25 item 1). On local processes: the wrapper and its kill are the pods' own scripts."""
+disposed (#25 item 1), and so is one whose exec went over its output budget or lost its stream
+with a kill that fell short (#37 item 4). On local processes: the wrapper and its kill are the
+pods' own scripts."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandbox_operator.client import ExecCancelled, ExecTimeout, Sandbox, SandboxUnclean
-from sandbox_operator.client.dataplane import scripts
-from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
+from sandbox_operator.client import (
+    DataPlaneError,
+    ExecCancelled,
+    ExecQueuedTimeout,
+    ExecStreamLost,
+    ExecTimeout,
+    OutputBudgetExceeded,
+    Sandbox,
+    SandboxUnclean,
+)
+from sandbox_operator.client.dataplane.execplane import ExecDataPlane
 from sandbox_operator.client.dataplane.local import LocalExecTransport
+from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.contract import Capability, SandboxSpec
 from sandbox_operator.testing import local_sandbox
+from tests.fixtures.faulty_transports import KillLate, KillRefused, StreamDrops
 
 
 def exists(path: Path) -> bool:
@@ -71,15 +82,6 @@ class Lifecycle:
 
     async def resume(self, sandbox: Any, *, wait: bool, timeout: float | None) -> None:  # noqa: ASYNC109
         raise AssertionError("not used")
-
-
-class KillRefused(LocalExecTransport):
-    """Local processes whose kill exec fails (a sandbox that refuses, a broken stream)."""
-
-    async def run(self, argv: Sequence[str], **kw: Any) -> RawResult:
-        if tuple(argv[: len(scripts.KILL)]) == scripts.KILL:
-            return RawResult(1, b"", b"kill refused")
-        return await super().run(argv, **kw)
 
 
 def handle(transport: LocalExecTransport, lifecycle: Lifecycle, root: Path) -> Sandbox:
@@ -162,3 +164,127 @@ async def test_a_run_directory_that_cannot_be_removed_leaves_the_sandbox_unclean
     await asyncio.sleep(0)
     assert box.unclean is not None and "not removed" in box.unclean
     assert lifecycle.disposed == [("sbx-a", "uid-a")]
+
+
+async def test_a_lost_stream_whose_kill_fails_leaves_the_sandbox_unclean(tmp_path: Path) -> None:
+    """#37 item 4: the connection to a running command lost (and the kill after it refused):
+    the command may run on, so the sandbox is unclean and disposed. Before, the handle raised a
+    bare DataPlaneError and stayed clean."""
+    lifecycle = Lifecycle()
+    box = handle(StreamDrops(0.5, refuse_kill=True), lifecycle, tmp_path)
+    with pytest.raises(ExecStreamLost) as raised:
+        await box.exec("sleep 3", timeout=30)
+    assert isinstance(raised.value, DataPlaneError)  # a transport failure to a caller
+    assert not raised.value.kill_delivered and raised.value.kill_reach == "nothing"
+    await asyncio.sleep(0)
+    assert box.unclean is not None and "stream was lost" in box.unclean
+    assert lifecycle.disposed == [("sbx-a", "uid-a")]
+    with pytest.raises(SandboxUnclean):
+        await box.exec("echo again", timeout=10)
+
+
+async def test_a_lost_stream_kills_the_group_and_a_confirmed_kill_leaves_it_clean(
+    tmp_path: Path,
+) -> None:
+    """The kill goes out over a new exec once the stream is lost: neither the command's late
+    write nor a background child's appears, and a kill that reached the group keeps the
+    sandbox in use."""
+    lifecycle = Lifecycle()
+    box = handle(StreamDrops(0.5), lifecycle, tmp_path)
+    late, child = tmp_path / "late", tmp_path / "child"
+    script = f"(sleep 1; touch {child}) & sleep 1; touch {late}"
+    with pytest.raises(ExecStreamLost) as raised:
+        await box.exec(script, timeout=30)
+    assert raised.value.kill_delivered and raised.value.kill_reach == "group"
+    assert not await wait_for_file(late, 1.5) and not exists(child)
+    assert box.unclean is None and lifecycle.disposed == []
+
+
+async def test_an_output_budget_kill_that_fails_leaves_the_sandbox_unclean(tmp_path: Path) -> None:
+    """#37 item 4: output over the budget while the command runs, and its kill refused: the
+    command may run on, so the sandbox is unclean and disposed. Before, it stayed clean."""
+    lifecycle = Lifecycle()
+    box = handle(KillRefused(), lifecycle, tmp_path)
+    with pytest.raises(OutputBudgetExceeded) as raised:
+        await box.exec("head -c 200000 /dev/zero; sleep 3", timeout=30, max_output_bytes=1000)
+    assert not raised.value.kill_delivered and not raised.value.ended
+    await asyncio.sleep(0)
+    assert box.unclean is not None and "output budget" in box.unclean
+    assert lifecycle.disposed == [("sbx-a", "uid-a")]
+    with pytest.raises(SandboxUnclean):
+        await box.run_code("print(1)", timeout=10)
+
+
+async def test_an_output_budget_kill_that_reaches_the_group_or_a_command_that_ended_is_clean(
+    tmp_path: Path,
+) -> None:
+    lifecycle = Lifecycle()
+    box = handle(LocalExecTransport(), lifecycle, tmp_path)
+    with pytest.raises(OutputBudgetExceeded) as killed:
+        await box.exec("head -c 200000 /dev/zero; sleep 3", timeout=30, max_output_bytes=1000)
+    assert killed.value.kill_delivered and killed.value.kill_reach == "group"
+    # Over the budget by less than the transport's margin: judged once the command had ended.
+    with pytest.raises(OutputBudgetExceeded) as ended:
+        await box.exec("head -c 1100 /dev/zero", timeout=30, max_output_bytes=1000)
+    assert ended.value.ended and not ended.value.kill_delivered
+    await asyncio.sleep(0)
+    assert box.unclean is None and lifecycle.disposed == []
+
+
+async def test_a_group_the_kill_finds_already_ended_is_gone_and_clean(tmp_path: Path) -> None:
+    """A kill that finds nothing left in the command's group (it ended by itself before the
+    kill's exec ran) is ``gone``, no failed kill, so the sandbox stays in use; where the image
+    had no process group to offer (``process``), a vanished process proves nothing of its
+    children and reaches ``nothing``."""
+    plane = ExecDataPlane(LocalExecTransport())
+    ended = await asyncio.create_subprocess_exec("true")
+    await ended.wait()  # reaped: neither its pid nor a group by that id is left
+    assert await plane._kill(ended.pid, "group") == (False, "gone")
+    assert await plane._kill(ended.pid, "process") == (False, "nothing")
+    assert await ExecDataPlane(KillRefused())._kill(ended.pid, "group") == (False, "nothing")
+    # Through a handle: output over the budget from a command that then ends by itself (its
+    # pipe closed under it), its kill sent late.
+    lifecycle = Lifecycle()
+    box = handle(KillLate(1.0), lifecycle, tmp_path)
+    with pytest.raises(OutputBudgetExceeded) as raised:
+        await box.exec("yes | head -c 3000000", timeout=30, max_output_bytes=100_000)
+    assert raised.value.kill_reach in ("gone", "group")  # a leader left a zombie is signalled
+    await asyncio.sleep(0)
+    assert box.unclean is None and lifecycle.disposed == []
+
+
+def timeout(delivered: bool, reach: str) -> ExecTimeout:
+    return ExecTimeout(
+        argv=("x",), timeout=1, stdout=b"", stderr=b"", kill_delivered=delivered, kill_reach=reach
+    )
+
+
+def budget(delivered: bool, reach: str = "nothing", ended: bool = False) -> OutputBudgetExceeded:
+    return OutputBudgetExceeded(
+        budget=1, received=2, kill_delivered=delivered, kill_reach=reach, ended=ended
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "unclean"),
+    [
+        (ExecCancelled(argv=("x",), kill_delivered=True, kill_reach="group"), False),
+        (ExecCancelled(argv=("x",), kill_delivered=True, kill_reach="process"), True),
+        (ExecCancelled(argv=("x",), kill_delivered=False, kill_reach="nothing"), True),
+        (timeout(True, "group"), False),
+        (timeout(True, "process"), True),
+        (timeout(False, "nothing"), True),
+        (timeout(False, "gone"), False),
+        (budget(True, "group"), False),
+        (budget(True, "process"), True),
+        (budget(False), True),
+        (budget(False, ended=True), False),
+        (ExecStreamLost("lost", argv=("x",), kill_delivered=True, kill_reach="group"), False),
+        (ExecStreamLost("lost", argv=("x",), kill_delivered=False, kill_reach="nothing"), True),
+        (DataPlaneError("never started"), False),
+        (ExecQueuedTimeout(argv=("x",), timeout=1, waited=1, waited_for="resume"), False),
+    ],
+)
+def test_the_one_rule(error: BaseException, unclean: bool) -> None:
+    """Unclean unless the kill reached the whole group (or nothing was left to kill)."""
+    assert (unclean_reason(error) is not None) is unclean

@@ -29,7 +29,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
     ├── ExecSetupError, ExecTimeout (TimeoutError), ExecQueuedTimeout (TimeoutError)
-    ├── OutputBudgetExceeded, DataPlaneError
+    ├── OutputBudgetExceeded, DataPlaneError (ExecStreamLost)
     ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
@@ -250,13 +250,23 @@ class ExecSetupError(SandboxClientError):
         return f"exec could not start: {self.what}" + (f" ({self.detail})" if self.detail else "")
 
 
+def kill_outcome(delivered: bool, reach: str) -> str:
+    """What a command's kill reached, in words (the exec errors' messages)."""
+    if delivered:
+        return f"its {reach} was sent SIGKILL"
+    if reach == "gone":
+        return "its process group had already ended"
+    return "it could not be signalled, so it may still be running"
+
+
 @dataclass(eq=False, repr=False, kw_only=True)
 class ExecTimeout(SandboxClientError, TimeoutError):
     """The command ran past its timeout; its process group was signalled.
 
     ``stdout``/``stderr`` hold the output received before the deadline; ``kill_delivered`` says
     whether the kill signal was accepted by the sandbox (not that everything died);
-    ``kill_reach`` is ``group`` (the whole process group) or ``process`` or ``nothing``."""
+    ``kill_reach`` is ``group`` (the whole process group), ``process``, ``gone`` (not delivered
+    because the group had already ended: nothing was left in it) or ``nothing``."""
 
     argv: tuple[str, ...]
     timeout: float
@@ -266,11 +276,8 @@ class ExecTimeout(SandboxClientError, TimeoutError):
     kill_reach: str
 
     def _message(self) -> str:
-        if self.kill_delivered:
-            tail = f"and its {self.kill_reach} was sent SIGKILL"
-        else:
-            tail = "and could not be signalled, so it may still be running"
-        return f"command timed out after {self.timeout:g}s {tail}"
+        tail = kill_outcome(self.kill_delivered, self.kill_reach)
+        return f"command timed out after {self.timeout:g}s and {tail}"
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
@@ -301,8 +308,8 @@ class ExecCancelled(asyncio.CancelledError):
     ``except Exception`` swallows it), not a :class:`SandboxClientError`.
 
     ``kill_delivered`` says whether the kill was accepted by the sandbox; ``kill_reach`` is
-    ``group``, ``process`` or ``nothing`` (the command had not announced itself, or the kill
-    failed), as for :class:`ExecTimeout`. Anything short of ``group`` leaves the sandbox
+    ``group``, ``process``, ``gone`` or ``nothing`` (the command had not announced itself, or the
+    kill failed), as for :class:`ExecTimeout`. Anything short of ``group`` leaves the sandbox
     unclean: its handle refuses further use (:class:`SandboxUnclean`) and, when a client
     acquired it, the Sandbox is disposed."""
 
@@ -310,14 +317,15 @@ class ExecCancelled(asyncio.CancelledError):
         self.argv = argv
         self.kill_delivered = kill_delivered
         self.kill_reach = kill_reach
-        what = f"its {kill_reach} was sent SIGKILL" if kill_delivered else "nothing was signalled"
+        what = kill_outcome(kill_delivered, kill_reach)
         super().__init__(f"exec cancelled by the caller: {what}")
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class SandboxUnclean(SandboxClientError):
-    """The sandbox may still run something a caller no longer owns (an exec cancelled or timed
-    out whose kill did not reach its process group, a host-tool run that could not be stopped):
+    """The sandbox may still run something a caller no longer owns (an exec cancelled, timed out,
+    over its output budget or cut off from its stream whose kill did not reach its process
+    group, a host-tool run that could not be stopped; :mod:`~sandbox_operator.client.unclean`):
     the handle refuses every further use, and the Sandbox is disposed (a client-acquired handle),
     so the conversation's next acquire gets a new one once the disposal lands. ``sandbox`` names
     it; ``reason`` says what left it so."""
@@ -332,17 +340,29 @@ class SandboxUnclean(SandboxClientError):
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class OutputBudgetExceeded(SandboxClientError):
-    """The command produced more output than the budget allows; it was killed and nothing is
-    returned (output is never truncated)."""
+    """The command produced more output than the budget allows; nothing is returned (output is
+    never truncated).
+
+    ``ended`` says the command had already ended when its output was judged (nothing was left
+    to kill). Otherwise its process group was sent SIGKILL: ``kill_delivered`` and
+    ``kill_reach`` say what that reached, as for :class:`ExecTimeout`; anything short of
+    ``group`` leaves the sandbox unclean (:class:`SandboxUnclean`)."""
 
     budget: int
     received: int
     kill_delivered: bool
+    kill_reach: str = "nothing"
+    ended: bool = False
 
     def _message(self) -> str:
+        tail = (
+            "the command had ended"
+            if self.ended
+            else kill_outcome(self.kill_delivered, self.kill_reach)
+        )
         return (
             f"command output exceeded the budget of {self.budget} bytes (received "
-            f"{self.received}); the command was killed and its output discarded"
+            f"{self.received}); its output was discarded and {tail}"
         )
 
 
@@ -358,6 +378,24 @@ class DataPlaneError(SandboxClientError):
 
     def _message(self) -> str:
         return self.detail
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class ExecStreamLost(DataPlaneError):
+    """The connection to a running command was lost before its end (the exec stream dropped):
+    the command runs on in the sandbox unless its process group is killed, so the data plane
+    sent SIGKILL to it over a new connection first. ``kill_delivered`` and ``kill_reach`` say
+    what that reached, as for :class:`ExecTimeout`; anything short of ``group`` leaves the
+    sandbox unclean (:class:`SandboxUnclean`). A :class:`DataPlaneError`: a caller handling a
+    transport failure handles this one."""
+
+    argv: tuple[str, ...]
+    kill_delivered: bool
+    kill_reach: str
+
+    def _message(self) -> str:
+        tail = kill_outcome(self.kill_delivered, self.kill_reach)
+        return f"the exec stream was lost before the command ended ({self.detail}); {tail}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
@@ -28,9 +28,7 @@ from sandbox_operator.client.dataplane import (
 )
 from sandbox_operator.client.errors import (
     CapabilityNotRequired,
-    ExecCancelled,
     ExecSetupError,
-    ExecTimeout,
     SandboxFileNotFound,
     SandboxNotSuspendable,
     SandboxUnclean,
@@ -46,6 +44,7 @@ from sandbox_operator.client.observer import (
 )
 from sandbox_operator.client.outputs import check_cap
 from sandbox_operator.client.paths import confine, normalize_work_dir
+from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.contract import (
     Capability,
     DeclaredOutput,
@@ -222,7 +221,9 @@ class Sandbox:
         """Run a command. A list is an argv passed verbatim (no shell); a string is run by
         ``sh -c``. ``cwd`` defaults to the work dir (created if missing); a relative ``cwd`` is
         confined under it. Raises ``ExecTimeout`` (with partial output and whether the kill was
-        delivered) and ``OutputBudgetExceeded`` (output is never truncated)."""
+        delivered), ``OutputBudgetExceeded`` (output is never truncated) and ``ExecStreamLost``
+        (the connection to the command was lost); one whose kill fell short leaves the sandbox
+        unclean (:meth:`exec_on_plane`)."""
         self._gate("exec", Capability.EXEC)
         argv = ("sh", "-c", command) if isinstance(command, str) else tuple(command)
         if not argv:
@@ -269,15 +270,24 @@ class Sandbox:
             "timeout": timeout,
             "max_output_bytes": budget,
         }
+        return await self.exec_on_plane(argv, **options)
+
+    async def exec_on_plane(
+        self, argv: Sequence[str], **options: Unpack[ExecOptions]
+    ) -> ExecResult:
+        """Hand a command to :attr:`dataplane` as it is given (no capability gate, no ``cwd``
+        resolution) under the unclean rule (:mod:`sandbox_operator.client.unclean`): refused
+        with :class:`SandboxUnclean` once the sandbox is unclean, and an exec whose kill fell
+        short makes it so. For a caller that gates and resolves commands itself (the maf
+        backend), so that every exec on a sandbox is judged by this one rule."""
+        if self.unclean is not None:
+            raise SandboxUnclean(sandbox=self.name, reason=self.unclean)
         try:
             return await self.dataplane.exec(argv, **options)
-        except ExecCancelled as exc:
-            if exc.kill_reach != "group":
-                self._become_unclean(f"an exec was cancelled and its kill reached {exc.kill_reach}")
-            raise
-        except ExecTimeout as exc:
-            if not exc.kill_delivered or exc.kill_reach != "group":
-                self._become_unclean(f"an exec timed out and its kill reached {exc.kill_reach}")
+        except BaseException as exc:
+            reason = unclean_reason(exc)
+            if reason is not None:
+                self._become_unclean(reason)
             raise
 
     def _become_unclean(self, reason: str) -> None:

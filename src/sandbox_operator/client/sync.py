@@ -119,6 +119,7 @@ class SyncSandbox(_Twin[Sandbox]):
         self._run(report())
 
     exec = _blocking(Sandbox.exec)
+    exec_on_plane = _blocking(Sandbox.exec_on_plane)
     run_code = _blocking(Sandbox.run_code)
     write_file = _blocking(Sandbox.write_file)
     write_files = _blocking(Sandbox.write_files)

@@ -240,15 +240,12 @@ class OperatorBackend:
             )
         fresh = handle.created and status.get("servedFrom") == SERVED_FROM_COLD
         sandbox = OperatorSandbox(
-            handle.dataplane,
+            handle,
             spec,
             base=ours.work_dir,
             instance_id=sandbox_instance_id(obj),
             freshly_created=fresh,
-            name=handle.name,
-            namespace=handle.namespace,
             pod=served_by.get("name", ""),
-            on_use=handle.report_activity,
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
         )
         await sandbox.prepare()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import posixpath
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Unpack
 
 import maf_sandbox as maf
 from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
@@ -37,17 +38,26 @@ from maf_sandbox.paths import (
 )
 
 from sandbox_operator.client.dataplane import DataPlane
-from sandbox_operator.client.dataplane.protocol import DEFAULT_OUTPUT_BUDGET, FileKind
+from sandbox_operator.client.dataplane.protocol import (
+    DEFAULT_OUTPUT_BUDGET,
+    ExecOptions,
+    ExecResult,
+    FileKind,
+)
 from sandbox_operator.client.errors import (
     DataPlaneError,
     ExecQueuedTimeout,
     ExecSetupError,
+    ExecStreamLost,
     ExecTimeout,
     OutputBudgetExceeded,
     PathRefused,
     SandboxFileNotFound,
+    SandboxUnclean,
     TransferCapExceeded,
 )
+from sandbox_operator.client.sandbox import Sandbox as ClientSandbox
+from sandbox_operator.contract import SandboxSpec as ContractSpec
 
 _KINDS: dict[FileKind, maf.EntryKind] = {
     "file": maf.EntryKind.FILE,
@@ -103,46 +113,67 @@ def _split(guest_path: str) -> tuple[str, str]:
     return "/", guest_path.lstrip("/")
 
 
+def _bare_handle(dataplane: DataPlane, spec: maf.SandboxSpec, base: str) -> ClientSandbox:
+    """A client handle straight on a data plane (no Sandbox resource, nothing to dispose): what
+    a wrapper built without one judges its execs through. Its spec is never admitted (only its
+    work dir and an empty ``requires`` are read), so it is built without validation."""
+    bare = ContractSpec.model_construct(
+        kind=spec.kind, image="-", work_dir=base, requires=frozenset()
+    )
+    return ClientSandbox(bare, dataplane)
+
+
 class OperatorSandbox:
-    """A ``maf_sandbox.Sandbox`` over a data plane, a storage base and the spec it was acquired for.
+    """A ``maf_sandbox.Sandbox`` over a client handle (or a bare data plane), a storage base and
+    the spec it was acquired for.
+
+    ``sandbox`` is the client's :class:`~sandbox_operator.client.Sandbox` the backend acquired,
+    or a data plane (a handle is then made on it, with no Sandbox to dispose). Every command
+    goes through the handle's :meth:`~sandbox_operator.client.Sandbox.exec_on_plane`, so the
+    client's unclean rule is this wrapper's too (one implementation): an exec cancelled, timed
+    out, over its budget or cut off from its stream whose kill fell short disposes the Sandbox,
+    and every later use of this wrapper raises :class:`maf_sandbox.SandboxUnclean`.
 
     ``base`` is the absolute guest path relative working directories address (``spec.work_dir``
     when the spec names one). ``instance_id`` identifies the physical sandbox (the serving pod's
     uid under the operator); ``freshly_created`` is True only when the acquire that built this
-    wrapper created the instance from a clean image. ``name``/``namespace``/``pod`` name the
-    Sandbox resource and its pod (empty for a wrapper built directly on a data plane).
-    ``on_use`` is called at every method (the client's idle-timeout activity report).
+    wrapper created the instance from a clean image. ``name``/``namespace`` name the Sandbox
+    resource (the handle's by default) and ``pod`` its pod. Every method reports the handle's
+    activity (the client's idle timeout).
     ``reclaims`` is False where the backend withholds ``RECLAIM`` (its data plane cannot refuse a
     link on the way): :meth:`reclaim` then raises ``NotImplementedError``, as maf's protocol asks.
     """
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        sandbox: ClientSandbox | DataPlane,
         spec: maf.SandboxSpec,
         *,
         base: str,
         instance_id: str,
         freshly_created: bool = False,
-        name: str = "",
-        namespace: str = "",
+        name: str | None = None,
+        namespace: str | None = None,
         pod: str = "",
         op_timeout: float = DEFAULT_OP_TIMEOUT,
-        on_use: Callable[[], None] | None = None,
         reclaims: bool = True,
     ) -> None:
         if not base.startswith("/") or posixpath.normpath(base) != base:
             raise ValueError("base must be an absolute, normalized guest path")
-        self.dataplane = dataplane
+        if isinstance(sandbox, ClientSandbox):
+            handle = sandbox
+        else:
+            handle = _bare_handle(sandbox, spec, base)
+        self.handle = handle
+        self.dataplane = handle.dataplane
         self.spec = spec
         self.base = base
         self._instance_id = instance_id
         self.freshly_created = freshly_created
-        self.name = name
-        self.namespace = namespace
+        self.name = handle.name if name is None else name
+        self.namespace = handle.namespace if namespace is None else namespace
         self.pod = pod
         self.op_timeout = op_timeout
-        self._on_use = on_use
         self.reclaims = reclaims
 
     def __repr__(self) -> str:
@@ -158,6 +189,7 @@ class OperatorSandbox:
     async def lstat(self, guest_path: str) -> maf.SandboxEntry | None:
         """Describe an absolute guest path without following its last component; None when
         nothing is there. A size is reported for regular files only."""
+        self._check_clean()
         path = posixpath.normpath(guest_path)
         if path == "/":
             return maf.SandboxEntry(path=path, kind=maf.EntryKind.DIRECTORY, size_bytes=None)
@@ -185,7 +217,7 @@ class OperatorSandbox:
         if not asked:
             return answer
         try:
-            result = await self.dataplane.exec(
+            result = await self._plane_exec(
                 ["sh", "-c", _LSTAT_MANY, "sbx", *asked], cwd="/", timeout=self.op_timeout
             )
         except (DataPlaneError, ExecSetupError, ExecTimeout) as exc:
@@ -218,9 +250,30 @@ class OperatorSandbox:
 
         return stat
 
+    def _check_clean(self) -> None:
+        """Refuse any use once the sandbox is unclean, with maf's type for it."""
+        reason = self.handle.unclean
+        if reason is not None:
+            raise maf.SandboxUnclean(
+                f"sandbox {self.name or '(unnamed)'} is unclean ({reason}); it is disposed and "
+                "never used again"
+            )
+
+    def _use(self) -> None:
+        """A use of the sandbox: refused when unclean, else counted for the idle timeout."""
+        self._check_clean()
+        self.handle.report_activity()
+
+    async def _plane_exec(self, argv: Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+        """Every command of this wrapper: through the client handle's unclean rule."""
+        try:
+            return await self.handle.exec_on_plane(argv, **options)
+        except SandboxUnclean:
+            self._check_clean()
+            raise
+
     def _working_directory(self, working_directory: str) -> str:
-        if self._on_use is not None:
-            self._on_use()
+        self._use()
         return resolve_guest_working_directory(working_directory, self.base)
 
     async def prepare(self) -> None:
@@ -241,7 +294,7 @@ class OperatorSandbox:
 
     async def _create_directories(self, directories: tuple[str, ...]) -> None:
         deepest = directories[-1]
-        result = await self.dataplane.exec(
+        result = await self._plane_exec(
             ["mkdir", "-p", "--", deepest], cwd="/", timeout=self.op_timeout
         )
         if result.exit_code != 0:
@@ -258,7 +311,11 @@ class OperatorSandbox:
     ) -> maf.ExecResult:
         """Run ``command`` (a sequence: argv verbatim; a string: an ``sh -c`` line) in the
         resolved working directory. :class:`TimeoutError` means ``timeout`` expired and nothing
-        else: the data plane then kills the command's process group."""
+        else: the data plane then kills the command's process group. A connection to the
+        command lost before its end is a :class:`ConnectionError` (its group killed first). A
+        kill that fell short (after a timeout, a cancellation, the budget or a lost stream)
+        leaves the sandbox unclean: disposed, and every later use raises
+        :class:`maf_sandbox.SandboxUnclean`."""
         cwd = self._working_directory(working_directory)
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return await self._exec(argv, cwd=cwd, timeout=timeout, stdin=None)
@@ -288,7 +345,7 @@ class OperatorSandbox:
         budget: int = DEFAULT_OUTPUT_BUDGET,
     ) -> maf.ExecResult:
         try:
-            result = await self.dataplane.exec(
+            result = await self._plane_exec(
                 argv, cwd=cwd, timeout=timeout, stdin=stdin, max_output_bytes=budget
             )
         except ExecTimeout as exc:
@@ -305,6 +362,12 @@ class OperatorSandbox:
         except OutputBudgetExceeded as exc:
             raise SandboxExecOutputLimitExceeded(
                 f"the command produced more than {budget} bytes of output"
+            ) from exc
+        except ExecStreamLost as exc:
+            # A transport failure, never the caller's bound: not a TimeoutError.
+            raise ConnectionError(
+                "the connection to the command was lost before it ended; its process group "
+                + ("was killed" if exc.kill_reach == "group" else "could not be killed")
             ) from exc
         except ExecSetupError as exc:
             if exc.what == "cwd":
@@ -324,8 +387,7 @@ class OperatorSandbox:
         storage base): what it prints comes back, not the value of its last expression."""
         if maf.Capability.RUN_CODE not in self.spec.required_capabilities:
             raise NotImplementedError("RUN_CODE was not required by the spec")
-        if self._on_use is not None:
-            self._on_use()
+        self._use()
         return await self._exec(
             RUN_CODE_ARGV, cwd=self.base, timeout=timeout, stdin=code.encode("utf-8")
         )

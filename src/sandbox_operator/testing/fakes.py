@@ -122,10 +122,10 @@ class DefectiveDataPlane(ExecDataPlane):
                     _kill_marked(token)
                     await asyncio.sleep(0.02)
 
-    async def _kill(self, pid: int) -> bool:
+    async def _kill(self, pid: int | None, reach: str) -> tuple[bool, str]:
         if "exec_no_kill" in self.defects:
-            return True
-        return await super()._kill(pid)
+            return True, reach
+        return await super()._kill(pid, reach)
 
     async def write_file(
         self, work_dir: str, relative: str, data: bytes, *, replace: bool = True

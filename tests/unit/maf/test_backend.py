@@ -4,6 +4,7 @@ and disposal counted as gone."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -11,12 +12,14 @@ from typing import Any, cast
 import maf_sandbox as maf
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
+from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
+from sandbox_operator.client import Sandbox as ClientSandbox
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
-from sandbox_operator.client.dataplane import local_dataplane
+from sandbox_operator.client.dataplane import ExecDataPlane, LocalExecTransport
 from sandbox_operator.contract import SandboxKey, SandboxSpec
 from sandbox_operator.maf import (
     OperatorAcquireFailed,
@@ -25,6 +28,7 @@ from sandbox_operator.maf import (
     OperatorSandbox,
     sandbox_instance_id,
 )
+from tests.fixtures.faulty_transports import KillRefused, StreamDrops
 from tests.fixtures.maf_translate import GVISOR, RUNC, published
 
 
@@ -41,10 +45,22 @@ def sandbox_object(name: str, kind: str, backend: str, served_from: str = "cold"
     }
 
 
-class Handle:
-    def __init__(self, name: str, obj: Mapping[str, Any], created: bool) -> None:
-        self.name, self.namespace, self.resource, self.created = name, "ns", obj, created
-        self.dataplane = local_dataplane()
+class Handle(ClientSandbox):
+    """The client's handle as acquire returns it, on local processes (over ``client``'s
+    transport), disposed through ``client``, its uses counted."""
+
+    def __init__(
+        self, name: str, obj: Mapping[str, Any], created: bool, spec: SandboxSpec, client: StandIn
+    ) -> None:
+        super().__init__(
+            spec,
+            ExecDataPlane(client.transport),
+            name=name,
+            namespace="ns",
+            resource=obj,
+            created=created,
+            lifecycle=client,  # type: ignore[arg-type]
+        )
         self.uses = 0
 
     def report_activity(self) -> None:
@@ -85,6 +101,7 @@ class StandIn:
         self.custom = Custom(self)
         self.scopes: dict[str, dict[str, Any]] = {}
         self.deleted_scopes: list[str] = []
+        self.transport: LocalExecTransport = LocalExecTransport()
 
     async def create_scope(
         self, *, scope: str, thread_id: str, name: str | None = None, **kw: Any
@@ -106,7 +123,7 @@ class StandIn:
         name = f"sbx-{agent_dir}-{spec.kind}"
         obj = sandbox_object(name, spec.kind, *self.serve)
         self.objects[name] = obj
-        return Handle(name, obj, self.created)
+        return Handle(name, obj, self.created, spec, self)
 
     async def dispose(self, name: str, *, wait: bool = False, uid: str | None = None) -> None:
         if name in self.undeletable:
@@ -373,3 +390,67 @@ async def test_the_routers_record_names_the_served_backend_rung_and_egress(
     state = maf.EffectiveState.of(event).as_dict()
     assert state["backend"] == "sandbox-operator/gvisor"
     assert state["isolation"] == "hardened_container"
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+@pytest.mark.parametrize("case", ["timeout", "cancel", "budget", "stream"])
+async def test_an_exec_whose_kill_fell_short_retires_the_sandbox_as_the_client_does(
+    spec: maf.SandboxSpec, tmp_path: Any, case: str
+) -> None:
+    """#37 item 4: the maf backend's execs go through the client's unclean rule. A command
+    cancelled, timed out, over its budget or cut off from its stream whose kill did not reach its
+    group: maf's own exception for the failure, the Sandbox disposed (that object, by uid), and
+    every later use refused with maf's SandboxUnclean, so the router cannot use it again. Before,
+    the backend called the data plane directly and nothing was retired."""
+    client = StandIn()
+    client.transport = StreamDrops(0.5, refuse_kill=True) if case == "stream" else KillRefused()
+    sandbox = await backend(client).acquire(KEY, spec)
+    began = os.path.join(tmp_path, "began")
+    if case == "timeout":
+        with pytest.raises(TimeoutError):
+            await sandbox.exec("sleep 3", working_directory=".", timeout=0.3)
+    elif case == "budget":
+        with pytest.raises(SandboxExecOutputLimitExceeded):
+            await sandbox.exec_bounded(
+                "head -c 200000 /dev/zero; sleep 3",
+                working_directory=".",
+                timeout=30,
+                max_output_bytes=1000,
+            )
+    elif case == "stream":
+        with pytest.raises(ConnectionError):
+            await sandbox.exec("sleep 3", working_directory=".", timeout=30)
+    else:
+        call = asyncio.ensure_future(
+            sandbox.exec(f"touch {began}; sleep 3", working_directory=".", timeout=30)
+        )
+        for _ in range(500):  # the command has started: its kill has a pid to aim at
+            if exists(began):
+                break
+            await asyncio.sleep(0.02)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.sleep(0)  # the disposal runs in the background
+    assert client.disposed == [sandbox.name]
+    with pytest.raises(maf.SandboxUnclean):
+        await sandbox.exec(["true"], working_directory=".", timeout=10)
+    with pytest.raises(maf.SandboxUnclean):
+        await sandbox.write_file("f", "x", working_directory=".")
+
+
+async def test_a_lost_stream_whose_kill_reached_the_group_leaves_the_sandbox_in_use(
+    spec: maf.SandboxSpec,
+) -> None:
+    client = StandIn()
+    client.transport = StreamDrops(0.5)
+    sandbox = await backend(client).acquire(KEY, spec)
+    with pytest.raises(ConnectionError):
+        await sandbox.exec("sleep 3", working_directory=".", timeout=30)
+    assert client.disposed == []
+    client.transport.after = 30.0
+    result = await sandbox.exec(["echo", "ok"], working_directory=".", timeout=10)
+    assert result.stdout == "ok\n"

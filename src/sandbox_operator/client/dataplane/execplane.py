@@ -6,8 +6,9 @@ and give me back exit code, stdout and stderr" (an :class:`ExecTransport`).
 Every file primitive is a POSIX ``sh`` script (:mod:`.scripts`) using only busybox/coreutils
 applets (``head``, ``wc``, ``mv``, ``ln``, ``rm``, ``mkdir``, ``setsid``, ``kill``), so one
 implementation serves any transport: ``pods/exec`` (:mod:`.pod`) or local processes
-(:mod:`.local`). On timeout (or output over budget) the client stops reading and, over a second
-exec, sends SIGKILL to the command's process group.
+(:mod:`.local`). On timeout, output over budget, cancellation or a stream lost before the
+command's end, the client stops reading and, over a second exec, sends SIGKILL to the command's
+process group (the exception says what that reached: :mod:`sandbox_operator.client.unclean`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sandbox_operator.client.errors import (
     DataPlaneError,
     ExecCancelled,
     ExecSetupError,
+    ExecStreamLost,
     PathRefused,
     SandboxFileNotFound,
     TransferIntegrityError,
@@ -41,8 +43,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class RawResult:
-    """What a transport returns. ``exit_code`` is None when the command did not finish (timeout,
-    overflow); ``stdout``/``stderr`` are what arrived before that."""
+    """What a transport returns. ``exit_code`` is None when the command's end was not seen: a
+    timeout, an overflow, or (neither flag set) a stream lost after the command was started;
+    ``stdout``/``stderr`` are what arrived before that."""
 
     exit_code: int | None
     stdout: bytes
@@ -55,7 +58,11 @@ class ExecTransport(Protocol):
     """Run an argv (no shell) with the given stdin bytes; stop reading at ``timeout`` seconds or
     after more than ``max_output`` bytes of stdout+stderr and report which. ``stderr``, when
     given, is where stderr is gathered as it arrives: a caller whose run is cancelled reads what
-    came before (the exec wrapper's pid, to kill its process group)."""
+    came before (the exec wrapper's pid, to kill its process group).
+
+    A failure to start the command raises :class:`DataPlaneError`; a stream lost once the
+    command was started returns a result without an exit code and without either flag (the
+    data plane then kills the command's group and raises :class:`ExecStreamLost`)."""
 
     async def run(
         self,
@@ -162,31 +169,35 @@ class ExecDataPlane:
             # Closing the stream stops nothing in the sandbox: the command runs on unless its
             # group is killed, whatever cancelled the caller.
             pid, reach, _ = _split_header(bytes(arrived))
-            delivered = await _despite_cancellation(self._kill(pid)) if pid is not None else False
-            raise ExecCancelled(
-                argv=req.argv,
-                kill_delivered=delivered,
-                kill_reach=reach if delivered else "nothing",
-            ) from None
+            delivered, reach = await _despite_cancellation(self._kill(pid, reach))
+            raise ExecCancelled(argv=req.argv, kill_delivered=delivered, kill_reach=reach) from None
         pid, reach, stderr = _split_header(raw.stderr)
-        if raw.timed_out or raw.overflowed:
-            delivered = await self._kill(pid) if pid is not None else False
+        if raw.timed_out or raw.overflowed or raw.exit_code is None:
+            # The command may run on (past its deadline, over its budget, or behind a stream
+            # that ended without its exit status): kill its group over a new exec first.
+            delivered, reach = await self._kill(pid, reach)
             if raw.overflowed:
                 received = len(raw.stdout) + len(stderr)
-                raise req.over_budget(received, kill_delivered=delivered)
-            reach = reach if delivered else "nothing"
-            raise req.timed_out(raw.stdout, stderr, kill_delivered=delivered, kill_reach=reach)
-        if raw.exit_code is None:
-            raise DataPlaneError("command ended without an exit code")
+                raise req.over_budget(received, kill_delivered=delivered, kill_reach=reach)
+            if raw.timed_out:
+                raise req.timed_out(raw.stdout, stderr, kill_delivered=delivered, kill_reach=reach)
+            raise ExecStreamLost(
+                "the stream ended without the command's exit status",
+                argv=req.argv,
+                kill_delivered=delivered,
+                kill_reach=reach,
+            )
         if pid is None:
             raise ExecSetupError(what="wrapper", detail=_stderr_detail(raw.stderr))
         return req.finish(raw.exit_code, raw.stdout, stderr)
 
-    async def _kill(self, pid: int) -> bool:
-        """SIGKILL the process group led by ``pid`` (or the process): whether the sandbox
-        accepted it."""
-        if pid <= 1:
-            return False
+    async def _kill(self, pid: int | None, reach: str) -> tuple[bool, str]:
+        """SIGKILL the process group led by ``pid`` (or the process; ``reach`` is which, from
+        the wrapper's header): whether the sandbox accepted it, and what it reached. A group
+        found already ended (nothing left in it to signal) is ``gone``: as sure as a kill that
+        reached it. A kill that could not be sent or failed reached ``nothing``."""
+        if pid is None or pid <= 1:
+            return False, "nothing"
         try:
             raw = await self.transport.run(
                 [*scripts.KILL, str(pid)],
@@ -195,8 +206,12 @@ class ExecDataPlane:
                 max_output=64 * 1024,
             )
         except Exception:
-            return False
-        return raw.exit_code == 0
+            return False, "nothing"
+        if raw.exit_code == 0:
+            return True, reach
+        if raw.exit_code == scripts.KILL_GONE and reach == "group":
+            return False, "gone"
+        return False, "nothing"
 
     # -- file primitives ------------------------------------------------------------------
 

@@ -59,8 +59,12 @@ class PodExecTransport:
         err = stderr if stderr is not None else bytearray()
         status: bytes = b""
         overflowed = False
+        # Once the stream is open the command has been started: a failure from then on is a
+        # lost stream (reported without an exit code), not a command that never ran.
+        started = False
 
         async def session() -> None:
+            nonlocal started
             kwargs: dict[str, Any] = {}
             if self.target.container:
                 kwargs["container"] = self.target.container
@@ -76,6 +80,7 @@ class PodExecTransport:
                 **kwargs,
             )
             async with connect as ws:
+                started = True
                 sender = asyncio.ensure_future(_send_stdin(ws, stdin)) if stdin else None
                 try:
                     await _receive(ws)
@@ -91,10 +96,8 @@ class PodExecTransport:
                     data: bytes = msg.data
                 elif msg.type == aiohttp.WSMsgType.TEXT:
                     data = msg.data.encode("utf-8")
-                elif msg.type == aiohttp.WSMsgType.ERROR:
-                    raise DataPlaneError("exec stream error")
                 else:
-                    break
+                    break  # closed or failed: without a status, the command's end is unknown
                 if not data:
                     continue
                 channel, payload = data[0], data[1:]
@@ -132,6 +135,8 @@ class PodExecTransport:
                     f"exec refused by the API server (HTTP {exc.status})"
                 ) from None
             except aiohttp.ClientError as exc:
+                if started:
+                    return RawResult(None, bytes(out), bytes(err))  # the stream was lost
                 raise DataPlaneError(f"exec transport failed: {type(exc).__name__}") from None
         if overflowed:
             return RawResult(None, bytes(out), bytes(err), overflowed=True)

@@ -175,9 +175,16 @@ class ExecRequest:
             kill_reach=kill_reach,
         )
 
-    def over_budget(self, received: int, *, kill_delivered: bool) -> OutputBudgetExceeded:
+    def over_budget(
+        self, received: int, *, kill_delivered: bool, kill_reach: str
+    ) -> OutputBudgetExceeded:
+        """The budget error of a command still running when its output went over the budget:
+        whether (and how far) the kill reached."""
         return OutputBudgetExceeded(
-            budget=self.budget, received=received, kill_delivered=kill_delivered
+            budget=self.budget,
+            received=received,
+            kill_delivered=kill_delivered,
+            kill_reach=kill_reach,
         )
 
     def finish(self, exit_code: int, stdout: bytes, stderr: bytes) -> ExecResult:
@@ -188,7 +195,12 @@ class ExecRequest:
             what = stderr[8:].split(b"\n", 1)[0].decode(errors="replace")
             raise ExecSetupError(what=what, detail=f"cwd={self.cwd!r}" if what == "cwd" else "")
         if len(stdout) + len(stderr) > self.budget:
-            raise self.over_budget(len(stdout) + len(stderr), kill_delivered=False)
+            raise OutputBudgetExceeded(
+                budget=self.budget,
+                received=len(stdout) + len(stderr),
+                kill_delivered=False,
+                ended=True,
+            )
         return ExecResult(exit_code, stdout, stderr)
 
 

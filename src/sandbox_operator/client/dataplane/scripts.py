@@ -163,5 +163,19 @@ MISSING = 94
 TOO_LARGE = 100
 SIZE_MISMATCH = 102
 
-#: Kills a command's process group (or, without ``setsid``, the process) by pid.
-KILL = ("sh", "-c", 'kill -9 "-$1" 2>/dev/null || kill -9 "$1"', "sbx")
+#: Kills a command's process group (or, without ``setsid``, the process) by pid. When neither
+#: signal is delivered, exits :data:`KILL_GONE` if that is because nothing is left to signal (no
+#: such process group nor process), so a group that ended on its own (a command that exited
+#: once its output went over the budget) is told from a kill that failed.
+KILL = (
+    "sh",
+    "-c",
+    r"""kill -9 "-$1" 2>/dev/null && exit 0
+kill -9 "$1" 2>/dev/null && exit 0
+e=$(kill -0 "-$1" 2>&1; kill -0 "$1" 2>&1)
+case $e in *ermitted*) exit 1 ;; *"o such process"*) exit 3 ;; esac
+exit 1
+""",
+    "sbx",
+)
+KILL_GONE = 3
