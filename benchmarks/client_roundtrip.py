@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         "--kubeconfig", default=os.environ.get("KUBECONFIG", str(DEFAULT_KUBECONFIG))
     )
     args = parser.parse_args(argv)
-    namespace = f"bench-client-{secrets.token_hex(3)}"
+    # t-*, labelled served-by like the test suite's: on the local cluster `make up`'s release
+    # serves every other namespace, and a second operator there would fight this script's.
+    namespace = f"t-bench-client-{secrets.token_hex(3)}"
     kubectl = ["kubectl", "--kubeconfig", args.kubeconfig]
     subprocess.run(
         [*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")],
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         capture_output=True,
     )
     subprocess.run([*kubectl, "create", "namespace", namespace], check=True, capture_output=True)
+    subprocess.run(
+        [*kubectl, "label", "namespace", namespace, "sandbox-operator.dev/served-by=bench"],
+        check=True,
+        capture_output=True,
+    )
     all_results: dict[str, dict[str, float]] = {}
     try:
         for backend in args.backends.split(","):

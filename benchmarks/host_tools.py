@@ -247,10 +247,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, list[float]]]:
     if args.calls < 1 or args.runs < 1:
         parser.error("--calls and --runs must be at least 1")
     runtimes = [r for r in args.runtimes.split(",") if r]
-    namespace = f"bench-hosttools-{secrets.token_hex(3)}"
+    # t-*, labelled served-by like the test suite's: on the local cluster `make up`'s release
+    # serves every other namespace, and a second operator there would fight this script's.
+    namespace = f"t-bench-hosttools-{secrets.token_hex(3)}"
     cluster = any(r != "local" for r in runtimes)
     if cluster:
         kubectl(args.kubeconfig, "create", "namespace", namespace)
+        kubectl(
+            args.kubeconfig, "label", "namespace", namespace, "sandbox-operator.dev/served-by=bench"
+        )
     try:
         results = asyncio.run(run_all(runtimes, namespace, args.kubeconfig, args.calls, args.runs))
     finally:

@@ -565,11 +565,19 @@ class Phase:
 # Namespaces, CRDs, kwok
 
 
+#: Its namespaces are t-* and carry this label, like the test suite's: on the local cluster `make
+#: up`'s release serves every other namespace, and a second operator there would fight this one.
+SERVED_BY = "sandbox-operator.dev/served-by"
+
+
 def ns_body(name: str, run_id: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {BENCH_LABEL: "scale", RUN_LABEL: run_id}},
+        "metadata": {
+            "name": name,
+            "labels": {BENCH_LABEL: "scale", RUN_LABEL: run_id, SERVED_BY: "bench"},
+        },
     }
 
 
@@ -841,7 +849,7 @@ async def run_size(
     kube: Kube, n: int, args: argparse.Namespace, kubeconfig: str, cleanup: list[str]
 ) -> SizeResult:
     run_id = f"{n}-{secrets.token_hex(3)}"
-    namespaces = [f"bench-scale-{run_id}-{i}" for i in range(args.namespaces)]
+    namespaces = [f"t-bench-scale-{run_id}-{i}" for i in range(args.namespaces)]
     cleanup.extend(namespaces)
     result = SizeResult(n, len(namespaces))
     say(f"N={n}: namespaces {', '.join(namespaces)}")
@@ -1207,7 +1215,7 @@ class RealNode:
     def __init__(self, kube: Kube, args: argparse.Namespace, kubeconfig: str, local: bool):
         self.kube, self.args, self.kubeconfig, self.local = kube, args, kubeconfig, local
         self.run_id = f"real-{secrets.token_hex(3)}"
-        self.ns = f"bench-scale-{self.run_id}"
+        self.ns = f"t-bench-scale-{self.run_id}"
         self.tracker = Tracker([self.ns])
         self.counter = 0
         self.node = ""
@@ -1809,7 +1817,7 @@ class Ceiling:
 
 async def api_ceiling(kube: Kube, n: int, args: argparse.Namespace, cleanup: list[str]) -> Ceiling:
     run_id = f"ceiling-{secrets.token_hex(3)}"
-    ns = f"bench-scale-{run_id}"
+    ns = f"t-bench-scale-{run_id}"
     cleanup.append(ns)
     result = Ceiling(n, args.concurrency)
     say(f"ceiling N={n}: namespace {ns}, no operator")

@@ -292,11 +292,19 @@ class Tracker:
 # Objects
 
 
+#: Its namespaces are t-* and carry this label, like the test suite's: on the local cluster `make
+#: up`'s release serves every other namespace, and a second operator there would fight this one.
+SERVED_BY = "sandbox-operator.dev/served-by"
+
+
 def ns_body(name: str, run_id: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {BENCH_LABEL: BENCH, RUN_LABEL: run_id}},
+        "metadata": {
+            "name": name,
+            "labels": {BENCH_LABEL: BENCH, RUN_LABEL: run_id, SERVED_BY: "bench"},
+        },
     }
 
 
@@ -435,7 +443,7 @@ class Bench:
     def __init__(self, kube: Kube, args: argparse.Namespace, kubeconfig: str) -> None:
         self.kube, self.args, self.kubeconfig = kube, args, kubeconfig
         self.run_id = f"wp-{secrets.token_hex(3)}"
-        self.ns = f"bench-warmpool-{self.run_id}"
+        self.ns = f"t-bench-warmpool-{self.run_id}"
         self.tracker = Tracker()
         self.counter = 0
         self.node = ""
