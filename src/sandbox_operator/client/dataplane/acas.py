@@ -42,6 +42,7 @@ from sandbox_operator.client.dataplane.protocol import (
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
+    OutputBudgetExceeded,
     PathRefused,
     SandboxFileNotFound,
     TransferIntegrityError,
@@ -234,7 +235,13 @@ class AcasDataPlane:
                 f"exec wrapper printed no output envelope (exit {result.exit_code})"
             )
         if captured.streams is None:
-            raise req.over_budget(sum(captured.sizes), kill_delivered=captured.timed_out)
+            received = sum(captured.sizes)
+            if captured.timed_out:  # the wrapper killed the command's group at its deadline
+                raise req.over_budget(received, kill_delivered=True, kill_reach="group")
+            # It ran to its end: nothing is left to kill, the sandbox stays clean.
+            raise OutputBudgetExceeded(
+                budget=req.budget, received=received, kill_delivered=False, ended=True
+            )
         stdout, stderr = captured.streams
         if captured.timed_out:
             raise req.timed_out(stdout, stderr, kill_delivered=True, kill_reach="group")
