@@ -140,6 +140,7 @@ from sandbox_operator.maf import OperatorBackend, operator_spec  # noqa: E402
 
 BENCH = "maf"  # the value of BENCH_LABEL on this script's namespaces
 PID_LABEL = "sandbox-operator.dev/bench-pid"  # the process that made the namespace
+SERVED_BY_LABEL = "sandbox-operator.dev/served-by"  # another operator's (the one this script runs)
 SCOPE, WORK_DIR = "bench", "/workspace"
 RUNTIMES = {"runc": "container", "gvisor": "hardened_container"}  # backend -> isolation
 ROUTES = ("maf", "own")
@@ -253,7 +254,10 @@ class RuntimeBench:
     def __init__(self, kube: Kube, args: argparse.Namespace, kubeconfig: str, rt: str) -> None:
         self.kube, self.args, self.kubeconfig, self.rt = kube, args, kubeconfig, rt
         self.run_id = f"maf-{secrets.token_hex(3)}"
-        self.ns = f"bench-maf-{rt}-{self.run_id}"
+        # t-*, labelled served-by like the test suite's namespaces: on the local cluster make up's
+        # release serves every namespace but those (hack/up.sh), and a second operator serving
+        # this one would fight ours over the pool's pods (docs/install.md).
+        self.ns = f"t-bench-maf-{rt}-{self.run_id}"
         self.thread = f"thread-{self.run_id}"
         self.pool = f"warm-{rt}"
         self.tracker = Seen()
@@ -267,7 +271,12 @@ class RuntimeBench:
 
     async def setup(self) -> None:
         kube, ns = self.kube, self.ns
-        labels = {BENCH_LABEL: BENCH, RUN_LABEL: self.run_id, PID_LABEL: str(os.getpid())}
+        labels = {
+            BENCH_LABEL: BENCH,
+            RUN_LABEL: self.run_id,
+            PID_LABEL: str(os.getpid()),
+            SERVED_BY_LABEL: "bench-maf",
+        }
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}
         code, obj = await kube.request("POST", "/api/v1/namespaces", body)
         if code != 201:
