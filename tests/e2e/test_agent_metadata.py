@@ -316,8 +316,20 @@ def metadata_policy(module_kit: Kit, api_client: client.ApiClient, tmp_path: Pat
     objs = template(
         values_files=[_write_values(tmp_path, "policy-values.yaml", values)], release=release
     )
-    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    # The metadata policy (serving named namespaces, the chart renders the served-namespaces
+    # one too: another test's).
+    (policy,) = [
+        o
+        for o in objs
+        if o["kind"] == "ValidatingAdmissionPolicy"
+        and o["metadata"]["name"].endswith("-sandbox-metadata")
+    ]
+    (binding,) = [
+        o
+        for o in objs
+        if o["kind"] == "ValidatingAdmissionPolicyBinding"
+        and o["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
     admission = client.AdmissionregistrationV1Api(api_client)
     admission.create_validating_admission_policy(policy)
     try:

@@ -24,6 +24,7 @@ from sandbox_operator.client import (
 from sandbox_operator.conformance import check_call_scope, check_sandbox
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
 from tests.fixtures.agents import token, token_client
+from tests.fixtures.cluster import TEST_NAMESPACE_LABELS
 from tests.fixtures.operator import BUSYBOX, PYTHON, Kit, local_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -176,7 +177,9 @@ def _apply_rbac(api: k8s.ApiClient, namespace: str) -> None:
 @pytest.fixture
 def other_namespace(core_v1: k8s.CoreV1Api, namespace: str) -> Iterator[str]:
     name = f"{namespace}-other"[:63]
-    core_v1.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    core_v1.create_namespace(
+        k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=TEST_NAMESPACE_LABELS))
+    )
     yield name
     core_v1.delete_namespace(name)
 
