@@ -4,6 +4,11 @@ what waits on a sandbox key that disposal frees.
 Drivers whose objects the operator watches are asked to delete without waiting (the deletion
 events bring the next pass); the others dispose synchronously. The outcome is the ``Disposed``
 condition; a failure is retried after ``disposal_retry_seconds``.
+
+A deletion is on its caller's path until the finalizer is removed, so the finalizer waits for
+nothing the sandbox could no longer be reached or handed out through: a runtime-class pod is
+deleted with no grace period (the API server drops it with the answer), and the kubelet stopping
+its containers is not waited for (docs/disposal.md).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
@@ -39,9 +45,10 @@ from sandbox_operator.reconcile.status import (
 from sandbox_operator.reconcile.step import Step, sooner
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
-#: status is left alone: the object is about to go). Longer than a pod's default termination grace
-#: (5 s) plus the kubelet's teardown on a busy node, so an ordinary disposal costs the finalizer's
-#: removal and nothing more; one that takes longer (a larger grace, a stuck volume) says so.
+#: status is left alone: the object is about to go). An ordinary disposal waits for nothing the
+#: API server does not answer at once (a pod deleted with no grace period) or within a moment (a
+#: work volume released once no pod object uses it), so it costs the finalizer's removal and
+#: nothing more; one that takes longer (a finalizer of someone else's, a stuck volume) says so.
 DISPOSING_REPORT_AFTER_SECONDS = 10.0
 
 #: Once what served a Sandbox the egress proxy admitted is gone, how long its finalizer waits for
@@ -200,6 +207,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
         return Step.wait()  # never admitted by this operator, or already released
     draft = Draft(obj)
     terminal = compute.is_terminal(draft.old)
+    seen = rt.deletion_seen.setdefault((namespace, name), time.monotonic())
     requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
     if draft.is_true(DISPOSED):
         hold = egress_final_wait(rt, obj)
@@ -213,6 +221,9 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             finalizers=remaining,
             resource_version=str(meta.get("resourceVersion") or "") or None,
         )
+        rt.deletion_seen.pop((namespace, name), None)
+        backend = str((obj.get("status") or {}).get("backend") or "")
+        metrics.DISPOSAL_LATENCY.labels(backend).observe(time.monotonic() - seen)
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()

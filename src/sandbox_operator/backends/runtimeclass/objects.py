@@ -53,6 +53,33 @@ if TYPE_CHECKING:
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
 
+#: The grace a sandbox pod's deletion gives its containers: none. The guest is untrusted and
+#: nothing in it is owed a clean shutdown, so the API server drops the pod object at once (no
+#: exec, attach or port-forward can reach it from then on) and the kubelet stops what ran in it
+#: in the background. Its ``terminationGracePeriodSeconds`` still applies to anything else that
+#: deletes it (a node drain, an eviction, a suspension). See docs/disposal.md.
+DISPOSAL_GRACE_SECONDS = 0
+
+
+def _delete_options(kind: str, *, graceful: bool = False) -> dict[str, Any]:
+    """The query of a delete of ``kind``: a disposal's of a pod with no grace period; a
+    ``graceful`` one (a suspension's) with the pod's own."""
+    if kind != POD or graceful:
+        return {}
+    return {"grace_period_seconds": DISPOSAL_GRACE_SECONDS}
+
+
+def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
+    """Whether a delete's answer says the object is gone from the API server: a Status, or the
+    object as it was last with no finalizer left and no grace period (what a pod deleted with no
+    grace period answers: its final state, deletionTimestamp set, already removed)."""
+    if answer.get("kind") == "Status":
+        return True
+    meta = answer.get("metadata") or {}
+    if answer.get("kind") != kind or meta.get("finalizers"):
+        return False
+    return not meta.get("deletionTimestamp") or meta.get("deletionGracePeriodSeconds") == 0
+
 
 class RuntimeClassObjects:
     """Creating, reading, listing and deleting a sandbox's objects on one RuntimeClass backend.
@@ -274,11 +301,14 @@ class RuntimeClassObjects:
         }
         return calls[verb, kind if kind in (POD, CLAIM) else NETWORK_POLICY]
 
-    async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
+    async def _delete_and_wait(
+        self, kind: str, namespace: str, name: str, *, graceful: bool = False
+    ) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         async def delete() -> None:
-            await self._call("delete", kind)(name, namespace)
+            options = _delete_options(kind, graceful=graceful)
+            await self._call("delete", kind)(name, namespace, **options)
 
         async def exists() -> bool:
             try:
@@ -378,7 +408,8 @@ class RuntimeClassObjects:
         self, sandbox: SandboxRef, *, requested: bool = False
     ) -> list[BackendObject]:
         """Delete what serves the sandbox and is not being deleted yet; return what is still
-        there (its deletion requested). No wait, no read: the views say what exists, and the
+        there (its deletion requested, and not answered as done: a pod, deleted with no grace
+        period, is gone with the answer). No wait, no read: the views say what exists, and the
         watch event of each deletion brings the operator back. ``requested``: a collection
         delete already asked for these (a scope purge), whose effect the views may not show
         yet; nothing is deleted again, only what remains is returned.
@@ -388,10 +419,11 @@ class RuntimeClassObjects:
         remaining = self._seen_children(sandbox)
         if requested:
             return remaining
+        left: list[BackendObject] = []
         for obj in remaining:
-            if not obj.deleting:
-                await self._delete(obj.kind, obj.namespace, obj.name)
-        return remaining
+            if obj.deleting or await self._delete(obj.kind, obj.namespace, obj.name):
+                left.append(obj)
+        return left
 
     async def request_conversation_disposal(
         self, namespace: str, scope: str, thread_id: str
@@ -410,7 +442,10 @@ class RuntimeClassObjects:
         )
         try:
             await call_json(
-                self._core.delete_collection_namespaced_pod, namespace, label_selector=selector
+                self._core.delete_collection_namespaced_pod,
+                namespace,
+                label_selector=selector,
+                **_delete_options(POD),
             )
             conversation = lbl.conversation_value(scope, thread_id)
             if self._network_policies is None or self._network_policies.select_names(
@@ -429,29 +464,37 @@ class RuntimeClassObjects:
         except ApiException as exc:
             raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
 
-    async def _delete(self, kind: str, namespace: str, name: str) -> None:
+    async def _delete(
+        self, kind: str, namespace: str, name: str, *, graceful: bool = False
+    ) -> bool:
+        """Delete one object (for a disposal, a pod with no grace period; ``graceful``: with its
+        own); whether it is still there."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            answer = await call_json(self._call("delete", kind), name, namespace)
+            options = _delete_options(kind, graceful=graceful)
+            answer = await call_json(self._call("delete", kind), name, namespace, **options)
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return False
             raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
         except (TimeoutError, OSError) as exc:
             raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
         self._deleted(kind, namespace, name, answer)
+        return not deletion_landed(kind, answer)
 
     def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> None:
         """Put a delete's answer into the views at once, as a create's is: the object being
-        deleted (a pod in its grace period), or gone (a Status). Until its watch event came, a
+        deleted (held by a finalizer, a claim still in use), or gone (a Status, or a pod deleted
+        with no grace period). Until its watch event came, a
         pass that ran meanwhile (woken by the Sandbox's own status write) deleted it again."""
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
             return
-        if answer.get("kind") == kind and (answer.get("metadata") or {}).get("deletionTimestamp"):
-            view.upsert(answer)
+        if not deletion_landed(kind, answer):
+            if (answer.get("metadata") or {}).get("deletionTimestamp"):
+                view.upsert(answer)
             return
         uid = (answer.get("details") or {}).get("uid") or (answer.get("metadata") or {}).get("uid")
         if answer.get("kind") in ("Status", kind) and uid:
