@@ -23,6 +23,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.contract import SandboxKey
 from tests.fixtures.agents import agent_chart_objects
+from tests.fixtures.disposal import PodHistory, assert_removed_without_grace
 from tests.fixtures.operator import (
     DECLARATIONS,
     GROUP,
@@ -354,16 +355,21 @@ def test_a_deleted_claimed_sandbox_s_pod_is_disposed_never_returned(request, run
     assert_owned_by(pod, obj)
     wait_pool_ready(kit, "recycle", 2, timeout=120)
 
-    kit.delete("once")
-    # Until it is gone the pod stays the Sandbox's: never idle, never the pool's again.
-    deadline = time.monotonic() + 90
-    while (pod := read_pod(kit, pod_name)) is not None:
-        assert time.monotonic() < deadline, f"pod {pod_name} still there after 90s"
-        assert pod.metadata.uid == uid
-        assert not is_idle(pod), pod.metadata
-        assert [o.kind for o in pod.metadata.owner_references or []] == ["Sandbox"]
-        time.sleep(0.3)
-    kit.wait_gone("once", timeout=60)
+    with PodHistory(kit.core, kit.ns, pod_name) as history:
+        kit.delete("once")
+        # Until it is gone the pod stays the Sandbox's: never idle, never the pool's again.
+        deadline = time.monotonic() + 90
+        while (pod := read_pod(kit, pod_name)) is not None:
+            assert time.monotonic() < deadline, f"pod {pod_name} still there after 90s"
+            assert pod.metadata.uid == uid
+            assert not is_idle(pod), pod.metadata
+            assert [o.kind for o in pod.metadata.owner_references or []] == ["Sandbox"]
+            time.sleep(0.3)
+        kit.wait_gone("once", timeout=60)
+        # (#36 item 3) Deleted as a disposal deletes a pod: with no grace period, gone from the
+        # API server before the kubelet stopped it; no state of it was ever the pool's.
+        assert_removed_without_grace(history)
+        assert not any(is_idle(p) for _, p in history.states)
     wait_pool_ready(kit, "recycle", 2, timeout=120)
     # The pool counts again within a second of its pods' changes.
     _wait(lambda: kit.get("recycle", POOLS)["status"].get("claimed") == 0, 30, "claimed == 0")
