@@ -658,6 +658,9 @@ async def test_a_deletion_answered_as_done_releases_the_sandbox_in_the_same_pass
     assert kube.status_writes == writes and kube.events == events
     assert released() == before + 1
     assert (NS, "a") not in rt.deletion_seen
+    # Out of the views with the answer: a pass queued meanwhile (the pod's deletion event) finds
+    # nothing to release again (a patch answered 404 per Sandbox).
+    assert rt.views.sandboxes.get(NS, "a") is None
 
 
 async def test_a_disposed_sandbox_the_egress_proxy_admitted_waits_for_its_final_write():

@@ -232,6 +232,12 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
             wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
+        else:
+            # The API server removed it with this answer. A pass already queued (its pod's
+            # deletion event arrives about now: the pod went in this very pass) must not find it
+            # in the views and release it again (a patch answered 404); its DELETED event still
+            # brings the rest (the key's waiters, the scope's count).
+            sandbox_gone(rt, released)
         rt.purging.discard((namespace, name))
         return Step.wait()
     failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED
