@@ -60,7 +60,8 @@ nearest rank):
 * ``acquire``: until the call returns a usable handle (Ready; for maf also the router's checks,
   the adapter's published-backend match and maf's storage-base check, which execs in the guest);
 * ``first exec``: ``true`` in the work dir, the handle's first command from the caller;
-* ``dispose``: until the Sandbox is gone from the API server (its pod may still be terminating);
+* ``dispose``: until the Sandbox is gone from the API server (its pod object is gone by then;
+  the kubelet may still be stopping its containers: docs/disposal.md);
 * ``total``: the three added per sample;
 * ``maf / own``: the ratio of those p50s and of those p90s, per temperature.
 
