@@ -486,8 +486,8 @@ class RuntimeClassObjects:
     def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> None:
         """Put a delete's answer into the views at once, as a create's is: the object being
         deleted (held by a finalizer, a claim still in use), or gone (a Status, or a pod deleted
-        with no grace period). Until its watch event came, a
-        pass that ran meanwhile (woken by the Sandbox's own status write) deleted it again."""
+        with no grace period). Until its watch event came, a pass that ran meanwhile (woken by
+        the Sandbox's own status write) deleted it again."""
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
