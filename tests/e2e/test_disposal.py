@@ -1,10 +1,12 @@
-"""(#36 item 3) Disposal off the caller's path, through the client on the real node, under runc
-and gVisor (docs/disposal.md): ``dispose(wait=True)`` returns once the Sandbox is gone from the
-API server, and by then its pod is gone too, deleted with no grace period (never in a grace period
-anyone could exec into it during), its last state still running (the API server let it go before
-the kubelet stopped it: the caller never waited for the node); nothing reaches it by name; and the
-same key acquired at once gets a pod of its own, without the old one's files. Times are measured
-in benchmarks/maf.py, never asserted here."""
+"""(#36 item 3) Disposal off the caller's path, through the client on the real node, under runc and
+gVisor (docs/disposal.md). By default a disposal is what it always was: the pod deleted with its own
+grace period and gone from the API server only once the kubelet stopped it. With the opt-in
+(``pod.disposalGracePeriodSeconds: 0``) ``dispose(wait=True)`` returns once the Sandbox is gone from
+the API server, and by then its pod is gone too, deleted with no grace period (never in a grace
+period anyone could exec into it during), its last state still running (the API server let it go
+before the kubelet stopped it: the caller never waited for the node); nothing reaches it by name;
+and the same key acquired at once gets a pod of its own, without the old one's files. Times are
+measured in benchmarks/maf.py, never asserted here."""
 
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator import naming
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.contract import Capability, SandboxSpec, Storage
-from tests.fixtures.disposal import PodHistory, assert_removed_without_grace
+from tests.fixtures.disposal import (
+    PodHistory,
+    assert_removed_after_the_node_stopped_it,
+    assert_removed_without_grace,
+    fast_disposal,
+)
 from tests.fixtures.operator import BUSYBOX, Kit, local_config
 from tests.fixtures.suspend import STORAGE
 from tests.fixtures.suspend import config as suspend_config
@@ -62,7 +69,7 @@ async def test_a_disposal_returns_with_its_pod_gone_and_the_key_free(
     start_operator: Callable[..., Any],
     runtime: str,
 ) -> None:
-    start_operator(local_config(selection="fixed", pinned=runtime))
+    start_operator(fast_disposal(local_config(selection="fixed", pinned=runtime)))
     scope_ref = await aclient.create_scope(scope="tenant-a", thread_id=f"dispose-{runtime}")
     sandbox = await aclient.acquire(scope_ref, "agents/disposed", SPEC)
     pod_name = str((sandbox.resource or {})["status"]["servedBy"]["name"])
@@ -87,6 +94,28 @@ async def test_a_disposal_returns_with_its_pod_gone_and_the_key_free(
     assert new_pod is not None and new_pod.metadata.uid != history.uid
     assert not await again.exists("left.txt")
     await aclient.dispose(again, wait=True)
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+async def test_by_default_a_disposal_waits_until_the_node_stopped_the_pod(
+    aclient: SandboxClient,
+    kit: Kit,
+    start_operator: Callable[..., Any],
+    runtime: str,
+) -> None:
+    """Without the opt-in: the pod is deleted with its own grace period and stays in the API
+    server (its namespace's egress policies still selecting it) until the kubelet stopped its
+    containers; dispose returns only after that."""
+    start_operator(local_config(selection="fixed", pinned=runtime))
+    scope_ref = await aclient.create_scope(scope="tenant-a", thread_id=f"default-{runtime}")
+    sandbox = await aclient.acquire(scope_ref, "agents/disposed", SPEC)
+    pod_name = str((sandbox.resource or {})["status"]["servedBy"]["name"])
+    with PodHistory(kit.core, kit.ns, pod_name) as history:
+        await aclient.dispose(sandbox, wait=True)
+        assert kit.get(sandbox.name) is None
+        now = read_pod(kit, pod_name)
+        assert now is None or now.metadata.uid != history.uid, now.metadata
+        assert_removed_after_the_node_stopped_it(history)
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])

@@ -1,5 +1,6 @@
 """(#36 item 3) Disposal off the caller's path through maf-sandbox's protocol, on the real node
-under runc and gVisor (conftest: one operator per runtime; docs/disposal.md):
+under runc and gVisor (one operator per runtime, as conftest's, with the opt-in
+``pod.disposalGracePeriodSeconds: 0``; docs/disposal.md):
 :meth:`OperatorBackend.dispose` and :meth:`~OperatorBackend.dispose_scope` return with no
 ``DisposalFailure`` once the API server no longer has the Sandbox, and by then its pod is gone,
 deleted with no grace period and let go before the kubelet stopped it; the key acquired again
@@ -7,18 +8,45 @@ gets a new instance on a pod of its own. Times are measured in benchmarks/maf.py
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import maf_sandbox as maf
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tests.fixtures.disposal import PodHistory, assert_removed_without_grace
-from tests.fixtures.maf_cluster import Served
+from tests.fixtures.disposal import PodHistory, assert_removed_without_grace, fast_disposal
+from tests.fixtures.maf_cluster import Served, serving
+from tests.fixtures.operator import local_config
 
 from sandbox_operator.maf import OperatorBackend
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SPEC = maf.SandboxSpec(kind="disposed", requires=frozenset({maf.Capability.EXEC}))
+
+
+@pytest.fixture(scope="module", params=["runc", "gvisor"])
+def served(
+    request: pytest.FixtureRequest,
+    kubeconfig: str,
+    crds: None,
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    """conftest's namespace and operator for ``runc`` or ``gvisor``, its backend opted into
+    disposals that do not wait for the node."""
+    runtime: str = request.param
+    backends = [b for b in local_config()["backends"] if b["name"] == runtime]
+    with serving(
+        runtime,
+        lambda _ns: fast_disposal(local_config(floor="container", backends=backends)),
+        kubeconfig=kubeconfig,
+        core_v1=core_v1,
+        custom_objects=custom_objects,
+        tmp=tmp_path_factory.mktemp(f"maf-dispose-{runtime}"),
+    ) as served:
+        yield served
 
 
 def pod_there(core: client.CoreV1Api, namespace: str, name: str, uid: str) -> bool:

@@ -6,9 +6,10 @@ events bring the next pass); the others dispose synchronously. The outcome is th
 condition; a failure is retried after ``disposal_retry_seconds``.
 
 A deletion is on its caller's path until the finalizer is removed, so the finalizer waits for
-nothing the sandbox could no longer be reached or handed out through: a runtime-class pod is
-deleted with no grace period (the API server drops it with the answer), and the kubelet stopping
-its containers is not waited for (docs/disposal.md).
+nothing a driver reports gone: on a runtime-class backend set to ``disposalGracePeriodSeconds:
+0`` a pod deleted with no grace period is gone with the answer, and the kubelet stopping its
+containers is not waited for; by default the pod keeps its own grace and is waited for
+(docs/disposal.md).
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ from sandbox_operator.reconcile.status import (
 from sandbox_operator.reconcile.step import Step, sooner
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
-#: status is left alone: the object is about to go). An ordinary disposal waits for nothing the
-#: API server does not answer at once (a pod deleted with no grace period) or within a moment (a
-#: work volume released once no pod object uses it), so it costs the finalizer's removal and
-#: nothing more; one that takes longer (a finalizer of someone else's, a stuck volume) says so.
+#: status is left alone: the object is about to go). Longer than a pod's default termination grace
+#: (5 s) plus the kubelet's teardown on a busy node (a backend whose disposals delete pods with no
+#: grace period waits for less), so an ordinary disposal costs the finalizer's removal and nothing
+#: more; one that takes longer (a larger grace, someone else's finalizer, a stuck volume) says so.
 DISPOSING_REPORT_AFTER_SECONDS = 10.0
 
 #: Once what served a Sandbox the egress proxy admitted is gone, how long its finalizer waits for

@@ -53,20 +53,14 @@ if TYPE_CHECKING:
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
 
-#: The grace a sandbox pod's deletion gives its containers: none. The guest is untrusted and
-#: nothing in it is owed a clean shutdown, so the API server drops the pod object at once (no
-#: exec, attach or port-forward can reach it from then on) and the kubelet stops what ran in it
-#: in the background. Its ``terminationGracePeriodSeconds`` still applies to anything else that
-#: deletes it (a node drain, an eviction, a suspension). See docs/disposal.md.
-DISPOSAL_GRACE_SECONDS = 0
 
-
-def _delete_options(kind: str, *, graceful: bool = False) -> dict[str, Any]:
-    """The query of a delete of ``kind``: a disposal's of a pod with no grace period; a
-    ``graceful`` one (a suspension's) with the pod's own."""
-    if kind != POD or graceful:
+def _delete_options(kind: str, grace: int | None) -> dict[str, Any]:
+    """The query of a delete of ``kind``: a pod's with ``grace`` seconds (the backend's
+    ``pod.disposalGracePeriodSeconds`` for a disposal); none (the pod's own grace, and every
+    other kind's delete) when ``grace`` is None."""
+    if kind != POD or grace is None:
         return {}
-    return {"grace_period_seconds": DISPOSAL_GRACE_SECONDS}
+    return {"grace_period_seconds": grace}
 
 
 def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
@@ -307,7 +301,7 @@ class RuntimeClassObjects:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         async def delete() -> None:
-            options = _delete_options(kind, graceful=graceful)
+            options = _delete_options(kind, None if graceful else self._disposal_grace)
             await self._call("delete", kind)(name, namespace, **options)
 
         async def exists() -> bool:
@@ -408,11 +402,11 @@ class RuntimeClassObjects:
         self, sandbox: SandboxRef, *, requested: bool = False
     ) -> list[BackendObject]:
         """Delete what serves the sandbox and is not being deleted yet; return what is still
-        there (its deletion requested, and not answered as done: a pod, deleted with no grace
-        period, is gone with the answer). No wait, no read: the views say what exists, and the
-        watch event of each deletion brings the operator back. ``requested``: a collection
-        delete already asked for these (a scope purge), whose effect the views may not show
-        yet; nothing is deleted again, only what remains is returned.
+        there (its deletion requested; on a backend whose disposals go at once, not answered as
+        done: a pod deleted with no grace period is gone with the answer). No wait, no read: the
+        views say what exists, and the watch event of each deletion brings the operator back.
+        ``requested``: a collection delete already asked for these (a scope purge), whose effect
+        the views may not show yet; nothing is deleted again, only what remains is returned.
 
         Raises :class:`DisposalError` when the API server refuses a deletion.
         """
@@ -445,7 +439,7 @@ class RuntimeClassObjects:
                 self._core.delete_collection_namespaced_pod,
                 namespace,
                 label_selector=selector,
-                **_delete_options(POD),
+                **_delete_options(POD, self._disposal_grace),
             )
             conversation = lbl.conversation_value(scope, thread_id)
             if self._network_policies is None or self._network_policies.select_names(
@@ -464,41 +458,62 @@ class RuntimeClassObjects:
         except ApiException as exc:
             raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
 
+    @property
+    def _disposal_grace(self) -> int | None:
+        """The grace a disposal's pod delete gives (``pod.disposalGracePeriodSeconds``); None:
+        the pod's own ``terminationGracePeriodSeconds``, sent as no option at all."""
+        return self._config.pod.disposal_grace_period_seconds
+
+    @property
+    def _gone_with_answer(self) -> bool:
+        """Whether this backend's disposals read a delete's answer as final (its pods deleted
+        with no grace period, the opt-in of docs/disposal.md); otherwise what is deleted is
+        waited for until its watch event, as it always was."""
+        return self._disposal_grace == 0
+
     async def _delete(
         self, kind: str, namespace: str, name: str, *, graceful: bool = False
     ) -> bool:
-        """Delete one object (for a disposal, a pod with no grace period; ``graceful``: with its
-        own); whether it is still there."""
+        """Delete one object (a disposal's pod with the backend's disposal grace; ``graceful``,
+        a suspension's: with its own); whether it may still be there (always, unless the
+        backend's disposals go at once and the answer says it is gone)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            options = _delete_options(kind, graceful=graceful)
+            options = _delete_options(kind, None if graceful else self._disposal_grace)
             answer = await call_json(self._call("delete", kind), name, namespace, **options)
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return not self._gone_with_answer
             raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
         except (TimeoutError, OSError) as exc:
             raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
-        self._deleted(kind, namespace, name, answer)
-        return not deletion_landed(kind, answer)
+        landed = self._deleted(kind, namespace, name, answer)
+        return not (self._gone_with_answer and landed)
 
-    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> None:
+    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> bool:
         """Put a delete's answer into the views at once, as a create's is: the object being
-        deleted (held by a finalizer, a claim still in use), or gone (a Status, or a pod deleted
-        with no grace period). Until its watch event came, a pass that ran meanwhile (woken by
-        the Sandbox's own status write) deleted it again."""
+        deleted (a pod in its grace period, held by a finalizer, a claim still in use), or gone
+        (a Status; on a backend whose disposals go at once, also a pod deleted with no grace
+        period). Until its watch event came, a pass that ran meanwhile (woken by the Sandbox's
+        own status write) deleted it again. Returns whether the answer was read as gone."""
+        meta = answer.get("metadata") or {}
+        if self._gone_with_answer:
+            landed = deletion_landed(kind, answer)
+        else:
+            landed = not (answer.get("kind") == kind and meta.get("deletionTimestamp"))
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
-            return
-        if not deletion_landed(kind, answer):
-            if (answer.get("metadata") or {}).get("deletionTimestamp"):
+            return landed
+        if not landed:
+            if answer.get("kind") == kind and meta.get("deletionTimestamp"):
                 view.upsert(answer)
-            return
-        uid = (answer.get("details") or {}).get("uid") or (answer.get("metadata") or {}).get("uid")
+            return landed
+        uid = (answer.get("details") or {}).get("uid") or meta.get("uid")
         if answer.get("kind") in ("Status", kind) and uid:
             view.remove(namespace, name, str(uid))
+        return landed
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
