@@ -5,6 +5,7 @@ local node under runc and gVisor. Prints a table per run.
 
     .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
     .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, ~1-2 min
+    .venv-maf/bin/python benchmarks/maf.py --fast-disposal  # pod.disposalGracePeriodSeconds: 0
     .venv-maf/bin/python benchmarks/maf.py --cleanup      # remove what a killed run left
 
 Python 3.12 (``.venv-maf``: maf-sandbox's floor). Needs the local cluster (``make cluster-up``)
