@@ -5,6 +5,7 @@ local node under runc and gVisor. Prints a table per run.
 
     .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
     .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, ~1-2 min
+    .venv-maf/bin/python benchmarks/maf.py --fast-disposal  # pod.disposalGracePeriodSeconds: 0
     .venv-maf/bin/python benchmarks/maf.py --cleanup      # remove what a killed run left
 
 Python 3.12 (``.venv-maf``: maf-sandbox's floor). Needs the local cluster (``make cluster-up``)
@@ -60,7 +61,10 @@ nearest rank):
 * ``acquire``: until the call returns a usable handle (Ready; for maf also the router's checks,
   the adapter's published-backend match and maf's storage-base check, which execs in the guest);
 * ``first exec``: ``true`` in the work dir, the handle's first command from the caller;
-* ``dispose``: until the Sandbox is gone from the API server (its pod may still be terminating);
+* ``dispose``: until the Sandbox is gone from the API server (its pod object is gone by then:
+  by default the kubelet has stopped it; with ``--fast-disposal``, the backend's
+  ``pod.disposalGracePeriodSeconds: 0``, it may still be stopping its containers:
+  docs/disposal.md);
 * ``total``: the three added per sample;
 * ``maf / own``: the ratio of those p50s and of those p90s, per temperature.
 
@@ -180,18 +184,21 @@ def pool_template(spec: contract.SandboxSpec) -> dict[str, Any]:
     return contract.WarmPoolTemplate.model_validate(fields).to_wire()
 
 
-def operator_config(rt: str) -> dict[str, Any]:
+def operator_config(rt: str, *, fast_disposal: bool = False) -> dict[str, Any]:
+    """The script's operator's configuration: one backend, ``rt``, with the default disposal
+    (the pod's own grace, waited for) unless ``fast_disposal`` (docs/disposal.md's opt-in)."""
+    backend: dict[str, Any] = {
+        "name": rt,
+        "type": "runtimeClass",
+        "runtimeClassName": rt,
+        "isolation": RUNTIMES[rt],
+        "declarations": DECLARATIONS,
+    }
+    if fast_disposal:
+        backend["pod"] = {"disposalGracePeriodSeconds": 0}
     return {
         "hostPolicy": {"minIsolation": "container", "selection": "fixed", "pinnedBackend": rt},
-        "backends": [
-            {
-                "name": rt,
-                "type": "runtimeClass",
-                "runtimeClassName": rt,
-                "isolation": RUNTIMES[rt],
-                "declarations": DECLARATIONS,
-            }
-        ],
+        "backends": [backend],
     }
 
 
@@ -297,7 +304,8 @@ class RuntimeBench:
         ]
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-maf-{self.rt}-"))
         cfg = workdir / "operator.yaml"
-        cfg.write_text(yaml.safe_dump(operator_config(self.rt)))
+        config = operator_config(self.rt, fast_disposal=self.args.fast_disposal)
+        cfg.write_text(yaml.safe_dump(config))
         extra = ("--standalone", "--log-level", self.args.operator_log_level)
         self.op = OperatorProcess(cfg, ns, workdir / "operator.log", self.kubeconfig, extra)
         OPERATORS.append(self.op)
@@ -539,6 +547,12 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
     out = [
         f"acquire -> first exec -> dispose, {args.count} rounds (order rotating), "
         f"pool of {args.pool_replicas} full before each; seconds (perf_counter), nearest rank",
+        "disposal: "
+        + (
+            "pod.disposalGracePeriodSeconds 0 (--fast-disposal: the node not waited for)"
+            if args.fast_disposal
+            else "the default (the pod's own grace, waited for until the node stopped it)"
+        ),
         table(header, rows),
     ]
     for r in results:
@@ -640,6 +654,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120, help="per acquire, seconds")
     p.add_argument("--fill-timeout", type=float, default=180, help="pool filling, seconds")
     p.add_argument("--operator-log-level", default="info", choices=["debug", "info", "warning"])
+    p.add_argument(
+        "--fast-disposal",
+        action="store_true",
+        help="the backend's pod.disposalGracePeriodSeconds: 0 (docs/disposal.md's opt-in); "
+        "default: the disposal the configuration gives by default",
+    )
     p.add_argument("--smoke", action="store_true", help="CI: runc, count 2")
     p.add_argument("--cleanup", action="store_true", help="only delete what earlier runs left")
     args = p.parse_args(argv)

@@ -37,6 +37,7 @@ from sandbox_operator.backends.acas.config import AcasBackendConfig
 from sandbox_operator.backends.runtimeclass.config import (
     DEFAULT_KEEP_ALIVE,
     DEFAULT_SANDBOX_UID,
+    EGRESS_WINDOW_WARNING,
     NAME_PATTERN,
     EgressProxySettings,
     PodSettings,
@@ -220,7 +221,18 @@ def parse_config(data: object) -> tuple[OperatorConfig, tuple[str, ...]]:
         if name in names[:index]:
             raise ConfigurationError(f"backends[{index}].name", f"duplicate backend name {name!r}")
     warnings = validate_registration(config.host_policy, profiles(config))
-    return config, tuple(warnings)
+    return config, (*warnings, *_disposal_warnings(config))
+
+
+def _disposal_warnings(config: OperatorConfig) -> tuple[str, ...]:
+    """A backend whose disposals delete pods with no grace period opens an egress window at
+    every disposal on some policy engines: allowed (the cluster's operator opted in), named."""
+    return tuple(
+        EGRESS_WINDOW_WARNING.format(index=index, name=backend.name)
+        for index, backend in enumerate(config.backends)
+        if isinstance(backend, RuntimeClassBackendConfig)
+        and backend.pod.disposal_grace_period_seconds == 0
+    )
 
 
 def load_config(path: str | Path) -> tuple[OperatorConfig, tuple[str, ...]]:

@@ -7,7 +7,8 @@ registry from a daemon thread, independent of kopf's event loop.
 What feeds them:
 
 * ``RECONCILE_SECONDS``, ``IN_FLIGHT``: the reconcilers, through ``track_reconcile(kind)`` (or by
-  hand); ``ADMISSIONS`` and ``READY_LATENCY``: the reconcilers, when they decide or observe.
+  hand); ``ADMISSIONS``, ``READY_LATENCY`` and ``DISPOSAL_LATENCY``: the reconcilers, when they
+  decide or observe.
 * ``SANDBOXES``: not set by anyone; computed at scrape time by the census function given to
   ``register_sandbox_census``.
 * ``API_REQUESTS``, ``API_RESPONSE_BYTES``, ``WATCH_RESTARTS``: every request of a
@@ -90,6 +91,13 @@ READY_LATENCY = Histogram(
     ["backend"],
     buckets=READY_BUCKETS,
 )
+DISPOSAL_LATENCY = Histogram(
+    "sandbox_operator_deletion_to_release_seconds",
+    "Time from the operator's first pass over a deleted Sandbox to the removal of its finalizer "
+    "(the Sandbox then goes from the API server), by the backend that served it.",
+    ["backend"],
+    buckets=RECONCILE_BUCKETS,
+)
 WARM_CLAIMS = Counter(
     "sandbox_operator_warm_pool_claims_total",
     "Sandboxes that looked for a warm pod, by pool: result warm (served from the pool) or "
@@ -167,6 +175,12 @@ METRIC_DOCS: Mapping[str, MetricDoc] = {
     "sandbox_operator_create_to_ready_seconds": MetricDoc(
         {"backend": ""},
         "from a Sandbox's `creationTimestamp` to its first `Ready=True`",
+    ),
+    "sandbox_operator_deletion_to_release_seconds": MetricDoc(
+        {"backend": "`status.backend`, empty when none was chosen"},
+        "one deleted Sandbox: from the first pass that saw it deleted to its finalizer's removal, "
+        "what a caller's disposal waits for (docs/disposal.md); what the node does after that "
+        "is not in it",
     ),
     "sandbox_operator_warm_pool_claims_total": MetricDoc(
         {

@@ -23,6 +23,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.contract import SandboxKey
 from tests.fixtures.agents import agent_chart_objects
+from tests.fixtures.disposal import PodHistory, assert_removed_without_grace, fast_disposal
 from tests.fixtures.operator import (
     DECLARATIONS,
     GROUP,
@@ -371,6 +372,30 @@ def test_a_deleted_claimed_sandbox_s_pod_is_disposed_never_returned(request, run
     uids = {p.metadata.uid for p in kit.core.list_namespaced_pod(kit.ns).items}
     assert pod_name not in names and uid not in uids
     assert len(kit.core.list_namespaced_pod(kit.ns).items) == 2
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+def test_with_the_opt_in_a_claimed_sandbox_s_pod_goes_with_no_grace_never_idle(
+    kit, start_operator, runtime
+):
+    """(#36 item 3) With ``pod.disposalGracePeriodSeconds: 0`` (docs/disposal.md), a claimed
+    warm-pool pod is deleted as a disposal's pod is: with no grace period, gone from the API
+    server before the kubelet stopped it, no state of it ever the pool's again."""
+    start_operator(fast_disposal(only(runtime)))
+    kit.scope()
+    create_pool(kit, "recycle", 2)
+    wait_pool_ready(kit, "recycle", 2)
+    kit.sandbox("once")
+    obj = wait_ready(kit, "once", timeout=60)
+    origin, pod_name = served(obj)
+    assert origin == "SandboxWarmPool/recycle"
+    with PodHistory(kit.core, kit.ns, pod_name) as history:
+        kit.delete("once")
+        kit.wait_gone("once", timeout=60)
+        assert_removed_without_grace(history)
+        assert not any(is_idle(p) for _, p in history.states)
+    wait_pool_ready(kit, "recycle", 2, timeout=120)
+    assert pod_name not in {p.metadata.name for p in idle_pods(kit, "recycle")}
 
 
 @pytest.mark.parametrize("runtime", ["runc", "gvisor"])

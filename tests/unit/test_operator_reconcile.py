@@ -626,6 +626,43 @@ async def test_an_ordinary_disposal_writes_no_status_and_a_slow_one_says_disposi
     assert ("sandboxes", "a") not in kube.objs
 
 
+class GoneWithTheAnswer(WatchedFake):
+    """A watched driver whose deletes are answered as done (a pod deleted with no grace period
+    is gone from the API server with the answer, as the runtime-class driver's is)."""
+
+    async def request_disposal(self, sandbox, *, requested=False):
+        if sandbox.name in self.pods and not requested:
+            self.deletes.append(sandbox.name)
+            del self.pods[sandbox.name]
+        return []
+
+
+async def test_a_deletion_answered_as_done_releases_the_sandbox_in_the_same_pass():
+    """(#36 item 3) Nothing the API server answered as gone is waited for: one pass deletes the
+    pod and removes the finalizer (no status write, no Event, no second pass), and the time it
+    took is observed in sandbox_operator_deletion_to_release_seconds."""
+    from prometheus_client import REGISTRY
+
+    def released() -> float:
+        value = REGISTRY.get_sample_value(
+            "sandbox_operator_deletion_to_release_seconds_count", {"backend": "gvisor"}
+        )
+        return value or 0.0
+
+    rt, kube, driver = await served_by(GoneWithTheAnswer("gvisor"))
+    kube.objs[("sandboxes", "a")]["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    writes, events, before = kube.status_writes, list(kube.events), released()
+    assert await finalize_sandbox(rt, NS, "a") is None
+    assert driver.deletes == ["a"]
+    assert ("sandboxes", "a") not in kube.objs  # let go
+    assert kube.status_writes == writes and kube.events == events
+    assert released() == before + 1
+    assert (NS, "a") not in rt.deletion_seen
+    # Out of the views with the answer: a pass queued meanwhile (the pod's deletion event) finds
+    # nothing to release again (a patch answered 404 per Sandbox).
+    assert rt.views.sandboxes.get(NS, "a") is None
+
+
 async def test_a_disposed_sandbox_the_egress_proxy_admitted_waits_for_its_final_write():
     """(#25 item 8) Once its pod is gone, a Sandbox the proxy admitted keeps its finalizer until
     status.egress.final is there (its watch event brings the pass), at most

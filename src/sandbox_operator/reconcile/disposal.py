@@ -4,6 +4,12 @@ what waits on a sandbox key that disposal frees.
 Drivers whose objects the operator watches are asked to delete without waiting (the deletion
 events bring the next pass); the others dispose synchronously. The outcome is the ``Disposed``
 condition; a failure is retried after ``disposal_retry_seconds``.
+
+A deletion is on its caller's path until the finalizer is removed, so the finalizer waits for
+nothing a driver reports gone: on a runtime-class backend set to ``disposalGracePeriodSeconds:
+0`` a pod deleted with no grace period is gone with the answer, and the kubelet stopping its
+containers is not waited for; by default the pod keeps its own grace and is waited for
+(docs/disposal.md).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
@@ -40,8 +47,9 @@ from sandbox_operator.reconcile.step import Step, sooner
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
 #: status is left alone: the object is about to go). Longer than a pod's default termination grace
-#: (5 s) plus the kubelet's teardown on a busy node, so an ordinary disposal costs the finalizer's
-#: removal and nothing more; one that takes longer (a larger grace, a stuck volume) says so.
+#: (5 s) plus the kubelet's teardown on a busy node (a backend whose disposals delete pods with no
+#: grace period waits for less), so an ordinary disposal costs the finalizer's removal and nothing
+#: more; one that takes longer (a larger grace, someone else's finalizer, a stuck volume) says so.
 DISPOSING_REPORT_AFTER_SECONDS = 10.0
 
 #: Once what served a Sandbox the egress proxy admitted is gone, how long its finalizer waits for
@@ -200,6 +208,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
         return Step.wait()  # never admitted by this operator, or already released
     draft = Draft(obj)
     terminal = compute.is_terminal(draft.old)
+    seen = rt.deletion_seen.setdefault((namespace, name), time.monotonic())
     requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
     if draft.is_true(DISPOSED):
         hold = egress_final_wait(rt, obj)
@@ -213,6 +222,9 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             finalizers=remaining,
             resource_version=str(meta.get("resourceVersion") or "") or None,
         )
+        rt.deletion_seen.pop((namespace, name), None)
+        backend = str((obj.get("status") or {}).get("backend") or "")
+        metrics.DISPOSAL_LATENCY.labels(backend).observe(time.monotonic() - seen)
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()
@@ -221,6 +233,12 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
             wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
+        else:
+            # The API server removed it with this answer. A pass already queued (its pod's
+            # deletion event arrives about now: the pod went in this very pass) must not find it
+            # in the views and release it again (a patch answered 404); its DELETED event still
+            # brings the rest (the key's waiters, the scope's count).
+            sandbox_gone(rt, released)
         rt.purging.discard((namespace, name))
         return Step.wait()
     failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED

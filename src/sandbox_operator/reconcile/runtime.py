@@ -57,6 +57,8 @@ class Runtime:
     purging: set[ObjKey] = field(default_factory=set)
     #: When the disposal of a Sandbox was first requested and not seen landed (timeout clock).
     disposal_started: dict[ObjKey, float] = field(default_factory=dict)
+    #: When a pass first saw a Sandbox deleted (``sandbox_operator_deletion_to_release_seconds``).
+    deletion_seen: dict[ObjKey, float] = field(default_factory=dict)
     #: When a deleted Sandbox's finalizer began waiting for the egress proxy's final write.
     egress_final_started: dict[ObjKey, float] = field(default_factory=dict)
     #: Transiently failed creates per Sandbox (backoff).
@@ -144,6 +146,7 @@ class Runtime:
         self._locks.pop(key, None)
         self.purging.discard(key)
         self.disposal_started.pop(key, None)
+        self.deletion_seen.pop(key, None)
         self.egress_final_started.pop(key, None)
         self.ensure_attempts.pop(key, None)
         self.spec_cache.pop(key, None)

@@ -30,6 +30,18 @@ DEFAULT_KEEP_ALIVE: tuple[str, ...] = (
 DEFAULT_SANDBOX_UID = 65532
 
 
+#: The config warning of a backend whose disposals delete pods with no grace period (format with
+#: the backend's index and name). docs/disposal.md says why it is a warning and not a refusal.
+EGRESS_WINDOW_WARNING = (
+    "backends[{index}] ({name}): pod.disposalGracePeriodSeconds 0 deletes a disposed sandbox's "
+    "pod from the API server before its node has stopped it; a NetworkPolicy engine that "
+    "selects pods by their objects (kube-router among them) stops confining that pod's egress "
+    "while its processes may still run for up to about 2 s (SIGTERM, then SIGKILL). Use it only "
+    "where the cluster's policy engine is known to keep confining a pod until its network is "
+    "torn down (docs/disposal.md)"
+)
+
+
 class PodSettings(ContractModel):
     """How a runtime-class backend shapes the pods it creates (all fields optional)."""
 
@@ -50,6 +62,13 @@ class PodSettings(ContractModel):
     image_pull_policy: Literal["Never", "IfNotPresent", "Always"] = "IfNotPresent"
     keep_alive_command: tuple[str, ...] = Field(default=DEFAULT_KEEP_ALIVE, min_length=1)
     termination_grace_period_seconds: int = Field(default=5, ge=0, le=300)
+    disposal_grace_period_seconds: int | None = Field(default=None, ge=0, le=300)
+    """The grace a disposal's pod delete gives. null (the default): the pod's own
+    terminationGracePeriodSeconds, and the disposal waits until the kubelet has stopped the pod.
+    0: the pod goes from the API server with the answer and the disposal returns at once, while
+    the node stops it in the background; a NetworkPolicy engine that selects pods by their
+    objects (kube-router) stops confining its egress for that time (docs/disposal.md), so a
+    config warning names the window. Any other number: that grace, waited for as with null."""
     tmp_size_limit: str = Field(default="64Mi", description="Size limit of the /tmp emptyDir.")
     work_dir_size_limit: str | None = Field(
         default=None, description="Size limit of the work dir emptyDir (none by default)."
@@ -191,6 +210,7 @@ RUNTIMECLASS_CAPABILITIES: Final = frozenset(
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
     "DEFAULT_SANDBOX_UID",
+    "EGRESS_WINDOW_WARNING",
     "NAME_PATTERN",
     "RUNTIMECLASS_CAPABILITIES",
     "EgressProxySettings",

@@ -439,13 +439,14 @@ class RuntimeClassDriver(RuntimeClassObjects):
             if self._pods is None:
                 for obj in await self._list(sandbox.namespace, lbl.sandbox_selector(sandbox.name)):
                     if obj.kind == POD:
-                        await self._delete_and_wait(POD, obj.namespace, obj.name)
-                await self._delete_and_wait(POD, sandbox.namespace, naming.pod_name(sandbox.name))
+                        await self._delete_and_wait(POD, obj.namespace, obj.name, graceful=True)
+                pod = naming.pod_name(sandbox.name)
+                await self._delete_and_wait(POD, sandbox.namespace, pod, graceful=True)
                 return []
             pods = [o for o in self._seen_children(sandbox) if o.kind == POD]
             for obj in pods:
                 if not obj.deleting:
-                    await self._delete(obj.kind, obj.namespace, obj.name)
+                    await self._delete(obj.kind, obj.namespace, obj.name, graceful=True)
             return pods
         except DisposalError as exc:
             raise TransientError(f"suspending: {exc.failure.detail}") from None

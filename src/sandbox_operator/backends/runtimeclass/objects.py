@@ -54,6 +54,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__package__)
 
 
+def _delete_options(kind: str, grace: int | None) -> dict[str, Any]:
+    """The query of a delete of ``kind``: a pod's with ``grace`` seconds (the backend's
+    ``pod.disposalGracePeriodSeconds`` for a disposal); none (the pod's own grace, and every
+    other kind's delete) when ``grace`` is None."""
+    if kind != POD or grace is None:
+        return {}
+    return {"grace_period_seconds": grace}
+
+
+def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
+    """Whether a delete's answer says the object is gone from the API server: a Status, or the
+    object as it was last with no finalizer left and no grace period (what a pod deleted with no
+    grace period answers: its final state, deletionTimestamp set, already removed)."""
+    if answer.get("kind") == "Status":
+        return True
+    meta = answer.get("metadata") or {}
+    if answer.get("kind") != kind or meta.get("finalizers"):
+        return False
+    return not meta.get("deletionTimestamp") or meta.get("deletionGracePeriodSeconds") == 0
+
+
 class RuntimeClassObjects:
     """Creating, reading, listing and deleting a sandbox's objects on one RuntimeClass backend.
 
@@ -274,11 +295,14 @@ class RuntimeClassObjects:
         }
         return calls[verb, kind if kind in (POD, CLAIM) else NETWORK_POLICY]
 
-    async def _delete_and_wait(self, kind: str, namespace: str, name: str) -> None:
+    async def _delete_and_wait(
+        self, kind: str, namespace: str, name: str, *, graceful: bool = False
+    ) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         async def delete() -> None:
-            await self._call("delete", kind)(name, namespace)
+            options = _delete_options(kind, None if graceful else self._disposal_grace)
+            await self._call("delete", kind)(name, namespace, **options)
 
         async def exists() -> bool:
             try:
@@ -378,20 +402,22 @@ class RuntimeClassObjects:
         self, sandbox: SandboxRef, *, requested: bool = False
     ) -> list[BackendObject]:
         """Delete what serves the sandbox and is not being deleted yet; return what is still
-        there (its deletion requested). No wait, no read: the views say what exists, and the
-        watch event of each deletion brings the operator back. ``requested``: a collection
-        delete already asked for these (a scope purge), whose effect the views may not show
-        yet; nothing is deleted again, only what remains is returned.
+        there (its deletion requested; on a backend whose disposals go at once, not answered as
+        done: a pod deleted with no grace period is gone with the answer). No wait, no read: the
+        views say what exists, and the watch event of each deletion brings the operator back.
+        ``requested``: a collection delete already asked for these (a scope purge), whose effect
+        the views may not show yet; nothing is deleted again, only what remains is returned.
 
         Raises :class:`DisposalError` when the API server refuses a deletion.
         """
         remaining = self._seen_children(sandbox)
         if requested:
             return remaining
+        left: list[BackendObject] = []
         for obj in remaining:
-            if not obj.deleting:
-                await self._delete(obj.kind, obj.namespace, obj.name)
-        return remaining
+            if obj.deleting or await self._delete(obj.kind, obj.namespace, obj.name):
+                left.append(obj)
+        return left
 
     async def request_conversation_disposal(
         self, namespace: str, scope: str, thread_id: str
@@ -410,7 +436,10 @@ class RuntimeClassObjects:
         )
         try:
             await call_json(
-                self._core.delete_collection_namespaced_pod, namespace, label_selector=selector
+                self._core.delete_collection_namespaced_pod,
+                namespace,
+                label_selector=selector,
+                **_delete_options(POD, self._disposal_grace),
             )
             conversation = lbl.conversation_value(scope, thread_id)
             if self._network_policies is None or self._network_policies.select_names(
@@ -429,33 +458,62 @@ class RuntimeClassObjects:
         except ApiException as exc:
             raise _disposal_error(self.name, "deleting the conversation's objects", exc) from None
 
-    async def _delete(self, kind: str, namespace: str, name: str) -> None:
+    @property
+    def _disposal_grace(self) -> int | None:
+        """The grace a disposal's pod delete gives (``pod.disposalGracePeriodSeconds``); None:
+        the pod's own ``terminationGracePeriodSeconds``, sent as no option at all."""
+        return self._config.pod.disposal_grace_period_seconds
+
+    @property
+    def _gone_with_answer(self) -> bool:
+        """Whether this backend's disposals read a delete's answer as final (its pods deleted
+        with no grace period, the opt-in of docs/disposal.md); otherwise what is deleted is
+        waited for until its watch event, as it always was."""
+        return self._disposal_grace == 0
+
+    async def _delete(
+        self, kind: str, namespace: str, name: str, *, graceful: bool = False
+    ) -> bool:
+        """Delete one object (a disposal's pod with the backend's disposal grace; ``graceful``,
+        a suspension's: with its own); whether it may still be there (always, unless the
+        backend's disposals go at once and the answer says it is gone)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            answer = await call_json(self._call("delete", kind), name, namespace)
+            options = _delete_options(kind, None if graceful else self._disposal_grace)
+            answer = await call_json(self._call("delete", kind), name, namespace, **options)
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return not self._gone_with_answer
             raise _disposal_error(self.name, f"deleting {kind} {name}", exc) from None
         except (TimeoutError, OSError) as exc:
             raise _unreachable(self.name, f"deleting {kind} {name}", exc) from None
-        self._deleted(kind, namespace, name, answer)
+        landed = self._deleted(kind, namespace, name, answer)
+        return not (self._gone_with_answer and landed)
 
-    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> None:
+    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> bool:
         """Put a delete's answer into the views at once, as a create's is: the object being
-        deleted (a pod in its grace period), or gone (a Status). Until its watch event came, a
-        pass that ran meanwhile (woken by the Sandbox's own status write) deleted it again."""
+        deleted (a pod in its grace period, held by a finalizer, a claim still in use), or gone
+        (a Status; on a backend whose disposals go at once, also a pod deleted with no grace
+        period). Until its watch event came, a pass that ran meanwhile (woken by the Sandbox's
+        own status write) deleted it again. Returns whether the answer was read as gone."""
+        meta = answer.get("metadata") or {}
+        if self._gone_with_answer:
+            landed = deletion_landed(kind, answer)
+        else:
+            landed = not (answer.get("kind") == kind and meta.get("deletionTimestamp"))
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
-            return
-        if answer.get("kind") == kind and (answer.get("metadata") or {}).get("deletionTimestamp"):
-            view.upsert(answer)
-            return
-        uid = (answer.get("details") or {}).get("uid") or (answer.get("metadata") or {}).get("uid")
+            return landed
+        if not landed:
+            if answer.get("kind") == kind and meta.get("deletionTimestamp"):
+                view.upsert(answer)
+            return landed
+        uid = (answer.get("details") or {}).get("uid") or meta.get("uid")
         if answer.get("kind") in ("Status", kind) and uid:
             view.remove(namespace, name, str(uid))
+        return landed
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
         pods = await self._core.list_namespaced_pod(namespace, label_selector=selector)
