@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import os
-import posixpath
 import warnings
 from collections.abc import AsyncIterator, Iterator
 
@@ -29,7 +28,7 @@ import pytest
 from kubernetes import client
 from maf_sandbox import conformance
 from tests.fixtures.acas_operator import SECRET, TOKEN, Standin, acas_backend
-from tests.fixtures.maf_cluster import Served, serving
+from tests.fixtures.maf_cluster import Served, assert_call_scope, assert_program_channel, serving
 from tests.fixtures.operator import local_config
 
 from sandbox_operator.backends.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
@@ -232,43 +231,14 @@ async def test_call_scope(
     backend: OperatorBackend, router: maf.SandboxRouter, key: maf.SandboxKey
 ) -> None:
     """Two calls of one conversation get two remote sandboxes that share nothing."""
-    assert maf.IsolationScope.CALL in backend.declarations.isolation_scopes
     spec = spec_for(backend, kind="per-call", isolation_scope=maf.IsolationScope.CALL)
-    this = maf.SandboxKey(key.scope, key.thread_id, key.agent_id, "call-1")
-    other = maf.SandboxKey(key.scope, key.thread_id, key.agent_id, "call-2")
-    capabilities = backend.declarations.capabilities
-
-    async def acquire_another() -> conformance.ConformanceSubject:
-        sandbox = await router.acquire(other, spec)
-        return conformance.PosixGuestSubject(sandbox, BASE, capabilities, exec_timeout=60)
-
-    async def dispose(which: maf.SandboxKey) -> None:
-        failure = await backend.dispose(which)
-        assert failure is None, failure
-
-    sandbox = await router.acquire(this, spec)
-    try:
-        subject = conformance.PosixGuestSubject(sandbox, BASE, capabilities, exec_timeout=60)
-        await conformance.assert_call_scope_conformance(
-            subject, acquire_another, lambda: dispose(this), lambda: dispose(other)
-        )
-    finally:
-        await backend.dispose(this)
+    await assert_call_scope(backend, router, key, spec, BASE)
 
 
 async def test_program_channel(
     backend: OperatorBackend, router: maf.SandboxRouter, key: maf.SandboxKey
 ) -> None:
-    sandbox = await router.acquire(key, spec_for(backend))
-    try:
-        assert isinstance(sandbox, OperatorSandbox)
-        await conformance.assert_program_channel_conformance(
-            sandbox,
-            maf.ExecProgramChannel(),
-            guest_call_path=posixpath.join(sandbox.base, "call"),
-        )
-    finally:
-        await router.dispose(key)
+    await assert_program_channel(router, key, spec_for(backend))
 
 
 async def test_closed_egress_is_what_the_service_is_asked_for(

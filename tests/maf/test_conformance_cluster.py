@@ -10,7 +10,6 @@ last (it may leave the sandbox busy); the suites that need fresh instances acqui
 
 from __future__ import annotations
 
-import posixpath
 import socket
 import warnings
 from collections.abc import Awaitable, Callable
@@ -19,9 +18,9 @@ import maf_sandbox as maf
 import pytest
 from maf_sandbox import conformance
 from tests.fixtures.egress_probe import BRIDGE_GATEWAY
-from tests.fixtures.maf_cluster import Served
+from tests.fixtures.maf_cluster import Served, assert_call_scope, assert_program_channel
 
-from sandbox_operator.maf import OperatorBackend, OperatorSandbox, sandbox_instance_id
+from sandbox_operator.maf import OperatorBackend, sandbox_instance_id
 from sandbox_operator.maf.fingerprint import NodeFingerprintSubject
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -143,46 +142,15 @@ async def test_instance_disposal(backend: OperatorBackend, key: maf.SandboxKey) 
 async def test_call_scope(
     backend: OperatorBackend, router: maf.SandboxRouter, key: maf.SandboxKey
 ) -> None:
-    """Two calls of one conversation get two sandboxes that share nothing (declared: call).
-    The probes' working directory is the storage base: it must exist in the second sandbox
-    before any probe plants there."""
-    assert maf.IsolationScope.CALL in backend.declarations.isolation_scopes
+    """Two calls of one conversation get two sandboxes that share nothing (declared: call)."""
     spec = spec_for(backend, kind="per-call", isolation_scope=maf.IsolationScope.CALL)
-    this = maf.SandboxKey(key.scope, key.thread_id, key.agent_id, "call-1")
-    other = maf.SandboxKey(key.scope, key.thread_id, key.agent_id, "call-2")
-    capabilities = backend.declarations.capabilities
-
-    async def acquire_another() -> conformance.ConformanceSubject:
-        sandbox = await router.acquire(other, spec)
-        return conformance.PosixGuestSubject(sandbox, BASE, capabilities, exec_timeout=60)
-
-    async def dispose(which: maf.SandboxKey) -> None:
-        failure = await backend.dispose(which)
-        assert failure is None, failure
-
-    sandbox = await router.acquire(this, spec)
-    try:
-        subject = conformance.PosixGuestSubject(sandbox, BASE, capabilities, exec_timeout=60)
-        await conformance.assert_call_scope_conformance(
-            subject, acquire_another, lambda: dispose(this), lambda: dispose(other)
-        )
-    finally:
-        await backend.dispose(this)
+    await assert_call_scope(backend, router, key, spec, BASE)
 
 
 async def test_program_channel(
     backend: OperatorBackend, router: maf.SandboxRouter, key: maf.SandboxKey
 ) -> None:
-    sandbox = await router.acquire(key, spec_for(backend))
-    try:
-        assert isinstance(sandbox, OperatorSandbox)
-        await conformance.assert_program_channel_conformance(
-            sandbox,
-            maf.ExecProgramChannel(),
-            guest_call_path=posixpath.join(sandbox.base, "call"),
-        )
-    finally:
-        await router.dispose(key)
+    await assert_program_channel(router, key, spec_for(backend))
 
 
 async def test_egress_closed_reaches_nothing(
