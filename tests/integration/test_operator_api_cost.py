@@ -137,10 +137,12 @@ def test_cleanup_deletes_each_object_once(kit, start_operator):
     assert ("delete", "networkpolicies") not in cleanup, cleanup
     assert ("create", "events") not in cleanup, cleanup  # Disposing/Disposed: conditions only
     # (#36 item 3) Disposal off the caller's path costs no write more: per Sandbox its pod's
-    # delete and its finalizer's removal, and the scope's count; nothing read back.
+    # delete and its finalizer's removal, and the scope's count; nothing read back. The count is
+    # debounced (COUNT_DEBOUNCE_SECONDS), not batched over the whole cleanup: deletions that end
+    # more than that apart are counted in more than one write, never more than one per member.
     writes = {k: v for k, v in cleanup.items() if k[0] in WRITES}
     assert writes.pop(("patch", "sandboxes")) == len(names), cleanup
     assert writes.pop(("delete", "pods")) == len(names), cleanup
-    assert writes.pop(("patch", "sandboxscopes/status"), 0) <= 1, cleanup
+    assert 1 <= writes.pop(("patch", "sandboxscopes/status"), 0) <= len(names), cleanup
     assert not writes, cleanup
     assert not [k for k in cleanup if k[0] in READS], cleanup

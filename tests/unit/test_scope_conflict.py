@@ -210,3 +210,25 @@ async def test_the_holders_deletion_wakes_the_waiting_scope_and_its_sandboxes() 
     await handlers.scope_event(type="DELETED", body=holder, memo=memo)
     assert rt.views.conversation_holder(NS, "later") is None
     assert scopes == ["later"] and sandboxes == ["b"]
+
+
+async def test_the_holders_deletion_wakes_the_waiting_scope_after_a_404_dropped_it() -> None:
+    """A purge's last status write can be answered 404 (the scope went with its finalizer) and
+    drop the holder from the views before its DELETED event comes: that event still wakes the
+    waiting scope (from the deleted body's own spec), not only the resync (CI, 2026-12-07)."""
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+
+    rt, _, _ = runtime()
+    scopes: list[str] = []
+    rt.enqueue_sandbox = lambda ns, name, delay=0.0, urgent=False: None  # type: ignore[method-assign]
+    rt.enqueue_scope = lambda ns, name, delay=0.0: scopes.append(name)  # type: ignore[method-assign]
+    memo = SimpleNamespace(runtime=rt)
+    holder = scope_obj("first", "2026-01-01T00:00:01Z")
+    await handlers.scope_view(body=holder, memo=memo)
+    await handlers.scope_view(body=scope_obj("later", "2026-01-01T00:00:02Z"), memo=memo)
+    rt.views.scopes.remove(NS, "first", holder["metadata"]["uid"])  # the 404's doing
+    scopes.clear()
+    await handlers.scope_event(type="DELETED", body=holder, memo=memo)
+    assert scopes == ["later"]

@@ -429,7 +429,7 @@ async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
     namespace, name, uid = _ns_name(body)
     # Other SandboxScopes of its conversation: one refused (ScopeConflict) while this one held
     # it may hold it now, and its Sandboxes go ahead.
-    peers = [n for n in rt.views.conversation_scopes(namespace, name) if n != name]
+    peers = [n for n in rt.views.conversation_of(body) if n != name]
     if type == "DELETED":
         rt.views.scopes.remove(namespace, name, uid)
         rt.purges.pop((namespace, name), None)

@@ -370,14 +370,19 @@ async def _release(rt: Runtime, scope: Mapping[str, Any]) -> bool:
     namespace, name = str(meta["namespace"]), str(meta["name"])
     current = rt.views.scopes.get(namespace, name) or scope
     cmeta = _meta(current)
+    left = [f for f in cmeta.get("finalizers") or [] if f != FINALIZER]
     try:
         await rt.kube.patch_metadata(
             SANDBOX_SCOPE_PLURAL,
             namespace,
             name,
-            finalizers=[f for f in cmeta.get("finalizers") or [] if f != FINALIZER],
+            finalizers=left,
             resource_version=str(cmeta.get("resourceVersion") or "") or None,
         )
     except Conflict:
         return False
+    if not left:
+        # Deleted now: a pass woken before its DELETED event comes (a member's) finds nothing
+        # to purge again, rather than writing a status answered 404.
+        rt.views.scopes.remove(namespace, name, str(cmeta.get("uid") or "") or None)
     return True

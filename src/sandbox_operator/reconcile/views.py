@@ -520,6 +520,16 @@ class Views:
             return []
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
+    def conversation_of(self, scope: Obj) -> list[str]:
+        """The held SandboxScopes naming the same conversation as the object ``scope`` (a watch
+        event's body), from its own spec: right also when the views dropped it already (a status
+        write answered 404 before its DELETED event came)."""
+        value = scope_conversation(scope).get(lbl.CONVERSATION_LABEL)
+        if value is None:
+            return []
+        namespace = str((scope.get("metadata") or {}).get("namespace") or "")
+        return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
+
     def conversation_holder(self, namespace: str, scope: str) -> str | None:
         """The older SandboxScope holding the conversation that ``scope`` names, when that is
         not ``scope`` itself: the oldest of those naming it (by creation, then name) holds it,
