@@ -132,8 +132,28 @@ test-e2e: $(STAMP)
 
 # maf-sandbox's own conformance suites: over the local data plane (tests/unit/maf) and through
 # the operator on the real cluster, runc and gVisor (tests/maf).
+# The maf tier as the cluster tiers run: its modules concurrently (an operator per runtime per
+# module, each in its own namespace), then the `exclusive` ones alone (cluster-wide installs,
+# timings); one log and one closing line for both.
+MAF_WORKERS ?= 2
 test-maf: $(MAF_STAMP)
-	$(call pytest_run,maf,$(PY_MAF) -m pytest tests/unit/maf tests/maf --durations=15)
+	@rc=0; \
+	$(MAKE) --no-print-directory test-maf-concurrent || rc=1; \
+	$(MAKE) --no-print-directory test-maf-exclusive || rc=1; \
+	cat build/test-maf-concurrent.log build/test-maf-exclusive.log > build/test-maf.log; \
+	cat build/durations-maf-concurrent.txt build/durations-maf-exclusive.txt \
+	  > build/durations-maf.txt; \
+	$(PY) hack/pytest_total.py --drop=deselected build/test-maf-concurrent.log \
+	  build/test-maf-exclusive.log > build/test-maf-total.txt || rc=1; \
+	cat build/test-maf-total.txt; \
+	echo "$$(tail -1 build/test-maf-total.txt)" >> build/test-maf.log; \
+	exit $$rc
+
+test-maf-concurrent: $(MAF_STAMP)
+	$(call pytest_run,maf-concurrent,$(PY_MAF) -m pytest tests/unit/maf tests/maf -m "not exclusive" -n $(MAF_WORKERS) --dist loadfile --durations=15)
+
+test-maf-exclusive: $(MAF_STAMP)
+	$(call pytest_run,maf-exclusive,$(PY_MAF) -m pytest tests/maf -m exclusive --durations=15)
 
 cluster-up: $(STAMP)
 	$(PY) hack/cluster.py up

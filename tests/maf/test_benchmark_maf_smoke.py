@@ -14,7 +14,7 @@ import re
 import pytest
 from tests.fixtures.benchmark_smoke import run_smoke
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def test_maf_benchmark_smoke(kubeconfig: str) -> None:

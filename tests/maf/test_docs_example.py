@@ -33,7 +33,7 @@ from kubernetes.client.rest import ApiException
 from tests.fixtures.chart import helm_binary
 from tests.fixtures.cluster import REPO, TEST_LABEL
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 #: The namespace the example's client names.
 NAMESPACE = "agents"
