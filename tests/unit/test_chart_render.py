@@ -96,9 +96,15 @@ def test_default_render_has_the_operator_objects(default_objs: list[dict[str, An
     kinds = sorted(o["kind"] for o in default_objs)
     for kind in ("ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Deployment"):
         assert kind in kinds
-    # Nothing optional by default: no RuntimeClass, no agent objects.
+    # Nothing optional by default: no RuntimeClass, no agent objects; the one policy pair is the
+    # idle pool pods' seal (sealIdlePoolPods, on by default).
     assert "RuntimeClass" not in kinds
-    assert "ValidatingAdmissionPolicy" not in kinds
+    assert sorted(
+        p["metadata"]["name"] for p in by_kind(default_objs, "ValidatingAdmissionPolicy")
+    ) == [
+        "so-sandbox-operator-sealed-pool-pods",
+        "so-sandbox-operator-sealed-pool-pods-update",
+    ]
     for obj in default_objs:
         if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == "sandbox-operator-system", obj["metadata"]
@@ -815,6 +821,7 @@ def test_the_maf_host_role_grants_scopes_sandboxes_exec_and_the_published_backen
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["hosts", "more"]
     assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": "maf-host",
                                   "namespace": "hosts"}] for b in bindings)  # fmt: skip
+    objs = [o for o in objs if "warm-pools" not in o["metadata"]["labels"].values()]  # the seal
     policies = {p["metadata"]["name"]: p for p in by_kind(objs, "ValidatingAdmissionPolicy")}
     assert set(policies) == {"so-sandbox-operator-host-exec", "so-sandbox-operator-host-exec-idle"}
     for policy in policies.values():
@@ -827,7 +834,9 @@ def test_the_maf_host_role_grants_scopes_sandboxes_exec_and_the_published_backen
     for binding in by_kind(objs, "ValidatingAdmissionPolicyBinding"):
         where = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
         assert where[0]["values"] == ["hosts", "more"]
-    unrestricted = template({**HOST_VALUES, "hostRole.restrictExec": "false"})
+    unrestricted = template(
+        {**HOST_VALUES, "hostRole.restrictExec": "false", "sealIdlePoolPods": "false"}
+    )
     assert not by_kind(unrestricted, "ValidatingAdmissionPolicy")
 
 
@@ -842,7 +851,7 @@ def test_the_host_and_the_agents_each_have_their_own_policies() -> None:
         "agentRole.subjects[0].namespace": "hosts",
         "agentRole.conversationBoundary": "true",
     }
-    objs = template({**HOST_VALUES, **agents})
+    objs = template({**HOST_VALUES, **agents, "sealIdlePoolPods": "false"})
     host, agent = "system:serviceaccount:hosts:maf-host", "system:serviceaccount:hosts:agent"
     kinds = set()
     for policy in by_kind(objs, "ValidatingAdmissionPolicy"):
@@ -856,3 +865,47 @@ def test_the_host_and_the_agents_each_have_their_own_policies() -> None:
 def test_the_schema_refuses_bad_host_role_values() -> None:
     assert "kind" in template_error({**HOST_VALUES, "hostRole.subjects[0].kind": "Robot"})
     assert "hostRole" in template_error({"hostRole.verbs": "all"})
+
+
+def _seal(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        o["kind"] + "/" + o["metadata"]["name"]: o
+        for o in objs
+        if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "warm-pools"
+    }
+
+
+def test_idle_pool_pods_are_sealed_by_default_against_all_but_the_operator() -> None:
+    """(#36 item 2) By default two policies seal idle pool pods in the served namespaces: no
+    exec, attach or port-forward (params: the namespace's idle pool pods), no update of the pod
+    or its ephemeral containers; the operator's own identity (and the garbage collector's) is
+    the one exempt; namespaces another operator serves are left to it."""
+    objs = _seal(
+        template({"ignoreNamespaces": "{t-*}", "peering.enabled": "false"}, namespace="so-system")
+    )
+    connect = objs["ValidatingAdmissionPolicy/so-sandbox-operator-sealed-pool-pods"]["spec"]
+    update = objs["ValidatingAdmissionPolicy/so-sandbox-operator-sealed-pool-pods-update"]["spec"]
+    assert connect["paramKind"] == {"apiVersion": "v1", "kind": "Pod"}
+    assert connect["matchConstraints"]["resourceRules"][0]["resources"] == [
+        "pods/exec", "pods/attach", "pods/portforward"
+    ]  # fmt: skip
+    assert update["matchConstraints"]["resourceRules"][0]["resources"] == [
+        "pods", "pods/ephemeralcontainers"
+    ]  # fmt: skip
+    for spec in (connect, update):
+        conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+        assert conditions["served-namespace"] == "!(request.namespace.matches('^t-.*$'))"
+        operator = "system:serviceaccount:so-system:so-sandbox-operator"
+        assert operator in conditions["not-the-operator"]
+        assert spec["failurePolicy"] == "Fail"
+    assert "'sandbox-operator.dev/pool' in oldObject.metadata.labels" in next(
+        c["expression"] for c in update["matchConditions"] if c["name"] == "idle-pool-pod"
+    )
+    bindings = [o for k, o in objs.items() if k.startswith("ValidatingAdmissionPolicyBinding/")]
+    assert len(bindings) == 2
+    for binding in bindings:
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+            {"key": "sandbox-operator.dev/served-by", "operator": "DoesNotExist"}
+        ]
+    assert not _seal(template({"sealIdlePoolPods": "false"}))
