@@ -44,7 +44,7 @@ venv-maf: $(MAF_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests hack benchmarks
 	$(VENV)/bin/ruff format --check src tests hack benchmarks
-	$(VENV)/bin/xenon --max-absolute D src/sandbox_operator/reconcile
+	$(VENV)/bin/xenon --max-absolute D --max-modules D --max-average A src/sandbox_operator
 
 typecheck: $(STAMP) $(MAF_STAMP)
 	$(VENV)/bin/mypy
