@@ -33,7 +33,7 @@ from typing import Annotated, get_args
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from sandbox_operator.backends.acas.config import AcasBackendConfig
+from sandbox_operator.acas.config import AcasBackendConfig
 from sandbox_operator.backends.runtimeclass.config import (
     DEFAULT_KEEP_ALIVE,
     DEFAULT_SANDBOX_UID,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
+from sandbox_operator.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
 from sandbox_operator.client import DataPlaneError, SandboxClient
 from sandbox_operator.client.dataplane.acas import acas_dataplanes
 from sandbox_operator.contract import Capability, SandboxSpec

@@ -31,7 +31,7 @@ from tests.fixtures.acas_operator import SECRET, TOKEN, Standin, acas_backend
 from tests.fixtures.maf_cluster import Served, assert_call_scope, assert_program_channel, serving
 from tests.fixtures.operator import local_config
 
-from sandbox_operator.backends.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
+from sandbox_operator.acas import AcasBackendConfig, AcasClient, StaticTokenProvider
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client.dataplane.acas import acas_dataplanes
 from sandbox_operator.maf import OperatorBackend, OperatorSandbox, sandbox_instance_id

@@ -19,9 +19,9 @@ import pytest
 from maf_sandbox import conformance
 from tests.fixtures.egress_probe import BRIDGE_GATEWAY
 from tests.fixtures.maf_cluster import Served, assert_call_scope, assert_program_channel
+from tests.fixtures.maf_fingerprint import NodeFingerprintSubject
 
 from sandbox_operator.maf import OperatorBackend, sandbox_instance_id
-from sandbox_operator.maf.fingerprint import NodeFingerprintSubject
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from sandbox_operator.backends.acas.api import AcasClient, parse_retry_after
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
-from sandbox_operator.backends.acas.errors import (
+from sandbox_operator.acas.api import AcasClient, parse_retry_after
+from sandbox_operator.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.errors import (
     AcasAuthError,
     AcasConflict,
     AcasError,
@@ -29,7 +29,7 @@ from sandbox_operator.backends.acas.errors import (
     disposal_failure,
     error_for_status,
 )
-from sandbox_operator.backends.acas.operations import LabelSelectorError, label_selector
+from sandbox_operator.acas.operations import LabelSelectorError, label_selector
 from sandbox_operator.contract import DisposalCode, SandboxKey
 from sandbox_operator.labels import object_labels, scope_selector
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer

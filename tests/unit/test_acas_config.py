@@ -7,19 +7,19 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sandbox_operator.backends.acas.auth import (
+from sandbox_operator.acas.auth import (
     AzureIdentityTokenProvider,
     CredentialUnavailable,
     StaticTokenProvider,
     TokenProvider,
     token_provider_for,
 )
-from sandbox_operator.backends.acas.config import (
+from sandbox_operator.acas.config import (
     AcasBackendConfig,
     SecretCredentialSource,
     WorkloadIdentityCredentialSource,
 )
-from sandbox_operator.backends.acas.operations import API_VERSION, TOKEN_SCOPE
+from sandbox_operator.acas.operations import API_VERSION, TOKEN_SCOPE
 from sandbox_operator.contract import Capability, Egress
 
 BASE: dict[str, Any] = {

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sandbox_operator.backends.acas.api import AcasClient
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
-from sandbox_operator.backends.acas.config import ACAS_CAPABILITIES
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.config import ACAS_CAPABILITIES
 from sandbox_operator.client.dataplane import DataPlane
 from sandbox_operator.client.dataplane.acas import AcasDataPlane, acas_dataplane_factory
 from sandbox_operator.client.errors import (

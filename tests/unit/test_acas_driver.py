@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.models import RemoteSandbox
 from sandbox_operator.backends.acas.driver import (
     KIND_LABEL,
     NAMESPACE_LABEL,
@@ -20,7 +21,6 @@ from sandbox_operator.backends.acas.driver import (
     classify,
     egress_policy,
 )
-from sandbox_operator.backends.acas.models import RemoteSandbox
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,

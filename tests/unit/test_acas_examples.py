@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox_operator.backends.acas.errors import AcasError, error_for_status
-from sandbox_operator.backends.acas.models import (
+from sandbox_operator.acas.errors import AcasError, error_for_status
+from sandbox_operator.acas.models import (
     DirListing,
     ExecResult,
     FileInfo,
@@ -28,7 +28,7 @@ from sandbox_operator.backends.acas.models import (
     RemoteSandbox,
     WriteFileResult,
 )
-from sandbox_operator.backends.acas.operations import API_VERSION, AcasOperations, ApiRequest
+from sandbox_operator.acas.operations import API_VERSION, AcasOperations, ApiRequest
 from tests.acas_standin import DEFAULT_TOKEN, StandinServer, StandinState
 from tests.fixtures.acas import DOCUMENTED, P
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.acas.errors import AcasError
 from sandbox_operator.backends.acas.driver import (
     NAMESPACE_LABEL,
     REMOTE_KIND,
@@ -18,7 +19,6 @@ from sandbox_operator.backends.acas.driver import (
     AcasDriver,
     remote_labels,
 )
-from sandbox_operator.backends.acas.errors import AcasError
 from sandbox_operator.backends.base import ObservedPhase, SandboxRef, ServedBy
 from sandbox_operator.contract import SandboxKey
 from tests.acas_standin import StandinServer

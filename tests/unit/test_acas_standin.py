@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandbox_operator.backends.acas.api import AcasClient
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
-from sandbox_operator.backends.acas.errors import AcasServerError
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.errors import AcasServerError
 from tests.acas_standin import DEFAULT_TOKEN, ThreadedStandin
 from tests.fixtures.acas import make_config
 

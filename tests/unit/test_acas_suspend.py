@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox_operator.backends.acas.config import AcasBackendConfig, default_declarations
+from sandbox_operator.acas.config import AcasBackendConfig, default_declarations
+from sandbox_operator.acas.errors import AcasConflict
+from sandbox_operator.acas.models import RemoteSandbox
 from sandbox_operator.backends.acas.driver import (
     REMOTE_KIND,
     AcasDriver,
     create_content,
 )
-from sandbox_operator.backends.acas.errors import AcasConflict
-from sandbox_operator.backends.acas.models import RemoteSandbox
 from sandbox_operator.backends.base import (
     EnsureRequest,
     ObservedPhase,

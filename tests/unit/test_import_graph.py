@@ -1,51 +1,12 @@
 """No import circle in src/sandbox_operator: every module's imports, at top level, in functions
-and under ``TYPE_CHECKING`` alike, form a graph without cycles. A circle is a module that cannot
-be understood (or imported first) without the one that imports it; break it by moving what both
-need to a module of its own."""
+and under ``TYPE_CHECKING`` alike (tests/fixtures/import_graph.py), form a graph without
+cycles. A circle is a module that cannot be understood (or imported first) without the one that
+imports it; break it by moving what both need to a module of its own. Which package may import
+which at all is tests/unit/test_import_rules.py."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-SRC = Path(__file__).resolve().parents[2] / "src"
-PACKAGE = "sandbox_operator"
-
-
-def _modules() -> dict[str, Path]:
-    modules: dict[str, Path] = {}
-    for path in (SRC / PACKAGE).rglob("*.py"):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        modules[".".join(parts)] = path
-    return modules
-
-
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project's modules ``module`` imports (the deepest existing module of each name)."""
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
-            names = [f"{base}.{a.name}" for a in node.names]
-        for name in names:
-            target = resolve(name) if name.startswith(PACKAGE) else None
-            if target is not None and target != module:
-                found.add(target)
-    return found
+from tests.fixtures.import_graph import all_sites, modules
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -84,8 +45,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_graph_of_src_has_no_circle() -> None:
-    modules = _modules()
-    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    graph: dict[str, set[str]] = {m: set() for m in modules()}
+    for site in all_sites():
+        graph[site.importer].add(site.target)
     assert len(graph) > 100  # the walk found the package
     assert _cycles(graph) == []
 

@@ -2,11 +2,12 @@
 
 ``build_driver`` turns one typed backend entry of the operator configuration (a member of
 :data:`sandbox_operator.config.BackendConfig`, the union discriminated by ``type``) into its
-driver. Each backend keeps its config model beside its driver
-(``backends/runtimeclass/config.py``, ``backends/acas/config.py``); adding a backend type is one
-model in the union and one branch here. ``api`` is the operator's kubernetes_asyncio ApiClient,
-``settings`` the :class:`~sandbox_operator.config.OperatorSettings`; ``egress_proxy`` is the
-operator-level :class:`~sandbox_operator.egress.config.ManagedEgressProxySettings`, for
+driver. Each backend keeps its config model beside the code that reads it
+(``backends/runtimeclass/config.py``, ``sandbox_operator/acas/config.py``); adding a backend
+type is one model in the union and one branch here. ``api`` is the operator's kubernetes_asyncio
+ApiClient, ``settings`` the operator's timings (a :class:`~.base.DriverSettings`, which
+:class:`~sandbox_operator.config.OperatorSettings` is); ``egress_proxy`` is the operator-level
+:class:`~sandbox_operator.egress.config.ManagedEgressProxySettings`, for
 runtime-class backends that use the proxy the operator runs.
 
 The drivers are imported when a driver is built, not with this package: validating a
@@ -17,12 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sandbox_operator.backends.base import BackendDriver
+from sandbox_operator.backends.base import BackendDriver, DriverSettings
 
 if TYPE_CHECKING:
-    from sandbox_operator.backends.acas.config import AcasBackendConfig
+    from sandbox_operator.acas.config import AcasBackendConfig
     from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
-    from sandbox_operator.config import OperatorSettings
     from sandbox_operator.egress.config import ManagedEgressProxySettings
 
 
@@ -30,11 +30,11 @@ def build_driver(
     entry: RuntimeClassBackendConfig | AcasBackendConfig,
     *,
     api: Any,
-    settings: OperatorSettings,
+    settings: DriverSettings,
     egress_proxy: ManagedEgressProxySettings | None = None,
 ) -> BackendDriver:
     """The driver serving one configured backend (the entry's model picks it)."""
-    from sandbox_operator.backends.acas.config import AcasBackendConfig
+    from sandbox_operator.acas.config import AcasBackendConfig
     from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 
     if isinstance(entry, RuntimeClassBackendConfig):

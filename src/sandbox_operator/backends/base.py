@@ -12,11 +12,11 @@ NetworkPolicies, a remote driver creates sessions in a hosted service.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from sandbox_operator.contract import (
     DisposalCode,
@@ -260,3 +260,29 @@ class WatchedDisposal(Protocol):
     ) -> None:
         """Request deletion of every object of one conversation, in a bounded number of calls."""
         ...
+
+
+class WatchedObjects(Protocol):
+    """One kind of object as the operator's watch holds it (``reconcile.views.Store``), handed to
+    a driver (``use_views``). Declared here so backends/ depend on the shape they use, not on
+    the reconciler that owns the watch (AGENTS.md, "Import rules")."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def upsert(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def remove(self, namespace: str, name: str, uid: str | None = None) -> None: ...
+
+    def select(self, namespace: str, label: str, value: str) -> list[dict[str, Any]]: ...
+
+    def select_names(self, namespace: str, label: str, value: str) -> list[str]: ...
+
+
+class DriverSettings(Protocol):
+    """The operator settings a driver reads (``config.OperatorSettings`` is one): a protocol, so
+    backends/ do not import the operator's configuration, which imports them."""
+
+    @property
+    def dispose_timeout_seconds(self) -> float: ...

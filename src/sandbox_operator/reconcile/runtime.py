@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_operator.backends import build_driver
-from sandbox_operator.backends.base import BackendDriver, suspends
+from sandbox_operator.backends.base import BackendDriver, WatchedObjects, suspends
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
@@ -106,9 +106,13 @@ class Runtime:
         for driver in drivers.values():
             use_views = getattr(driver, "use_views", None)
             if use_views is not None:
-                use_views(
-                    rt.views.pods, rt.views.network_policies, rt.views.persistent_volume_claims
+                # Typed so mypy holds the views to the shape drivers declare (WatchedObjects).
+                watched: tuple[WatchedObjects, WatchedObjects, WatchedObjects] = (
+                    rt.views.pods,
+                    rt.views.network_policies,
+                    rt.views.persistent_volume_claims,
                 )
+                use_views(*watched)
             use_failures = getattr(driver, "use_pod_sandbox_failures", None)
             if use_failures is not None:
                 use_failures(rt.pod_sandbox_failures)

@@ -14,11 +14,11 @@ None of it draws a boundary: everything runs as local processes and loopback soc
   the egress proxy from a chosen source address.
 * :class:`LocalExecTransport`: the exec transport that runs commands as local processes (build a
   data plane with ``ExecDataPlane(LocalExecTransport())``).
-* :class:`StaticTokenProvider`: a fixed bearer token for the ACA backend's client (a loopback
+* :class:`StaticTokenProvider`: a fixed bearer token for the ACA API client (a loopback
   stand-in of the API, never Azure).
 """
 
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.auth import StaticTokenProvider
 from sandbox_operator.client.dataplane import LocalExecTransport
 from sandbox_operator.testing.backend import (
     FAKE_BACKEND_DECLARATIONS,

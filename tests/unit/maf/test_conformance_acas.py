@@ -18,9 +18,9 @@ import maf_sandbox as maf
 import pytest
 from maf_sandbox import conformance
 
-from sandbox_operator.backends.acas.api import AcasClient
-from sandbox_operator.backends.acas.auth import StaticTokenProvider
-from sandbox_operator.backends.acas.config import default_declarations
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.auth import StaticTokenProvider
+from sandbox_operator.acas.config import default_declarations
 from sandbox_operator.client.dataplane.acas import AcasDataPlane
 from sandbox_operator.contract.published import PublishedBackend
 from sandbox_operator.maf import OperatorSandbox, declarations

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.config import AcasBackendConfig
+from sandbox_operator.acas.errors import AcasError
+from sandbox_operator.acas.models import RemoteSandbox
 from sandbox_operator.backends.base import SandboxRef
 
-from .api import AcasClient
-from .config import AcasBackendConfig
-from .errors import AcasError
-from .models import RemoteSandbox
 from .remote import (
     NAMESPACE_LABEL,
     OWNER_UID_LABEL,

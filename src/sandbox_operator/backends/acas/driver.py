@@ -32,6 +32,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.auth import (
+    CredentialUnavailable,
+    SecretTokens,
+    TokenProvider,
+    token_provider_for,
+)
+from sandbox_operator.acas.config import AcasBackendConfig, SecretCredentialSource
+from sandbox_operator.acas.errors import AcasError, AcasNotListed, AcasThrottled, disposal_failure
+from sandbox_operator.acas.models import REMOTE_KIND
 from sandbox_operator.backends.base import (
     Availability,
     BackendObject,
@@ -45,17 +55,12 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.contract import ConditionReason, DisposalFailure, SandboxKey
 
-from .api import AcasClient
-from .auth import CredentialUnavailable, SecretTokens, TokenProvider, token_provider_for
 from .cache import STALE_AFTER_INTERVALS, CacheStatus, Notify
-from .config import AcasBackendConfig, SecretCredentialSource
-from .errors import AcasError, AcasNotListed, AcasThrottled, disposal_failure
 from .remote import (
     KIND_LABEL,
     NAMESPACE_LABEL,
     OWNER_UID_LABEL,
     PERMANENT,
-    REMOTE_KIND,
     SANDBOX_NAME_LABEL,
     backend_object,
     classify,

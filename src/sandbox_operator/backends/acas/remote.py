@@ -9,6 +9,9 @@ import re
 from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.acas.config import AcasBackendConfig
+from sandbox_operator.acas.errors import AcasBadRequest, AcasNotFound, AcasPayloadTooLarge
+from sandbox_operator.acas.models import REMOTE_KIND, RemoteSandbox, SandboxState
 from sandbox_operator.backends.base import (
     BackendObject,
     EnsureRequest,
@@ -18,10 +21,6 @@ from sandbox_operator.backends.base import (
     ServedBy,
 )
 from sandbox_operator.contract import Egress, SandboxSpec
-
-from .config import AcasBackendConfig
-from .errors import AcasBadRequest, AcasNotFound, AcasPayloadTooLarge
-from .models import RemoteSandbox, SandboxState
 
 #: Create failures no retry can cure: the request's content (400, 413) or the group/path (404).
 PERMANENT = (AcasBadRequest, AcasNotFound, AcasPayloadTooLarge)
@@ -37,7 +36,6 @@ STOPPED_STATES = frozenset({SandboxState.STOPPED, SandboxState.IDLE, SandboxStat
 DEFAULT_CPU = "1000m"
 DEFAULT_MEMORY = "2048Mi"
 
-REMOTE_KIND = "AcasSandbox"
 NAMESPACE_LABEL = f"{lbl.GROUP}/namespace"
 OWNER_UID_LABEL = f"{lbl.GROUP}/owner-uid"
 KIND_LABEL = lbl.KIND_LABEL

@@ -6,6 +6,8 @@ state (the service's own idle stop too) as `SUSPENDED`, with the service's `stop
 
 from __future__ import annotations
 
+from sandbox_operator.acas.errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
+from sandbox_operator.acas.models import RemoteSandbox, SandboxState
 from sandbox_operator.backends.base import (
     BackendObject,
     EnsureRequest,
@@ -17,8 +19,6 @@ from sandbox_operator.backends.base import (
 from sandbox_operator.contract import ConditionReason
 
 from .cache import ReadCache
-from .errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
-from .models import RemoteSandbox, SandboxState
 from .remote import (
     PERMANENT,
     STOPPED_STATES,

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
@@ -28,6 +28,7 @@ from sandbox_operator.backends.base import (
     ServedBy,
     StartupError,
     TransientError,
+    WatchedObjects,
 )
 from sandbox_operator.backends.confinement import (
     CONFINEMENT,
@@ -68,9 +69,6 @@ from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json
 
-if TYPE_CHECKING:
-    from sandbox_operator.reconcile.views import Store
-
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
 
@@ -110,8 +108,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
         self._poll = poll_interval
         # The operator's watched views of its pods and NetworkPolicies (``use_views``). Without
         # them (tools, tests) every read goes to the API server, as a one-off caller expects.
-        self._pods: Store | None = None
-        self._network_policies: Store | None = None
+        self._pods: WatchedObjects | None = None
+        self._network_policies: WatchedObjects | None = None
 
     async def start(self, notify: Callable[[str, str], None]) -> None:
         """With a managed egress proxy: look at each namespace's proxy Service periodically
@@ -144,7 +142,12 @@ class RuntimeClassDriver(RuntimeClassObjects):
         pod's Events (pod_sandbox_failures.py)."""
         self._failures = failures
 
-    def use_views(self, pods: Store, network_policies: Store, claims: Store | None = None) -> None:
+    def use_views(
+        self,
+        pods: WatchedObjects,
+        network_policies: WatchedObjects,
+        claims: WatchedObjects | None = None,
+    ) -> None:
         """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
         with ``spec.storage``) from the operator's watched views from now on, and put what this
         driver creates into them at once (so the next pass sees its own writes)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
@@ -24,6 +24,7 @@ from sandbox_operator.backends.base import (
     SandboxRef,
     StartupError,
     TransientError,
+    WatchedObjects,
 )
 from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 from sandbox_operator.backends.runtimeclass.observe import backend_object, foreign_claim
@@ -46,9 +47,6 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
-
-if TYPE_CHECKING:
-    from sandbox_operator.reconcile.views import Store
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -88,9 +86,9 @@ class RuntimeClassObjects:
     _net: Any
     _dispose_timeout: float
     _poll: float
-    _pods: Store | None = None
-    _network_policies: Store | None = None
-    _claims: Store | None = None
+    _pods: WatchedObjects | None = None
+    _network_policies: WatchedObjects | None = None
+    _claims: WatchedObjects | None = None
     _proxy_settings: ManagedEgressProxySettings | None = None
 
     def _bind_api(self, api: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -55,64 +56,95 @@ RUNTIME_HANDLER_MISSING = "RuntimeHandlerMissing"
 
 
 def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
-    """What a pod's status says about its sandbox (pure; ``pod`` is the API's JSON shape)."""
+    """What a pod's status says about its sandbox (pure; ``pod`` is the API's JSON shape).
+
+    In order: gone, being deleted, ended (the pod's phase), what the sandbox container's state
+    says (cannot start, exited, ready), else still starting."""
     if pod is None:
         return Observation(ObservedPhase.ABSENT)
     meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    served = ServedBy(
-        kind="Pod",
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
-    )
+    served = ServedBy(kind="Pod", name=meta.get("name", ""), namespace=meta.get("namespace", ""))
     created = parse_time(meta.get("creationTimestamp"))
     if meta.get("deletionTimestamp"):
         return Observation(
             ObservedPhase.DISPOSING, served, "Terminating", "pod is being deleted", created
         )
+    status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     statuses = status.get("containerStatuses") or []
-    cs = next((c for c in statuses if c.get("name") == CONTAINER_NAME), None)
-    ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    container = next((c for c in statuses if c.get("name") == CONTAINER_NAME), None)
     if phase in ("Failed", "Succeeded"):
-        term = ((cs or {}).get("state") or {}).get("terminated") or {}
-        why = term.get("reason") or status.get("reason") or phase
-        code = term.get("exitCode")
-        msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
-        if status.get("message"):
-            msg += f": {status['message']}"
-        return Observation(ObservedPhase.FAILED, served, str(why), msg, created)
-    if cs is not None:
-        state = cs.get("state") or {}
-        waiting = state.get("waiting")
-        terminated = state.get("terminated")
-        if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
-            reason = str(waiting["reason"])
-            msg = f"container cannot start: {reason}"
-            if reason in PULL_REASONS:
-                # The kubelet's pull message names registry endpoints and resolvers: keep it out.
-                msg += f" (image {cs.get('image') or 'unknown'} is not available to the node)"
-            elif waiting.get("message"):
-                msg += f": {str(waiting['message'])[:300]}"
-            return Observation(ObservedPhase.STARTUP_FAILED, served, reason, msg, created)
-        if terminated:
-            reason = str(terminated.get("reason") or "Terminated")
-            msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
-            return Observation(ObservedPhase.FAILED, served, reason, msg, created)
-        if state.get("running") is not None and cs.get("ready"):
-            ready_at = parse_time((ready_cond or {}).get("lastTransitionTime"))
-            return Observation(
-                ObservedPhase.READY, served, "Running", "pod is running", created, ready_at
-            )
-    # Unschedulable or still creating: not (yet) fatal; the startup timeout bounds it.
+        observed = _pod_ended(phase, status, container)
+    else:
+        observed = _container_verdict(container, status) or _starting(phase, status, container)
+    return replace(observed, served_by=served, created_at=created)
+
+
+def _pod_ended(
+    phase: str, status: Mapping[str, Any], container: Mapping[str, Any] | None
+) -> Observation:
+    """A pod that ended (``Failed`` or ``Succeeded``): why, in the container's words first."""
+    term = ((container or {}).get("state") or {}).get("terminated") or {}
+    why = term.get("reason") or status.get("reason") or phase
+    code = term.get("exitCode")
+    msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
+    if status.get("message"):
+        msg += f": {status['message']}"
+    return Observation(ObservedPhase.FAILED, detail_reason=str(why), message=msg)
+
+
+def _container_verdict(
+    container: Mapping[str, Any] | None, status: Mapping[str, Any]
+) -> Observation | None:
+    """What the sandbox container's state settles (cannot start, exited, ready), or None while
+    it settles nothing."""
+    if container is None:
+        return None
+    state = container.get("state") or {}
+    waiting = state.get("waiting")
+    if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
+        return _cannot_start(container, waiting)
+    terminated = state.get("terminated")
+    if terminated:
+        reason = str(terminated.get("reason") or "Terminated")
+        msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
+        return Observation(ObservedPhase.FAILED, detail_reason=reason, message=msg)
+    if state.get("running") is not None and container.get("ready"):
+        conditions = status.get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        return Observation(
+            ObservedPhase.READY,
+            detail_reason="Running",
+            message="pod is running",
+            ready_at=parse_time((ready or {}).get("lastTransitionTime")),
+        )
+    return None
+
+
+def _cannot_start(container: Mapping[str, Any], waiting: Mapping[str, Any]) -> Observation:
+    """A container waiting for a reason that will not pass by itself (FATAL_WAITING_REASONS)."""
+    reason = str(waiting["reason"])
+    msg = f"container cannot start: {reason}"
+    if reason in PULL_REASONS:
+        # The kubelet's pull message names registry endpoints and resolvers: keep it out.
+        msg += f" (image {container.get('image') or 'unknown'} is not available to the node)"
+    elif waiting.get("message"):
+        msg += f": {str(waiting['message'])[:300]}"
+    return Observation(ObservedPhase.STARTUP_FAILED, detail_reason=reason, message=msg)
+
+
+def _starting(
+    phase: str, status: Mapping[str, Any], container: Mapping[str, Any] | None
+) -> Observation:
+    """Unschedulable or still creating: not (yet) fatal; the startup timeout bounds it."""
     detail = ""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             detail = f"not scheduled: {cond.get('reason', '')} {cond.get('message', '')}".strip()
-    if not detail and cs and (cs.get("state") or {}).get("waiting"):
-        detail = str(cs["state"]["waiting"].get("reason") or "")
+    if not detail and container and (container.get("state") or {}).get("waiting"):
+        detail = str(container["state"]["waiting"].get("reason") or "")
     return Observation(
-        ObservedPhase.STARTING, served, detail or phase, detail or f"pod is {phase}", created
+        ObservedPhase.STARTING, detail_reason=detail or phase, message=detail or f"pod is {phase}"
     )
 
 

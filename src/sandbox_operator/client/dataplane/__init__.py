@@ -11,7 +11,7 @@ One protocol, several implementations, all owned by the client and handed to it
   ``servedBy.kind: Pod``.
 * :mod:`.local` -- :class:`LocalExecTransport`: local processes, no isolation (tests only).
 * :mod:`.acas` -- :class:`~.acas.AcasDataPlane` for ACA sandboxes; import it from there
-  (``acas_dataplanes``): it is not imported here, so the base client never loads the ACA backend.
+  (``acas_dataplanes``): it is not imported here, so the base client never loads the ACA API client.
 """
 
 from sandbox_operator.client.dataplane.execplane import (

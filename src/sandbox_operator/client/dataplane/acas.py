@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
-from sandbox_operator.backends.acas.api import AcasClient
-from sandbox_operator.backends.acas.errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
-from sandbox_operator.backends.acas.models import FileInfo
+from sandbox_operator.acas.api import AcasClient
+from sandbox_operator.acas.errors import AcasConflict, AcasError, AcasNotFound, AcasTimeout
+from sandbox_operator.acas.models import FileInfo
 from sandbox_operator.client.dataplane.protocol import (
     DirEntry,
     ExecRequest,
@@ -418,6 +418,6 @@ def acas_dataplanes(clients: Mapping[str, AcasClient]) -> dict[str, DataPlaneFac
 
         SandboxClient(api, namespace, dataplanes=acas_dataplanes({"acas-west": west}))
     """
-    from sandbox_operator.backends.acas.driver import REMOTE_KIND
+    from sandbox_operator.acas.models import REMOTE_KIND
 
     return {REMOTE_KIND: acas_dataplane_factory(clients)}

@@ -13,6 +13,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+#: The ``servedBy.kind`` of a Sandbox served by an ACA sandbox (the driver writes it, the
+#: client's data plane is chosen by it).
+REMOTE_KIND = "AcasSandbox"
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
