@@ -417,7 +417,7 @@ class Store:
                 del self._by_label[ix]
 
 
-def scope_conversation(obj: Obj) -> dict[str, str]:
+def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
     """A SandboxScope's index: the conversation label value of its spec's scope and threadId."""
     spec = obj.get("spec") or {}
     scope, thread = spec.get("scope"), spec.get("threadId")
@@ -520,7 +520,7 @@ class Views:
             return []
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
-    def conversation_of(self, scope: Obj) -> list[str]:
+    def conversation_of(self, scope: Mapping[str, Any]) -> list[str]:
         """The held SandboxScopes naming the same conversation as the object ``scope`` (a watch
         event's body), from its own spec: right also when the views dropped it already (a status
         write answered 404 before its DELETED event came)."""
