@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
 
 
@@ -427,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         mode = str((obj.get("spec") or {}).get("egress") or "closed")
         served = (obj.get("status") or {}).get("servedBy") or {}
-        if served.get("kind") != "Pod":
+        if served.get("kind") != kubeobj.POD_KIND:
             print(f"sandbox {args.sandbox} is not served by a pod: {served}")
             return 2
         targets = targets_for(mode, args.reachable, args.allowed, args.denied)
