@@ -62,20 +62,15 @@ from sandbox_operator.reconcile.publish import (
     published_backends,
 )
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
-from sandbox_operator.reconcile.sandbox import (
-    CONFLICT_RETRY_SECONDS,
-    ensure_retry_delay,
-    reconcile_sandbox,
-)
+from sandbox_operator.reconcile.sandbox import reconcile_sandbox
 from sandbox_operator.reconcile.scope import (
     COUNT_DEBOUNCE_SECONDS,
     access_pending,
     reconcile_scope,
 )
+from sandbox_operator.reconcile.status import CONFLICT_RETRY_SECONDS
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
-
-__all__ = ["FINALIZER", "ensure_retry_delay"]
 
 log = logging.getLogger(__name__)
 

@@ -43,26 +43,21 @@ from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import (
-    DISPOSING_REPORT_AFTER_SECONDS,
     dispose_into,
     drivers_for,
     finalize_sandbox,
     key_unclean,
-    wake_key,
 )
 from sandbox_operator.reconcile.lifecycle import Verdict
 from sandbox_operator.reconcile.pool import claim_warm_pod
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.status import (
     ADMITTED,
-    CONFLICT_RETRY_SECONDS,
     DISPOSED,
     MESSAGE_DEBOUNCE_SECONDS,
-    NORMAL_REASONS,
     READY,
     Draft,
     R,
-    egress_admitted,
     message_only,
     recorded_served_by,
     sandbox_gone,
@@ -73,30 +68,6 @@ from sandbox_operator.reconcile.step import Step, sooner
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 
 log = logging.getLogger(__name__)
-
-#: Kept importable from here (the scope reconciler, the handlers and tests use them).
-__all__ = [
-    "ADMITTED",
-    "CONFLICT_RETRY_SECONDS",
-    "DISPOSED",
-    "DISPOSING_REPORT_AFTER_SECONDS",
-    "MESSAGE_DEBOUNCE_SECONDS",
-    "NORMAL_REASONS",
-    "READY",
-    "Draft",
-    "dispose_into",
-    "drivers_for",
-    "egress_admitted",
-    "ensure_retry_delay",
-    "finalize_sandbox",
-    "key_unclean",
-    "reconcile_sandbox",
-    "recorded_served_by",
-    "sandbox_ref",
-    "wake_key",
-    "write_status",
-    "write_step",
-]
 
 #: While a driver that is not watched still reports compute stopping, look again this often.
 SUSPEND_RECHECK_SECONDS = 2.0
