@@ -49,7 +49,7 @@ def build_driver(
     if isinstance(entry, AcasBackendConfig):
         from sandbox_operator.backends.acas.driver import build_driver as build_acas_driver
 
-        return build_acas_driver(entry, api=api, settings=settings)
+        return build_acas_driver(entry, api=api, dispose_timeout=settings.dispose_timeout_seconds)
     raise TypeError(f"no driver for backend entry {type(entry).__name__}")
 
 
