@@ -21,6 +21,7 @@ pytest_plugins = (
             "tests.fixtures.egress_probe",
             "tests.fixtures.suspend",
             "tests.fixtures.acas_operator",
+            "tests.fixtures.podenv",
         )
         if importlib.util.find_spec(name) is not None
     ]

@@ -315,9 +315,19 @@ async def test_credential_secret_is_read_on_first_use(
             token = base64.b64encode(DEFAULT_TOKEN.encode()).decode()
             return SimpleNamespace(data={"token": token})
 
+    from sandbox_operator.backends import build_driver as build_any_driver
+    from sandbox_operator.config import OperatorSettings
+
     monkeypatch.setattr(k8s, "CoreV1Api", FakeCore)
-    monkeypatch.setenv("POD_NAMESPACE", "operator-ns")
-    driver = build_driver(make_config(standin.base_url), api=object())
+    # A Secret named without a namespace is read in the operator's (which the runtime passes).
+    built = build_any_driver(
+        make_config(standin.base_url),
+        api=object(),
+        settings=OperatorSettings(),
+        operator_namespace="operator-ns",
+    )
+    assert isinstance(built, AcasDriver)
+    driver = built
     try:
         assert (await driver.check_available()).available
         assert reads == [("acas", "operator-ns")]
