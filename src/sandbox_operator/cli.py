@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sandbox_operator.config import OperatorConfig, load_config, profiles
+from sandbox_operator.config import OperatorConfig, load_config, operator_namespace, profiles
 from sandbox_operator.contract import (
     ConfigurationError,
     SandboxRefusal,
@@ -111,7 +111,7 @@ def _peering_identity() -> str | None:
     pod = os.environ.get("POD_NAME")
     if not pod:
         return None
-    namespace = os.environ.get("POD_NAMESPACE")
+    namespace = operator_namespace()
     return f"{namespace}/{pod}" if namespace else pod
 
 

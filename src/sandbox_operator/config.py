@@ -26,6 +26,8 @@ Example (see ``examples/config-local.yaml`` and ``docs/operator.md``)::
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, get_args
@@ -269,3 +271,24 @@ __all__ = [
     "parse_config",
     "profiles",
 ]
+
+
+#: Where a pod's service account mounts its namespace (read when ``POD_NAMESPACE`` is not set).
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@functools.cache
+def operator_namespace() -> str | None:
+    """The namespace this operator process runs in, or None outside a pod.
+
+    ``$POD_NAMESPACE`` (the chart sets it from the downward API), else the namespace file of the
+    pod's service account, else None. Read once per process, here only: a pod's namespace never
+    changes under it, and the peering identity (``cli``) and the namespace of an ``acas``
+    credential Secret named without one (``backends.build_driver``) must agree on it."""
+    value = os.environ.get("POD_NAMESPACE")
+    if value:
+        return value
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None

@@ -8,6 +8,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from sandbox_operator import kubeobj
+
 log = logging.getLogger(__name__)
 
 
@@ -81,7 +83,7 @@ async def list_then_watch(
             if version is None:
                 body = await call_json(list_call, *args, **selector)
                 on_list(list(body.get("items") or []))
-                version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+                version = str(kubeobj.meta(body).get("resourceVersion") or "") or None
             # return_type "object": the changes stay dicts. An expired version arrives as an
             # ApiException (410), below.
             w = watch.Watch(return_type="object")

@@ -222,14 +222,18 @@ async def test_dispose_that_leaves_the_sandbox_listed_times_out(standin: Standin
 async def test_dispose_wait_is_bounded_by_the_operators_dispose_timeout(
     standin: StandinServer,
 ) -> None:
+    from sandbox_operator.backends import build_driver as build_any_driver
     from sandbox_operator.config import OperatorSettings
 
     config = make_config(standin.base_url, timeouts={"delete": 300, "pollInterval": 0.05})
+    # The operator's setting reaches the driver the operator builds for the entry.
+    built = build_any_driver(
+        config, api=None, settings=OperatorSettings(dispose_timeout_seconds=0.3)
+    )
+    assert isinstance(built, AcasDriver) and built.dispose_within == 0.3
+    await built.close()
     driver = build_driver(
-        config,
-        api=None,
-        settings=OperatorSettings(dispose_timeout_seconds=0.3),
-        tokens=StaticTokenProvider(DEFAULT_TOKEN),
+        config, api=None, dispose_timeout=0.3, tokens=StaticTokenProvider(DEFAULT_TOKEN)
     )
     assert driver.dispose_within == 0.3
     plain = build_driver(config, api=None, tokens=StaticTokenProvider("x"))
@@ -311,9 +315,19 @@ async def test_credential_secret_is_read_on_first_use(
             token = base64.b64encode(DEFAULT_TOKEN.encode()).decode()
             return SimpleNamespace(data={"token": token})
 
+    from sandbox_operator.backends import build_driver as build_any_driver
+    from sandbox_operator.config import OperatorSettings
+
     monkeypatch.setattr(k8s, "CoreV1Api", FakeCore)
-    monkeypatch.setenv("POD_NAMESPACE", "operator-ns")
-    driver = build_driver(make_config(standin.base_url), api=object())
+    # A Secret named without a namespace is read in the operator's (which the runtime passes).
+    built = build_any_driver(
+        make_config(standin.base_url),
+        api=object(),
+        settings=OperatorSettings(),
+        operator_namespace="operator-ns",
+    )
+    assert isinstance(built, AcasDriver)
+    driver = built
     try:
         assert (await driver.check_available()).available
         assert reads == [("acas", "operator-ns")]

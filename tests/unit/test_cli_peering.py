@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -18,16 +19,25 @@ import pytest
 from kopf._cogs.aiokits import aiotoggles
 from kopf._core.engines import peering
 
-from sandbox_operator import cli
+from sandbox_operator import cli, config
 
 
-def test_identity_is_the_pods_when_in_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_identity_is_the_pods_when_in_a_pod(
+    monkeypatch: pytest.MonkeyPatch, outside_a_pod: Path
+) -> None:
     monkeypatch.setenv("POD_NAME", "sandbox-operator-7d4b9c-x2x4q")
     monkeypatch.setenv("POD_NAMESPACE", "sandbox-system")
     assert cli._peering_identity() == "sandbox-system/sandbox-operator-7d4b9c-x2x4q"
     # The same for every process of the pod, as the priority derived from the pod name is.
     assert cli._peering_identity() == cli._peering_identity()
+    # A process of a pod without POD_NAMESPACE: its service account's namespace.
     monkeypatch.delenv("POD_NAMESPACE")
+    outside_a_pod.write_text("from-the-token\n")
+    config.operator_namespace.cache_clear()
+    assert cli._peering_identity() == "from-the-token/sandbox-operator-7d4b9c-x2x4q"
+    # Neither (POD_NAME set by hand): the pod name alone.
+    outside_a_pod.unlink()
+    config.operator_namespace.cache_clear()
     assert cli._peering_identity() == "sandbox-operator-7d4b9c-x2x4q"
 
 
@@ -69,7 +79,7 @@ async def _pauses(own_identity: str, predecessor: str, priority: int) -> bool:
 
 
 async def test_a_restarted_process_does_not_pause_on_its_dead_predecessor(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, outside_a_pod: Path
 ) -> None:
     monkeypatch.setenv("POD_NAME", "sandbox-operator-7d4b9c-x2x4q")
     monkeypatch.setenv("POD_NAMESPACE", "sandbox-system")

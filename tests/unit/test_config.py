@@ -238,3 +238,45 @@ def test_what_a_runtime_class_backend_serves_is_accepted():
         }
     )
     assert config.backend_names == ("gvisor",)
+
+
+# ---- the operator's namespace: read once, here only --------------------------------------
+
+
+def test_operator_namespace_is_pod_namespace_then_the_service_account_then_none(
+    monkeypatch: pytest.MonkeyPatch, outside_a_pod: Path
+) -> None:
+    from sandbox_operator.config import operator_namespace
+
+    assert operator_namespace() is None
+    outside_a_pod.write_text("from-the-token\n")
+    operator_namespace.cache_clear()
+    assert operator_namespace() == "from-the-token"
+    monkeypatch.setenv("POD_NAMESPACE", "from-the-downward-api")
+    operator_namespace.cache_clear()
+    assert operator_namespace() == "from-the-downward-api"
+
+
+def test_operator_namespace_is_read_once_per_process(
+    monkeypatch: pytest.MonkeyPatch, outside_a_pod: Path
+) -> None:
+    from sandbox_operator.config import operator_namespace
+
+    monkeypatch.setenv("POD_NAMESPACE", "first")
+    assert operator_namespace() == "first"
+    monkeypatch.setenv("POD_NAMESPACE", "second")
+    outside_a_pod.write_text("third")
+    assert operator_namespace() == "first"
+
+
+def test_pod_namespace_is_read_by_config_alone() -> None:
+    import ast
+
+    src = Path(__file__).resolve().parents[2] / "src" / "sandbox_operator"
+    readers = sorted(
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == "POD_NAMESPACE"
+    )
+    assert readers == ["config.py"], f"read it through config.operator_namespace(): {readers}"

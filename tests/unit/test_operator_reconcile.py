@@ -339,7 +339,7 @@ async def test_permanent_ensure_error_is_startup_failed():
 
 
 def test_ensure_retry_delay_backs_off_and_honours_retry_after():
-    from sandbox_operator.reconcile.handlers import ensure_retry_delay
+    from sandbox_operator.reconcile.sandbox import ensure_retry_delay
 
     assert [ensure_retry_delay(r) for r in range(6)] == [5, 10, 20, 40, 60, 60]
     assert ensure_retry_delay(0, 30.0) == 30.0

@@ -13,10 +13,8 @@ provider needing them, so importing this module (and the ACA client) needs neith
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .config import SecretCredentialSource, WorkloadIdentityCredentialSource
@@ -25,7 +23,9 @@ from .errors import AcasAuthError, AcasError
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
-_SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: Where a Secret named without a namespace is read when the operator's namespace is unknown
+#: (a process outside a pod without ``POD_NAMESPACE``).
+DEFAULT_SECRET_NAMESPACE = "default"
 
 
 class CredentialUnavailable(AcasAuthError):
@@ -160,10 +160,18 @@ class SecretTokens:
     """Reads the credential Secret on first use (the driver is built synchronously), then
     delegates to the provider it describes."""
 
-    def __init__(self, api: Any, source: SecretCredentialSource, scope: str) -> None:
+    def __init__(
+        self,
+        api: Any,
+        source: SecretCredentialSource,
+        scope: str,
+        operator_namespace: str | None = None,
+    ) -> None:
         self._api = api
         self._source = source
         self._scope = scope
+        # Where a Secret named without a namespace is read: the operator's own namespace.
+        self._namespace = source.namespace or operator_namespace or DEFAULT_SECRET_NAMESPACE
         self._inner: TokenProvider | None = None
         self._retired: list[TokenProvider] = []
 
@@ -176,9 +184,8 @@ class SecretTokens:
 
             from kubernetes_asyncio import client
 
-            namespace = self._source.namespace or operator_namespace()
             secret = await client.CoreV1Api(self._api).read_namespaced_secret(
-                self._source.secret_name, namespace
+                self._source.secret_name, self._namespace
             )
             data = {
                 k: base64.b64decode(v).decode()
@@ -210,14 +217,3 @@ class SecretTokens:
             await provider.aclose()
         self._retired.clear()
         self._inner = None
-
-
-def operator_namespace() -> str:
-    """The namespace the operator runs in (for Secrets named without one)."""
-    env = os.environ.get("POD_NAMESPACE") or os.environ.get("OPERATOR_NAMESPACE")
-    if env:
-        return env
-    try:
-        return _SA_NAMESPACE_FILE.read_text().strip() or "default"
-    except OSError:
-        return "default"

@@ -32,8 +32,10 @@ def build_driver(
     api: Any,
     settings: DriverSettings,
     egress_proxy: ManagedEgressProxySettings | None = None,
+    operator_namespace: str | None = None,
 ) -> BackendDriver:
-    """The driver serving one configured backend (the entry's model picks it)."""
+    """The driver serving one configured backend (the entry's model picks it).
+    ``operator_namespace`` is the namespace the operator runs in (None outside a pod)."""
     from sandbox_operator.acas.config import AcasBackendConfig
     from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 
@@ -49,7 +51,12 @@ def build_driver(
     if isinstance(entry, AcasBackendConfig):
         from sandbox_operator.backends.acas.driver import build_driver as build_acas_driver
 
-        return build_acas_driver(entry, api=api, settings=settings)
+        return build_acas_driver(
+            entry,
+            api=api,
+            dispose_timeout=settings.dispose_timeout_seconds,
+            operator_namespace=operator_namespace,
+        )
     raise TypeError(f"no driver for backend entry {type(entry).__name__}")
 
 

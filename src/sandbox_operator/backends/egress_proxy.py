@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import PoolRef, SandboxRef
 from sandbox_operator.backends.egress_proxy_objects import (
@@ -168,9 +169,9 @@ class ManagedEgressProxy:
 
     def _apply_call(self, kind: str) -> Callable[..., Any]:
         calls: dict[str, Callable[..., Any]] = {
-            "ServiceAccount": self._core.patch_namespaced_service_account,
-            "Role": self._rbac.patch_namespaced_role,
-            "RoleBinding": self._rbac.patch_namespaced_role_binding,
+            kubeobj.SERVICE_ACCOUNT_KIND: self._core.patch_namespaced_service_account,
+            kubeobj.ROLE_KIND: self._rbac.patch_namespaced_role,
+            kubeobj.ROLE_BINDING_KIND: self._rbac.patch_namespaced_role_binding,
             "ConfigMap": self._core.patch_namespaced_config_map,
             "Deployment": self._apps.patch_namespaced_deployment,
             "Service": self._core.patch_namespaced_service,
@@ -354,7 +355,7 @@ class ManagedEgressProxy:
                     "the namespace's egress proxy Service was re-created with another address "
                     "than the one this sandbox was given, so its allowlisted egress is lost"
                 )
-            refs = ((service or {}).get("metadata") or {}).get("ownerReferences") or []
+            refs = kubeobj.meta(service).get("ownerReferences") or []
             owners = {o.get("uid") for o in refs}
             if sandbox.uid and sandbox.uid not in owners:
                 # An ensure that stopped half-way: put this Sandbox's reference back.

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import PoolRef, SandboxRef
 from sandbox_operator.backends.owners import owner_reference
@@ -56,9 +57,14 @@ PROXY_ROLE_RULES: tuple[dict[str, Any], ...] = (
 #: (apiVersion, kind, API group, resource) of what is applied, in order: the pod needs its
 #: ServiceAccount and ConfigMap, and the Service comes last so its address is the last word.
 APPLIED: tuple[tuple[str, str, str, str], ...] = (
-    ("v1", "ServiceAccount", "", "serviceaccounts"),
-    ("rbac.authorization.k8s.io/v1", "Role", "rbac.authorization.k8s.io", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rbac.authorization.k8s.io", "rolebindings"),
+    ("v1", kubeobj.SERVICE_ACCOUNT_KIND, "", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", kubeobj.ROLE_KIND, "rbac.authorization.k8s.io", "roles"),
+    (
+        "rbac.authorization.k8s.io/v1",
+        kubeobj.ROLE_BINDING_KIND,
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+    ),
     ("v1", "ConfigMap", "", "configmaps"),
     ("apps/v1", "Deployment", "apps", "deployments"),
     ("v1", "Service", "", "services"),
@@ -117,21 +123,25 @@ def sandbox_field_manager(sandbox: SandboxRef | PoolRef) -> str:
     return f"{FIELD_MANAGER}/{sandbox.uid}"
 
 
-def _meta(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _proxy_metadata(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": PROXY_NAME, "namespace": namespace, "labels": proxy_labels()}
     meta.update(extra or {})
     return meta
 
 
 def build_service_account(namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(namespace)}
+    return {
+        "apiVersion": "v1",
+        "kind": kubeobj.SERVICE_ACCOUNT_KIND,
+        "metadata": _proxy_metadata(namespace),
+    }
 
 
 def build_role(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(namespace),
+        "kind": kubeobj.ROLE_KIND,
+        "metadata": _proxy_metadata(namespace),
         "rules": [json.loads(json.dumps(rule)) for rule in PROXY_ROLE_RULES],
     }
 
@@ -139,10 +149,16 @@ def build_role(namespace: str) -> dict[str, Any]:
 def build_role_binding(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(namespace),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROXY_NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": PROXY_NAME, "namespace": namespace}],
+        "kind": kubeobj.ROLE_BINDING_KIND,
+        "metadata": _proxy_metadata(namespace),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kubeobj.ROLE_KIND,
+            "name": PROXY_NAME,
+        },
+        "subjects": [
+            {"kind": kubeobj.SERVICE_ACCOUNT_KIND, "name": PROXY_NAME, "namespace": namespace}
+        ],
     }
 
 
@@ -156,7 +172,7 @@ def build_config_map(namespace: str, settings: ManagedEgressProxySettings) -> di
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(namespace),
+        "metadata": _proxy_metadata(namespace),
         "data": {CONFIG_FILE: proxy_config_text(settings)},
     }
 
@@ -240,7 +256,7 @@ def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> di
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(namespace),
+        "metadata": _proxy_metadata(namespace),
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -268,7 +284,12 @@ def build_service(
     }
     if cluster_ip:
         spec["clusterIP"] = cluster_ip
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(namespace), "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _proxy_metadata(namespace),
+        "spec": spec,
+    }
 
 
 def build_objects(
@@ -311,7 +332,7 @@ def recorded_address(pods: list[Mapping[str, Any]]) -> ProxyAddress | None:
     """The proxy address most live sandbox pods of a namespace were given, if any."""
     seen: Counter[ProxyAddress] = Counter()
     for pod in pods:
-        meta = pod.get("metadata") or {}
+        meta = kubeobj.meta(pod)
         phase = (pod.get("status") or {}).get("phase")
         if meta.get("deletionTimestamp") or phase in ("Failed", "Succeeded"):
             continue
@@ -324,7 +345,7 @@ def recorded_address(pods: list[Mapping[str, Any]]) -> ProxyAddress | None:
 
 def service_address(service: Mapping[str, Any] | None) -> ProxyAddress | None:
     """The address a (live) proxy Service serves on; None if absent, deleting or headless."""
-    if not service or (service.get("metadata") or {}).get("deletionTimestamp"):
+    if not service or kubeobj.meta(service).get("deletionTimestamp"):
         return None
     spec = service.get("spec") or {}
     ip = spec.get("clusterIP") or spec.get("cluster_ip")

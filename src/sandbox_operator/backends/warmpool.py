@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest, PoolRef, ServedBy, TransientError
 from sandbox_operator.backends.egress_proxy import ProxyAddress
@@ -62,7 +63,7 @@ def build_pool_network_policy(pool: PoolRef, backend: str) -> dict[str, Any]:
     labels = pool_labels(pool.name, backend)
     return {
         "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
+        "kind": kubeobj.NETWORK_POLICY_KIND,
         "metadata": {
             "name": pool_network_policy_name(pool.name),
             "namespace": pool.namespace,
@@ -114,7 +115,7 @@ def pod_origin(pod: Mapping[str, Any]) -> str:
 def pool_name_of(obj: Mapping[str, Any]) -> str | None:
     """The warm pool a pod or NetworkPolicy was made by, idle or claimed: its pool-name
     annotation (the pool label, which holds a long name shortened, for an object without one)."""
-    meta = obj.get("metadata") or {}
+    meta = kubeobj.meta(obj)
     label = (meta.get("labels") or {}).get(lbl.POOL_LABEL)
     if not label:
         return None
@@ -126,7 +127,7 @@ def claim_patch(
 ) -> dict[str, Any]:
     """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
     unchanged since it was seen (its resourceVersion)."""
-    meta = pod.get("metadata") or {}
+    meta = kubeobj.meta(pod)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "metadata": {
@@ -144,7 +145,7 @@ def claim_patch(
 def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
     """Whether a pool pod is still unclaimed (owned by its pool, no sandbox label) and not being
     deleted. ``pool_uid``: owned by that very pool."""
-    meta = pod.get("metadata") or {}
+    meta = kubeobj.meta(pod)
     if meta.get("deletionTimestamp") or lbl.SANDBOX_LABEL in (meta.get("labels") or {}):
         return False
     owners = meta.get("ownerReferences") or []
@@ -209,7 +210,7 @@ class WarmPoolPods:
         changed (or went) first."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = pod.get("metadata") or {}
+        meta = kubeobj.meta(pod)
         body = {
             "preconditions": {
                 "uid": meta.get("uid"),
@@ -231,7 +232,7 @@ class WarmPoolPods:
         changed the pod first."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = pod.get("metadata") or {}
+        meta = kubeobj.meta(pod)
         try:
             claimed = await call_json(
                 self._core.patch_namespaced_pod,
@@ -245,5 +246,5 @@ class WarmPoolPods:
                 return None
             raise
         self._pods.upsert(claimed)
-        cmeta = claimed.get("metadata") or {}
-        return ServedBy("Pod", str(cmeta.get("name")), str(cmeta.get("namespace")))
+        cmeta = kubeobj.meta(claimed)
+        return ServedBy(kubeobj.POD_KIND, str(cmeta.get("name")), str(cmeta.get("namespace")))

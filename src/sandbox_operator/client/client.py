@@ -38,8 +38,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
+from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
-from sandbox_operator import naming
 from sandbox_operator.client.dataplane import (
     DataPlane,
     DataPlaneFactory,
@@ -97,7 +97,7 @@ _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
 #: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.
-DEFAULT_DATAPLANES: Mapping[str, DataPlaneFactory] = {"Pod": pod_factory}
+DEFAULT_DATAPLANES: Mapping[str, DataPlaneFactory] = {kubeobj.POD_KIND: pod_factory}
 
 
 class CarriesHostTools(Protocol):
@@ -483,7 +483,7 @@ class SandboxClient:
             lifecycle=self,
             resource=obj,
             created=bool(last.get("created"))
-            and last.get("created") == (obj.get("metadata") or {}).get("uid"),
+            and last.get("created") == kubeobj.meta(obj).get("uid"),
         )
         return sandbox
 
@@ -498,12 +498,12 @@ class SandboxClient:
         self, name: str, scope_ref: str, body: dict[str, Any], last: dict[str, str]
     ) -> Mapping[str, Any]:
         obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
-        while (obj.get("metadata") or {}).get("deletionTimestamp"):
+        while kubeobj.meta(obj).get("deletionTimestamp"):
             # A previous sandbox under this key is still going away: wait, then recreate.
             await self.watches.wait_gone(SANDBOX_PLURAL, name, None)
             obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
         if created:
-            last["created"] = (obj.get("metadata") or {}).get("uid", "")
+            last["created"] = kubeobj.meta(obj).get("uid", "")
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.
@@ -568,7 +568,7 @@ class SandboxClient:
             raise
         self._disposed(key, call, name, None)
         self.suspensions.activity_stamps.pop(name, None)
-        seen_uid = str(((seen or {}).get("metadata") or {}).get("uid") or "")
+        seen_uid = str(kubeobj.meta(seen).get("uid") or "")
         try:
             if wait:
                 last = await self.watches.wait_gone(SANDBOX_PLURAL, name, 120.0, uid=uid)
@@ -583,7 +583,7 @@ class SandboxClient:
         remaining egress records and end its stream (with an observer; never raises)."""
         if self.observer is None or last is None:
             return
-        if uid and (last.get("metadata") or {}).get("uid") != uid:
+        if uid and kubeobj.meta(last).get("uid") != uid:
             return  # a state of another object under the name
         try:
             self.egress_feed.end(last, key)
@@ -677,7 +677,7 @@ class SandboxClient:
                 if exc.status == 404:
                     continue  # went just now
                 raise
-            if uid and (obj.get("metadata") or {}).get("uid") != uid:
+            if uid and kubeobj.meta(obj).get("uid") != uid:
                 continue  # a replacement: the one meant is gone
             failures.append(undisposed(obj, timeout))
         return ScopePurge(disposed=len(targets) - len(failures), undisposed=tuple(failures))
@@ -705,7 +705,7 @@ class SandboxClient:
             if not wait:
                 return None
             scope_obj = answer
-            uid = str(((answer or {}).get("metadata") or {}).get("uid") or "") or None
+            uid = str(kubeobj.meta(answer).get("uid") or "") or None
             scope_obj = await self.watches.wait_gone(
                 SANDBOX_SCOPE_PLURAL, name, timeout, uid=uid, seen=answer
             )

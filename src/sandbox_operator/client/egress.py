@@ -39,6 +39,7 @@ from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.observer import (
     EgressObserved,
@@ -69,7 +70,7 @@ ObjectId = tuple[str, str]
 
 
 def object_id(obj: Mapping[str, Any]) -> ObjectId:
-    meta = obj.get("metadata") or {}
+    meta = kubeobj.meta(obj)
     return str(meta.get("name") or ""), str(meta.get("uid") or "")
 
 
@@ -242,7 +243,7 @@ class EgressFeed:
         )
         self.lists += 1
         items = list(listing.get("items") or [])
-        rv = (listing.get("metadata") or {}).get("resourceVersion")
+        rv = kubeobj.meta(listing).get("resourceVersion")
         return items, None if rv is None else str(rv)
 
     async def _events(self, resource_version: str | None) -> AsyncIterator[Mapping[str, Any]]:
@@ -294,7 +295,7 @@ class EgressFeed:
                     obj = event.get("object")
                     if not isinstance(obj, Mapping):
                         continue
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    rv = str(kubeobj.meta(obj).get("resourceVersion") or rv)
                     kind = str(event.get("type") or "")
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self._on(kind, obj)

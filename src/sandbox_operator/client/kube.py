@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import (
     SandboxClientError,
@@ -83,7 +84,7 @@ class SandboxObjects:
                 sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
             )
             self.refuse(exc, "get sandboxscopes", missing)
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        if kubeobj.meta(obj).get("deletionTimestamp"):
             raise SandboxGone(
                 sandbox="",
                 namespace=self.namespace,
@@ -228,6 +229,6 @@ class SandboxObjects:
             if exc.status == 404 or (uid and exc.status == 409):
                 return None
             self.refuse(exc, f"delete {plural}")
-        if isinstance(answer, Mapping) and (answer.get("metadata") or {}).get("deletionTimestamp"):
+        if isinstance(answer, Mapping) and kubeobj.meta(answer).get("deletionTimestamp"):
             return answer
         return None

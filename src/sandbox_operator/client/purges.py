@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract import DisposalCode, DisposalFailure, ScopePurge
 
 #: The operator's DisposalFailed message (reconcile/disposal.py): "disposal failed (<code>) on
@@ -48,7 +49,7 @@ def undisposed(sandbox: Mapping[str, Any], waited: float) -> DisposalFailure:
                 detail=message[found.end() :][:1024],
                 backend=found["backend"][:63] or backend,
             )
-    name = (sandbox.get("metadata") or {}).get("name", "")
+    name = kubeobj.meta(sandbox).get("name", "")
     return DisposalFailure(
         code=DisposalCode.TIMEOUT,
         detail=f"Sandbox {name} still present {waited:g}s after its deletion was asked for",

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
+from sandbox_operator import kubeobj
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
     DataPlane,
@@ -304,7 +305,7 @@ class Sandbox:
         )
         if self._lifecycle is None or not self.name:
             return
-        uid = str(((self.resource or {}).get("metadata") or {}).get("uid") or "") or None
+        uid = str(kubeobj.meta(self.resource).get("uid") or "") or None
         self._disposal = asyncio.ensure_future(self._lifecycle.dispose(self.name, uid=uid))
 
     # -- files in -------------------------------------------------------------------------

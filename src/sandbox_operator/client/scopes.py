@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandbox_operator import naming
+from sandbox_operator import kubeobj, naming
 from sandbox_operator.client.errors import SandboxScopeNotReady
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.watching import Watches
@@ -73,7 +73,7 @@ class Scopes:
     async def wait_ready(self, name: str, obj: Mapping[str, Any]) -> None:
         """Until the operator has reported the scope's current generation Ready (watched)."""
         while True:
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            meta, status = kubeobj.meta(obj), obj.get("status") or {}
             ready = next(
                 (c for c in status.get("conditions") or () if c.get("type") == "Ready"), None
             )

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import acquire_error_for
 from sandbox_operator.client.observer import EffectiveState
@@ -130,7 +131,7 @@ def _conditions(status: SandboxResourceStatus) -> dict[str, Condition]:
 
 def _stale(obj: Mapping[str, Any], status: SandboxResourceStatus) -> bool:
     """The status was computed for an older generation: it says nothing about this one."""
-    generation = (obj.get("metadata") or {}).get("generation")
+    generation = kubeobj.meta(obj).get("generation")
     observed = status.observed_generation
     return bool(observed is not None and generation and observed < generation)
 
@@ -174,7 +175,7 @@ def _value(member: Enum | None) -> str | None:
 
 def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
     """The sandbox key a Sandbox object carries in its annotations (None if it carries none)."""
-    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    ann = kubeobj.meta(obj).get("annotations") or {}
     try:
         return SandboxKey(
             scope=ann[lbl.SCOPE_ANNOTATION],

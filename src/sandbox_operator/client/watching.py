@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sandbox_operator import kubeobj
 from sandbox_operator.client.errors import (
     SandboxAcquireError,
     SandboxForbidden,
@@ -56,7 +57,7 @@ class _ReadGrant:
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    rv = kubeobj.meta(obj).get("resourceVersion")
     return None if rv is None else str(rv)
 
 
@@ -121,9 +122,7 @@ class Watches:
             while (event := await self.next_event(plural, name, rv)) is not None:
                 kind, new = event
                 last = new
-                if kind == "DELETED" or (
-                    marked and (new.get("metadata") or {}).get("deletionTimestamp")
-                ):
+                if kind == "DELETED" or (marked and kubeobj.meta(new).get("deletionTimestamp")):
                     return last
                 rv = _resource_version(new)
 
@@ -147,7 +146,7 @@ class Watches:
                 if exc.status == 404:
                     return None
                 raise
-            if uid and (obj.get("metadata") or {}).get("uid") != uid:
+            if uid and kubeobj.meta(obj).get("uid") != uid:
                 return None
             return obj
 
@@ -187,7 +186,7 @@ class Watches:
                 return obj
             if state == "terminal":
                 self._raise_terminal(name, reason, message)
-            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            if kubeobj.meta(obj).get("deletionTimestamp"):
                 raise self._deleted(name, "the Sandbox is being deleted")
             try:
                 event = await self.next_event(SANDBOX_PLURAL, name, _resource_version(obj))

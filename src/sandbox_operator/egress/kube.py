@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract.resources import EGRESS_RECENT_MAX_ITEMS, GROUP, VERSION
 from sandbox_operator.egress.config import SandboxEgress
 from sandbox_operator.egress.decisions import Decision, Verdict
@@ -381,7 +382,7 @@ class KubeEgressController:
         present: dict[str, str] = {}
         ending: dict[str, str] = {}
         for obj in listing.get("items", []):
-            meta = obj.get("metadata") or {}
+            meta = kubeobj.meta(obj)
             present[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
             spec = obj.get("spec") or {}
             if spec.get("egress") != "allowlist":
@@ -392,7 +393,7 @@ class KubeEgressController:
                     ending[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
                 continue
             served = (obj.get("status") or {}).get("servedBy") or {}
-            if served.get("kind") != "Pod" or not served.get("name"):
+            if served.get("kind") != kubeobj.POD_KIND or not served.get("name"):
                 continue
             sandbox_id = f"{self.namespace}/{meta.get('name')}"
             # What admission judged, never the live spec: an edit after admission (refused by

@@ -19,6 +19,8 @@ verdicts the egress modes promise (closed reaches nothing; allowed answers; deni
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
 
 
@@ -376,14 +379,82 @@ def targets_for(
     return targets
 
 
+class _CannotProbe(Exception):
+    """The Sandbox cannot be probed as asked (its message is printed as it is)."""
+
+
+async def _probe_live_sandbox(args: argparse.Namespace) -> tuple[str, list[ProbeResult]]:
+    """Read the Sandbox, run the probe in its pod over ``pods/exec``: (egress mode, results).
+
+    The operator's own async client (kubernetes_asyncio, through ``kubeapi.new_api_client``:
+    ``$KUBECONFIG``, else in-cluster), so ``check-egress`` needs nothing the operator does not
+    install."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.stream import WsApiClient
+
+    from sandbox_operator.kubeapi import new_api_client
+
+    api = await new_api_client()
+    ws_api = WsApiClient(configuration=api.configuration)
+    try:
+        obj: Any = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, args.namespace, SANDBOX_PLURAL, args.sandbox
+        )
+        mode = str((obj.get("spec") or {}).get("egress") or "closed")
+        served = (obj.get("status") or {}).get("servedBy") or {}
+        if served.get("kind") != kubeobj.POD_KIND:
+            raise _CannotProbe(f"sandbox {args.sandbox} is not served by a pod: {served}")
+        targets = targets_for(mode, args.reachable, args.allowed, args.denied)
+        if not targets:
+            raise _CannotProbe(
+                "nothing to probe: give --reachable (and --allowed/--denied for allowlist)"
+            )
+        within = len(targets) * (args.deadline + 2) + 30
+
+        async def execute(command: Sequence[str]) -> str:
+            return await asyncio.wait_for(
+                pod_exec_output(ws_api, args.namespace, str(served["name"]), command), within
+            )
+
+        return mode, await run_probe(execute, targets, timeout=args.deadline)
+    finally:
+        await ws_api.close()
+        await api.close()
+
+
+async def pod_exec_output(ws_api: Any, namespace: str, pod: str, argv: Sequence[str]) -> str:
+    """Run ``argv`` in the pod over ``pods/exec`` (``ws_api``: a kubernetes_asyncio
+    ``WsApiClient``); its stdout and stderr, as they came, as text.
+
+    The frames are read here rather than by the generated client, which would parse an output
+    that happens to be one JSON document (the probe's report on a single target) and hand back
+    its Python repr."""
+    from aiohttp import WSMsgType
+    from kubernetes_asyncio import client
+
+    connect: Any = await client.CoreV1Api(ws_api).connect_get_namespaced_pod_exec(
+        pod,
+        namespace,
+        command=list(argv),  # type: ignore[arg-type]  # one query parameter per item
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+        _preload_content=False,
+    )
+    out = bytearray()
+    async with connect as ws:
+        async for msg in ws:
+            if msg.type is WSMsgType.BINARY and msg.data[:1] in (b"\x01", b"\x02"):
+                out += msg.data[1:]
+    return out.decode("utf-8", errors="replace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sandbox_operator.egress.probe --namespace NS --sandbox NAME ...``: run the
     probe inside a live Sandbox's pod (through pods/exec, $KUBECONFIG or in-cluster) and check
     it against the Sandbox's ``spec.egress``. Exit 0 when every expectation held, 1 when one did
     not, 2 when the probe could not run."""
-    import argparse
-    import asyncio
-
     parser = argparse.ArgumentParser(prog="python -m sandbox_operator.egress.probe")
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--sandbox", required=True, help="Sandbox name")
@@ -413,46 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # fmt: skip
 
     try:
-        from kubernetes import client, config
-        from kubernetes.stream import stream
-
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        custom = client.CustomObjectsApi()
-        core = client.CoreV1Api()
-        obj: Any = custom.get_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, SANDBOX_PLURAL, args.sandbox
-        )
-        mode = str((obj.get("spec") or {}).get("egress") or "closed")
-        served = (obj.get("status") or {}).get("servedBy") or {}
-        if served.get("kind") != "Pod":
-            print(f"sandbox {args.sandbox} is not served by a pod: {served}")
-            return 2
-        targets = targets_for(mode, args.reachable, args.allowed, args.denied)
-        if not targets:
-            print("nothing to probe: give --reachable (and --allowed/--denied for allowlist)")
-            return 2
-
-        async def execute(command: Sequence[str]) -> str:
-            def run() -> str:
-                out: str = stream(
-                    core.connect_get_namespaced_pod_exec,
-                    served["name"],
-                    args.namespace,
-                    command=list(command),
-                    stderr=True,
-                    stdin=False,
-                    stdout=True,
-                    tty=False,
-                    _request_timeout=len(targets) * (args.deadline + 2) + 30,
-                )
-                return out
-
-            return await asyncio.to_thread(run)
-
-        results = asyncio.run(run_probe(execute, targets, timeout=args.deadline))
+        mode, results = asyncio.run(_probe_live_sandbox(args))
+    except _CannotProbe as exc:
+        print(exc)
+        return 2
     except (ValueError, ProbeOutputError) as exc:
         print(f"egress probe could not run: {exc}")
         return 2

@@ -26,8 +26,8 @@ import aiohttp
 import maf_sandbox as maf
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
-from sandbox_operator import naming
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
 from sandbox_operator.contract import (
@@ -57,7 +57,7 @@ def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
     """One physical sandbox: the Sandbox's uid, the serving object's name and when it last became
     Ready. A replacement (a new pod after a resume, a recreated Sandbox) changes it; another
     acquire of the same live sandbox does not."""
-    meta = obj.get("metadata") or {}
+    meta = kubeobj.meta(obj)
     status = obj.get("status") or {}
     served = (status.get("servedBy") or {}).get("name", "")
     ready = ""
@@ -230,7 +230,7 @@ class OperatorBackend:
         served_by = status.get("servedBy") or {}
         if status.get("backend") != self.backend_name:
             await handle.close()
-            uid = (obj.get("metadata") or {}).get("uid") or None
+            uid = kubeobj.meta(obj).get("uid") or None
             _, failure = await self._delete_and_wait([(handle.name, uid)])
             raise OperatorBackendMismatch(
                 f"sandbox {handle.namespace}/{handle.name} was served by backend "

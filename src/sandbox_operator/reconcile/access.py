@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract import API_VERSION, GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL
 
 #: The verb the conversation-boundary policies ask for on ``sandboxscopes/<scopeRef>``.
@@ -66,7 +67,7 @@ def wanted_access(agents: Iterable[str], sandboxes: Iterable[str]) -> Conversati
 
 
 def _owner(scope: Mapping[str, Any]) -> dict[str, Any]:
-    meta = scope.get("metadata") or {}
+    meta = kubeobj.meta(scope)
     return {
         "apiVersion": API_VERSION,
         "kind": "SandboxScope",
@@ -77,7 +78,7 @@ def _owner(scope: Mapping[str, Any]) -> dict[str, Any]:
 
 def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[str, Any]:
     """The scope's Role: get and use on the scope, reads of its Sandboxes by name."""
-    meta = scope.get("metadata") or {}
+    meta = kubeobj.meta(scope)
     name = str(meta["name"])
     rules: list[dict[str, Any]] = [
         {
@@ -98,7 +99,7 @@ def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[
         )
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
+        "kind": kubeobj.ROLE_KIND,
         "metadata": {
             "name": access_name(name),
             "namespace": meta["namespace"],
@@ -110,19 +111,23 @@ def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[
 
 def binding_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[str, Any]:
     """The scope's RoleBinding: its Role, to the ServiceAccounts the scope lists."""
-    meta = scope.get("metadata") or {}
+    meta = kubeobj.meta(scope)
     name = access_name(str(meta["name"]))
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
+        "kind": kubeobj.ROLE_BINDING_KIND,
         "metadata": {
             "name": name,
             "namespace": meta["namespace"],
             "ownerReferences": [_owner(scope)],
         },
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kubeobj.ROLE_KIND,
+            "name": name,
+        },
         "subjects": [
-            {"kind": "ServiceAccount", "name": agent, "namespace": meta["namespace"]}
+            {"kind": kubeobj.SERVICE_ACCOUNT_KIND, "name": agent, "namespace": meta["namespace"]}
             for agent in access.agents
         ],
     }

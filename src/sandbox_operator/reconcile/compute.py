@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import Observation, ObservedPhase
 from sandbox_operator.contract import (
@@ -59,11 +60,6 @@ R = ConditionReason
 Cond = tuple[ConditionType, bool, ConditionReason, str]  # (type, status, reason, message)
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     status: Mapping[str, Any] = obj.get("status") or {}
     return status
@@ -94,7 +90,7 @@ def resolve_scope(
         return ScopeResolution(
             None, f"SandboxScope {scope_ref!r} not found in namespace {namespace}"
         )
-    if _meta(scope_obj).get("deletionTimestamp"):
+    if kubeobj.meta(scope_obj).get("deletionTimestamp"):
         return ScopeResolution(None, f"SandboxScope {scope_ref!r} is being deleted")
     if conversation_holder is not None:
         return ScopeResolution(
@@ -302,7 +298,7 @@ def _ttl_reached(
 ) -> datetime | None:
     """When the TTL ends the sandbox (``None`` when it has no creation time); whether it has is
     ``result <= now``."""
-    created = parse_time(_meta(obj).get("creationTimestamp"))
+    created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
     if created is None:
         return None
     return created + timedelta(seconds=spec.sandbox_spec().lifetime.ttl_seconds)
@@ -451,7 +447,7 @@ def plan(
     ``key_unclean`` is asked for (and matters) only while nothing exists yet and the Sandbox
     was never Ready: an earlier sandbox of the same key must be disposed before this one starts.
     """
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     status = _status(obj)
     was_ready = cnd.is_true(status, READY)
     if observation.phase is ObservedPhase.ABSENT and not was_ready:

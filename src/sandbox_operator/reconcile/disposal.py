@@ -18,8 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
-from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
@@ -60,11 +60,6 @@ DISPOSING_REPORT_AFTER_SECONDS = 10.0
 EGRESS_FINAL_WAIT_SECONDS = 10.0
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 async def key_unclean(
     rt: Runtime, namespace: str, key: SandboxKey, kind: str, uid: str
 ) -> str | None:
@@ -77,7 +72,7 @@ async def key_unclean(
     a backend object without the kind label (made before it existed) is taken as this kind's.
     """
     for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
-        ometa = _meta(other)
+        ometa = kubeobj.meta(other)
         if ometa.get("uid") == uid or (other.get("spec") or {}).get("kind") != kind:
             continue
         name = ometa.get("name")
@@ -179,7 +174,7 @@ def egress_final_wait(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
     """Seconds the finalizer should still wait for the egress proxy's final write, or None: the
     proxy never admitted the Sandbox (no ``status.egress.admitted``), it wrote ``final``, or
     :data:`EGRESS_FINAL_WAIT_SECONDS` have passed since the wait began."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     key = (str(meta["namespace"]), str(meta["name"]))
     egress = (obj.get("status") or {}).get("egress")
     if not isinstance(egress, Mapping) or not egress.get("admitted") or egress.get("final"):
@@ -201,7 +196,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     Sandbox the egress proxy admitted is held until the proxy's final write is there (at most
     :data:`EGRESS_FINAL_WAIT_SECONDS`, see :func:`egress_final_wait`).
     """
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     namespace, name = str(meta["namespace"]), str(meta["name"])
     finalizers = list(meta.get("finalizers") or [])
     if FINALIZER not in finalizers:
@@ -228,11 +223,11 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()
-        if (released.get("metadata") or {}).get("finalizers"):
+        if kubeobj.meta(released).get("finalizers"):
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
-            wake_key(rt, namespace, (released.get("metadata") or {}).get("labels") or {})
+            wake_key(rt, namespace, kubeobj.meta(released).get("labels") or {})
         else:
             # The API server removed it with this answer. A pass already queued (its pod's
             # deletion event arrives about now: the pod went in this very pass) must not find it

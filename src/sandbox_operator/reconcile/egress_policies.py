@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import StartupError
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, egress_policy_key
@@ -42,7 +43,7 @@ async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -
     driver = rt.drivers.get(backend)
     if not isinstance(driver, RuntimeClassDriver):
         return  # a backend not configured (any more): not ours to keep
-    meta = body.get("metadata") or {}
+    meta = kubeobj.meta(body)
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     if type_ == "DELETED":
         pods = pods_under(rt, namespace, backend, egress.value)

@@ -36,8 +36,8 @@ from typing import Any
 
 import kopf
 
+from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
-from sandbox_operator import metrics
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import (
     watch_pod_sandbox_failures,
 )
@@ -62,20 +62,15 @@ from sandbox_operator.reconcile.publish import (
     published_backends,
 )
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime, make_api_client
-from sandbox_operator.reconcile.sandbox import (
-    CONFLICT_RETRY_SECONDS,
-    ensure_retry_delay,
-    reconcile_sandbox,
-)
+from sandbox_operator.reconcile.sandbox import reconcile_sandbox
 from sandbox_operator.reconcile.scope import (
     COUNT_DEBOUNCE_SECONDS,
     access_pending,
     reconcile_scope,
 )
+from sandbox_operator.reconcile.status import CONFLICT_RETRY_SECONDS
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
-
-__all__ = ["FINALIZER", "ensure_retry_delay"]
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +333,7 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
 
 
 def _ns_name(body: Mapping[str, Any]) -> tuple[str, str, str]:
-    meta = body.get("metadata") or {}
+    meta = kubeobj.meta(body)
     return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
 
 
@@ -400,7 +395,7 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
     namespace, name, uid = _ns_name(body)
     scope_ref = str((body.get("spec") or {}).get("scopeRef") or "")
     if type == "DELETED":
-        labels = dict((body.get("metadata") or {}).get("labels") or {})
+        labels = dict(kubeobj.meta(body).get("labels") or {})
         rt.views.drop_sandbox(namespace, name, uid)
         rt.forget(namespace, name)
         _wake_key(rt, namespace, labels)
@@ -408,14 +403,12 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
             # Its count, with the other deletions of a cleanup (one write for them all), unless the
             # scope is being deleted and waits for its last member to go.
             scope = rt.views.scopes.get(namespace, scope_ref)
-            purging = scope is not None and bool(
-                (scope.get("metadata") or {}).get("deletionTimestamp")
-            )
+            purging = scope is not None and bool(kubeobj.meta(scope).get("deletionTimestamp"))
             rt.enqueue_scope(namespace, scope_ref, 0.0 if purging else COUNT_DEBOUNCE_SECONDS)
         return
     # Admitted already (a Ready transition, an edit, a deletion): before new admissions.
     admitted = cnd.is_true(body.get("status"), ConditionType.ADMITTED)
-    deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+    deleting = bool(kubeobj.meta(body).get("deletionTimestamp"))
     rt.enqueue_sandbox(namespace, name, urgent=admitted or deleting)
     if scope_ref:
         # At once when the scope's bound agents cannot read this Sandbox yet (they wait for it).
@@ -484,7 +477,7 @@ def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
     owner = owning_sandbox(body)
     if type == "DELETED":
         store.remove(namespace, name, uid)
-        _wake_key(rt, namespace, (body.get("metadata") or {}).get("labels") or {})
+        _wake_key(rt, namespace, kubeobj.meta(body).get("labels") or {})
     if owner:
         rt.enqueue_sandbox(namespace, owner, urgent=True)
     pool = pool_name_of(body)

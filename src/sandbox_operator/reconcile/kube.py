@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator.contract import (
     API_VERSION,
     GROUP,
@@ -166,7 +167,7 @@ class Kube:
         ownership of its fields: the operator is the only writer of what it makes."""
         call = (
             self._rbac.patch_namespaced_role
-            if body["kind"] == "Role"
+            if body["kind"] == kubeobj.ROLE_KIND
             else self._rbac.patch_namespaced_role_binding
         )
         meta = body["metadata"]
@@ -206,7 +207,7 @@ class Kube:
         action: str = "Reconcile",
     ) -> None:
         """Record a Kubernetes Event about ``obj``; failures are logged, never raised."""
-        meta = obj.get("metadata") or {}
+        meta = kubeobj.meta(obj)
         namespace = meta.get("namespace") or "default"
         stamp = now_rfc3339()
         body = {

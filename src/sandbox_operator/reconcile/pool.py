@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
-from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     EnsureRequest,
     PoolRef,
@@ -176,7 +176,7 @@ def plan_pool(
     the pods to create and delete and what the status says. ``current(pod)``: whether an idle
     pod can still serve as it is (the backend's word: e.g. its egress proxy address is still the
     namespace's); a pod that cannot is replaced like one of another shape."""
-    meta = pool.get("metadata") or {}
+    meta = kubeobj.meta(pool)
     spec = pool.get("spec") or {}
     idle = [p for p in pods if is_idle(p, str(meta.get("uid", "")))]
     plan = PoolPlan()
@@ -209,9 +209,7 @@ def plan_pool(
 
 def _claimed(pod: Mapping[str, Any]) -> bool:
     """A pool pod a Sandbox took (its label), not on its way out."""
-    return lbl.SANDBOX_LABEL in _labels(pod) and not (pod.get("metadata") or {}).get(
-        "deletionTimestamp"
-    )
+    return lbl.SANDBOX_LABEL in _labels(pod) and not kubeobj.meta(pod).get("deletionTimestamp")
 
 
 def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating: int) -> None:
@@ -239,7 +237,7 @@ def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating:
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    labels: Mapping[str, str] = (pod.get("metadata") or {}).get("labels") or {}
+    labels: Mapping[str, str] = kubeobj.meta(pod).get("labels") or {}
     return labels
 
 
@@ -248,7 +246,7 @@ def _phase(pod: Mapping[str, Any]) -> str:
 
 
 def _created(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    return str(kubeobj.meta(pod).get("creationTimestamp") or "")
 
 
 def _waiting_reason(pod: Mapping[str, Any]) -> str:
@@ -277,7 +275,7 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     pool = rt.views.pools.get(namespace, name)
     if pool is None:
         return None
-    meta = pool.get("metadata") or {}
+    meta = kubeobj.meta(pool)
     if meta.get("deletionTimestamp"):
         return None  # the garbage collector deletes its idle pods and NetworkPolicy
     await rt.refresh_availability()
@@ -332,7 +330,7 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
 
 
 async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPlan) -> None:
-    meta = pool.get("metadata") or {}
+    meta = kubeobj.meta(pool)
     draft = Draft(pool)
     ok, reason, message = plan.condition
     draft.cond(READY, ok, reason, message)

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract.published import (
@@ -84,7 +85,7 @@ def is_current(current: Mapping[str, Any] | None, text: str) -> bool:
     """Whether the ConfigMap as read already says ``text`` and carries the operator's label."""
     if current is None:
         return False
-    labels = (current.get("metadata") or {}).get("labels") or {}
+    labels = kubeobj.meta(current).get("labels") or {}
     data = current.get("data") or {}
     return (
         labels.get(lbl.MANAGED_BY_LABEL) == lbl.MANAGED_BY_VALUE and data.get(PUBLISHED_KEY) == text
@@ -231,7 +232,7 @@ def _active_name(namespace: Mapping[str, Any]) -> str | None:
     """A namespace's name, None while it terminates (nothing can be created in it)."""
     if (namespace.get("status") or {}).get("phase") == "Terminating":
         return None
-    name = (namespace.get("metadata") or {}).get("name")
+    name = kubeobj.meta(namespace).get("name")
     return str(name) if name else None
 
 
@@ -255,7 +256,7 @@ def follow_namespaces(
         )
 
     def changed(kind: str, item: dict[str, Any]) -> None:
-        name = str((item.get("metadata") or {}).get("name") or "")
+        name = str(kubeobj.meta(item).get("name") or "")
         if not name or not served.serves(name):
             return
         if kind == "DELETED" or _active_name(item) is None:

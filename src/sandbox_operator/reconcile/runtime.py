@@ -19,7 +19,7 @@ from typing import Any
 from sandbox_operator.backends import build_driver
 from sandbox_operator.backends.base import BackendDriver, WatchedObjects, suspends
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
-from sandbox_operator.config import OperatorConfig
+from sandbox_operator.config import OperatorConfig, operator_namespace
 from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
 from sandbox_operator.reconcile.access import ConversationAccess
 from sandbox_operator.reconcile.kube import Kube
@@ -91,7 +91,11 @@ class Runtime:
     async def start(cls, config: OperatorConfig, api: Any) -> Runtime:
         drivers = {
             b.name: build_driver(
-                b, api=api, settings=config.operator, egress_proxy=config.egress_proxy
+                b,
+                api=api,
+                settings=config.operator,
+                egress_proxy=config.egress_proxy,
+                operator_namespace=operator_namespace(),
             )
             for b in config.backends
         }

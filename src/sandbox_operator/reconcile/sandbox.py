@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
-from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     EnsureRequest,
@@ -43,26 +43,21 @@ from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import (
-    DISPOSING_REPORT_AFTER_SECONDS,
     dispose_into,
     drivers_for,
     finalize_sandbox,
     key_unclean,
-    wake_key,
 )
 from sandbox_operator.reconcile.lifecycle import Verdict
 from sandbox_operator.reconcile.pool import claim_warm_pod
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.status import (
     ADMITTED,
-    CONFLICT_RETRY_SECONDS,
     DISPOSED,
     MESSAGE_DEBOUNCE_SECONDS,
-    NORMAL_REASONS,
     READY,
     Draft,
     R,
-    egress_admitted,
     message_only,
     recorded_served_by,
     sandbox_gone,
@@ -73,30 +68,6 @@ from sandbox_operator.reconcile.step import Step, sooner
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 
 log = logging.getLogger(__name__)
-
-#: Kept importable from here (the scope reconciler, the handlers and tests use them).
-__all__ = [
-    "ADMITTED",
-    "CONFLICT_RETRY_SECONDS",
-    "DISPOSED",
-    "DISPOSING_REPORT_AFTER_SECONDS",
-    "MESSAGE_DEBOUNCE_SECONDS",
-    "NORMAL_REASONS",
-    "READY",
-    "Draft",
-    "dispose_into",
-    "drivers_for",
-    "egress_admitted",
-    "ensure_retry_delay",
-    "finalize_sandbox",
-    "key_unclean",
-    "reconcile_sandbox",
-    "recorded_served_by",
-    "sandbox_ref",
-    "wake_key",
-    "write_status",
-    "write_step",
-]
 
 #: While a driver that is not watched still reports compute stopping, look again this often.
 SUSPEND_RECHECK_SECONDS = 2.0
@@ -119,11 +90,6 @@ def ensure_retry_delay(retry: int, hint: float | None = None) -> float:
     return delay
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | None:
     """One pass; returns the seconds until the next deadline (None: wait for a watch event).
 
@@ -134,7 +100,7 @@ async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | N
     if obj is None:
         rt.forget(namespace, name)
         return None
-    if _meta(obj).get("deletionTimestamp"):
+    if kubeobj.meta(obj).get("deletionTimestamp"):
         step = await finalize_sandbox(rt, obj)
     elif (namespace, name) in rt.purging:
         return None  # its scope's purge deletes it; the deletion event brings it back
@@ -163,7 +129,7 @@ async def _ensure_metadata(
     """The finalizer, and (once the scope gives the key) the key and kind labels and the key
     annotations, in one patch and only when something is missing. Returns the object as it is
     now."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     name = str(meta["name"])
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
@@ -239,7 +205,7 @@ class _Seen:
 
     @property
     def ident(self) -> tuple[str, str, str]:
-        meta = _meta(self.obj)
+        meta = kubeobj.meta(self.obj)
         return str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
 
 
@@ -268,7 +234,7 @@ async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
             )
         )
         return Step.write(obj, Draft(obj), refused)
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     namespace = str(meta["namespace"])
     scope = compute.resolve_scope(
         await _scope_object(rt, namespace, parsed.scope_ref),
@@ -284,7 +250,7 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
     """Suspended stays suspended; otherwise admitted (once, or again on a resume) or refused."""
     obj, spec, now = seen.obj, seen.spec, seen.now
     draft = Draft(obj)
-    annotations = _meta(obj).get("annotations") or {}
+    annotations = kubeobj.meta(obj).get("annotations") or {}
     suspension = compute.suspension(
         spec,
         obj.get("status") or {},
@@ -482,7 +448,7 @@ async def _report(
     observation: Observation,
 ) -> Step:
     """The plan as the Step to write, unless what it would report is the views' lag."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     namespace, name = str(meta["namespace"]), str(meta["name"])
     failed = plan.verdict is not None and plan.verdict.reason == R.FAILED
     if (
@@ -533,7 +499,7 @@ async def _suspend(
         try:
             found = await driver.suspend(sandbox_ref(obj))
         except TransientError as exc:
-            meta = _meta(obj)
+            meta = kubeobj.meta(obj)
             log.warning(
                 "sandbox %s/%s: suspending failed, will retry: %s",
                 meta.get("namespace"),
@@ -580,7 +546,7 @@ SPEC_CACHE_SIZE = 2048
 def _parsed_spec(rt: Runtime, obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
     """The validated spec, kept per (uid, generation): a spec only changes with its generation,
     and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     k = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     stamp = (str(meta.get("uid", "")), meta.get("generation"))
     cached = rt.spec_cache.get(k)
@@ -615,7 +581,7 @@ async def _serving_pod_exists(rt: Runtime, namespace: str, obj: Mapping[str, Any
     observation found none: in the view by now (it arrived meanwhile), or on the API server
     (asked once, only on this rare path; then put into the view)."""
     served = (obj.get("status") or {}).get("servedBy") or {}
-    if served.get("kind") != "Pod" or not served.get("name"):
+    if served.get("kind") != kubeobj.POD_KIND or not served.get("name"):
         return False
     pod_ns, pod_name = str(served.get("namespace") or namespace), str(served["name"])
     if rt.views.pods.get(pod_ns, pod_name) is not None:
@@ -636,7 +602,7 @@ async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
     if current is None:
         return True
     rt.views.put_sandbox(current)
-    return bool(_meta(current).get("deletionTimestamp"))
+    return bool(kubeobj.meta(current).get("deletionTimestamp"))
 
 
 async def write_step(rt: Runtime, step: Step) -> float | None:
@@ -657,7 +623,7 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
         if plan.dispose:
             planned = await _dispose_planned(rt, obj, draft, plan)
     requeue = sooner(planned, step.requeue)
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     if step.debounce and message_only(obj.get("status") or {}, draft):
         since = time.monotonic() - rt.status_written.get(key, 0.0)
@@ -699,7 +665,7 @@ def _count(
         result = "admitted" if draft.is_true(ADMITTED) else "refused"
         metrics.ADMISSIONS.labels(result, reason).inc()
     if draft.is_true(READY) and not was_ready:
-        created = parse_time(_meta(obj).get("creationTimestamp"))
+        created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
         backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
         if created is not None:
             seconds = (datetime.now(UTC) - created).total_seconds()

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import DisposalError, WatchedDisposal
 from sandbox_operator.contract import (
@@ -59,11 +60,6 @@ R = ConditionReason
 
 #: Sandbox events wake their scope this much later, so a burst of creates costs one count write.
 COUNT_DEBOUNCE_SECONDS = 1.0
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
 
 
 def _spec(scope: Mapping[str, Any]) -> SandboxScopeResourceSpec | None:
@@ -104,7 +100,7 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         rt.purges.pop((namespace, name), None)
         rt.access_written.pop((namespace, name), None)
         return None
-    if _meta(scope).get("deletionTimestamp"):
+    if kubeobj.meta(scope).get("deletionTimestamp"):
         return await purge_scope(rt, scope)
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
@@ -147,7 +143,7 @@ async def grant_access(
     """Keep the scope's Role and RoleBinding (``reconcile/access.py``) granting its agents
     their conversation; writes only when they would say more than what was last written.
     When the write fails: why (also a Warning Event on the scope; the pass is retried)."""
-    meta = _meta(scope)
+    meta = kubeobj.meta(scope)
     key = (str(meta["namespace"]), str(meta["name"]))
     if not spec.agent_service_accounts and key not in rt.access_written:
         return None  # nothing bound, nothing written by this process
@@ -175,7 +171,7 @@ async def grant_access(
 
 
 async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
-    meta = _meta(scope)
+    meta = kubeobj.meta(scope)
     finalizers = list(meta.get("finalizers") or [])
     if FINALIZER in finalizers:
         return
@@ -203,25 +199,25 @@ async def _request_purge(
     member by name (its finalizer disposes its own objects)."""
     failures: list[DisposalFailure] = []
     for m in members:
-        rt.purging.add((namespace, str(_meta(m)["name"])))
+        rt.purging.add((namespace, str(kubeobj.meta(m)["name"])))
     if not whole_conversation:
         for m in members:
-            if not _meta(m).get("deletionTimestamp"):
-                await rt.kube.delete_sandbox(namespace, str(_meta(m)["name"]))
+            if not kubeobj.meta(m).get("deletionTimestamp"):
+                await rt.kube.delete_sandbox(namespace, str(kubeobj.meta(m)["name"]))
         return failures
     if spec is not None:
         await rt.kube.delete_sandboxes(namespace, lbl.scope_selector(spec.scope, spec.thread_id))
     conversation = lbl.conversation_value(spec.scope, spec.thread_id) if spec is not None else None
     for m in members:
-        labels = _meta(m).get("labels") or {}
-        if _meta(m).get("deletionTimestamp") or (
+        labels = kubeobj.meta(m).get("labels") or {}
+        if kubeobj.meta(m).get("deletionTimestamp") or (
             conversation is not None and labels.get(lbl.CONVERSATION_LABEL) == conversation
         ):
             continue
-        await rt.kube.delete_sandbox(namespace, str(_meta(m)["name"]))
+        await rt.kube.delete_sandbox(namespace, str(kubeobj.meta(m)["name"]))
     if spec is None:
         return failures
-    member_labels = {lbl.sandbox_label_value(str(_meta(s)["name"])) for s in members}
+    member_labels = {lbl.sandbox_label_value(str(kubeobj.meta(s)["name"])) for s in members}
     for driver in rt.drivers.values():
         try:
             if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
@@ -265,7 +261,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
     """Dispose every sandbox of a deleted scope, record the purge, and let the scope go once
     nothing is left (or the attempts are used up: ``PurgeIncomplete``; undisposed Sandboxes
     keep their own finalizers and keep retrying)."""
-    meta = _meta(scope)
+    meta = kubeobj.meta(scope)
     namespace, name = str(meta["namespace"]), str(meta["name"])
     key = (namespace, name)
     if FINALIZER not in (meta.get("finalizers") or []):
@@ -327,7 +323,9 @@ def _purge_outcome(
                 code=DisposalCode.TIMEOUT
                 if failed.get("reason") != R.DISPOSAL_FAILED
                 else DisposalCode.UNKNOWN,
-                detail=str(failed.get("message") or f"Sandbox {_meta(m)['name']} still present"),
+                detail=str(
+                    failed.get("message") or f"Sandbox {kubeobj.meta(m)['name']} still present"
+                ),
                 backend=str((m.get("status") or {}).get("backend") or ""),
             )
         )
@@ -366,10 +364,10 @@ def _purge_status(scope: Mapping[str, Any], purge: ScopePurge, remaining: int) -
 async def _release(rt: Runtime, scope: Mapping[str, Any]) -> bool:
     """Remove the operator's finalizer from the scope (as the views hold it now); False when
     that lost a race (look again)."""
-    meta = _meta(scope)
+    meta = kubeobj.meta(scope)
     namespace, name = str(meta["namespace"]), str(meta["name"])
     current = rt.views.scopes.get(namespace, name) or scope
-    cmeta = _meta(current)
+    cmeta = kubeobj.meta(current)
     left = [f for f in cmeta.get("finalizers") or [] if f != FINALIZER]
     try:
         await rt.kube.patch_metadata(

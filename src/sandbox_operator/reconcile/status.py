@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from sandbox_operator import kubeobj
 from sandbox_operator.backends.base import SandboxRef, ServedBy
 from sandbox_operator.contract import (
     SANDBOX_PLURAL,
@@ -62,11 +63,6 @@ SILENT_REASONS = frozenset({R.ADMITTED, R.CREATING, R.READY, R.DISPOSING, R.DISP
 CONFLICT_RETRY_SECONDS = 1.0
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
 @dataclass
 class Draft:
     """The status being computed for one object, compared with the old one at write time.
@@ -88,7 +84,7 @@ class Draft:
 
     @property
     def generation(self) -> int | None:
-        gen = _meta(self.obj).get("generation")
+        gen = kubeobj.meta(self.obj).get("generation")
         return int(gen) if gen is not None else None
 
     @property
@@ -143,7 +139,7 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
     """Patch the status if it changed (None: it did not, nothing was sent), with the object's
     ``resourceVersion`` as a precondition. Raises :class:`Conflict` when the object changed
     since it was read."""
-    meta = _meta(draft.obj)
+    meta = kubeobj.meta(draft.obj)
     patch = cnd.status_patch(draft.old, draft.values)
     if patch is None:
         return None
@@ -163,7 +159,7 @@ def sandbox_gone(rt: Runtime, obj: Mapping[str, Any]) -> None:
     about it, so no resync or event about its scope passes over it again (each such pass would
     cost a read and a write answered 404); its DELETED event, or a newer object of that name,
     brings whatever is due."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     ns, name = str(meta["namespace"]), str(meta["name"])
     rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
     rt.forget(ns, name)
@@ -179,7 +175,7 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     patched = await send_status_patch(rt, plural, draft)
     if patched is None:
         return False
-    meta = _meta(draft.obj)
+    meta = kubeobj.meta(draft.obj)
     written = patched.obj
     ns, name = str(meta["namespace"]), str(meta["name"])
     if written is None:
@@ -259,7 +255,7 @@ def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
 def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
     """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
     what its status says of the egress proxy."""
-    meta = _meta(obj)
+    meta = kubeobj.meta(obj)
     status = obj.get("status")
     return SandboxRef(
         str(meta.get("namespace", "")),

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
 from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus, ConditionType
@@ -120,10 +121,12 @@ POD_READY = "Ready"
 _POD_CONDITIONS = frozenset({POD_READY, "PodScheduled"})
 
 
-def _meta(
+def _slim_meta(
     obj: Mapping[str, Any], *, annotations: bool = True, labels: frozenset[str] | None = None
 ) -> Obj:
-    meta = obj.get("metadata") or {}
+    """The part of an object's metadata the views keep (a copy: the views never hold a
+    watch's body)."""
+    meta = kubeobj.meta(obj)
     out: Obj = {
         "name": _s(meta.get("name", "")),
         "namespace": _s(meta.get("namespace", "")),
@@ -170,7 +173,7 @@ def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
     return {
         "apiVersion": str(obj.get("apiVersion", "")),
         "kind": str(obj.get("kind", SANDBOX_KIND)),
-        "metadata": _meta(obj),
+        "metadata": _slim_meta(obj),
         "spec": _plain(obj.get("spec") or {}),
         "status": slim_status,
     }
@@ -181,7 +184,7 @@ def slim_scope(obj: Mapping[str, Any]) -> Obj:
     return {
         "apiVersion": str(obj.get("apiVersion", "")),
         "kind": str(obj.get("kind", "SandboxScope")),
-        "metadata": _meta(obj),
+        "metadata": _slim_meta(obj),
         "spec": _plain(obj.get("spec") or {}),
         "status": {k: _plain(status[k]) for k in _SCOPE_STATUS if k in status},
     }
@@ -192,7 +195,7 @@ def slim_pool(obj: Mapping[str, Any]) -> Obj:
     return {
         "apiVersion": str(obj.get("apiVersion", "")),
         "kind": str(obj.get("kind", "SandboxWarmPool")),
-        "metadata": _meta(obj, annotations=False),
+        "metadata": _slim_meta(obj, annotations=False),
         "spec": _plain(obj.get("spec") or {}),
         "status": {k: _plain(status[k]) for k in _POOL_STATUS if k in status},
     }
@@ -240,13 +243,17 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
     # digest of the pod the backend would make (labels and owners can be copied by anyone who
     # may create pods).
     out_spec[CONFINEMENT] = confinement_digest(spec)
-    return {"metadata": _meta(obj, labels=_CHILD_LABELS), "spec": out_spec, "status": out_status}
+    return {
+        "metadata": _slim_meta(obj, labels=_CHILD_LABELS),
+        "spec": out_spec,
+        "status": out_status,
+    }
 
 
 def slim_plain(obj: Mapping[str, Any]) -> Obj:
     """Metadata only (PersistentVolumeClaims: their existence, labels, owners and deletion are
     what counts)."""
-    return {"metadata": _meta(obj, annotations=False, labels=_CHILD_LABELS)}
+    return {"metadata": _slim_meta(obj, annotations=False, labels=_CHILD_LABELS)}
 
 
 def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
@@ -260,7 +267,7 @@ def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
 
 def _rv(obj: Mapping[str, Any]) -> int:
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        return int(kubeobj.meta(obj).get("resourceVersion") or 0)
     except ValueError:
         return 0
 
@@ -428,7 +435,7 @@ def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
 
 def _age_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """Older first: creation time (RFC 3339 UTC, so string order is time order), then name."""
-    meta = obj.get("metadata") or {}
+    meta = kubeobj.meta(obj)
     return (str(meta.get("creationTimestamp") or "9999"), str(meta.get("name") or ""))
 
 
@@ -448,7 +455,7 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
     """The name of the Sandbox that owns a pod, NetworkPolicy or PersistentVolumeClaim (its
     controller reference)."""
-    for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
+    for owner in kubeobj.meta(obj).get("ownerReferences") or []:
         if owner.get("kind") == SANDBOX_KIND:
             return str(owner.get("name", "")) or None
     return None
@@ -527,7 +534,7 @@ class Views:
         value = scope_conversation(scope).get(lbl.CONVERSATION_LABEL)
         if value is None:
             return []
-        namespace = str((scope.get("metadata") or {}).get("namespace") or "")
+        namespace = str(kubeobj.meta(scope).get("namespace") or "")
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
     def conversation_holder(self, namespace: str, scope: str) -> str | None:
@@ -549,13 +556,13 @@ class Views:
         """The pods, NetworkPolicies and PersistentVolumeClaims carrying the sandbox's label,
         as (kind, object)."""
         value = lbl.sandbox_label_value(sandbox)
-        out = [("Pod", p) for p in self.pods.select(namespace, lbl.SANDBOX_LABEL, value)]
+        out = [(kubeobj.POD_KIND, p) for p in self.pods.select(namespace, lbl.SANDBOX_LABEL, value)]
         out += [
-            ("NetworkPolicy", n)
+            (kubeobj.NETWORK_POLICY_KIND, n)
             for n in self.network_policies.select(namespace, lbl.SANDBOX_LABEL, value)
         ]
         out += [
-            ("PersistentVolumeClaim", c)
+            (kubeobj.PERSISTENT_VOLUME_CLAIM_KIND, c)
             for c in self.persistent_volume_claims.select(namespace, lbl.SANDBOX_LABEL, value)
         ]
         return out

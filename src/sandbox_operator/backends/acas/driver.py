@@ -319,23 +319,26 @@ def build_driver(
     config: AcasBackendConfig,
     *,
     api: Any,
-    settings: Any = None,
+    dispose_timeout: float | None = None,
+    operator_namespace: str | None = None,
     tokens: TokenProvider | None = None,
     transport: Any = None,
 ) -> AcasDriver:
     """Entry point `sandbox_operator.backends.build_driver` calls for `type: acas`.
 
     `api` is the operator's kubernetes_asyncio ApiClient (used to read a credential Secret);
+    `dispose_timeout` is the operator's `disposeTimeoutSeconds` (a disposal waits at most the
+    shorter of it and `timeouts.delete`), passed as the number it is, as the runtime-class
+    driver gets it, rather than the whole settings object read by attribute name;
+    `operator_namespace` is where a credential Secret named without a namespace is read
+    (`sandbox_operator.config.operator_namespace()`; `default` when None);
     `tokens`/`transport` let tests inject a token provider and an httpx transport.
     """
     if tokens is None:
         if isinstance(config.credential, SecretCredentialSource):
-            tokens = SecretTokens(api, config.credential, config.token_scope)
+            tokens = SecretTokens(api, config.credential, config.token_scope, operator_namespace)
         else:
             tokens = token_provider_for(config.credential, config.token_scope)
-    dispose_timeout = getattr(settings, "dispose_timeout_seconds", None)
     return AcasDriver(
-        config,
-        AcasClient(config, tokens, transport=transport),
-        dispose_timeout=float(dispose_timeout) if dispose_timeout is not None else None,
+        config, AcasClient(config, tokens, transport=transport), dispose_timeout=dispose_timeout
     )

@@ -14,8 +14,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
-from sandbox_operator import naming
 from sandbox_operator.backends.base import (
     Availability,
     BackendObject,
@@ -121,7 +121,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
         def changed(namespace: str) -> None:
             for pod in pods:
-                meta = pod.get("metadata") or {}
+                meta = kubeobj.meta(pod)
                 if meta.get("namespace") != namespace:
                     continue
                 if PROXY_ADDRESS_ANNOTATION not in (meta.get("annotations") or {}):
@@ -187,13 +187,13 @@ class RuntimeClassDriver(RuntimeClassObjects):
     def pool_pod_current(self, pod: Mapping[str, Any]) -> bool:
         """Whether an idle pool pod can serve as it is: a pod given a managed proxy's address is
         current only while the namespace's proxy Service is seen at that very address."""
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = kubeobj.meta(pod).get("annotations") or {}
         given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
         if given is None:
             return True
         if self._proxy is None:
             return False
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        namespace = str(kubeobj.meta(pod).get("namespace", ""))
         return self._proxy.seen_address(namespace) == given
 
     def confines_as_made(
@@ -214,7 +214,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         :meth:`pool_pod_current`) and confined as this backend makes the pool's pods."""
         if not self.pool_pod_current(pod):
             return False
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = kubeobj.meta(pod).get("annotations") or {}
         given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
         return self.confines_as_made(pod, spec, given)
 
@@ -263,10 +263,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
             if self._pods is not None:
                 created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
                 self._pods.upsert(created_pod)
-                meta = created_pod.get("metadata") or {}
-                return ServedBy("Pod", str(meta.get("name", name)), ns)
+                meta = kubeobj.meta(created_pod)
+                return ServedBy(POD, str(meta.get("name", name)), ns)
             created = await self._core.create_namespaced_pod(ns, manifest)
-            return ServedBy("Pod", created.metadata.name, ns)
+            return ServedBy(POD, created.metadata.name, ns)
         except ApiException as exc:
             if exc.status != 409:
                 raise StartupError(
@@ -280,8 +280,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
             with contextlib.suppress(ApiException):
                 existing = self._sanitize(await self._core.read_namespaced_pod(name, ns))
         if existing is None:  # deleted between our create and read: next pass creates it
-            return ServedBy("Pod", name, ns)
-        existing_meta = existing.get("metadata") or {}
+            return ServedBy(POD, name, ns)
+        existing_meta = kubeobj.meta(existing)
         owners = existing_meta.get("ownerReferences") or []
         if request.sandbox.uid and request.sandbox.uid not in [o.get("uid") for o in owners]:
             raise StartupError(
@@ -300,7 +300,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
                 f"this backend makes (it differs in {field or 'what confines it'}); it is never "
                 "adopted: delete it",
             )
-        return ServedBy("Pod", name, ns)
+        return ServedBy(POD, name, ns)
 
     def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
         """A pod claimed from a warm pool for the sandbox (another name than its own): found in
@@ -309,7 +309,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
             return None
         value = lbl.sandbox_label_value(sandbox.name)
         for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
-            meta = pod.get("metadata") or {}
+            meta = kubeobj.meta(pod)
             if lbl.POOL_LABEL not in (meta.get("labels") or {}):
                 continue
             if any(o.get("uid") == sandbox.uid for o in meta.get("ownerReferences") or []):
@@ -324,16 +324,14 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if (
             pod is None
             and recorded is not None
-            and recorded.kind == "Pod"
+            and recorded.kind == POD
             and recorded.name != naming.pod_name(sandbox.name)
         ):
             pod = await self._read_pod(recorded.namespace or sandbox.namespace, recorded.name)
         if pod is None:
             pod = self._claimed_pod(sandbox)
         if pod is not None and sandbox.uid:
-            owners = [
-                o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or []
-            ]
+            owners = [o.get("uid") for o in kubeobj.meta(pod).get("ownerReferences") or []]
             if sandbox.uid not in owners:
                 # Someone else's pod under our name; not ours to report as our sandbox.
                 return Observation(
@@ -349,7 +347,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         ):
             # The operator watches the kubelet's FailedCreatePodSandBox events (no read here; a
             # new one wakes the Sandbox).
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            uid = str(kubeobj.meta(pod).get("uid") or "")
             handler = self._failures.missing_handler(uid)
             if handler is not None:
                 observation = self._handler_missing(pod, handler, observation)
@@ -407,7 +405,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
             return observation
         assert self._proxy is not None
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = kubeobj.meta(pod).get("annotations") or {}
         given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
         if given is None:
             return observation

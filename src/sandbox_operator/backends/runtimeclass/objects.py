@@ -15,8 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
-from sandbox_operator import naming
 from sandbox_operator.backends.base import (
     BackendObject,
     DisposalError,
@@ -67,7 +67,7 @@ def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
     grace period answers: its final state, deletionTimestamp set, already removed)."""
     if answer.get("kind") == "Status":
         return True
-    meta = answer.get("metadata") or {}
+    meta = kubeobj.meta(answer)
     if answer.get("kind") != kind or meta.get("finalizers"):
         return False
     return not meta.get("deletionTimestamp") or meta.get("deletionGracePeriodSeconds") == 0
@@ -127,7 +127,7 @@ class RuntimeClassObjects:
         key = egress_policy_key(policy)
         if key is None or key[0] != self.name:
             return True  # not ours to judge
-        meta = policy.get("metadata") or {}
+        meta = kubeobj.meta(policy)
         want = build_egress_policy(
             str(meta.get("namespace", "")), key[1], self._config, self._proxy_settings
         )
@@ -265,7 +265,7 @@ class RuntimeClassObjects:
         """The kubelet's ``FailedCreatePodSandBox`` events of ``pod``; None when unreadable."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = pod.get("metadata") or {}
+        meta = kubeobj.meta(pod)
         try:
             listed = await self._core.list_namespaced_event(
                 meta.get("namespace", ""),
@@ -382,12 +382,12 @@ class RuntimeClassObjects:
         recorded = sandbox.served_by
         if (
             recorded is not None
-            and recorded.kind == "Pod"
-            and not any(o.kind == "Pod" and o.name == recorded.name for o in found)
+            and recorded.kind == POD
+            and not any(o.kind == POD and o.name == recorded.name for o in found)
         ):
             pod = self._pods.get(recorded.namespace or sandbox.namespace, recorded.name)
             if pod is not None:
-                found.append(backend_object("Pod", pod))
+                found.append(backend_object(POD, pod))
         return self._this_backend(found)
 
     @property
@@ -495,7 +495,7 @@ class RuntimeClassObjects:
         (a Status; on a backend whose disposals go at once, also a pod deleted with no grace
         period). Until its watch event came, a pass that ran meanwhile (woken by the Sandbox's
         own status write) deleted it again. Returns whether the answer was read as gone."""
-        meta = answer.get("metadata") or {}
+        meta = kubeobj.meta(answer)
         if self._gone_with_answer:
             landed = deletion_landed(kind, answer)
         else:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sandbox_operator import kubeobj
 from sandbox_operator.backends.runtimeclass.observe import missing_handler
 from sandbox_operator.kubecalls import list_then_watch
 
@@ -44,7 +45,7 @@ class PodSandboxFailures:
         handler = missing_handler([event])
         involved = event.get("involvedObject") or {}
         uid = str(involved.get("uid") or "")
-        if handler is None or not uid or involved.get("kind") != "Pod":
+        if handler is None or not uid or involved.get("kind") != kubeobj.POD_KIND:
             return None
         if self._by_uid.get(uid) == handler:
             return None
@@ -52,7 +53,7 @@ class PodSandboxFailures:
         self._by_uid.move_to_end(uid)
         while len(self._by_uid) > self._limit:
             self._by_uid.popitem(last=False)
-        namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
+        namespace = involved.get("namespace") or kubeobj.meta(event).get("namespace")
         return str(namespace or ""), str(involved.get("name") or "")
 
 

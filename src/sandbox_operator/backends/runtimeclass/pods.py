@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
-from sandbox_operator import naming
 from sandbox_operator.backends.base import EnsureRequest
 from sandbox_operator.backends.egress_proxy import (
     PROXY_ADDRESS_ANNOTATION,
@@ -27,10 +27,11 @@ CONTAINER_NAME = "sandbox"
 WORK_VOLUME = "work"
 TMP_VOLUME = "tmp"
 
-POD = "Pod"
-NETWORK_POLICY = "NetworkPolicy"
+#: The kinds of what this backend creates per sandbox (spelled once, in ``kubeobj``).
+POD = kubeobj.POD_KIND
+NETWORK_POLICY = kubeobj.NETWORK_POLICY_KIND
 #: The work volume of a sandbox with ``spec.storage`` (named ``naming.work_volume_name``).
-CLAIM = "PersistentVolumeClaim"
+CLAIM = kubeobj.PERSISTENT_VOLUME_CLAIM_KIND
 
 #: The only name server of a sandbox that may reach none (see :func:`dns_settings`): the pod's
 #: own loopback, where nothing listens, so every lookup is refused inside the pod.
@@ -259,7 +260,7 @@ def pod_manifest(
     if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy.managed and proxy_url:
         assert managed_proxy is not None
         metadata.setdefault("annotations", {})[PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return {"apiVersion": "v1", "kind": kubeobj.POD_KIND, "metadata": metadata, "spec": pod_spec}
 
 
 def build_egress_policy(
@@ -309,7 +310,7 @@ def build_egress_policy(
         spec["egress"] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": proxy.port}]}]
     return {
         "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
+        "kind": kubeobj.NETWORK_POLICY_KIND,
         "metadata": {
             "name": naming.egress_policy_name(backend.name, egress.value),
             "namespace": namespace,
@@ -323,7 +324,7 @@ def egress_policy_key(policy: Mapping[str, Any]) -> tuple[str, Egress] | None:
     """(backend, egress mode) of a namespace's egress NetworkPolicy made by
     :func:`build_egress_policy`; None for any other (a pool's deny-all, a per-Sandbox policy of
     an older version)."""
-    labels = (policy.get("metadata") or {}).get("labels") or {}
+    labels = kubeobj.meta(policy).get("labels") or {}
     backend, egress = labels.get(lbl.BACKEND_LABEL), labels.get(lbl.EGRESS_LABEL)
     if not backend or egress not in {e.value for e in Egress}:
         return None
