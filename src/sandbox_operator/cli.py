@@ -75,6 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--standalone", action="store_true", help="no peering (a single replica, e.g. in tests)"
     )
+    run.add_argument(
+        "--pool-seal",
+        default=None,
+        metavar="POLICY",
+        help="the ValidatingAdmissionPolicy sealing idle warm-pool pods (the chart's "
+        "sealIdlePoolPods; POLICY-update is its pair): checked, and recorded by each claim "
+        "(status.sealedUntilClaim); without it no pool pod is vouched for",
+    )
 
     check = sub.add_parser("check-config", help="validate a configuration without a cluster")
     check.add_argument("file")
@@ -237,6 +245,8 @@ def _run(args: argparse.Namespace) -> int:
             # when serving all or given a pattern.
             served=served,
             namespaces=served.exact,
+            # The policy sealing idle pool pods, to check (reconcile/seal.py); None: none.
+            pool_seal=args.pool_seal,
         ),
     )
     return EXIT_OK

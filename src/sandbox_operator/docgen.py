@@ -194,6 +194,7 @@ RBAC_PLACES: Final[Mapping[str, str]] = {
     "sandbox-operator.credentialRule": "the Secret's namespace, per `acas` backend with a Secret "
     "credential",
     "sandbox-operator.hostRules": "each of `hostRole.namespaces`",
+    "sandbox-operator.sealRule": "cluster-wide, with `sealIdlePoolPods` (the default)",
 }
 #: The template conditions, in words.
 RBAC_CONDITIONS: Final[Mapping[str, str]] = {

@@ -121,6 +121,24 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
   # kopf peering: the highest-priority replica acts, the others stand by.
   verbs: [get, list, watch, patch]
 {{- end }}
+{{- if .Values.sealIdlePoolPods }}
+{{ include "sandbox-operator.sealRule" (dict "connect" (printf "%s-sealed-pool-pods" (include "sandbox-operator.fullname" .)) "update" (printf "%s-sealed-pool-pods-update" (include "sandbox-operator.fullname" .))) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The policies sealing idle warm-pool pods (templates/sealed-pool-pods-policy.yaml), which the
+operator checks rather than assumes; context: the two policies' names (connect, update).
+*/}}
+{{- define "sandbox-operator.sealRule" -}}
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [validatingadmissionpolicies, validatingadmissionpolicybindings]
+  resourceNames:
+    - {{ .connect }}
+    - {{ .update }}
+  # Whether idle warm-pool pods are sealed until claimed (reconcile/seal.py): the two policies
+  # and their bindings, watched by name (a field selector, authorized by resourceNames).
+  verbs: [get, list, watch]
 {{- end }}
 
 {{/*

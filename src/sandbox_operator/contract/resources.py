@@ -295,6 +295,14 @@ class SandboxResourceStatus(ContractModel):
             "admission)."
         ),
     )
+    sealed_until_claim: bool | None = Field(
+        default=None,
+        description=(
+            "Served from a warm pool: whether its pod was sealed from its creation to the claim "
+            "(the idle-pool-pod policies the operator checks, --pool-seal, in force all along), "
+            "so no identity but the operator's could reach it first. Judged at the claim."
+        ),
+    )
     admitted_egress_allow: tuple[EgressHost, ...] | None = Field(
         default=None,
         max_length=EGRESS_ALLOW_MAX_ITEMS,

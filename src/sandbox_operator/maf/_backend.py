@@ -19,6 +19,7 @@ conversation boundary, its agents' grant).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
@@ -50,6 +51,8 @@ from sandbox_operator.maf._sandbox import OperatorSandbox
 from sandbox_operator.maf._translate import declarations, operator_spec
 
 #: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
+log = logging.getLogger(__name__)
+
 DEFAULT_DISPOSE_TIMEOUT = 120.0
 
 
@@ -238,7 +241,20 @@ class OperatorBackend:
                 + ("it was disposed" if failure is None else f"its disposal failed: {failure}"),
                 reason="BackendMismatch",
             )
-        fresh = handle.created and status.get("servedFrom") == SERVED_FROM_COLD
+        # A new instance is a trusted baseline when its pod was made for it, or claimed from a
+        # pool whose pods the operator saw sealed from their creation to the claim (no identity
+        # but the operator's could reach it first: reconcile/seal.py, docs/warm-pools.md).
+        served_from = status.get("servedFrom")
+        sealed = status.get("sealedUntilClaim") is True
+        fresh = handle.created and (served_from == SERVED_FROM_COLD or sealed)
+        if handle.created and served_from != SERVED_FROM_COLD and not sealed:
+            log.info(
+                "sandbox %s/%s: claimed from %s, whose pods the operator does not vouch were "
+                "sealed until the claim (status.sealedUntilClaim): not freshly created",
+                handle.namespace,
+                handle.name,
+                served_from,
+            )
         sandbox = OperatorSandbox(
             handle,
             spec,

@@ -51,6 +51,7 @@ from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import BackendProfile, admit_request, effective_floor
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
+from sandbox_operator.reconcile.seal import NOT_CONFIGURED, Seal
 
 ADMITTED = ConditionType.ADMITTED
 READY = ConditionType.READY
@@ -441,8 +442,12 @@ def plan(
     key_unclean: str | None,
     scope_problem: str,
     now: datetime,
+    seal: Seal = NOT_CONFIGURED,
 ) -> Plan:
     """The Ready verdict for an admitted Sandbox and what it takes to get there.
+
+    ``seal`` is whether idle pool pods are sealed until claimed (reconcile/seal.py): a Sandbox
+    served from a pool records, once, whether its pod was sealed from its creation to the claim.
 
     ``key_unclean`` is asked for (and matters) only while nothing exists yet and the Sandbox
     was never Ready: an earlier sandbox of the same key must be disposed before this one starts.
@@ -491,6 +496,12 @@ def plan(
     if observation.served_by is not None:
         # Observed, not remembered: a restarted operator reports it the same.
         fields["servedFrom"] = observation.served_from or SERVED_FROM_COLD
+        if fields["servedFrom"] != SERVED_FROM_COLD:
+            # Judged at the claim (its status write is this one) and remembered after it: what
+            # happens to the policies later cannot reach back before the claim.
+            kept = status.get("sealedUntilClaim")
+            covered = seal.covers(observation.created_at)
+            fields["sealedUntilClaim"] = kept if isinstance(kept, bool) else covered
     if verdict.create:
         conditions.append((READY, False, R.CREATING, "creating the sandbox"))
         return Plan(tuple(conditions), fields, create=True, verdict=verdict)

@@ -68,6 +68,7 @@ from sandbox_operator.reconcile.scope import (
     access_pending,
     reconcile_scope,
 )
+from sandbox_operator.reconcile.seal import Seal, follow_seal
 from sandbox_operator.reconcile.status import CONFLICT_RETRY_SECONDS
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
@@ -279,6 +280,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         ),
         name="publish",
     )
+    # Whether idle pool pods are sealed until claimed (reconcile/seal.py): judged from a watch on
+    # the chart's policies, recorded by each claim; without --pool-seal, nothing is vouched for.
+    seal_policy = getattr(memo, "pool_seal", None)
+    if seal_policy:
+
+        def sealed(seal: Seal) -> None:
+            rt.pool_seal = seal
+
+        memo.seal_task = asyncio.create_task(follow_seal(api, seal_policy, sealed), name="seal")
 
 
 def watch_pod_sandbox_failures_in(
@@ -312,7 +322,8 @@ def watch_pod_sandbox_failures_in(
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    tasks = [getattr(memo, a, None) for a in ("resync_task", "trim_task", "publish_task")]
+    names = ("resync_task", "trim_task", "publish_task", "seal_task")
+    tasks = [getattr(memo, a, None) for a in names]
     for task in [*tasks, *(getattr(memo, "failures_tasks", None) or ())]:
         if task is not None:
             task.cancel()

@@ -23,6 +23,7 @@ from sandbox_operator.config import OperatorConfig, operator_namespace
 from sandbox_operator.contract import GROUP, ConfigurationError, DisposalFailure
 from sandbox_operator.reconcile.access import ConversationAccess
 from sandbox_operator.reconcile.kube import Kube
+from sandbox_operator.reconcile.seal import NOT_CONFIGURED, Seal
 from sandbox_operator.reconcile.views import ObjKey, Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
@@ -81,6 +82,8 @@ class Runtime:
     #: What the watch of the kubelet's FailedCreatePodSandBox events said (runtime-class pods
     #: whose node lacks the handler), shared by every runtime-class driver.
     pod_sandbox_failures: PodSandboxFailures = field(default_factory=PodSandboxFailures)
+    #: Whether idle pool pods are sealed until claimed, as last judged (reconcile/seal.py).
+    pool_seal: Seal = NOT_CONFIGURED
     sandbox_queue: WorkQueue[ObjKey] | None = None
     scope_queue: WorkQueue[ObjKey] | None = None
     pool_queue: WorkQueue[ObjKey] | None = None

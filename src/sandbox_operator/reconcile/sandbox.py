@@ -310,6 +310,7 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
         key_unclean=unclean,
         scope_problem=seen.scope.problem,
         now=now,
+        seal=rt.pool_seal,
     )
     if plan.suspend:  # idle, and lifetime.idleAction suspend; or the backend stopped it
         detail = ""
@@ -363,8 +364,9 @@ async def _create(
     if claim.served_by is not None:
         claimed = await driver.observe(replace(ref, served_by=claim.served_by))
         plan = compute.plan(
-            obj, spec, admission, claimed, key_unclean=None, scope_problem="", now=now
-        )
+            obj, spec, admission, claimed, key_unclean=None, scope_problem="", now=now,
+            seal=rt.pool_seal,
+        )  # fmt: skip
         return Step.write(obj, draft, plan, admission)
     if claim.exhausted:
         await rt.kube.post_event(
@@ -379,8 +381,9 @@ async def _create(
     rt.ensure_attempts.pop((namespace, name), None)
     observation = await driver.observe(ref)
     plan = compute.plan(
-        obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now
-    )
+        obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now,
+        seal=rt.pool_seal,
+    )  # fmt: skip
     if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
         plan = compute.Plan(
             conditions=(

@@ -74,6 +74,7 @@ _SANDBOX_STATUS = (
     "isolationScope",
     "servedBy",
     "servedFrom",
+    "sealedUntilClaim",  # judged at the claim, kept (reconcile/seal.py)
     # Suspend and resume (spec.storage): why and since when it is suspended, and the counts.
     "suspendedBy",
     "suspendedAt",

@@ -93,6 +93,7 @@ class StandIn:
         self.specs: list[SandboxSpec] = []
         self.disposed: list[str] = []
         self.serve: tuple[str, str] = ("runc", "cold")
+        self.sealed: bool | None = None  # status.sealedUntilClaim of a pool claim
         self.created = True
         self.fail: client_errors.SandboxAcquireError | None = None
         self.undeletable: set[str] = set()
@@ -122,6 +123,8 @@ class StandIn:
             raise self.fail
         name = f"sbx-{agent_dir}-{spec.kind}"
         obj = sandbox_object(name, spec.kind, *self.serve)
+        if self.sealed is not None:
+            obj["status"]["sealedUntilClaim"] = self.sealed
         self.objects[name] = obj
         return Handle(name, obj, self.created, spec, self)
 
@@ -160,6 +163,24 @@ async def test_fresh_only_when_created_cold(spec: maf.SandboxSpec) -> None:
     client.created = False
     assert (await backend(client).acquire(KEY, spec)).freshly_created is False
     client.created, client.serve = True, ("runc", "pool-a")
+    assert (await backend(client).acquire(KEY, spec)).freshly_created is False
+
+
+async def test_a_pool_claim_is_fresh_only_when_its_pod_was_sealed_until_the_claim(
+    spec: maf.SandboxSpec, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(#36 item 2) The operator records whether the claimed pod was sealed from its creation to
+    the claim (status.sealedUntilClaim); only then is the new instance a trusted baseline. A
+    pool claim it cannot vouch for says why, in one log line."""
+    client = StandIn()
+    client.serve = ("runc", "SandboxWarmPool/pool-a")
+    client.sealed = True
+    assert (await backend(client).acquire(KEY, spec)).freshly_created is True
+    client.sealed = False
+    with caplog.at_level("INFO", logger="sandbox_operator.maf._backend"):
+        assert (await backend(client).acquire(KEY, spec)).freshly_created is False
+    assert "does not vouch were sealed until the claim" in caplog.text
+    client.created, client.sealed = False, True  # not this acquire's: never fresh
     assert (await backend(client).acquire(KEY, spec)).freshly_created is False
 
 
