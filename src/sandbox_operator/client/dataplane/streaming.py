@@ -268,6 +268,11 @@ class ExecStream:
                 chunk = self._parse_head()
                 if chunk is None:
                     continue
+                if self._early:
+                    # Output that came before the wrapper's last line goes first, in order.
+                    if chunk.data:
+                        self._early.append(chunk)
+                    continue
                 event = chunk
             elif not self._running:
                 self._early.append(event)
