@@ -1,8 +1,9 @@
 """#39 item 1 on the real node, through the client, on runc and gVisor: a streamed exec hands its
 first line over while the command still runs, stdin reaches ``cat`` a line at a time and its end
 ends it, a terminal runs ``sh`` interactively (echo, window size, exit code) and its stop kills
-the whole session (a background job included), and ``sandbox-operator shell`` runs a shell by
-Sandbox name both through a pseudo-terminal and with piped stdin.
+the whole session (a background job included), docs/client.md's example runs as written, and
+``sandbox-operator shell`` runs a shell by Sandbox name both through a pseudo-terminal and with
+piped stdin.
 
 The first line's timing is shown by cause, not by a clock: the command cannot end before the
 test, having read its first line, creates the file it waits for. The unit twin (a fake channel):
@@ -11,7 +12,9 @@ tests/unit/test_client_streaming.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import io
 import os
 import pty
 import select
@@ -19,8 +22,10 @@ import struct
 import subprocess
 import sys
 import termios
+import textwrap
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,6 +63,24 @@ def spec(runtime: str) -> SandboxSpec:
             "resources": SMALL,
         }
     )
+
+
+def docs_example() -> str:
+    """The Python example of docs/client.md's "Streaming and terminals", as written."""
+    doc = (Path(__file__).parents[2] / "docs" / "client.md").read_text()
+    section = doc.split("## Streaming and terminals", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def run_docs_example(sb: Sandbox) -> str:
+    """Run the docs' example on ``sandbox`` (its free name) and return what it printed."""
+    body = textwrap.indent(docs_example(), "    ")
+    scope: dict[str, Any] = {}
+    exec(f"async def example(sandbox):\n{body}", scope)  # the docs' own code
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        await scope["example"](sb)
+    return printed.getvalue()
 
 
 async def exists(sb: Sandbox, name: str) -> bool:
@@ -160,6 +183,10 @@ async def test_streams_and_terminals(module_kit: Kit, kubeconfig: str, runtime: 
         await incremental_stdin(sb)
         await interactive_sh(sb)
         await terminal_stop_kills_the_session(sb)
+        printed = await run_docs_example(sb)
+        assert "stdout b'first\\n'" in printed and "exit 0" in printed, printed
+        assert "OutputChunk(stream='stdout', data=b'one\\n')" in printed, printed
+        assert printed.rstrip().endswith("3"), printed
 
         cli = [sys.executable, "-m", "sandbox_operator.cli", "shell", sb.name, "-n", ns]
         cli += ["--kubeconfig", kubeconfig]
