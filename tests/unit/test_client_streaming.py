@@ -1,8 +1,8 @@
 """Streaming exec over a fake exec channel (#39 item 1): chunks handed over in order with the
 wrapper's own lines held back, stdin and its end passed on, the output budget, the timeout, a
-lost stream, a setup refusal, an early stop, a terminal's echo; and the handle's unclean rule on
-a stream whose kill fell short. The kill is the data plane's, over a fake transport that records
-it; the cluster twin is tests/e2e/test_client_streaming.py."""
+lost stream, a setup refusal, an early stop, a terminal's echo; the handle's unclean rule on a
+stream whose kill fell short; the sync twin. The kill is the data plane's, over a fake
+transport that records it; the cluster twin is tests/e2e/test_client_streaming.py."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from sandbox_operator.client import (
 from sandbox_operator.client.dataplane import scripts
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
 from sandbox_operator.client.dataplane.local import LocalExecTransport
+from sandbox_operator.client.sync import SyncSandbox, _Loop
 from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.contract import Capability, SandboxSpec
 
@@ -270,3 +271,27 @@ async def test_a_plane_that_cannot_stream_refuses_before_anything_runs() -> None
         await handle.exec_stream(["true"])
     assert info.value.what == "stream"
     assert handle.unclean is None
+
+
+def test_the_sync_twin_iterates_feeds_and_stops() -> None:
+    loop = _Loop()
+    try:
+        transport = FakeTransport()
+        sb = SyncSandbox(_handle(transport), loop)
+        loop.loop.call_soon_threadsafe(transport.channel.put, HEAD, out(b"one\n"), ExitStatus(0))
+        with sb.exec_stream(["cat"], stdin=True) as stream:
+            stream.write_stdin("one\n")
+            stream.close_stdin()
+            assert list(stream) == [out(b"one\n"), ExitStatus(0)]
+            assert stream.exit_code == 0
+        assert transport.channel.stdin == [b"one\n"] and transport.channel.stdin_closed
+        assert transport.kills == []
+
+        transport = FakeTransport()
+        sb = SyncSandbox(_handle(transport), loop)
+        loop.loop.call_soon_threadsafe(transport.channel.put, HEAD)
+        with sb.exec_stream(["sleep", "9"]) as stream:
+            pass
+        assert stream.aio.stopped == (True, "group")
+    finally:
+        loop.stop()
