@@ -1,13 +1,15 @@
 """Streaming exec over a fake exec channel (#39 item 1): chunks handed over in order with the
 wrapper's own lines held back, stdin and its end passed on, the output budget, the timeout, a
 lost stream, a setup refusal, an early stop, a terminal's echo; the handle's unclean rule on a
-stream whose kill fell short; the sync twin. The kill is the data plane's, over a fake
-transport that records it; the cluster twin is tests/e2e/test_client_streaming.py."""
+stream whose kill fell short; the sync twin. The kill is the data plane's, over a fake transport
+that records it. Then the same rules over local processes (the pods' own scripts, real
+processes); the cluster twin is tests/e2e/test_client_streaming.py."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -25,10 +27,10 @@ from sandbox_operator.client import (
 )
 from sandbox_operator.client.dataplane import scripts
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
-from sandbox_operator.client.dataplane.local import LocalExecTransport
 from sandbox_operator.client.sync import SyncSandbox, _Loop
 from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.contract import Capability, SandboxSpec
+from sandbox_operator.testing import local_sandbox
 
 Event = OutputChunk | ExitStatus | None
 
@@ -265,8 +267,18 @@ async def test_an_early_stop_whose_kill_fell_short_leaves_the_handle_unclean() -
     assert handle.unclean is not None and "cancelled" in handle.unclean
 
 
+class RunsOnly:
+    """A transport that can only run buffered commands."""
+
+    async def run(self, argv: Sequence[str], **_: object) -> RawResult:
+        raise AssertionError("nothing may run")
+
+    async def close(self) -> None:
+        return None
+
+
 async def test_a_plane_that_cannot_stream_refuses_before_anything_runs() -> None:
-    handle = _handle(LocalExecTransport())
+    handle = _handle(RunsOnly())
     with pytest.raises(ExecStreamUnsupported) as info:
         await handle.exec_stream(["true"])
     assert info.value.what == "stream"
@@ -295,3 +307,40 @@ def test_the_sync_twin_iterates_feeds_and_stops() -> None:
         assert stream.aio.stopped == (True, "group")
     finally:
         loop.stop()
+
+
+async def test_on_local_processes_the_rules_hold_with_the_pods_own_scripts(
+    tmp_path: Path,
+) -> None:
+    """The same stream over local processes (``sandbox_operator.testing``): the wrapper and the
+    kill are the pods' scripts, the processes real."""
+    sb = local_sandbox(root=str(tmp_path))
+    work = Path(sb.work_dir)
+    command = "echo first; while [ ! -e go ]; do sleep 0.05; done; echo last >&2"
+    async with sb.exec_stream(command, timeout=30) as stream:
+        assert await anext(stream) == out(b"first\n")
+        (work / "go").touch()
+        assert [item async for item in stream] == [err(b"last\n"), ExitStatus(0)]
+
+    async with sb.exec_stream(["cat"], stdin=True, timeout=30) as stream:
+        await stream.write_stdin(b"one\n")
+        assert await anext(stream) == out(b"one\n")
+        await stream.close_stdin()
+        assert await stream.wait() == 0
+
+    async with sb.exec_stream("echo up; sleep 1; touch late", timeout=30) as stream:
+        assert await anext(stream) == out(b"up\n")
+    assert stream.stopped == (True, "group")
+    await asyncio.sleep(1.5)
+    assert not (work / "late").exists(), "the stopped command ran on"
+
+    with pytest.raises(OutputBudgetExceeded) as over:
+        async with sb.exec_stream("head -c 200000 /dev/zero; sleep 3", max_output_bytes=1000) as s:
+            async for _ in s:
+                pass
+    assert (over.value.kill_delivered, over.value.kill_reach) == (True, "group")
+    assert sb.unclean is None
+
+    with pytest.raises(ExecStreamUnsupported) as refused:
+        await sb.exec_stream(["sh"], tty=True)
+    assert refused.value.what == "tty"
