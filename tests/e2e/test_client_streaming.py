@@ -1,7 +1,7 @@
 """#39 item 1 on the real node, through the client, on runc and gVisor: a streamed exec hands its
 first line over while the command still runs, stdin reaches ``cat`` a line at a time and its end
 ends it, a terminal runs ``sh`` interactively (echo, window size, exit code) and its stop kills
-the whole session (a background job included), docs/client.md's example runs as written, and
+the whole session (a background job included), docs/streaming.md's example runs as written, and
 ``sandbox-operator shell`` runs a shell by Sandbox name both through a pseudo-terminal and with
 piped stdin.
 
@@ -66,10 +66,9 @@ def spec(runtime: str) -> SandboxSpec:
 
 
 def docs_example() -> str:
-    """The Python example of docs/client.md's "Streaming and terminals", as written."""
-    doc = (Path(__file__).parents[2] / "docs" / "client.md").read_text()
-    section = doc.split("## Streaming and terminals", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    """The Python example of docs/streaming.md, as written."""
+    doc = (Path(__file__).parents[2] / "docs" / "streaming.md").read_text()
+    return doc.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 async def run_docs_example(sb: Sandbox) -> str:

@@ -251,15 +251,15 @@ class Sandbox:
         on_stdout: ChunkCallback | None = None,
         on_stderr: ChunkCallback | None = None,
     ) -> StreamOpening:
-        """Run a command and hand its output over as it arrives (docs/client.md, "Streaming and
-        terminals"): ``async with sandbox.exec_stream(argv) as stream: async for item in
-        stream`` gives :class:`OutputChunk` items, then one :class:`ExitStatus`. ``stdin=True``
-        lets the caller feed it (``write_stdin``, ``close_stdin``); ``tty=True`` runs it on a
-        terminal (stdin too, one output stream, ``resize``). ``command``, ``cwd`` and ``env`` as
-        for :meth:`exec`; ``timeout`` and ``max_output_bytes`` bound it as they bound
-        :meth:`exec` (None: no bound, for a person's terminal). A timeout, an output over the
-        budget, a lost stream, a cancellation or leaving the block before the end kill the
-        command; one whose kill fell short leaves the sandbox unclean, as for :meth:`exec`."""
+        """Run a command and hand its output over as it arrives (docs/streaming.md):
+        ``async with sandbox.exec_stream(argv) as stream: async for item in stream`` gives
+        :class:`OutputChunk` items, then one :class:`ExitStatus`. ``stdin=True`` lets the caller
+        feed it (``write_stdin``, ``close_stdin``); ``tty=True`` runs it on a terminal (stdin
+        too, one output stream, ``resize``). ``command``, ``cwd`` and ``env`` as for
+        :meth:`exec`; ``timeout`` and ``max_output_bytes`` bound it as they bound :meth:`exec`
+        (None: no bound, for a person's terminal). A timeout, an output over the budget, a lost
+        stream, a cancellation or leaving the block before the end kill the command; one whose
+        kill fell short leaves the sandbox unclean, as for :meth:`exec`."""
         self._gate("exec_stream", Capability.EXEC)
         argv = ("sh", "-c", command) if isinstance(command, str) else tuple(command)
         if not argv:

@@ -227,20 +227,28 @@ class PodExecChannel:
             if channel == _ERROR:
                 self._status += payload
 
+    async def _send(self, frame: bytes) -> None:
+        """One frame out; a stream already closed or lost is a :class:`DataPlaneError` (what
+        became of the command, the next read says)."""
+        try:
+            await self._ws.send_bytes(frame)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError):
+            raise DataPlaneError("the exec stream is closed") from None
+
     async def send_stdin(self, data: bytes) -> None:
         for i in range(0, len(data), _CHUNK):
-            await self._ws.send_bytes(bytes([_STDIN]) + data[i : i + _CHUNK])
+            await self._send(bytes([_STDIN]) + data[i : i + _CHUNK])
 
     async def close_stdin(self) -> None:
         if not self.can_close_stdin:
             raise ExecStreamUnsupported(
                 f"the API server speaks {_V4}, which cannot end stdin alone", what="close_stdin"
             )
-        await self._ws.send_bytes(bytes([_CLOSE, _STDIN]))
+        await self._send(bytes([_CLOSE, _STDIN]))
 
     async def resize(self, cols: int, rows: int) -> None:
         size = json.dumps({"Width": int(cols), "Height": int(rows)}).encode()
-        await self._ws.send_bytes(bytes([_RESIZE]) + size)
+        await self._send(bytes([_RESIZE]) + size)
 
     async def close(self) -> None:
         if not self._ws.closed:
