@@ -8,9 +8,12 @@
   the same verdict on the file without a cluster and, with ``--spec``, says whether that spec
   would be served, by which backend, or why not. (RuntimeClass existence needs a cluster and is
   checked by ``run`` only.)
+* ``sandbox-operator shell SANDBOX [-n NS] [--kubeconfig FILE] [--context C] [-t|-T] [-- ARGV]``
+  runs ``sh`` (or ARGV) in a Sandbox by name, as ``kubectl exec -it`` would in its pod, with the
+  caller's own RBAC (:mod:`sandbox_operator.client.terminal`); it exits with the command's code.
 
 Exit codes: 0 ok / would be served; 1 configuration invalid; 2 usage error or unreadable spec;
-3 the spec would be refused.
+3 the spec would be refused; ``shell``: the command's own, or 255 for a failure of the client.
 """
 
 from __future__ import annotations
@@ -97,6 +100,15 @@ def _parser() -> argparse.ArgumentParser:
         "(flags: see `sandbox-operator check-egress --help`)",
         add_help=False,
     )
+    shell = sub.add_parser("shell", help="run a shell (or a command) in a Sandbox, by name")
+    shell.add_argument("sandbox", help="the Sandbox's name")
+    shell.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
+    shell.add_argument("--kubeconfig", help="a kubeconfig (default: $KUBECONFIG)")
+    shell.add_argument("--context", help="one of the kubeconfig's contexts")
+    mode = shell.add_mutually_exclusive_group()
+    mode.add_argument("-t", "--tty", dest="tty", action="store_true", default=None)
+    mode.add_argument("-T", "--no-tty", dest="tty", action="store_false")
+    shell.set_defaults(argv=[])  # the command: what follows ``--`` (default: sh)
     return p
 
 
@@ -273,9 +285,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sandbox_operator.egress.probe import main as probe_main
 
         return probe_main(argv[1:])
+    # ``shell``'s command is everything after ``--``, whatever it looks like.
+    command: list[str] = []
+    if argv[:1] == ["shell"] and "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if command:
+        args.argv = command
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "shell":
+        from sandbox_operator.client.terminal import main as shell_main
+
+        return shell_main(args)
     if args.command == "run":
         if not args.all_namespaces and not args.namespace:
             print("run: give --namespace NS (repeatable) or --all-namespaces", file=sys.stderr)

@@ -27,7 +27,8 @@ def _public(cls: type) -> dict[str, inspect.Signature]:
 )
 def test_sync_twin_has_same_methods_and_parameters(aio: type, sync: type) -> None:
     a, s = _public(aio), _public(sync)
-    skip = {"key_for"}
+    # ``reach`` hands an async data plane to a tool running its own loop (the shell CLI)
+    skip = {"key_for", "reach"}
     assert set(a) - skip <= set(s), set(a) - set(s)
     for name in set(a) - skip:
         assert list(a[name].parameters) == list(s[name].parameters), name

@@ -50,6 +50,7 @@ from sandbox_operator.client.errors import (
     DataPlaneError,
     SandboxGone,
     SandboxNotReadyInTime,
+    SandboxSuspended,
 )
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import (
@@ -71,6 +72,7 @@ from sandbox_operator.client.served import ServedPlane
 from sandbox_operator.client.status import (
     Goal,
     effective_state,
+    evaluate,
     is_suspended,
     key_from_object,
     served_by,
@@ -486,6 +488,23 @@ class SandboxClient:
             and last.get("created") == kubeobj.meta(obj).get("uid"),
         )
         return sandbox
+
+    async def reach(self, name: str) -> tuple[Mapping[str, Any], DataPlane]:
+        """The named Sandbox of this namespace and the data plane into what serves it now, for
+        a tool that reaches a Sandbox it did not acquire (``sandbox-operator shell``): no
+        handle, no capability gate, no resume. What it may do is the caller's own RBAC:
+        ``get`` on sandboxes here, ``create`` on ``pods/exec`` for the plane's commands. A
+        missing Sandbox raises :class:`SandboxGone`, a suspended one :class:`SandboxSuspended`,
+        one not Ready :class:`DataPlaneError` naming its reason."""
+        obj = await self.objects.get_sandbox(name)
+        if is_suspended(obj):
+            raise SandboxSuspended(
+                sandbox=name, namespace=self.namespace, message="resume it to reach it"
+            )
+        state, reason, _ = evaluate(obj)
+        if state != "ready" or served_by(obj) is None:
+            raise DataPlaneError(f"the sandbox is not Ready ({reason or 'no status yet'})")
+        return obj, self._dataplane(obj)
 
     def _dataplane(self, obj: Mapping[str, Any]) -> DataPlane:
         served = (obj.get("status") or {}).get("servedBy") or {}

@@ -29,7 +29,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     ├── SandboxFileNotFound (FileNotFoundError)
     ├── TransferCapExceeded, TransferIntegrityError
     ├── ExecSetupError, ExecTimeout (TimeoutError), ExecQueuedTimeout (TimeoutError)
-    ├── OutputBudgetExceeded, DataPlaneError (ExecStreamLost)
+    ├── OutputBudgetExceeded, DataPlaneError (ExecStreamLost, ExecStreamUnsupported)
     ├── SandboxUnclean                  (a handle whose sandbox may run what nobody owns)
     ├── OutputMissing, OutputNotRegular, OutputSizeUnknown
     ├── ArtifactNameInvalid (ValueError), ArtifactNameCollision, SinkRequired (ValueError)
@@ -265,8 +265,10 @@ class ExecTimeout(SandboxClientError, TimeoutError):
 
     ``stdout``/``stderr`` hold the output received before the deadline; ``kill_delivered`` says
     whether the kill signal was accepted by the sandbox (not that everything died);
-    ``kill_reach`` is ``group`` (the whole process group), ``process``, ``gone`` (not delivered
-    because the group had already ended: nothing was left in it) or ``nothing``."""
+    ``kill_reach`` is ``group`` (the whole process group), ``session`` (every process of a
+    terminal session, :meth:`~sandbox_operator.client.Sandbox.exec_stream` with ``tty``),
+    ``process``, ``gone`` (not delivered because the group had already ended: nothing was left
+    in it) or ``nothing``."""
 
     argv: tuple[str, ...]
     timeout: float
@@ -396,6 +398,19 @@ class ExecStreamLost(DataPlaneError):
     def _message(self) -> str:
         tail = kill_outcome(self.kill_delivered, self.kill_reach)
         return f"the exec stream was lost before the command ended ({self.detail}); {tail}"
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class ExecStreamUnsupported(DataPlaneError):
+    """What a streaming exec was asked for cannot be done by this data plane or this API server:
+    ``what`` is ``stream`` (the data plane only runs buffered commands), ``close_stdin`` (the
+    API server speaks the ``v4.channel.k8s.io`` exec protocol, which has no way to end stdin
+    alone) or ``resize`` (not a terminal). Nothing was started by the refused call."""
+
+    what: str
+
+    def _message(self) -> str:
+        return f"streaming exec cannot {self.what}: {self.detail}"
 
 
 # --------------------------------------------------------------------------------------------

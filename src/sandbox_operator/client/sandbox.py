@@ -27,9 +27,17 @@ from sandbox_operator.client.dataplane import (
     ExecResult,
     FileStat,
 )
+from sandbox_operator.client.dataplane.streaming import (
+    ChunkCallback,
+    ExecStream,
+    StreamingPlane,
+    StreamOpening,
+    StreamOptions,
+)
 from sandbox_operator.client.errors import (
     CapabilityNotRequired,
     ExecSetupError,
+    ExecStreamUnsupported,
     SandboxFileNotFound,
     SandboxNotSuspendable,
     SandboxUnclean,
@@ -231,6 +239,67 @@ class Sandbox:
             raise ExecSetupError(what="argv", detail="empty command")
         return await self._run(argv, stdin, cwd, env, timeout, max_output_bytes)
 
+    def exec_stream(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+        max_output_bytes: int | None = DEFAULT_OUTPUT_BUDGET,
+        on_stdout: ChunkCallback | None = None,
+        on_stderr: ChunkCallback | None = None,
+    ) -> StreamOpening:
+        """Run a command and hand its output over as it arrives (docs/streaming.md):
+        ``async with sandbox.exec_stream(argv) as stream: async for item in stream`` gives
+        :class:`OutputChunk` items, then one :class:`ExitStatus`. ``stdin=True`` lets the caller
+        feed it (``write_stdin``, ``close_stdin``); ``tty=True`` runs it on a terminal (stdin
+        too, one output stream, ``resize``). ``command``, ``cwd`` and ``env`` as for
+        :meth:`exec`; ``timeout`` and ``max_output_bytes`` bound it as they bound :meth:`exec`
+        (None: no bound, for a person's terminal). A timeout, an output over the budget, a lost
+        stream, a cancellation or leaving the block before the end kill the command; one whose
+        kill fell short leaves the sandbox unclean, as for :meth:`exec`."""
+        self._gate("exec_stream", Capability.EXEC)
+        argv = ("sh", "-c", command) if isinstance(command, str) else tuple(command)
+        if not argv:
+            raise ExecSetupError(what="argv", detail="empty command")
+        cwd_abs, create = self._cwd(cwd)
+        options: StreamOptions = {
+            "cwd": cwd_abs,
+            "create_cwd": create,
+            "env": env,
+            "timeout": timeout,
+            "max_output_bytes": max_output_bytes,
+            "stdin": stdin,
+            "tty": tty,
+            "on_stdout": on_stdout,
+            "on_stderr": on_stderr,
+        }
+        return StreamOpening(lambda: self.open_stream_on_plane(argv, **options))
+
+    async def open_stream_on_plane(
+        self, argv: Sequence[str], **options: Unpack[StreamOptions]
+    ) -> ExecStream:
+        """:meth:`exec_on_plane` for a stream: started on :attr:`dataplane` as given, under the
+        unclean rule (every error the stream raises, and a stop before its end, is judged by
+        it)."""
+        if self.unclean is not None:
+            raise SandboxUnclean(sandbox=self.name, reason=self.unclean)
+        plane = self.dataplane
+        if not isinstance(plane, StreamingPlane):
+            raise ExecStreamUnsupported(
+                "this sandbox's data plane runs buffered commands only", what="stream"
+            )
+        try:
+            stream = await plane.open_stream(argv, **options)
+        except BaseException as exc:
+            self._judge(exc)
+            raise
+        stream.judge = self._judge
+        return stream
+
     async def run_code(
         self,
         code: str,
@@ -286,10 +355,14 @@ class Sandbox:
         try:
             return await self.dataplane.exec(argv, **options)
         except BaseException as exc:
-            reason = unclean_reason(exc)
-            if reason is not None:
-                self._become_unclean(reason)
+            self._judge(exc)
             raise
+
+    def _judge(self, exc: BaseException) -> None:
+        """The unclean rule on one exec's error (buffered or streamed)."""
+        reason = unclean_reason(exc)
+        if reason is not None:
+            self._become_unclean(reason)
 
     def _become_unclean(self, reason: str) -> None:
         """Something may still run in the sandbox that no caller owns: a failed run over leaked

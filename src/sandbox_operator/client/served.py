@@ -23,7 +23,13 @@ from sandbox_operator.client.dataplane import (
     ExecResult,
     FileStat,
 )
-from sandbox_operator.client.errors import DataPlaneError, ExecQueuedTimeout, SandboxSuspended
+from sandbox_operator.client.dataplane.streaming import ExecStream, StreamingPlane, StreamOptions
+from sandbox_operator.client.errors import (
+    DataPlaneError,
+    ExecQueuedTimeout,
+    ExecStreamUnsupported,
+    SandboxSuspended,
+)
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import served_by as served_by_of
 from sandbox_operator.contract.resources import ServedBy
@@ -150,6 +156,20 @@ class ServedPlane:
         left = timeout - waited
         ran: ExecOptions = {**options, "timeout": left}
         return await self._call(lambda p: p.exec(argv, **ran), plane)
+
+    async def open_stream(
+        self, argv: Sequence[str], **options: Unpack[StreamOptions]
+    ) -> ExecStream:
+        """Start a stream on the live plane, resuming first when suspended. Its ``timeout``
+        counts from the command's start (a person's terminal waits for the resume as it would
+        for the connection)."""
+        plane = await self._live()
+        if not isinstance(plane, StreamingPlane):
+            raise ExecStreamUnsupported(
+                "this sandbox's data plane runs buffered commands only", what="stream"
+            )
+        streaming = plane
+        return await self._call(lambda _: streaming.open_stream(argv, **options), plane)
 
     async def write_file(
         self, work_dir: str, relative: str, data: bytes, *, replace: bool = True

@@ -17,11 +17,18 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeAlias, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeAlias, TypeVar, Unpack
 
 from sandbox_operator.client.client import CarriesHostTools, SandboxClient
+from sandbox_operator.client.dataplane import DEFAULT_OUTPUT_BUDGET
+from sandbox_operator.client.dataplane.streaming import (
+    ChunkCallback,
+    ExecStream,
+    StreamItem,
+    StreamOptions,
+)
 from sandbox_operator.client.observer import EffectiveState, SandboxObserver, ToolCallContext
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import SandboxSpec
@@ -87,6 +94,48 @@ def _blocking(
     return call
 
 
+class SyncExecStream:
+    """Blocking twin of :class:`~sandbox_operator.client.dataplane.streaming.ExecStream`."""
+
+    def __init__(self, aio: ExecStream, loop: _Loop) -> None:
+        self.aio = aio
+        self._loop = loop
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.aio.exit_code
+
+    def __iter__(self) -> Iterator[StreamItem]:
+        return self
+
+    def __next__(self) -> StreamItem:
+        try:
+            return self._loop.run(self.aio.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def write_stdin(self, data: bytes | str) -> None:
+        self._loop.run(self.aio.write_stdin(data))
+
+    def close_stdin(self) -> None:
+        self._loop.run(self.aio.close_stdin())
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._loop.run(self.aio.resize(cols, rows))
+
+    def wait(self) -> int:
+        return self._loop.run(self.aio.wait())
+
+    def close(self) -> None:
+        self._loop.run(self.aio.aclose())
+
+    def __enter__(self) -> SyncExecStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class SyncSandbox(_Twin[Sandbox]):
     """Blocking twin of :class:`Sandbox`."""
 
@@ -120,6 +169,44 @@ class SyncSandbox(_Twin[Sandbox]):
 
     exec = _blocking(Sandbox.exec)
     exec_on_plane = _blocking(Sandbox.exec_on_plane)
+
+    def exec_stream(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        tty: bool = False,
+        max_output_bytes: int | None = DEFAULT_OUTPUT_BUDGET,
+        on_stdout: ChunkCallback | None = None,
+        on_stderr: ChunkCallback | None = None,
+    ) -> SyncExecStream:
+        """:meth:`Sandbox.exec_stream`, started at once: a blocking iterator of the same items
+        and a context manager that stops it (the callbacks run on the twin's loop thread)."""
+        opening = self.aio.exec_stream(
+            command,
+            cwd=cwd,
+            timeout=timeout,
+            env=env,
+            stdin=stdin,
+            tty=tty,
+            max_output_bytes=max_output_bytes,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+        async def start() -> ExecStream:
+            return await opening
+
+        return SyncExecStream(self._run(start()), self._loop)
+
+    def open_stream_on_plane(
+        self, argv: Sequence[str], **options: Unpack[StreamOptions]
+    ) -> SyncExecStream:
+        return SyncExecStream(self._run(self.aio.open_stream_on_plane(argv, **options)), self._loop)
+
     run_code = _blocking(Sandbox.run_code)
     write_file = _blocking(Sandbox.write_file)
     write_files = _blocking(Sandbox.write_files)

@@ -23,8 +23,9 @@ from sandbox_operator.client.errors import (
 
 
 def _reached_group(delivered: bool, reach: str) -> bool:
-    """The kill reached the command's whole group, or found it already ended (``gone``)."""
-    return reach == "gone" or (delivered and reach == "group")
+    """The kill reached the command's whole group (or, for a terminal session, every process of
+    its session), or found it already ended (``gone``)."""
+    return reach == "gone" or (delivered and reach in ("group", "session"))
 
 
 def unclean_reason(exc: BaseException) -> str | None:

@@ -7,6 +7,8 @@ One protocol, several implementations, all owned by the client and handed to it
   :class:`FileStat`, :class:`DirEntry`), :class:`ExecRequest` (the checks every data plane shares).
 * :mod:`.execplane` -- :class:`ExecDataPlane`: every primitive over one "run this argv" transport,
   with the shell scripts of :mod:`.scripts`.
+* :mod:`.streaming` -- :class:`ExecStream`: a command's output as it arrives (:class:`OutputChunk`,
+  then :class:`ExitStatus`), its stdin while it runs, a terminal; over a :class:`StreamTransport`.
 * :mod:`.pod` -- :class:`PodExecTransport` over the API server's ``pods/exec``; the default for
   ``servedBy.kind: Pod``.
 * :mod:`.local` -- :class:`LocalExecTransport`: local processes, no isolation (tests only).
@@ -41,6 +43,14 @@ from sandbox_operator.client.dataplane.protocol import (
     FileStat,
     check_exec_request,
 )
+from sandbox_operator.client.dataplane.streaming import (
+    ExecStream,
+    ExitStatus,
+    OutputChunk,
+    StreamingPlane,
+    StreamItem,
+    StreamTransport,
+)
 
 __all__ = [
     "DEFAULT_OUTPUT_BUDGET",
@@ -51,13 +61,19 @@ __all__ = [
     "ExecOptions",
     "ExecRequest",
     "ExecResult",
+    "ExecStream",
     "ExecTransport",
+    "ExitStatus",
     "FileKind",
     "FileStat",
     "LocalExecTransport",
+    "OutputChunk",
     "PodExecTransport",
     "PodTarget",
     "RawResult",
+    "StreamItem",
+    "StreamTransport",
+    "StreamingPlane",
     "_exit_code",
     "_parse_size",
     "_split_header",

@@ -16,22 +16,33 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 from sandbox_operator.client.dataplane import scripts
 from sandbox_operator.client.dataplane.protocol import (
+    DEFAULT_OUTPUT_BUDGET,
     DirEntry,
     ExecRequest,
     FileStat,
+    check_exec_request,
     read_cap_exceeded,
+)
+from sandbox_operator.client.dataplane.streaming import (
+    ExecStream,
+    StreamOptions,
+    StreamTransport,
+)
+from sandbox_operator.client.dataplane.streaming import (
+    despite_cancellation as _despite_cancellation,
 )
 from sandbox_operator.client.errors import (
     DataPlaneError,
     ExecCancelled,
     ExecSetupError,
     ExecStreamLost,
+    ExecStreamUnsupported,
     PathRefused,
     SandboxFileNotFound,
     TransferIntegrityError,
@@ -77,22 +88,8 @@ class ExecTransport(Protocol):
     async def close(self) -> None: ...
 
 
-T = TypeVar("T")
-
 _HEADER = re.compile(rb"^SBX:pid:(\d+):(group|process)\n")
 _SIZE = re.compile(rb"SBX:size:(\d+)")
-
-
-async def _despite_cancellation(work: Coroutine[Any, Any, T]) -> T:
-    """Await ``work`` to its end even when the caller is cancelled again meanwhile (the kill of a
-    cancelled exec must land, not be cancelled with it)."""
-    task = asyncio.ensure_future(work)
-    while True:
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done():
-                return task.result()
 
 
 def _split_header(stderr: bytes) -> tuple[int | None, str, bytes]:
@@ -191,6 +188,60 @@ class ExecDataPlane:
             raise ExecSetupError(what="wrapper", detail=_stderr_detail(raw.stderr))
         return req.finish(raw.exit_code, raw.stdout, stderr)
 
+    async def open_stream(
+        self, argv: Sequence[str], **options: Unpack[StreamOptions]
+    ) -> ExecStream:
+        """Start ``argv`` as a stream (:mod:`.streaming`) under the wrapper every exec has
+        (:data:`~.scripts.STREAM_INNER`; a terminal's :data:`~.scripts.STREAM_TTY_OUTER`), its
+        kill this plane's :meth:`_kill`."""
+        transport = self.transport
+        if not isinstance(transport, StreamTransport):
+            raise ExecStreamUnsupported(
+                "this data plane runs buffered commands only", what="stream"
+            )
+        env = options.get("env")
+        args, env_args = check_exec_request(argv, env)
+        cwd, create = options["cwd"], options.get("create_cwd", False)
+        timeout = options.get("timeout", 60.0)
+        budget = options.get("max_output_bytes", DEFAULT_OUTPUT_BUDGET)
+        tty = options.get("tty", False)
+        stdin = tty or options.get("stdin", False)
+        req = ExecRequest(
+            args, tuple(env_args), dict(env or {}), b"", cwd, create, timeout or 0.0, budget or 0
+        )
+        wrapper = [
+            "sh",
+            "-c",
+            scripts.STREAM_TTY_OUTER if tty else scripts.EXEC_OUTER,
+            "sbx",
+            scripts.STREAM_INNER,
+            "1" if create else "0",
+            cwd,
+            "1" if stdin else "0",
+            str(len(env_args)),
+            *env_args,
+            *args,
+        ]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(timeout):
+                channel = await transport.open(wrapper, stdin=stdin, tty=tty)
+        except TimeoutError:
+            # Whether the command started is unknown and it never announced itself.
+            raise req.timed_out(b"", b"", kill_delivered=False, kill_reach="nothing") from None
+        left = None if timeout is None else max(timeout - (loop.time() - started), 0.0)
+        return ExecStream(
+            channel,
+            req,
+            self._kill,
+            tty=tty,
+            timeout=left,
+            budget=budget,
+            on_stdout=options.get("on_stdout"),
+            on_stderr=options.get("on_stderr"),
+        )
+
     async def _kill(self, pid: int | None, reach: str) -> tuple[bool, str]:
         """SIGKILL the process group led by ``pid`` (or the process; ``reach`` is which, from
         the wrapper's header): whether the sandbox accepted it, and what it reached. A group
@@ -198,9 +249,10 @@ class ExecDataPlane:
         reached it. A kill that could not be sent or failed reached ``nothing``."""
         if pid is None or pid <= 1:
             return False, "nothing"
+        script = scripts.KILL_SESSION if reach == "session" else scripts.KILL
         try:
             raw = await self.transport.run(
-                [*scripts.KILL, str(pid)],
+                [*script, str(pid)],
                 stdin=None,
                 timeout=self.op_timeout,
                 max_output=64 * 1024,
@@ -209,7 +261,7 @@ class ExecDataPlane:
             return False, "nothing"
         if raw.exit_code == 0:
             return True, reach
-        if raw.exit_code == scripts.KILL_GONE and reach == "group":
+        if raw.exit_code == scripts.KILL_GONE and reach in ("group", "session"):
             return False, "gone"
         return False, "nothing"
 

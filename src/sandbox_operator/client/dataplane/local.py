@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
+from sandbox_operator.client.dataplane.streaming import ExitStatus, OutputChunk
+from sandbox_operator.client.errors import ExecStreamUnsupported
 
 
 class LocalExecTransport:
@@ -97,8 +99,76 @@ class LocalExecTransport:
             overflowed=overflow.is_set(),
         )
 
+    async def open(self, argv: Sequence[str], *, stdin: bool, tty: bool) -> LocalExecChannel:
+        """Start ``argv`` as a stream (:mod:`.streaming`); no terminal here."""
+        if tty:
+            raise ExecStreamUnsupported("local processes run without a terminal", what="tty")
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+        )
+        return LocalExecChannel(proc)
+
     async def close(self) -> None:
         return None
+
+
+class LocalExecChannel:
+    """A local process as an :class:`~.streaming.ExecChannel`: its pipes read as they fill, its
+    exit status once both are drained. Closing it drops the pipes and leaves the command's
+    group running, as a remote transport's closed stream does, until the data plane's kill."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        self._events: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._pumps = [
+            asyncio.ensure_future(self._pump(proc.stdout, "stdout")),
+            asyncio.ensure_future(self._pump(proc.stderr, "stderr")),
+        ]
+        self._open = 2
+        self._closed = False
+
+    async def _pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        assert stream is not None
+        while chunk := await stream.read(65536):
+            self._events.put_nowait(OutputChunk("stdout" if name == "stdout" else "stderr", chunk))
+        self._events.put_nowait(None)
+
+    async def receive(self) -> OutputChunk | ExitStatus | None:
+        while self._open and not self._closed:
+            event = await self._events.get()
+            if event is not None:
+                return event
+            self._open -= 1
+        if self._closed:
+            return None
+        return ExitStatus(await self._proc.wait())
+
+    async def send_stdin(self, data: bytes) -> None:
+        if self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._proc.stdin.write(data)
+                await self._proc.stdin.drain()
+
+    async def close_stdin(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+
+    async def resize(self, cols: int, rows: int) -> None:
+        raise ExecStreamUnsupported("local processes run without a terminal", what="resize")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for pump in self._pumps:
+            pump.cancel()
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
 
 def local_dataplane(env: Mapping[str, str] | None = None) -> ExecDataPlane:

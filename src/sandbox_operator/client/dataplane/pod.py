@@ -18,7 +18,12 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
 from sandbox_operator.client.dataplane.protocol import DataPlane
-from sandbox_operator.client.errors import DataPlaneError, SandboxForbidden
+from sandbox_operator.client.dataplane.streaming import ExitStatus, OutputChunk
+from sandbox_operator.client.errors import (
+    DataPlaneError,
+    ExecStreamUnsupported,
+    SandboxForbidden,
+)
 
 
 @dataclass
@@ -29,7 +34,11 @@ class PodTarget:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_STDIN, _STDOUT, _STDERR, _ERROR = 0, 1, 2, 3
+_STDIN, _STDOUT, _STDERR, _ERROR, _RESIZE = 0, 1, 2, 3, 4
+#: ``v5.channel.k8s.io`` adds a close signal (channel 255, then the channel closed): how stdin
+#: alone is ended. Asked for first; an API server without it answers ``v4``.
+_V5, _V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
+_CLOSE = 255
 _CHUNK = 256 * 1024
 _ATTEMPTS = 3
 
@@ -122,18 +131,12 @@ class PodExecTransport:
             except TimeoutError:
                 return RawResult(None, bytes(out), bytes(err), timed_out=True)
             except aiohttp.WSServerHandshakeError as exc:
-                if exc.status == 403:
-                    raise SandboxForbidden(
-                        namespace=self.target.namespace, action="create pods/exec"
-                    ) from None
                 # The upgrade failed, so the command never started: a transient server-side
                 # failure (API server to kubelet) is safe to retry.
                 if exc.status >= 500 and attempt < _ATTEMPTS and deadline - loop.time() > 1:
                     await asyncio.sleep(0.5 * attempt)
                     continue
-                raise DataPlaneError(
-                    f"exec refused by the API server (HTTP {exc.status})"
-                ) from None
+                raise self._refused(exc) from None
             except aiohttp.ClientError as exc:
                 if started:
                     return RawResult(None, bytes(out), bytes(err))  # the stream was lost
@@ -142,8 +145,114 @@ class PodExecTransport:
             return RawResult(None, bytes(out), bytes(err), overflowed=True)
         return RawResult(_exit_code(status), bytes(out), bytes(err))
 
+    def _refused(self, exc: aiohttp.WSServerHandshakeError) -> Exception:
+        """The error of an upgrade the API server refused (the command never started)."""
+        if exc.status == 403:
+            return SandboxForbidden(namespace=self.target.namespace, action="create pods/exec")
+        return DataPlaneError(f"exec refused by the API server (HTTP {exc.status})")
+
+    async def open(self, argv: Sequence[str], *, stdin: bool, tty: bool) -> PodExecChannel:
+        """Start ``argv`` and return its open stream (:mod:`.streaming`). On a terminal, stdout
+        carries stderr too, as ``kubectl exec -t`` has it. A failed upgrade is retried as
+        :meth:`run`'s is (the command never started); the caller bounds the whole."""
+        api = CoreV1Api(self._ws)
+        kwargs: dict[str, Any] = {"_headers": {"sec-websocket-protocol": f"{_V5},{_V4}"}}
+        if self.target.container:
+            kwargs["container"] = self.target.container
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                connect: Any = await api.connect_get_namespaced_pod_exec(
+                    self.target.pod,
+                    self.target.namespace,
+                    command=list(argv),  # type: ignore[arg-type]
+                    stdin=stdin,
+                    stdout=True,
+                    stderr=not tty,
+                    tty=tty,
+                    _preload_content=False,
+                    **kwargs,
+                )
+                ws = await connect
+                break
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status >= 500 and attempt < _ATTEMPTS:
+                    await asyncio.sleep(0.5 * attempt)
+                    continue
+                raise self._refused(exc) from None
+            except aiohttp.ClientError as exc:
+                raise DataPlaneError(f"exec transport failed: {type(exc).__name__}") from None
+        response = getattr(ws, "_response", None)
+        chosen = response.headers.get("Sec-WebSocket-Protocol", "") if response else ""
+        return PodExecChannel(ws, can_close_stdin=chosen.strip() == _V5)
+
     async def close(self) -> None:
         return None
+
+
+class PodExecChannel:
+    """One open ``pods/exec`` websocket as an :class:`~.streaming.ExecChannel`: frames in as
+    typed events, stdin (channel 0), its end (the ``v5`` close signal) and the window size
+    (channel 4, a terminal's) out."""
+
+    def __init__(self, ws: Any, *, can_close_stdin: bool) -> None:
+        self._ws = ws
+        self.can_close_stdin = can_close_stdin
+        self._status = b""
+
+    async def receive(self) -> OutputChunk | ExitStatus | None:
+        while True:
+            try:
+                msg = await self._ws.receive()
+            except (aiohttp.ClientError, RuntimeError):
+                return None
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                data: bytes = msg.data
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                data = msg.data.encode("utf-8")
+            else:
+                # Closed: the status that came before it, if any, is the command's end.
+                if not self._status:
+                    return None
+                code = _exit_code(self._status)
+                return None if code is None else ExitStatus(code)
+            if not data:
+                continue
+            channel, payload = data[0], data[1:]
+            if channel == _STDOUT and payload:
+                return OutputChunk("stdout", payload)
+            if channel == _STDERR and payload:
+                return OutputChunk("stderr", payload)
+            if channel == _ERROR:
+                self._status += payload
+
+    async def _send(self, frame: bytes) -> None:
+        """One frame out; a stream already closed or lost is a :class:`DataPlaneError` (what
+        became of the command, the next read says)."""
+        try:
+            await self._ws.send_bytes(frame)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError):
+            raise DataPlaneError("the exec stream is closed") from None
+
+    async def send_stdin(self, data: bytes) -> None:
+        for i in range(0, len(data), _CHUNK):
+            await self._send(bytes([_STDIN]) + data[i : i + _CHUNK])
+
+    async def close_stdin(self) -> None:
+        if not self.can_close_stdin:
+            raise ExecStreamUnsupported(
+                f"the API server speaks {_V4}, which cannot end stdin alone", what="close_stdin"
+            )
+        await self._send(bytes([_CLOSE, _STDIN]))
+
+    async def resize(self, cols: int, rows: int) -> None:
+        size = json.dumps({"Width": int(cols), "Height": int(rows)}).encode()
+        await self._send(bytes([_RESIZE]) + size)
+
+    async def close(self) -> None:
+        if not self._ws.closed:
+            await self._ws.close()
 
 
 async def _send_stdin(ws: Any, data: bytes) -> None:

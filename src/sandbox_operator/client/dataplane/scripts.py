@@ -179,3 +179,50 @@ exit 1
     "sbx",
 )
 KILL_GONE = 3
+
+# Streaming exec (:mod:`.streaming`). The same outer wrapper starts :data:`STREAM_INNER`, which
+# announces the pid like :data:`EXEC_INNER`, then a second line once its setup is done
+# (``SBX:run``) or the setup's refusal (``SBX:err:<what>``, exit 125), so a stream never hands a
+# caller the wrapper's own lines. Stdin is the stream's own (``$4 = 1``) and reaches its EOF when
+# the caller closes it, or is ``/dev/null``.
+STREAM_INNER = r"""printf 'SBX:pid:%s:%s\n' "$$" "$1" >&2
+mk=$2; cwd=$3; sin=$4; ne=$5; shift 5
+if [ "$mk" = 1 ] && [ ! -d "$cwd" ]; then mkdir -p "$cwd" 2>/dev/null; fi
+cd "$cwd" 2>/dev/null || { printf 'SBX:err:cwd\n' >&2; exit 125; }
+while [ "$ne" -gt 0 ]; do export "$1" || { printf 'SBX:err:env\n' >&2; exit 125; }
+shift; ne=$((ne - 1)); done
+printf 'SBX:run\n' >&2
+if [ "$sin" = 1 ]; then exec "$@"; else exec "$@" </dev/null; fi
+"""
+
+# A terminal session (``tty``). The exec's process leads a session of its own with the terminal
+# as its controlling tty (runc and gVisor make it so): the wrapper keeps that, ``exec``\ing the
+# inner script in the same process, and announces ``session``, so the kill reaches everything
+# the session started, jobs in process groups of their own included (:data:`KILL_SESSION`).
+# Where the process is not a session leader, it falls back to :data:`EXEC_OUTER`'s ``setsid``.
+STREAM_TTY_OUTER = r"""s=$1; shift
+sid=$(read -r l < /proc/$$/stat && set -- ${l##*') '} && echo "$4")
+if [ "$sid" = "$$" ]; then exec sh -c "$s" sbx session "$@"; fi
+if command -v setsid >/dev/null 2>&1; then setsid sh -c "$s" sbx group "$@"
+else sh -c "$s" sbx process "$@"; fi
+exit $?
+"""
+
+#: Kills every process of the session led by ``$1`` (read from ``/proc/<pid>/stat``), exits 0
+#: when one was signalled, :data:`KILL_GONE` when none is left, 1 when a kill failed.
+KILL_SESSION = (
+    "sh",
+    "-c",
+    r"""s=$1; hit=0; bad=0
+for d in /proc/[0-9]*; do
+  read -r l < "$d/stat" 2>/dev/null || continue
+  set -- ${l##*') '}
+  [ "$4" = "$s" ] || continue
+  if kill -9 "${d#/proc/}" 2>/dev/null; then hit=1; elif [ -d "$d" ]; then bad=1; fi
+done
+[ "$bad" = 1 ] && exit 1
+[ "$hit" = 1 ] && exit 0
+exit 3
+""",
+    "sbx",
+)
