@@ -474,6 +474,7 @@ def test_managed_egress_proxy_objects_are_granted_by_name(
     """With config.egressProxy the operator may create and patch exactly the proxy's objects,
     by their one name, and read its Service; nothing at all without it."""
     values = {} if cluster_wide else {"watchNamespaces": "{team-a,team-b}"}
+    values["sealIdlePoolPods"] = "false"  # its by-name grant: below
     objs = template(values, values_files=[managed_proxy_values(tmp_path)])
     kind = "ClusterRole" if cluster_wide else "Role"
     named = named_grants(objs)
@@ -518,3 +519,21 @@ def test_published_configmap_is_granted_by_name(cluster_wide: bool) -> None:
     expected = {"*"} if cluster_wide else {"team-a", "team-b"}
     assert where == dict.fromkeys(expected, wanted)
     assert not {g for g in chart_grants(objs) if g[1] == "configmaps"}  # nothing unnamed
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
+def test_the_seal_policies_are_read_by_name(cluster_wide: bool) -> None:
+    """(#36 item 2) The operator watches the two policies sealing idle pool pods and their
+    bindings (reconcile/seal.py), by name, cluster-wide (they are cluster-scoped); nothing
+    without sealIdlePoolPods."""
+    values = {} if cluster_wide else {"watchNamespaces": "{team-a}"}
+    named = named_grants(template(values))
+    names = ("so-sandbox-operator-sealed-pool-pods", "so-sandbox-operator-sealed-pool-pods-update")
+    for name in names:
+        assert named[("ClusterRole", name)] == {
+            ("admissionregistration.k8s.io", resource, verb)
+            for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+            for verb in ("get", "list", "watch")
+        }
+    off = named_grants(template({**values, "sealIdlePoolPods": "false"}))
+    assert not [k for k in off if k[1] in names]
