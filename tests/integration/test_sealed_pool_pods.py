@@ -17,12 +17,11 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.fixtures.chart import template
 from tests.fixtures.cluster import TEST_LABEL, kubectl_command
+from tests.fixtures.seal import applied_seal
 
 pytestmark = [pytest.mark.integration]
 
@@ -36,42 +35,26 @@ def sealed_namespace(core_v1: client.CoreV1Api, kubeconfig: str) -> Iterator[tup
     its name and the release's operator identity. Not labelled served-by: that label exempts
     a namespace (another operator seals it)."""
     ns = f"t-sealed-{uuid.uuid4().hex[:6]}"
-    release = f"t-seal-{uuid.uuid4().hex[:6]}"
     core_v1.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels={TEST_LABEL: "true"}))
     )
-    objs = [
-        o
-        for o in template({"watchNamespaces": f"{{{ns}}}"}, release=release, namespace=ns)
-        if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "warm-pools"
-    ]
-    assert {o["kind"] for o in objs} == {
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    }, objs
-    kubectl = kubectl_command(kubeconfig)
-    manifest = yaml.safe_dump_all(objs)
-    subprocess.run(
-        [*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True
-    )
-    operator = f"system:serviceaccount:{ns}:{release}-sandbox-operator"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                core_v1.read_namespaced_service_account("default", ns)
-                break
-            except ApiException as exc:
-                assert exc.status == 404 and time.monotonic() < deadline, exc
-                time.sleep(0.2)
-        yield ns, operator
+        with applied_seal(kubeconfig, ns) as (policy, objs):
+            assert {o["kind"] for o in objs} == {
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            }, objs
+            account = policy.removesuffix("-sealed-pool-pods")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    core_v1.read_namespaced_service_account("default", ns)
+                    break
+                except ApiException as exc:
+                    assert exc.status == 404 and time.monotonic() < deadline, exc
+                    time.sleep(0.2)
+            yield ns, f"system:serviceaccount:{ns}:{account}"
     finally:
-        subprocess.run(
-            [*kubectl, "delete", "--ignore-not-found", "-f", "-"],
-            input=manifest,
-            text=True,
-            capture_output=True,
-        )
         core_v1.delete_namespace(ns, propagation_policy="Background")
 
 
