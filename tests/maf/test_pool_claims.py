@@ -1,0 +1,172 @@
+"""maf tool calls served from a warm pool whose pods the operator vouches for (#36 item 2).
+
+With the chart's seal on idle pool pods in force and checked (``--pool-seal``), a Sandbox the
+backend's acquire creates from a pool records ``sealedUntilClaim`` and the backend reports it
+``freshly_created``: maf's router then uses it as it is, one Sandbox per acquire, instead of
+treating it as unfamiliar (disposal and a second acquire). maf's guest suites pass on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import maf_sandbox as maf
+import pytest
+from kubernetes import client
+from maf_sandbox import conformance
+from tests.fixtures.cluster import kubectl_command
+from tests.fixtures.maf_cluster import Served, serving
+from tests.fixtures.operator import BUSYBOX, GROUP, VERSION, Kit, local_config
+from tests.fixtures.seal import applied_seal, whoami
+
+from sandbox_operator import contract
+from sandbox_operator.client import SandboxClient
+from sandbox_operator.maf import OperatorBackend, OperatorSandbox
+from sandbox_operator.maf._translate import operator_spec
+from sandbox_operator.reconcile.seal import SETTLE
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+WORK = "/tmp/work"
+SPEC = maf.SandboxSpec(
+    kind="pooled", image=BUSYBOX, work_dir=WORK, requires=frozenset({maf.Capability.EXEC})
+)
+POOL = "warm"
+
+
+def _wait(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def sealed(
+    kubeconfig: str,
+    crds: None,
+    api_client: client.ApiClient,
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    """A runc operator checking the seal on its namespace's idle pool pods, and a full pool of
+    the spec's shape made after the seal took effect."""
+    seal = contextlib.ExitStack()
+    policy: list[str] = []
+
+    def before_start(ns: str) -> None:
+        name, _ = seal.enter_context(
+            applied_seal(kubeconfig, ns, identity=whoami(api_client), label_exempt=False)
+        )
+        policy.append(name)
+
+    runc = [b for b in local_config()["backends"] if b["name"] == "runc"]
+    with (
+        seal,
+        serving(
+            "pool-runc",
+            lambda _ns: local_config(floor="container", backends=runc),
+            kubeconfig=kubeconfig,
+            core_v1=core_v1,
+            custom_objects=custom_objects,
+            tmp=tmp_path_factory.mktemp("maf-pool"),
+            before_start=before_start,
+            args_for=lambda _ns: ("--standalone", f"--pool-seal={policy[0]}"),
+        ) as served,
+    ):
+        _wait(lambda: "idle pool pods sealed by" in served.operator.log(), 30, "the seal judged")
+        time.sleep(SETTLE.total_seconds() + 1)  # pods made before are not covered
+        fields = operator_spec(SPEC).model_dump(
+            include=set(contract.WARM_POOL_TEMPLATE_FIELDS), exclude_unset=True
+        )
+        template = contract.WarmPoolTemplate.model_validate(fields).to_wire()
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": POOL},
+            "spec": {"replicas": 2, "maxCreating": 2, "template": template},
+        }
+        custom_objects.create_namespaced_custom_object(
+            GROUP, VERSION, served.namespace, "sandboxwarmpools", body
+        )
+        kit = Kit(custom_objects, core_v1, served.namespace)
+        _wait(
+            lambda: (
+                ((kit.get(POOL, "sandboxwarmpools") or {}).get("status") or {}).get("readyReplicas")
+                == 2
+            ),
+            180,
+            "the pool full",
+        )
+        yield served
+
+
+@pytest.fixture
+async def backend(sealed: Served) -> AsyncIterator[OperatorBackend]:
+    sc = await SandboxClient.from_kubeconfig(sealed.namespace, kubeconfig=sealed.kubeconfig)
+    try:
+        yield await OperatorBackend.connect(sc, backend="runc")
+    finally:
+        await sc.close()
+
+
+def _sandboxes(sealed: Served) -> list[dict[str, Any]]:
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [*kubectl_command(sealed.kubeconfig), "get", "sandboxes", "-n", sealed.namespace,
+         "-o", "json"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+async def test_a_sealed_pool_claim_is_freshly_created_and_the_router_keeps_it(
+    sealed: Served, backend: OperatorBackend
+) -> None:
+    router = maf.SandboxRouter([backend], min_isolation=maf.Isolation.CONTAINER)  # runc
+    key = maf.SandboxKey("tenant", f"thread-{uuid.uuid4().hex[:6]}", "agent", "")
+    sandbox = await router.acquire(key, SPEC)
+    try:
+        assert isinstance(sandbox, OperatorSandbox)
+        assert sandbox.freshly_created is True
+        (obj,) = [o for o in _sandboxes(sealed) if o["metadata"]["name"] == sandbox.name]
+        status = obj["status"]
+        assert status["servedFrom"] == f"SandboxWarmPool/{POOL}", status
+        assert status["sealedUntilClaim"] is True, status
+        # One Sandbox for the acquire: the router did not dispose it and acquire again.
+        assert len(_sandboxes(sealed)) == 1
+        subject = conformance.PosixGuestSubject(
+            sandbox, WORK, backend.declarations.capabilities, exec_timeout=60
+        )
+        failures = [
+            f"{r.probe.name}: {r.failure}"
+            for r in await conformance.run_exec_probes(subject)
+            if r.failure is not None
+        ]
+        assert not failures, failures
+    finally:
+        await router.dispose(key)
+
+
+async def test_fresh_acquire_from_a_sealed_pool(sealed: Served, backend: OperatorBackend) -> None:
+    """maf's fresh-acquire suite on a pool claim: fresh when new, not when reacquired."""
+    key = maf.SandboxKey("tenant", f"thread-{uuid.uuid4().hex[:6]}", "agent", "")
+    first = await backend.acquire(key, SPEC)
+    try:
+        status = next(
+            o["status"] for o in _sandboxes(sealed) if o["metadata"]["name"] == first.name
+        )
+        assert status["servedFrom"] == f"SandboxWarmPool/{POOL}", status
+        await conformance.assert_fresh_acquire_conformance(
+            first, lambda: backend.acquire(key, SPEC)
+        )
+    finally:
+        assert await backend.dispose(key) is None
