@@ -6,6 +6,7 @@ local node under runc and gVisor. Prints a table per run.
     .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
     .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, ~1-2 min
     .venv-maf/bin/python benchmarks/maf.py --fast-disposal  # pod.disposalGracePeriodSeconds: 0
+    .venv-maf/bin/python benchmarks/maf.py --seal         # idle pool pods sealed (#36 item 2)
     .venv-maf/bin/python benchmarks/maf.py --cleanup      # remove what a killed run left
 
 Python 3.12 (``.venv-maf``: maf-sandbox's floor). Needs the local cluster (``make cluster-up``)
@@ -273,6 +274,8 @@ class RuntimeBench:
         self.op: OperatorProcess | None = None
         self.client: SandboxClient | None = None
         self.router: maf.SandboxRouter | None = None
+        #: With --seal: the chart's policies sealing idle pool pods, applied for this namespace.
+        self.seal = contextlib.ExitStack()
 
     # -- setup
 
@@ -306,11 +309,15 @@ class RuntimeBench:
         cfg = workdir / "operator.yaml"
         config = operator_config(self.rt, fast_disposal=self.args.fast_disposal)
         cfg.write_text(yaml.safe_dump(config))
-        extra = ("--standalone", "--log-level", self.args.operator_log_level)
+        extra: tuple[str, ...] = ("--standalone", "--log-level", self.args.operator_log_level)
+        if self.args.seal:
+            extra += (f"--pool-seal={self.apply_seal()}",)
         self.op = OperatorProcess(cfg, ns, workdir / "operator.log", self.kubeconfig, extra)
         OPERATORS.append(self.op)
         self.op.start(wait=True)
         say(f"{self.rt}: namespace {ns}, operator log {self.op.log_path}")
+        if self.args.seal:
+            await self.wait_sealed()
         self.client = await SandboxClient.from_kubeconfig(ns, kubeconfig=self.kubeconfig)
         await self.client.create_scope(scope=SCOPE, thread_id=self.thread)
         await self.put_pool(self.args.pool_replicas)
@@ -325,6 +332,32 @@ class RuntimeBench:
             self.router = maf.SandboxRouter(
                 [adapter], min_isolation=maf.Isolation(RUNTIMES[self.rt])
             )
+
+    def apply_seal(self) -> str:
+        """The chart's seal on idle pool pods for this namespace, exempting the identity the
+        operator runs as (this script's); the policy's name for ``--pool-seal``."""
+        from kubernetes import config as kube_config
+
+        from tests.fixtures.seal import applied_seal, whoami
+
+        identity = whoami(kube_config.new_client_from_config(self.kubeconfig))
+        policy, _ = self.seal.enter_context(
+            applied_seal(self.kubeconfig, self.ns, identity=identity, label_exempt=False)
+        )
+        return policy
+
+    async def wait_sealed(self) -> None:
+        """Until the operator has judged the seal, then its settling time: pool pods made
+        before it are not vouched for (reconcile/seal.py)."""
+        from sandbox_operator.reconcile.seal import SETTLE
+
+        assert self.op is not None
+        deadline = time.monotonic() + 60
+        while "idle pool pods sealed by" not in self.op.log():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the operator never judged the seal sealing (see its log)")
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(SETTLE.total_seconds() + 1)
 
     async def connect(self) -> OperatorBackend:
         """The adapter, once the operator has published its backends (it writes the ConfigMap
@@ -490,6 +523,7 @@ class RuntimeBench:
             w.cancel()
         await asyncio.gather(*self.watches, return_exceptions=True)
         await teardown(self.kube, [self.ns], self.op)
+        self.seal.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -552,6 +586,12 @@ def report(results: list[RuntimeResult], args: argparse.Namespace) -> str:
             "pod.disposalGracePeriodSeconds 0 (--fast-disposal: the node not waited for)"
             if args.fast_disposal
             else "the default (the pod's own grace, waited for until the node stopped it)"
+        ),
+        "idle pool pods: "
+        + (
+            "sealed until claimed, checked by the operator (--seal: maf's claims are fresh)"
+            if args.seal
+            else "not sealed (maf's router disposes a pool claim and acquires again)"
         ),
         table(header, rows),
     ]
@@ -659,6 +699,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the backend's pod.disposalGracePeriodSeconds: 0 (docs/disposal.md's opt-in); "
         "default: the disposal the configuration gives by default",
+    )
+    p.add_argument(
+        "--seal",
+        action="store_true",
+        help="the chart's seal on idle pool pods, checked by the operator (--pool-seal): maf's "
+        "pool claims are then freshly created (docs/warm-pools.md)",
     )
     p.add_argument("--smoke", action="store_true", help="CI: runc, count 2")
     p.add_argument("--cleanup", action="store_true", help="only delete what earlier runs left")

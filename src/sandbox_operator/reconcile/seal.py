@@ -143,10 +143,17 @@ def _judge_binding(name: str, binding: Mapping[str, Any] | None, *, params: bool
 
 
 def _changed_at(obj: Mapping[str, Any]) -> datetime | None:
-    """The last time anyone wrote the object: its creation or its newest managed-fields entry."""
+    """The last time anyone changed what the object enforces: its creation or its newest
+    managed-fields entry, but for its status (the API server records a policy's type checking
+    there, seconds after any change: that changes nothing enforced, and counting it would leave
+    the pods made meanwhile unvouched)."""
     meta = kubeobj.meta(obj)
     times = [parse_time(meta.get("creationTimestamp"))]
-    times += [parse_time(m.get("time")) for m in meta.get("managedFields") or []]
+    times += [
+        parse_time(m.get("time"))
+        for m in meta.get("managedFields") or []
+        if m.get("subresource") != "status"
+    ]
     known = [t for t in times if t is not None]
     return max(known) if known else None
 
