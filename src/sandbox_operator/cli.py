@@ -267,7 +267,8 @@ def _run(args: argparse.Namespace) -> int:
 def _start_metrics(host: str, port: int) -> None:
     """Serve /metrics and count kopf's own API requests. Metrics are not worth an outage: an
     address that cannot be bound is reported and the operator runs without the endpoint."""
-    from sandbox_operator.metrics import instrument_kopf, start_metrics_server
+    from sandbox_operator.metrics.kopf_session import instrument_kopf
+    from sandbox_operator.metrics.server import start_metrics_server
 
     try:
         start_metrics_server(host, port)

@@ -46,7 +46,7 @@ from sandbox_operator.backends.runtimeclass.config import (
     RuntimeClassBackendConfig,
 )
 from sandbox_operator.contract import ConfigurationError, HostPolicy
-from sandbox_operator.contract.models import ContractModel
+from sandbox_operator.contract.base import ContractModel
 from sandbox_operator.egress.config import (
     HostAlias,
     ManagedEgressProxySettings,

@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sandbox_operator.contract import RESOURCE_NAMES, ConditionType
-from sandbox_operator.contract.models import (
-    DRIVE_LETTER_PATTERN,
+from sandbox_operator.contract.base import LABEL_KEY_MAX_LENGTH
+from sandbox_operator.contract.egresshosts import (
     IP_LITERAL_PATTERN,
-    LABEL_KEY_MAX_LENGTH,
     LOOPBACK_SUFFIX,
     METADATA_HOSTS,
+)
+from sandbox_operator.contract.workdir import (
+    DRIVE_LETTER_PATTERN,
     POSIX_SYSTEM_WORK_DIR_PATTERN,
     UNNORMALISED_WORK_DIR_PATTERN,
     WINDOWS_ALIAS_WORK_DIR_PATTERN,

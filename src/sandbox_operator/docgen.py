@@ -43,6 +43,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from sandbox_operator import metrics as metrics_module
 from sandbox_operator.contract import conditions as conditions_module
+from sandbox_operator.metrics.census import SandboxCensus
 
 #: The chart's file of the operator's RBAC rules, relative to the repository root.
 RBAC_RULES: Final = Path("charts/sandbox-operator/templates/_rbac_rules.tpl")
@@ -117,7 +118,7 @@ def _shape(value: object) -> MetricShape | None:
     prometheus_client has no public accessor for a metric's label names and buckets, so they are
     read from its attributes (``_labelnames``, ``_upper_bounds``); tests/unit/test_docgen.py
     holds the result to what the metrics expose at a scrape, so a change there fails loudly."""
-    if isinstance(value, metrics_module.SandboxCensus):
+    if isinstance(value, SandboxCensus):
         return MetricShape(value.NAME, "gauge", tuple(value.LABELS))
     if not isinstance(value, MetricWrapperBase):
         return None

@@ -42,7 +42,7 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator.backends.base import SandboxRef
 from sandbox_operator.backends.egress_proxy import ManagedEgressProxy, ProxyError
 from sandbox_operator.config import ManagedEgressProxySettings
-from sandbox_operator.egress.kube import COMPONENT
+from sandbox_operator.egress.events import COMPONENT
 from sandbox_operator.egress.probe import (
     ProbeTarget,
     Via,

@@ -33,16 +33,13 @@ from sandbox_operator.client.hosttools import (
     Identity,
     host_tool,
 )
-from sandbox_operator.client.hosttools.channel import (
-    guest_run_layout,
-    reclaim_run,
-    run_with_host_tools,
-)
+from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
 from sandbox_operator.client.hosttools.errors import (
     HostToolDeliveryUncertain,
     HostToolRunTimeout,
     SignalOutcome,
 )
+from sandbox_operator.client.hosttools.layout import guest_run_layout
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import Capability, SandboxSpec, TransferLimits
 from tests.fixtures.guest_programs import LEAVES_AN_INJECTOR

@@ -2,11 +2,12 @@
 real operator (issue 13, Deliver 8).
 
 The specs are generated with hypothesis, derandomized (the same list on every run with the same
-hypothesis version): valid specs built from the contract's constraints (``contract/models.py``,
-``contract/resources.py``), specs the host policy refuses, and specs with one to three hostile
-values (control and invisible characters, unicode, very long strings, huge and negative numbers,
-wrong types, unknown fields, nulls, missing fields, duplicates, globs, system and Windows work
-dirs, IP literals and metadata names in ``egressAllow``, quantities Kubernetes does not know).
+hypothesis version): valid specs built from the contract's constraints (``contract/models.py``
+and the modules it builds on, ``contract/resources.py``), specs the host policy refuses, and
+specs with one to three hostile values (control and invisible characters, unicode, very long
+strings, huge and negative numbers, wrong types, unknown fields, nulls, missing fields,
+duplicates, globs, system and Windows work dirs, IP literals and metadata names in
+``egressAllow``, quantities Kubernetes does not know).
 They are created 16 at a time in one namespace served by the operator (a subprocess, as in every
 e2e test) whose two backends run on kwok's fake nodes, so an admitted Sandbox becomes Ready
 without a container. Each spec ends as one of:
@@ -68,7 +69,7 @@ from pydantic import ValidationError
 
 from sandbox_operator.contract import ConditionReason
 from sandbox_operator.contract.errors import RefusalReason
-from sandbox_operator.contract.models import parse_quantity
+from sandbox_operator.contract.quantities import parse_quantity
 from sandbox_operator.contract.resources import SandboxResourceSpec, SandboxScopeResourceSpec
 from tests.fixtures.operator import GROUP, VERSION, Kit, OperatorProcess, local_config
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.reconcile import sandbox as sandbox_reconciler
 from sandbox_operator.reconcile.handlers import NoDiffBase, NoProgress
+from sandbox_operator.reconcile.metadata import annotations_fit
 from sandbox_operator.reconcile.runtime import FINALIZER
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE, Views
 from tests.fixtures.chart import template
@@ -90,7 +90,7 @@ def test_the_views_keep_the_annotations_size_only_when_it_is_large() -> None:
 
 
 def test_key_annotations_are_left_out_when_they_would_not_fit() -> None:
-    fit = sandbox_reconciler._annotations_fit
+    fit = annotations_fit
     adding = {lbl.CALL_ANNOTATION: "c" * 100}
     assert fit({}, adding)
     near = lbl.ANNOTATIONS_LIMIT_BYTES - 16

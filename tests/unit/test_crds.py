@@ -444,7 +444,7 @@ WORK_DIRS = [
 
 @pytest.mark.parametrize("work_dir", WORK_DIRS)
 def test_work_dir_rules_and_the_model_agree(work_dir: str) -> None:
-    from sandbox_operator.contract.models import work_dir_problem
+    from sandbox_operator.contract.workdir import work_dir_problem
 
     node = spec_schema(SANDBOX_FILE)["properties"]["workDir"]
     cel_ok = all(evaluate(r, work_dir) for r in rules(node))
@@ -466,7 +466,7 @@ def test_work_dir_rules_and_the_model_agree(work_dir: str) -> None:
     ],
 )
 def test_egress_host_rules_and_the_model_agree(host: str) -> None:
-    from sandbox_operator.contract.models import egress_host_problem
+    from sandbox_operator.contract.egresshosts import egress_host_problem
 
     items = spec_schema(SANDBOX_FILE)["properties"]["egressAllow"]["items"]
     # The wildcard rule needs CEL's strings extension (substring), which cel-python lacks; the

@@ -314,7 +314,7 @@ async def test_failed_write_is_retried_next_interval_and_logs_no_secret(
     await c.sync_once()
     c.custom.fail_with = 500  # type: ignore[attr-defined]
     c.emit(decision("ns/a", "denied.test"))
-    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress"):
         await c.flush_summaries()  # must not raise
     assert len(patches(c)) == 1
     assert "ns/a" in caplog.text and "500" in caplog.text
@@ -336,9 +336,9 @@ async def test_sandbox_gone_404_drops_its_summary_quietly(caplog: pytest.LogCapt
     await c.sync_once()
     c.custom.fail_with = 404  # type: ignore[attr-defined]
     c.emit(decision("ns/a", "denied.test"))
-    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress"):
         await c.flush_summaries()
-    assert [r for r in caplog.records if r.name == "sandbox_operator.egress.kube"] == []
+    assert [r for r in caplog.records if r.name.startswith("sandbox_operator.egress")] == []
     assert c.summary_status("ns/a") is None
     clock.now += 60
     await c.flush_summaries()
@@ -587,7 +587,7 @@ async def test_a_starting_proxy_reports_admissions_once_reachable_through_its_se
     server = await asyncio.start_server(lambda r, w: accepted.append(1) or w.close(),
                                         "127.0.0.1", port)  # fmt: skip
     try:
-        with caplog.at_level(logging.INFO, logger="sandbox_operator.egress.kube"):
+        with caplog.at_level(logging.INFO, logger="sandbox_operator.egress"):
             await c.announce()
         await c.flush_summaries()
         assert c.reachable and len(patches(c)) == 1 and egress_of(patches(c)[0])["admitted"]
@@ -615,7 +615,7 @@ async def test_a_proxy_that_cannot_reach_itself_reports_admissions_after_giving_
 
     c.core.read_namespaced_service = read_namespaced_service  # type: ignore[attr-defined]
     await c.sync_once()
-    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress"):
         await c.announce()
     await c.flush_summaries()
     assert c.reachable and egress_of(patches(c)[0])["admitted"]
@@ -717,7 +717,7 @@ async def test_a_failing_watch_falls_back_to_polling_and_never_stops_the_proxy(
     c = controller(items, pods, resync_seconds=0.2, watched_resync_seconds=3600)
     w = watched(c, fail={"pods": ApiError(403)})  # e.g. a Role without watch on pods
     stop = asyncio.Event()
-    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress.kube"):
+    with caplog.at_level(logging.WARNING, logger="sandbox_operator.egress"):
         task = asyncio.create_task(c.run(stop))
         try:
             w["queues"]["sandboxes"].put_nowait({"type": "ADDED", "object": {}})

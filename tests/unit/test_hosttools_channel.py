@@ -34,21 +34,20 @@ from sandbox_operator.client.hosttools import (
     Identity,
     host_tool,
 )
-from sandbox_operator.client.hosttools.channel import (
-    RESERVED_NAMES,
-    SHIM_MODULE,
-    GuestRunLayout,
-    guest_run_layout,
-    host_tool_shim,
-    reclaim_run,
-    run_with_host_tools,
-)
+from sandbox_operator.client.hosttools.channel import reclaim_run, run_with_host_tools
 from sandbox_operator.client.hosttools.errors import (
     HostToolDeliveryUncertain,
     HostToolFileNameReserved,
     HostToolRunTimeout,
     HostToolRunUnclean,
     SignalOutcome,
+)
+from sandbox_operator.client.hosttools.guest import host_tool_shim
+from sandbox_operator.client.hosttools.layout import (
+    RESERVED_NAMES,
+    SHIM_MODULE,
+    GuestRunLayout,
+    guest_run_layout,
 )
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, StoreFileRead
 from sandbox_operator.client.sandbox import Sandbox

@@ -19,17 +19,20 @@ import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
-from sandbox_operator import cli, metrics
+from sandbox_operator import apirequest, cli, metrics
+from sandbox_operator.apirequest import parse_api_request
 from sandbox_operator.metrics import (
     API_REQUESTS,
     API_RESPONSE_BYTES,
     SANDBOXES,
-    SandboxCensus,
-    instrument_api_client,
-    parse_api_request,
+    kopf_session,
     register_sandbox_census,
     track_reconcile,
 )
+from sandbox_operator.metrics import requests as request_metrics
+from sandbox_operator.metrics import server as metrics_server
+from sandbox_operator.metrics.census import SandboxCensus
+from sandbox_operator.metrics.requests import instrument_api_client
 
 GROUP = "sandbox-operator.dev"
 
@@ -314,7 +317,7 @@ async def test_a_broken_label_never_breaks_the_request(monkeypatch: pytest.Monke
     def boom(*_: Any, **__: Any) -> tuple[str, str]:
         raise ValueError("bug")
 
-    monkeypatch.setattr(metrics, "parse_api_request", boom)
+    monkeypatch.setattr(apirequest, "parse_api_request", boom)
     api.rest_client.next = SimpleNamespace(status=200, data=b"ok")
     assert (await api.rest_client.GET(NS_PODS)).data == b"ok"
 
@@ -441,7 +444,7 @@ async def test_kopf_session_counts_watches_lists_and_patches(api_server: FakeApi
     import kopf
 
     info = kopf.ConnectionInfo(server=f"http://127.0.0.1:{api_server.port}", token="tkn")
-    session = metrics.instrumented_session(info)
+    session = kopf_session.instrumented_session(info)
     base = info.server
     try:
         restarts = Delta(watch_restarts, "sandboxes")
@@ -476,7 +479,9 @@ async def test_kopf_session_counts_watches_lists_and_patches(api_server: FakeApi
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    session = metrics.instrumented_session(kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"))
+    session = kopf_session.instrumented_session(
+        kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}")
+    )
     try:
         got = Delta(requests, "list", "sandboxes", "error", "kopf")
         with pytest.raises(OSError):
@@ -492,7 +497,7 @@ async def test_kopf_and_operator_requests_are_told_apart(api_server: FakeApiServ
     base = f"http://127.0.0.1:{api_server.port}"
     ours = Delta(requests, "get", "pods", "200", "operator")
     kopfs = Delta(requests, "get", "pods", "200", "kopf")
-    session = metrics.instrumented_session(kopf.ConnectionInfo(server=base))
+    session = kopf_session.instrumented_session(kopf.ConnectionInfo(server=base))
     try:
         async with session.get(f"{base}{NS_PODS}/p1") as resp:
             await resp.read()
@@ -513,7 +518,9 @@ async def test_kopf_login_wraps_kopfs_default_credentials(monkeypatch: pytest.Mo
         server="https://10.0.0.1:443", token="tkn", default_namespace="ns", priority=7
     )
     monkeypatch.setattr(kopf, "login_via_client", lambda **_: info)
-    got = await metrics.kopf_login(logger=logging.getLogger("t"), settings=kopf.OperatorSettings())
+    got = await kopf_session.kopf_login(
+        logger=logging.getLogger("t"), settings=kopf.OperatorSettings()
+    )
     assert isinstance(got, kopf.AiohttpSession)
     assert (got.server, got.default_namespace, got.priority) == ("https://10.0.0.1:443", "ns", 7)
     try:
@@ -523,15 +530,15 @@ async def test_kopf_login_wraps_kopfs_default_credentials(monkeypatch: pytest.Mo
         await got.aiohttp_session.close()
 
     monkeypatch.setattr(kopf, "login_via_client", lambda **_: None)
-    assert await metrics.kopf_login(logger=logging.getLogger("t"), settings=None) is None
+    assert await kopf_session.kopf_login(logger=logging.getLogger("t"), settings=None) is None
 
     # A session that cannot be built: kopf still gets the credentials (uncounted).
     def broken(_: Any) -> Any:
         raise RuntimeError("no")
 
     monkeypatch.setattr(kopf, "login_via_client", lambda **_: info)
-    monkeypatch.setattr(metrics, "instrumented_session", broken)
-    assert await metrics.kopf_login(logger=logging.getLogger("t"), settings=None) is info
+    monkeypatch.setattr(kopf_session, "instrumented_session", broken)
+    assert await kopf_session.kopf_login(logger=logging.getLogger("t"), settings=None) is info
 
 
 def test_instrument_kopf_registers_one_login_handler() -> None:
@@ -540,17 +547,17 @@ def test_instrument_kopf_registers_one_login_handler() -> None:
     from kopf._core.intents.registries import SmartOperatorRegistry
 
     registry = kopf.OperatorRegistry()
-    assert metrics.instrument_kopf(registry)
-    assert metrics.instrument_kopf(registry)
+    assert kopf_session.instrument_kopf(registry)
+    assert kopf_session.instrument_kopf(registry)
     handlers = registry._activities.get_handlers(Activity.AUTHENTICATION)
     # The declared handler is the only one: kopf's fallback logins are not used besides it.
-    assert [h.fn for h in handlers] == [metrics.kopf_login]
+    assert [h.fn for h in handlers] == [kopf_session.kopf_login]
     smart = SmartOperatorRegistry()  # what kopf.run() uses by default
     fallbacks = smart._activities.get_handlers(Activity.AUTHENTICATION)
     assert [h.id for h in fallbacks] == ["login_via_client"]  # what kopf_login reuses
-    metrics.instrument_kopf(smart)
+    kopf_session.instrument_kopf(smart)
     handlers = smart._activities.get_handlers(Activity.AUTHENTICATION)
-    assert [h.fn for h in handlers] == [metrics.kopf_login]
+    assert [h.fn for h in handlers] == [kopf_session.kopf_login]
 
 
 # ---- the census ---------------------------------------------------------------------------------
@@ -697,17 +704,17 @@ def free_port() -> int:
 
 def test_metrics_server_serves_the_registry() -> None:
     port = free_port()
-    metrics.start_metrics_server("127.0.0.1", port)
+    metrics_server.start_metrics_server("127.0.0.1", port)
     try:
-        assert metrics.metrics_server_port() == port
+        assert metrics_server.metrics_server_port() == port
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         assert resp.status == 200
         assert "sandbox_operator_api_requests_total" in text
         assert "process_resident_memory_bytes" in text  # prometheus_client's own collectors
     finally:
-        metrics.stop_metrics_server()
-    assert metrics.metrics_server_port() is None
+        metrics_server.stop_metrics_server()
+    assert metrics_server.metrics_server_port() is None
 
 
 def test_metrics_server_on_a_taken_port_raises() -> None:
@@ -715,7 +722,7 @@ def test_metrics_server_on_a_taken_port_raises() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         with pytest.raises(OSError):
-            metrics.start_metrics_server("127.0.0.1", s.getsockname()[1])
+            metrics_server.start_metrics_server("127.0.0.1", s.getsockname()[1])
 
 
 def test_cli_metrics_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -732,7 +739,7 @@ def test_cli_runs_on_without_metrics_when_the_port_is_taken(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     instrumented: list[bool] = []
-    monkeypatch.setattr(metrics, "instrument_kopf", lambda: instrumented.append(True) or True)
+    monkeypatch.setattr(kopf_session, "instrument_kopf", lambda: instrumented.append(True) or True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -745,15 +752,15 @@ def test_cli_runs_on_without_metrics_when_the_port_is_taken(
         cli._start_metrics("127.0.0.1", port)
         assert instrumented == [True]
     finally:
-        metrics.stop_metrics_server()
+        metrics_server.stop_metrics_server()
 
 
 async def test_a_streamed_body_is_counted_as_it_arrives_not_only_at_its_end(monkeypatch) -> None:
     """A watch stream open for minutes shows its bytes in the interval they flowed in."""
-    monkeypatch.setattr(metrics, "STREAM_SAMPLE_SECONDS", 0.05)
+    monkeypatch.setattr(request_metrics, "STREAM_SAMPLE_SECONDS", 0.05)
     eof: list[Any] = []
     content = SimpleNamespace(total_bytes=0, on_eof=eof.append)
-    req = metrics._Request("watch", "sandboxes", "kopf")
+    req = request_metrics.LabelledRequest("watch", "sandboxes", "kopf")
 
     def counted() -> float:
         return value(
@@ -777,15 +784,15 @@ async def test_a_streamed_body_is_counted_as_it_arrives_not_only_at_its_end(monk
 async def test_the_stream_sampler_is_stopped_by_the_operators_cleanup(monkeypatch) -> None:
     """A stream still open at shutdown keeps the sampler alive; kopf would give that task five
     seconds before cancelling it, on every stop. The cleanup stops it at once."""
-    monkeypatch.setattr(metrics, "STREAM_SAMPLE_SECONDS", 0.05)
+    monkeypatch.setattr(request_metrics, "STREAM_SAMPLE_SECONDS", 0.05)
     content = SimpleNamespace(total_bytes=0, on_eof=lambda _cb: None)
-    req = metrics._Request("watch", "sandboxes", "kopf")
+    req = request_metrics.LabelledRequest("watch", "sandboxes", "kopf")
     req.read_at_eof(SimpleNamespace(content=content))  # never reaches its end
-    sampler = metrics._sampler
+    sampler = request_metrics._sampler
     assert sampler is not None and not sampler.done()
     await asyncio.sleep(0.12)
     assert not sampler.done()  # an open stream keeps it sampling
-    await metrics.stop_stream_sampler()
-    assert sampler.done() and metrics._sampler is None
-    await metrics.stop_stream_sampler()  # idempotent
-    metrics._LIVE_STREAMS.clear()
+    await request_metrics.stop_stream_sampler()
+    assert sampler.done() and request_metrics._sampler is None
+    await request_metrics.stop_stream_sampler()  # idempotent
+    request_metrics._LIVE_STREAMS.clear()

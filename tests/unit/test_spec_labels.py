@@ -19,7 +19,7 @@ from sandbox_operator.contract import (
     SandboxResourceSpec,
     SandboxSpec,
 )
-from sandbox_operator.contract.models import (
+from sandbox_operator.contract.base import (
     LABEL_KEY_MAX_LENGTH,
     LABEL_VALUE_MAX_LENGTH,
     LABELS_MAX_ITEMS,

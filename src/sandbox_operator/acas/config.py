@@ -21,7 +21,7 @@ from sandbox_operator.contract import (
     OsFamily,
     TransferLimits,
 )
-from sandbox_operator.contract.models import ContractModel
+from sandbox_operator.contract.base import ContractModel
 
 from .operations import API_VERSION, TOKEN_SCOPE
 

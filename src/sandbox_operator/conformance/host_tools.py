@@ -40,10 +40,7 @@ from sandbox_operator.client.errors import CapabilityNotRequired
 from sandbox_operator.client.hosttools import Delivery, HostToolRegistry, HostToolRun
 from sandbox_operator.client.hosttools.channel import (
     CHANNEL_CAPABILITIES,
-    SHIM_FILE,
-    GuestRunLayout,
     HostToolRunResult,
-    guest_run_layout,
     reclaim_run,
     run_with_host_tools,
 )
@@ -53,6 +50,7 @@ from sandbox_operator.client.hosttools.errors import (
     HostToolRunTimeout,
     SignalOutcome,
 )
+from sandbox_operator.client.hosttools.layout import SHIM_FILE, GuestRunLayout, guest_run_layout
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.conformance._host_tools_support import (
     FORGED_SHIM,

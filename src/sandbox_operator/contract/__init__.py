@@ -1,5 +1,6 @@
 """The sandbox contract: vocabulary, models and refusal types. Pure data, no I/O."""
 
+from .base import DEFAULT_TRANSFER_LIMITS, ContractModel, IsolationValue, TransferLimits
 from .conditions import (
     ConditionReason,
     ConditionStatus,
@@ -48,26 +49,16 @@ from .errors import (
     TransferExcess,
     TransferLimitsNotPermitted,
 )
-from .models import (
+from .hostpolicy import BackendDeclarations, DisposalFailure, HostPolicy, ResourcePolicy, ScopePurge
+from .key import SandboxKey
+from .models import Lifetime, SandboxSpec, Storage
+from .outputs import DeclaredOutput
+from .quantities import (
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_RESOURCE_REQUESTS,
-    DEFAULT_TRANSFER_LIMITS,
     RESOURCE_NAMES,
-    BackendDeclarations,
-    ContractModel,
-    DeclaredOutput,
-    DisposalFailure,
-    HostPolicy,
-    IsolationValue,
-    Lifetime,
     ResourceList,
-    ResourcePolicy,
     ResourceRequirements,
-    SandboxKey,
-    SandboxSpec,
-    ScopePurge,
-    Storage,
-    TransferLimits,
     parse_quantity,
 )
 from .resources import (

@@ -4,6 +4,7 @@ the backend declarations and the host policy all build on."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Final
 
 from pydantic import (
@@ -60,6 +61,9 @@ INVISIBLE_CHARACTERS: Final = (
 NO_CONTROL_PATTERN: Final = "^[^\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]*$"
 #: As :data:`NO_CONTROL_PATTERN`, and not empty.
 NON_EMPTY_NO_CONTROL_PATTERN: Final = "^[^\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]+$"
+#: One C0 control character, DEL or :data:`INVISIBLE_CHARACTERS`: what the validators of key
+#: parts and workDir search for, to say which rule a value broke before the pattern would.
+CONTROL_OR_INVISIBLE: Final = re.compile("[\\x00-\\x1f\\x7f" + INVISIBLE_CHARACTERS + "]")
 
 
 class ContractModel(BaseModel):

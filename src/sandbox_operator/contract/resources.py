@@ -9,23 +9,22 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .conditions import ConditionStatus
-from .enums import Egress, IsolationScope, OsFamily
-from .models import (
+from .base import (
     EGRESS_ALLOW_MAX_ITEMS,
     KEY_MAX_LENGTH,
     NO_CONTROL_PATTERN,
     NON_EMPTY_NO_CONTROL_PATTERN,
     CapabilitySet,
     ContractModel,
-    EgressHost,
     IsolationValue,
-    ResourceRequirements,
-    SandboxKey,
-    SandboxSpec,
-    ScopePurge,
-    _check_key_part,
 )
+from .conditions import ConditionStatus
+from .egresshosts import EgressHost
+from .enums import Egress, IsolationScope, OsFamily
+from .hostpolicy import ScopePurge
+from .key import SandboxKey, check_key_part
+from .models import SandboxSpec
+from .quantities import ResourceRequirements
 
 GROUP: Final = "sandbox-operator.dev"
 VERSION: Final = "v1alpha1"
@@ -217,13 +216,13 @@ class SandboxResourceSpec(SandboxSpec):
     @field_validator("agent_dir", mode="before")
     @classmethod
     def _agent_dir_clean(cls, value: object) -> object:
-        return _check_key_part(value, "agentDir") if isinstance(value, str) else value
+        return check_key_part(value, "agentDir") if isinstance(value, str) else value
 
     @field_validator("call_id", mode="before")
     @classmethod
     def _call_id_clean(cls, value: object) -> object:
         if isinstance(value, str):
-            return _check_key_part(value, "callId", allow_empty=True)
+            return check_key_part(value, "callId", allow_empty=True)
         return value
 
     @model_validator(mode="after")
@@ -386,7 +385,7 @@ class SandboxScopeResourceSpec(ContractModel):
     def _clean(cls, value: object, info: Any) -> object:
         if not isinstance(value, str):
             return value
-        return _check_key_part(value, "scope" if info.field_name == "scope" else "threadId")
+        return check_key_part(value, "scope" if info.field_name == "scope" else "threadId")
 
 
 class SandboxScopeResourceStatus(ContractModel):

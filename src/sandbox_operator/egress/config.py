@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox_operator.contract.models import ContractModel
+from sandbox_operator.contract.base import ContractModel
 from sandbox_operator.egress.hostmatch import HostPattern
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -3,37 +3,17 @@
 :class:`KubeEgressController` keeps an :class:`EgressProxy`'s sandbox table in step with the
 ``egress: allowlist`` Sandboxes of one namespace (id ``namespace/name``, the allowlist that
 admission judged, ``status.admittedEgressAllow``, the IP of the pod named in ``status.servedBy``),
-and posts the proxy's decisions as Kubernetes Events on the Sandbox they concern, rate-limited per
-Sandbox: repeats of the same (verdict, reason, host, port) are folded into one Event with a count,
-at most ``burst`` Events per Sandbox per ``interval`` seconds, and what could not be posted is
-counted in the next Event's message. Events carry the decision's one-line summary (verdict, method,
-host:port, the address used, reason): nothing secret (no path, query or credential ever reaches a
-record).
+and is the proxy's decision sink: each decision about a sandbox it serves goes to the Sandbox's
+Events (``events.py``: folded, rate-limited) and to its ``status.egress`` summary
+(``summaries.py``: counts, the newest records, ``admitted`` and ``final``). This module is the
+table and when things happen; those two say what is written.
 
-It also keeps ``status.egress`` of each such Sandbox (contract ``EgressSummary``): totals per
-verdict since the controller started, and the newest decisions with time, verdict, reason,
-method, host and port only. The resolved address and the client address are left out: status
-lives as long as the Sandbox and is read by whoever reads the Sandbox (the client library too),
-and the proxy never tells a sandbox which address a name resolved to (an ``AddressRefused``
-would otherwise show an internal address); the Events, which expire, keep the address for
-whoever debugs the proxy. A Sandbox whose decisions changed is written at most once per
-``summary_interval`` seconds, as a merge patch of ``status.egress`` alone on the status
-subresource, so the operator's own merge patches of other status fields and this one never
-overwrite each other.
-
-Each record carries ``seq``, its number among the Sandbox's decisions in this process (the
-running total at that decision), so a reader that saw up to n and now sees m knows exactly that
-m - n - 1 decisions scrolled out of ``recent`` unseen. When a Sandbox gets a
-``deletionTimestamp`` the proxy drops it from its table and writes its summary at once with
-``final``: nothing is attributed to it afterwards, so that write holds every decision this process
-made for it, and a reader that sees it knows its record is whole.
-
-Counts live in the controller, not in ``proxy.decisions``: the proxy forgets a sandbox's counters
-when it leaves the table (a pod restarting), the Sandbox's summary should not.
+When a Sandbox gets a ``deletionTimestamp`` the proxy drops it from its table and its summary is
+made final: nothing is attributed to it afterwards.
 
 Admission is reported at once: when a sandbox enters the table (or re-enters it with another pod
 IP, another allowlist, as another Sandbox object, or in a new proxy process), its summary gets
-``admitted`` (when this process admitted it) and is written without waiting for the interval.
+``admitted`` and is written without waiting for the interval.
 The operator keeps the Sandbox's Ready condition False until ``admitted`` is there, so Ready
 means "the proxy serves it" and the first request does not meet 403 ``UnknownSandbox``.
 Given its Service's name (``service``), a starting proxy reports admissions only once a TCP
@@ -59,83 +39,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sandbox_operator import kubeobj
-from sandbox_operator.contract.resources import EGRESS_RECENT_MAX_ITEMS, GROUP, VERSION
+from sandbox_operator.contract.resources import GROUP, VERSION
 from sandbox_operator.egress.config import SandboxEgress
-from sandbox_operator.egress.decisions import Decision, Verdict
+from sandbox_operator.egress.decisions import Decision
+from sandbox_operator.egress.events import DecisionEvents
 from sandbox_operator.egress.identity import IdentityConflict
 from sandbox_operator.egress.proxy import EgressProxy
+from sandbox_operator.egress.summaries import EgressSummaries
 from sandbox_operator.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
-log = logging.getLogger("sandbox_operator.egress.kube")
-
-COMPONENT = "sandbox-egress-proxy"
-EVENT_REASONS = {
-    Verdict.ALLOW: "EgressAllowed",
-    Verdict.DENY: "EgressDenied",
-    Verdict.UNREACHABLE: "EgressUnreachable",
-}
-
-
-@dataclass
-class _Pending:
-    decision: Decision
-    count: int = 1
-    first: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-
-@dataclass
-class _Budget:
-    tokens: float
-    stamp: float
-    suppressed: int = 0
-    pending: dict[tuple[str, str, str, int], _Pending] = field(default_factory=dict)
-
-
-@dataclass
-class _Summary:
-    """What ``status.egress`` of one Sandbox (one uid) says, and whether that is written yet."""
-
-    uid: str
-    counts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
-    #: the newest decisions with their number (``seq``: the running total at that decision)
-    recent: deque[tuple[int, Decision]] = field(
-        default_factory=lambda: deque(maxlen=EGRESS_RECENT_MAX_ITEMS)
-    )
-    version: int = 0  # bumped by every decision and admission
-    written: int = 0  # the version last stored
-    next_write: float = 0.0  # monotonic time before which it is not written again
-    admitted: datetime | None = None  # when this process last admitted the sandbox
-    urgent: bool = False  # an admission or the final state not written yet: do not wait
-    final: bool = False  # the Sandbox is being deleted: no longer served, nothing more counted
-
-
-def _timestamp(value: datetime, *, millis: bool = False) -> str:
-    spec = "milliseconds" if millis else "seconds"
-    return value.astimezone(UTC).isoformat(timespec=spec).replace("+00:00", "Z")
-
-
-def _record(seq: int, d: Decision) -> dict[str, Any]:
-    """A decision as status may show it: no address, no client (limits as in the CRD). ``seq``
-    is its number among the sandbox's decisions in this process, so a reader can tell exactly
-    how many it never saw."""
-    return {
-        "time": _timestamp(d.time, millis=True),
-        "verdict": str(d.verdict),
-        "reason": str(d.reason),
-        "method": d.method[:16],
-        "host": d.host[:255],
-        "port": d.port,
-        "seq": seq,
-    }
+log = logging.getLogger(__name__)
 
 
 class KubeEgressController:
@@ -170,20 +89,21 @@ class KubeEgressController:
         self._wake = asyncio.Event()  # set by a watch event: resync now
         self._watching: dict[str, bool] = {}  # per watched resource: is its watch working?
         self.syncs = 0
-        self.burst = burst
-        self.interval = interval
-        self.max_pending = max_pending
         self._applied: dict[str, SandboxEgress] = {}
         self._applied_uids: dict[str, str] = {}  # the Sandbox object each entry was admitted as
         self._uids: dict[str, str] = {}
-        self._budgets: dict[str, _Budget] = {}
-        self.events_posted = 0
-        self.clock = clock  # for the Event budgets and summary intervals (tests step it)
-        self.summary_interval = summary_interval
-        self.started = datetime.now(UTC)
+        # ``clock`` paces the Event budgets and summary intervals (tests step it). The API is
+        # reached through methods of this object, so a test may replace ``core`` and ``custom``.
+        self.events = DecisionEvents(
+            namespace,
+            self._post_event,
+            burst=burst,
+            interval=interval,
+            max_pending=max_pending,
+            clock=clock,
+        )
+        self.summaries = EgressSummaries(self._patch_status, interval=summary_interval, clock=clock)
         self._present: dict[str, str] = {}  # every Sandbox of the namespace: id -> uid
-        self._summaries: dict[str, _Summary] = {}
-        self.summaries_written = 0
         # Reachability through the proxy's own Service (see the module docstring).
         self.service = service
         self.reach_timeout = reach_timeout
@@ -193,184 +113,57 @@ class KubeEgressController:
         self._unannounced: set[str] = set()  # admitted while not reachable yet
         self._ending: dict[str, str] = {}  # Sandboxes being deleted that have a summary: id -> uid
 
-    # ---- decisions -> Events ---------------------------------------------------------------
+    # ---- decisions -> Events and status.egress ---------------------------------------------
 
     def emit(self, decision: Decision) -> None:
         """DecisionSink: never blocks; folds the decision into the Sandbox's pending Events and
-        its status summary."""
+        its status summary (only for a sandbox this controller put into the table)."""
         if not decision.sandbox or decision.sandbox not in self._applied:
             return
-        self._count(decision)
-        budget = self._budgets.setdefault(
-            decision.sandbox, _Budget(tokens=float(self.burst), stamp=self.clock())
-        )
-        key = (str(decision.verdict), str(decision.reason), decision.host, decision.port)
-        pending = budget.pending.get(key)
-        if pending is not None:
-            pending.count += 1
-            pending.decision = decision
-        elif len(budget.pending) >= self.max_pending:
-            budget.suppressed += 1
-        else:
-            budget.pending[key] = _Pending(decision)
+        self.summaries.count(decision, self._uids.get(decision.sandbox, ""))
+        self.events.fold(decision)
 
     async def flush_events(self) -> None:
-        now = self.clock()
-        for sandbox_id, budget in list(self._budgets.items()):
-            rate = self.burst / self.interval
-            budget.tokens = min(float(self.burst), budget.tokens + (now - budget.stamp) * rate)
-            budget.stamp = now
-            while budget.pending and budget.tokens >= 1:
-                key = next(iter(budget.pending))
-                item = budget.pending.pop(key)
-                budget.tokens -= 1
-                suppressed, budget.suppressed = budget.suppressed, 0
-                await self._post(sandbox_id, item, suppressed)
-            if not budget.pending and sandbox_id not in self._applied:
-                del self._budgets[sandbox_id]
-
-    async def _post(self, sandbox_id: str, item: _Pending, suppressed: int) -> None:
-        name = sandbox_id.split("/", 1)[-1]
-        uid = self._uids.get(sandbox_id, "")
-        d = item.decision
-        message = d.summary()
-        if item.count > 1:
-            message += f" (x{item.count})"
-        if suppressed:
-            message += f"; {suppressed} other decision(s) not reported (rate limit)"
-        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        body: Any = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name}.egress.{secrets.token_hex(6)}"},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "Sandbox",
-                "name": name,
-                "namespace": self.namespace,
-                "uid": uid,
-            },
-            "reason": EVENT_REASONS.get(d.verdict, "Egress"),
-            "message": message[:1000],
-            "type": "Normal" if d.verdict is Verdict.ALLOW else "Warning",
-            "count": item.count,
-            "firstTimestamp": item.first.isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "lastTimestamp": now,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-        }
-        try:
-            await self.core.create_namespaced_event(self.namespace, body)
-            self.events_posted += 1
-        except Exception as exc:  # an Event is best effort; never stops the proxy
-            log.warning("event for %s not posted: %s", sandbox_id, type(exc).__name__)
-
-    # ---- decisions -> status.egress ---------------------------------------------------------
-
-    def _summary(self, sandbox_id: str) -> _Summary:
-        uid = self._uids.get(sandbox_id, "")
-        summary = self._summaries.get(sandbox_id)
-        if summary is None or summary.uid != uid:  # first admission, or a recreated Sandbox
-            summary = self._summaries[sandbox_id] = _Summary(uid=uid)
-        return summary
-
-    def _admit(self, sandbox_id: str) -> None:
-        """Record that this process (re-)admitted the sandbox; written at the next flush."""
-        summary = self._summary(sandbox_id)
-        summary.admitted = datetime.now(UTC)
-        summary.version += 1
-        summary.urgent = True
-
-    def _end(self, sandbox_id: str, uid: str) -> None:
-        """The Sandbox is being deleted (and out of the table, so nothing more is attributed to
-        it): mark its summary final and write it at once, so the last decisions are not left to
-        the interval and a reader knows the record is whole. A summary this process does not
-        hold (it started after the last admission) is closed as an empty window of its own."""
-        summary = self._summaries.get(sandbox_id)
-        if summary is None or summary.uid != uid:
-            summary = self._summaries[sandbox_id] = _Summary(uid=uid)
-        if summary.final:
-            return
-        summary.final = True
-        summary.version += 1
-        summary.urgent = True
-        log.info("sandbox %s is being deleted: its egress summary is final", sandbox_id)
-
-    def _count(self, decision: Decision) -> None:
-        summary = self._summary(str(decision.sandbox))
-        summary.counts[decision.verdict] = summary.counts.get(decision.verdict, 0) + 1
-        summary.recent.append((sum(summary.counts.values()), decision))
-        summary.version += 1
-
-    def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
-        """``status.egress`` as it would be written now (None: neither admitted nor decided on
-        by this process yet)."""
-        summary = self._summaries.get(sandbox_id)
-        if summary is None:
-            return None
-        out: dict[str, Any] = {
-            "allowed": summary.counts[Verdict.ALLOW],
-            "denied": summary.counts[Verdict.DENY],
-            "unreachable": summary.counts[Verdict.UNREACHABLE],
-            # Milliseconds: a reader tells two proxy processes (two counting windows) apart by
-            # it, also when one restarts within the second.
-            "since": _timestamp(self.started, millis=True),
-            "updated": _timestamp(datetime.now(UTC)),
-            "recent": [_record(seq, d) for seq, d in summary.recent],
-        }
-        if summary.admitted is not None:
-            out["admitted"] = _timestamp(summary.admitted, millis=True)
-        if summary.final:
-            out["final"] = True
-        return out
+        await self.events.flush(lambda s: self._uids.get(s, ""), lambda s: s in self._applied)
 
     async def flush_summaries(self, *, force: bool = False) -> None:
-        """Write each changed summary whose interval has passed, or that holds an admission not
-        written yet (``force``: also the others, at shutdown, so the last decisions are not
-        lost); never raises. A failed admission write is retried at the interval."""
-        now = self.clock()
-        for sandbox_id, summary in list(self._summaries.items()):
-            if summary.written == summary.version:
-                continue
-            if now < summary.next_write and not (force or summary.urgent):
-                continue
-            version = summary.version
-            body = {"status": {"egress": self.summary_status(sandbox_id)}}
-            summary.next_write = now + self.summary_interval
-            summary.urgent = False
-            outcome = await self._patch_summary(sandbox_id, body)
-            if outcome == "written":
-                summary.written = version
-                self.summaries_written += 1
-            elif outcome == "gone" and self._summaries.get(sandbox_id) is summary:
-                del self._summaries[sandbox_id]
+        await self.summaries.flush(force=force)
 
-    async def _patch_summary(self, sandbox_id: str, body: dict[str, Any]) -> str:
-        name = sandbox_id.split("/", 1)[-1]
+    def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
+        """``status.egress`` of the sandbox as it would be written now (see ``summaries.py``)."""
+        return self.summaries.status(sandbox_id)
+
+    @property
+    def summaries_written(self) -> int:
+        return self.summaries.written
+
+    @property
+    def events_posted(self) -> int:
+        return self.events.posted
+
+    @property
+    def started(self) -> datetime:
+        """When this process began counting (the summaries' ``since``)."""
+        return self.summaries.started
+
+    def _admit(self, sandbox_id: str) -> None:
+        self.summaries.admit(sandbox_id, self._uids.get(sandbox_id, ""))
+
+    async def _post_event(self, body: dict[str, Any]) -> object:
+        create: Any = self.core.create_namespaced_event  # takes the plain body too
+        return await create(self.namespace, body)
+
+    async def _patch_status(self, name: str, body: dict[str, Any]) -> object:
         patch: Any = self.custom.patch_namespaced_custom_object_status  # **kwargs untyped
-        try:
-            await patch(
-                GROUP,
-                VERSION,
-                self.namespace,
-                "sandboxes",
-                name,
-                body,
-                _content_type="application/merge-patch+json",
-            )
-        except Exception as exc:  # the summary is best effort; never stops the proxy
-            status = getattr(exc, "status", None)
-            if status == 404:  # the Sandbox is gone: so is its summary
-                return "gone"
-            # Only the type and HTTP status: an ApiException's text carries response headers.
-            log.warning(
-                "egress summary for %s not written (%s %s); retrying",
-                sandbox_id,
-                type(exc).__name__,
-                status if isinstance(status, int) else "",
-            )
-            return "failed"
-        return "written"
+        return await patch(
+            GROUP,
+            VERSION,
+            self.namespace,
+            "sandboxes",
+            name,
+            body,
+            _content_type="application/merge-patch+json",
+        )
 
     # ---- Sandboxes -> proxy table ----------------------------------------------------------
 
@@ -388,7 +181,7 @@ class KubeEgressController:
             if spec.get("egress") != "allowlist":
                 continue
             if meta.get("deletionTimestamp"):
-                # Being deleted: no longer served, and its summary is closed (see _end).
+                # Being deleted: no longer served, and its summary is closed (summaries.end).
                 if (obj.get("status") or {}).get("egress"):
                     ending[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
                 continue
@@ -448,11 +241,8 @@ class KubeEgressController:
                 self._unannounced.add(sandbox_id)
             log.info("sandbox %s: %d allow entries", sandbox_id, len(entry.allow))
         for sandbox_id, uid in self._ending.items():
-            self._end(sandbox_id, uid)
-        # A summary outlives its pod (restarts keep counting) but not its Sandbox object.
-        for sandbox_id, summary in list(self._summaries.items()):
-            if self._present.get(sandbox_id) != summary.uid:
-                del self._summaries[sandbox_id]
+            self.summaries.end(sandbox_id, uid)
+        self.summaries.keep(self._present)
 
     # ---- reachability: report admissions only once sandboxes can reach the proxy -----------
 

@@ -46,7 +46,7 @@ from sandbox_operator.contract import (
     isolation_scope_rank,
     parse_isolation,
 )
-from sandbox_operator.contract.models import DRIVE_LETTER_PATTERN
+from sandbox_operator.contract.workdir import DRIVE_LETTER_PATTERN
 
 from .resources import check_resources, resolve_spec
 

@@ -11,7 +11,7 @@ ask. Per resource (cpu, memory):
 So requests never exceed limits, and every sandbox has both for both resources. A stated amount
 above the host's ceiling is refused with :class:`ResourcesExceedCeiling`, never clamped. A host
 that sets no ``maxLimits`` for a resource still has one: the built-in
-:data:`~sandbox_operator.contract.models.DEFAULT_RESOURCE_CEILING` (8 CPU, 16Gi), raised to the
+:data:`~sandbox_operator.contract.quantities.DEFAULT_RESOURCE_CEILING` (8 CPU, 16Gi), raised to the
 host's default limit when that is larger (see :func:`limit_ceilings`).
 """
 
@@ -27,7 +27,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
     parse_quantity,
 )
-from sandbox_operator.contract.models import DEFAULT_RESOURCE_CEILING
+from sandbox_operator.contract.quantities import DEFAULT_RESOURCE_CEILING
 
 
 def _larger(a: str, b: str) -> str:

@@ -51,6 +51,7 @@ from sandbox_operator.contract import (
     VERSION,
     ConditionType,
 )
+from sandbox_operator.metrics.requests import stop_stream_sampler
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.egress_policies import keep_egress_policy
 from sandbox_operator.reconcile.kube import Conflict
@@ -332,7 +333,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = getattr(memo, "runtime", None)
     if rt is not None:
         await rt.close()
-    await metrics.stop_stream_sampler()
+    await stop_stream_sampler()
 
 
 @kopf.on.probe(id="backends")

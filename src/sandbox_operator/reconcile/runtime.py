@@ -40,7 +40,7 @@ async def make_api_client() -> Any:
     """The operator's ApiClient (:func:`~sandbox_operator.kubeapi.new_api_client`), with every
     request counted in ``sandbox_operator_api_requests_total``."""
     from sandbox_operator.kubeapi import new_api_client
-    from sandbox_operator.metrics import instrument_api_client
+    from sandbox_operator.metrics.requests import instrument_api_client
 
     api = await new_api_client()
     instrument_api_client(api)

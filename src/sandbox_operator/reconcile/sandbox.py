@@ -8,18 +8,21 @@ again on the newer object). A pass over a Ready, unchanged Sandbox makes no API 
 
 Passes run on watch events (the Sandbox, its scope, its pod) and on the deadlines the previous
 pass computed (startup, TTL, idle, disposal retry); nothing polls. No policy lives here.
+
+What the pass shares with no other decision lives beside it: the operator's metadata patch
+(``metadata.py``), the validated-spec cache (``spec_cache.py``) and the one status writer with its
+metrics (``writer.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox_operator import kubeobj, metrics
+from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import (
     BackendDriver,
@@ -33,7 +36,6 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
-    SANDBOX_PLURAL,
     ConditionReason,
     SandboxKey,
     SandboxResourceSpec,
@@ -49,23 +51,21 @@ from sandbox_operator.reconcile.disposal import (
     key_unclean,
 )
 from sandbox_operator.reconcile.lifecycle import Verdict
+from sandbox_operator.reconcile.metadata import ensure_metadata
 from sandbox_operator.reconcile.pool import claim_warm_pod
-from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
+from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.spec_cache import parsed_spec
 from sandbox_operator.reconcile.status import (
     ADMITTED,
     DISPOSED,
-    MESSAGE_DEBOUNCE_SECONDS,
     READY,
     Draft,
     R,
-    message_only,
-    recorded_served_by,
     sandbox_gone,
     sandbox_ref,
-    write_status,
 )
 from sandbox_operator.reconcile.step import Step, sooner
-from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
+from sandbox_operator.reconcile.writer import write_step
 
 log = logging.getLogger(__name__)
 
@@ -119,79 +119,6 @@ async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> dict[str
     return await rt.kube.get_scope(namespace, scope_ref)
 
 
-async def _ensure_metadata(
-    rt: Runtime,
-    obj: dict[str, Any],
-    scope: compute.ScopeResolution,
-    key: SandboxKey | None,
-    kind: str,
-) -> dict[str, Any] | None:
-    """The finalizer, and (once the scope gives the key) the key and kind labels and the key
-    annotations, in one patch and only when something is missing. Returns the object as it is
-    now."""
-    meta = kubeobj.meta(obj)
-    name = str(meta["name"])
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    if key is not None and scope.spec is not None:
-        want_labels = lbl.key_labels(key, kind)
-        want_labels[lbl.SANDBOX_LABEL] = lbl.sandbox_label_value(name)
-        have_labels = meta.get("labels") or {}
-        labels = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
-        have_ann = meta.get("annotations") or {}
-        annotations = {k: v for k, v in lbl.key_annotations(key).items() if have_ann.get(k) != v}
-    finalizers = list(meta.get("finalizers") or [])
-    need_finalizer = FINALIZER not in finalizers
-    if annotations and not _annotations_fit(meta, annotations):
-        # The key annotations are for people; an object whose annotations (anyone who may create
-        # it may fill them) leave no room for them goes without, rather than every patch of
-        # ours being refused (422) and the Sandbox never served nor let go.
-        annotations = {}
-    if not labels and not annotations and not need_finalizer:
-        return obj
-
-    async def patch(annotations: dict[str, str]) -> dict[str, Any] | None:
-        return await rt.kube.patch_metadata(
-            SANDBOX_PLURAL,
-            str(meta["namespace"]),
-            name,
-            labels,
-            annotations,
-            finalizers=[*finalizers, FINALIZER] if need_finalizer else None,
-            resource_version=str(meta.get("resourceVersion") or "") or None,
-        )
-
-    try:
-        patched = await patch(annotations)
-    except Exception as exc:
-        if not annotations or getattr(exc, "status", None) != 422:
-            raise
-        if not labels and not need_finalizer:
-            return obj
-        log.warning(
-            "sandbox %s/%s: its annotations leave no room for the key annotations; "
-            "labelled without them",
-            meta["namespace"],
-            name,
-        )
-        patched = await patch({})
-    if patched is None:
-        return None
-    return rt.views.put_sandbox(patched)
-
-
-def _annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool:
-    """Whether merging ``adding`` into the object's annotations keeps them within the API server's
-    limit (the views keep the annotations' size when it is large: ``views.ANNOTATIONS_SIZE``)."""
-    size = int(meta.get(ANNOTATIONS_SIZE) or 0)
-    if not size:
-        return True
-    have = meta.get("annotations") or {}
-    replaced = {k: have[k] for k in adding if k in have}
-    growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
-    return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES
-
-
 @dataclass(frozen=True)
 class _Seen:
     """What a pass gathered about a Sandbox that may run: the object (with the operator's
@@ -225,7 +152,7 @@ async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
 
 async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
     """The spec (validated once per generation) and the scope it names."""
-    parsed = _parsed_spec(rt, obj)
+    parsed = parsed_spec(rt, obj)
     if isinstance(parsed, str):
         refused = compute.Plan(
             conditions=(
@@ -278,7 +205,7 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         return Step.write(obj, draft, plan, admission)
     # Admitted: the finalizer and key labels go on before anything is made for it (one
     # metadata patch, only when something is missing).
-    fresh = await _ensure_metadata(rt, obj, seen.scope, seen.key, spec.kind)
+    fresh = await ensure_metadata(rt, obj, seen.scope, seen.key, spec.kind)
     if fresh is None:  # 404: it is gone
         sandbox_gone(rt, obj)
         return Step.wait()
@@ -541,29 +468,6 @@ def _startup_failed(
     )
 
 
-#: Validated specs kept (least recently used first out): enough for the Sandboxes of a burst,
-#: bounded so that memory does not grow with every idle Sandbox held.
-SPEC_CACHE_SIZE = 2048
-
-
-def _parsed_spec(rt: Runtime, obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
-    """The validated spec, kept per (uid, generation): a spec only changes with its generation,
-    and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
-    meta = kubeobj.meta(obj)
-    k = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    stamp = (str(meta.get("uid", "")), meta.get("generation"))
-    cached = rt.spec_cache.get(k)
-    if cached is not None and cached[0] == stamp:
-        rt.spec_cache.move_to_end(k)
-        hit: SandboxResourceSpec | str = cached[1]
-        return hit
-    parsed = compute.parse_spec(obj)
-    rt.spec_cache[k] = (stamp, parsed)
-    if len(rt.spec_cache) > SPEC_CACHE_SIZE:
-        rt.spec_cache.popitem(last=False)  # the least recently used
-    return parsed
-
-
 def _watched(driver: BackendDriver) -> bool:
     return isinstance(driver, WatchedDisposal) and driver.watches_disposal
 
@@ -606,70 +510,3 @@ async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
         return True
     rt.views.put_sandbox(current)
     return bool(kubeobj.meta(current).get("deletionTimestamp"))
-
-
-async def write_step(rt: Runtime, step: Step) -> float | None:
-    """The one place a Sandbox pass writes its status: the step's plan laid over its draft (a
-    disposal it orders made first, so the write says how that went), then one status patch when
-    anything differs; returns when to look again."""
-    if step.draft is None or step.obj is None:
-        return step.requeue
-    obj, draft, plan = step.obj, step.draft, step.plan
-    was_ready = cnd.is_true(obj.get("status"), READY)
-    was_admitted_reason = cnd.reason_of(obj.get("status"), ADMITTED)
-    planned: float | None = None
-    if plan is not None:
-        for ctype, value, reason, message in plan.conditions:
-            draft.cond(ctype, value, reason, message)
-        draft.set(**plan.fields)
-        planned = plan.requeue_after
-        if plan.dispose:
-            planned = await _dispose_planned(rt, obj, draft, plan)
-    requeue = sooner(planned, step.requeue)
-    meta = kubeobj.meta(obj)
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if step.debounce and message_only(obj.get("status") or {}, draft):
-        since = time.monotonic() - rt.status_written.get(key, 0.0)
-        if since < MESSAGE_DEBOUNCE_SECONDS:
-            return sooner(requeue, MESSAGE_DEBOUNCE_SECONDS - since + 0.05)
-    written = await write_status(rt, SANDBOX_PLURAL, draft)
-    if written:
-        rt.status_written[key] = time.monotonic()
-        _count(obj, draft, step.admission, was_ready, was_admitted_reason)
-    return requeue
-
-
-async def _dispose_planned(
-    rt: Runtime, obj: Mapping[str, Any], draft: Draft, plan: compute.Plan
-) -> float | None:
-    """Dispose what the plan's status records as serving (or, unrecorded, whatever the backend
-    lists by the Sandbox's labels); the retry delay of a disposal not done yet."""
-    served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
-    target = sandbox_ref(obj, served)
-    backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
-    drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
-    retry = await dispose_into(rt, drivers, target, draft)
-    if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
-        # Keep what is still to be disposed on record: the retry needs it, listed or not.
-        draft.set(servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by))
-    return retry
-
-
-def _count(
-    obj: Mapping[str, Any],
-    draft: Draft,
-    admission: compute.Admission | None,
-    was_ready: bool,
-    was_admitted_reason: str | None,
-) -> None:
-    """Metrics for what this write changed: an admission decided, a sandbox becoming Ready."""
-    reason = draft.reason(ADMITTED)
-    if reason is not None and reason != was_admitted_reason:
-        result = "admitted" if draft.is_true(ADMITTED) else "refused"
-        metrics.ADMISSIONS.labels(result, reason).inc()
-    if draft.is_true(READY) and not was_ready:
-        created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
-        backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
-        if created is not None:
-            seconds = (datetime.now(UTC) - created).total_seconds()
-            metrics.READY_LATENCY.labels(backend).observe(max(seconds, 0.0))

@@ -1,7 +1,7 @@
 """What one Sandbox pass decided to write, handed from the deciding code to the one writer.
 
 Every path of a pass (admission, refusal, create, claim, suspend, terminal disposal, the
-finalizer's disposal) ends in a :class:`Step`; ``sandbox.write_step`` is the only place a
+finalizer's disposal) ends in a :class:`Step`; ``writer.write_step`` is the only place a
 Sandbox's status is written. So a pass writes its status at most once, and what it writes is
 decided before the write (the shape of agent-sandbox's ``Reconcile`` -> ``computeConditions``
 -> ``updateStatus``).

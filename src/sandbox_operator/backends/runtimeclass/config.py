@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from sandbox_operator.contract import BackendDeclarations, Capability, Egress, OsFamily
-from sandbox_operator.contract.models import ContractModel
+from sandbox_operator.contract.base import ContractModel
 
 #: A DNS-1123 label: backend names and RuntimeClass names.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"

@@ -8,11 +8,7 @@ See docs/host-tools.md.
 """
 
 from sandbox_operator.client.hosttools.channel import (
-    RESERVED_NAMES,
-    GuestRunLayout,
     HostToolRunResult,
-    guest_run_layout,
-    host_tool_shim,
     reclaim_run,
     run_with_host_tools,
 )
@@ -41,6 +37,12 @@ from sandbox_operator.client.hosttools.errors import (
     HostToolUndeclared,
     SignalOutcome,
     UserIdentityUnavailable,
+)
+from sandbox_operator.client.hosttools.guest import host_tool_shim
+from sandbox_operator.client.hosttools.layout import (
+    RESERVED_NAMES,
+    GuestRunLayout,
+    guest_run_layout,
 )
 from sandbox_operator.client.hosttools.registry import (
     DEFAULT_MAX_HOST_TOOL_CALLS_PER_RUN,

@@ -1,0 +1,38 @@
+"""The validated spec of each Sandbox, kept per (uid, generation).
+
+Its own module because it is a cache with its own bound and eviction, not a step of the pass: a
+spec only changes with its generation, and validating it on every pass of thousands of Sandboxes
+was the bulk of a pass's CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_operator import kubeobj
+from sandbox_operator.contract import SandboxResourceSpec
+from sandbox_operator.reconcile import compute
+from sandbox_operator.reconcile.runtime import Runtime
+
+#: Validated specs kept (least recently used first out): enough for the Sandboxes of a burst,
+#: bounded so that memory does not grow with every idle Sandbox held.
+SPEC_CACHE_SIZE = 2048
+
+
+def parsed_spec(rt: Runtime, obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
+    """The validated spec, kept per (uid, generation): a spec only changes with its generation,
+    and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
+    meta = kubeobj.meta(obj)
+    k = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    stamp = (str(meta.get("uid", "")), meta.get("generation"))
+    cached = rt.spec_cache.get(k)
+    if cached is not None and cached[0] == stamp:
+        rt.spec_cache.move_to_end(k)
+        hit: SandboxResourceSpec | str = cached[1]
+        return hit
+    parsed = compute.parse_spec(obj)
+    rt.spec_cache[k] = (stamp, parsed)
+    if len(rt.spec_cache) > SPEC_CACHE_SIZE:
+        rt.spec_cache.popitem(last=False)  # the least recently used
+    return parsed

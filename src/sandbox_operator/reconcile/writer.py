@@ -1,0 +1,105 @@
+"""The one writer of a Sandbox's status, and the metrics of what a write changed.
+
+Every path of a Sandbox pass (``sandbox.py``, and the finalizer's disposal in ``disposal.py``)
+ends in a :class:`~sandbox_operator.reconcile.step.Step`; :func:`write_step` lays the step's plan
+over its draft (a disposal the plan orders made first, so the write says how that went) and
+writes the status once, only what differs. Its own module because the write has rules of its own,
+apart from how a pass decides: the message debounce, the disposal the plan orders, and the
+admission and create-to-ready metrics, counted here because only the writer knows what a write
+changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sandbox_operator import kubeobj, metrics
+from sandbox_operator.contract import SANDBOX_PLURAL
+from sandbox_operator.kubeapi import parse_time
+from sandbox_operator.reconcile import compute
+from sandbox_operator.reconcile import conditions as cnd
+from sandbox_operator.reconcile.disposal import dispose_into, drivers_for
+from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.status import (
+    ADMITTED,
+    DISPOSED,
+    MESSAGE_DEBOUNCE_SECONDS,
+    READY,
+    Draft,
+    R,
+    message_only,
+    recorded_served_by,
+    sandbox_ref,
+    write_status,
+)
+from sandbox_operator.reconcile.step import Step, sooner
+
+
+async def write_step(rt: Runtime, step: Step) -> float | None:
+    """The one place a Sandbox pass writes its status: the step's plan laid over its draft (a
+    disposal it orders made first, so the write says how that went), then one status patch when
+    anything differs; returns when to look again."""
+    if step.draft is None or step.obj is None:
+        return step.requeue
+    obj, draft, plan = step.obj, step.draft, step.plan
+    was_ready = cnd.is_true(obj.get("status"), READY)
+    was_admitted_reason = cnd.reason_of(obj.get("status"), ADMITTED)
+    planned: float | None = None
+    if plan is not None:
+        for ctype, value, reason, message in plan.conditions:
+            draft.cond(ctype, value, reason, message)
+        draft.set(**plan.fields)
+        planned = plan.requeue_after
+        if plan.dispose:
+            planned = await _dispose_planned(rt, obj, draft, plan)
+    requeue = sooner(planned, step.requeue)
+    meta = kubeobj.meta(obj)
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    if step.debounce and message_only(obj.get("status") or {}, draft):
+        since = time.monotonic() - rt.status_written.get(key, 0.0)
+        if since < MESSAGE_DEBOUNCE_SECONDS:
+            return sooner(requeue, MESSAGE_DEBOUNCE_SECONDS - since + 0.05)
+    written = await write_status(rt, SANDBOX_PLURAL, draft)
+    if written:
+        rt.status_written[key] = time.monotonic()
+        _count(obj, draft, step.admission, was_ready, was_admitted_reason)
+    return requeue
+
+
+async def _dispose_planned(
+    rt: Runtime, obj: Mapping[str, Any], draft: Draft, plan: compute.Plan
+) -> float | None:
+    """Dispose what the plan's status records as serving (or, unrecorded, whatever the backend
+    lists by the Sandbox's labels); the retry delay of a disposal not done yet."""
+    served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
+    target = sandbox_ref(obj, served)
+    backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
+    drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
+    retry = await dispose_into(rt, drivers, target, draft)
+    if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
+        # Keep what is still to be disposed on record: the retry needs it, listed or not.
+        draft.set(servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by))
+    return retry
+
+
+def _count(
+    obj: Mapping[str, Any],
+    draft: Draft,
+    admission: compute.Admission | None,
+    was_ready: bool,
+    was_admitted_reason: str | None,
+) -> None:
+    """Metrics for what this write changed: an admission decided, a sandbox becoming Ready."""
+    reason = draft.reason(ADMITTED)
+    if reason is not None and reason != was_admitted_reason:
+        result = "admitted" if draft.is_true(ADMITTED) else "refused"
+        metrics.ADMISSIONS.labels(result, reason).inc()
+    if draft.is_true(READY) and not was_ready:
+        created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
+        backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
+        if created is not None:
+            seconds = (datetime.now(UTC) - created).total_seconds()
+            metrics.READY_LATENCY.labels(backend).observe(max(seconds, 0.0))
