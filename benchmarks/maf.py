@@ -337,7 +337,6 @@ class RuntimeBench:
         """The chart's seal on idle pool pods for this namespace, exempting the identity the
         operator runs as (this script's); the policy's name for ``--pool-seal``."""
         from kubernetes import config as kube_config
-
         from tests.fixtures.seal import applied_seal, whoami
 
         identity = whoami(kube_config.new_client_from_config(self.kubeconfig))
