@@ -435,36 +435,6 @@ def test_a_file_from_one_claim_is_not_in_the_next(request, kubectl, runtime):
     assert out.stdout.split() == ["absent", "0"], out.stdout
 
 
-def test_a_template_the_policy_refuses_creates_nothing(kit, start_operator):
-    start_operator(only("runc"))
-    kit.scope()
-    create_pool(kit, "vm", 2, minIsolation="microvm")
-
-    def refused() -> dict[str, Any] | None:
-        obj = kit.get("vm", POOLS)
-        cond = kit.condition(obj) or {}
-        return obj if cond.get("status") == "False" and cond.get("reason") != "Filling" else None
-
-    pool = _wait(refused, 60, "the pool refused")
-    # A Sandbox with the same spec is refused for the very same reason.
-    kit.sandbox("vmbox", minIsolation="microvm")
-    sbx = kit.wait_condition("vmbox", "Admitted", status="False", timeout=60)
-    admitted = kit.condition(sbx, "Admitted")
-    ready = kit.condition(pool)
-    assert ready["reason"] == admitted["reason"], (ready, admitted)
-    assert ready["reason"] not in ("Ready", "Filling", "TemplateInvalid", "PoolUnsupported")
-    time.sleep(8)  # more than a resync: still nothing
-    pool = kit.get("vm", POOLS)
-    st = pool["status"]
-    assert kit.condition(pool)["reason"] == admitted["reason"]
-    assert st.get("backend") is None and st.get("shape") is None, st
-    assert st.get("replicas", 0) == 0 and st.get("readyReplicas", 0) == 0, st
-    assert pool_pods(kit, "vm") == []
-    assert kit.core.list_namespaced_pod(kit.ns).items == []
-    net = client.NetworkingV1Api(kit.core.api_client)
-    assert net.list_namespaced_network_policy(kit.ns).items == []
-
-
 def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(module_kit):
     """A pool pod Ready for longer than the claiming Sandbox's idleTimeoutSeconds does not make
     the Sandbox expire at once: its idle time counts from the claim."""

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import GROUP, SANDBOX_WARM_POOL_PLURAL, VERSION
 from tests.fixtures.admission import assert_refused, fixed
+from tests.fixtures.faults import runc_config
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +148,34 @@ def test_a_refused_template_creates_nothing_and_carries_the_sandboxes_reason(mod
     time.sleep(3)
     assert pool_pods(kit, "refused") == []
     assert obj["status"].get("backend") is None and obj["status"]["replicas"] == 0
+
+
+def test_a_template_the_policy_refuses_creates_nothing(kit, start_operator):
+    """A template whose floor no backend reaches: refused for the reason a Sandbox of the same
+    spec is, and nothing is made for it, not after a resync either."""
+    start_operator(runc_config(resyncSeconds=5))
+    kit.scope()
+    create_pool(kit, "vm", 2, minIsolation="microvm")
+
+    def refused(obj) -> bool:
+        cond = kit.condition(obj) or {}
+        return cond.get("status") == "False" and cond.get("reason") != "Filling"
+
+    pool = wait_pool(kit, "vm", refused, timeout=60)
+    # A Sandbox with the same spec is refused for the very same reason.
+    kit.sandbox("vmbox", minIsolation="microvm")
+    sbx = kit.wait_condition("vmbox", "Admitted", status="False", timeout=60)
+    admitted = kit.condition(sbx, "Admitted")
+    ready = kit.condition(pool)
+    assert ready["reason"] == admitted["reason"], (ready, admitted)
+    assert ready["reason"] not in ("Ready", "Filling", "TemplateInvalid", "PoolUnsupported")
+    time.sleep(8)  # more than a resync: still nothing
+    pool = kit.get("vm", SANDBOX_WARM_POOL_PLURAL)
+    st = pool["status"]
+    assert kit.condition(pool)["reason"] == admitted["reason"]
+    assert st.get("backend") is None and st.get("shape") is None, st
+    assert st.get("replicas", 0) == 0 and st.get("readyReplicas", 0) == 0, st
+    assert pool_pods(kit, "vm") == []
+    assert kit.core.list_namespaced_pod(kit.ns).items == []
+    net = client.NetworkingV1Api(kit.core.api_client)
+    assert net.list_namespaced_network_policy(kit.ns).items == []
