@@ -1,5 +1,6 @@
-"""The operator end to end on a real node: pods run under gVisor and runc, become Ready, fail
-with distinct reasons, expire, and go away with their Sandbox."""
+"""The operator end to end on a real node: pods run under gVisor and runc, become Ready, and fail
+with distinct reasons only a node gives (a missing image, no handler for the RuntimeClass, a pod
+that dies). What needs no pod to run is tests/integration/test_operator_lifecycle.py."""
 
 from __future__ import annotations
 

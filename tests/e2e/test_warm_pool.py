@@ -1,7 +1,7 @@
 """SandboxWarmPools on a real node, under runc and gVisor: a Sandbox whose spec equals a pool's
 template is served by one of the pool's idle pods (no pod is created for it), each pod serves one
-Sandbox only and is disposed with it, a template the policy refuses creates nothing, and an
-operator SIGKILLed in the middle of a burst of claims leaves every Sandbox with exactly one pod."""
+Sandbox only and is disposed with it, and an operator SIGKILLed in the middle of a burst of
+claims leaves every Sandbox with exactly one pod."""
 
 from __future__ import annotations
 
