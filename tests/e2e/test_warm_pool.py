@@ -435,27 +435,6 @@ def test_a_file_from_one_claim_is_not_in_the_next(request, kubectl, runtime):
     assert out.stdout.split() == ["absent", "0"], out.stdout
 
 
-def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(module_kit):
-    """A pool pod Ready for longer than the claiming Sandbox's idleTimeoutSeconds does not make
-    the Sandbox expire at once: its idle time counts from the claim."""
-    kit = module_kit
-    kit.scope()
-    create_pool(kit, "old", 1)
-    wait_pool_ready(kit, "old", 1)
-    time.sleep(15)  # the idle pod has been Ready for > 10 s
-    kit.sandbox(
-        "brief",
-        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 600, "idleTimeoutSeconds": 10},
-    )
-    obj = wait_ready(kit, "brief", timeout=60)
-    ready_at = time.monotonic()
-    assert served(obj)[0] == "SandboxWarmPool/old"
-    time.sleep(6)
-    assert kit.condition(kit.get("brief"))["status"] == "True", kit.get("brief")["status"]
-    obj = kit.wait_condition("brief", reasons=("Expired",), timeout=40)
-    assert time.monotonic() - ready_at >= 8, kit.condition(obj)
-
-
 def check_served_from(sandboxes: list[dict[str, Any]], pool: str) -> None:
     """servedFrom agrees with servedBy: a pool pod is SandboxWarmPool/<pool>, a Sandbox's own pod
     is cold; it is never missing, even for a claim made by an operator that died before it

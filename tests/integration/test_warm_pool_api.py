@@ -13,6 +13,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import GROUP, SANDBOX_WARM_POOL_PLURAL, VERSION
 from tests.fixtures.admission import assert_refused, fixed
 from tests.fixtures.faults import runc_config
+from tests.fixtures.nodeless import off_node, play_kubelet
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +180,45 @@ def test_a_template_the_policy_refuses_creates_nothing(kit, start_operator):
     assert kit.core.list_namespaced_pod(kit.ns).items == []
     net = client.NetworkingV1Api(kit.core.api_client)
     assert net.list_namespaced_network_policy(kit.ns).items == []
+
+
+def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(kit, start_operator):
+    """A pool pod Ready for longer than the claiming Sandbox's idleTimeoutSeconds does not make
+    the Sandbox expire at once: its idle time counts from the claim. (The pool's pod is on no
+    node: the test reports it Ready as a kubelet would, tests/fixtures/nodeless.py.)"""
+    start_operator(off_node(runc_config(resyncSeconds=5)))
+    kit.scope()
+    spec = kit.sandbox_body("template")["spec"]
+    fields = ("kind", "image", "workDir", "requires", "resources")  # what a Sandbox's spec shares
+    create_pool(kit, "old", 1, **{f: spec[f] for f in fields})
+    deadline = time.monotonic() + 60
+    while not (pods := pool_pods(kit, "old")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    (pod,) = pods
+    assert not pod.spec.node_name, pod.spec.node_name
+    play_kubelet(kit.core, kit.ns, pod)
+
+    def ready(obj) -> bool:
+        st = obj.get("status") or {}
+        cond = kit.condition(obj) or {}
+        return (
+            st.get("readyReplicas") == 1
+            and st.get("replicas") == 1
+            and cond.get("status") == "True"
+        )
+
+    wait_pool(kit, "old", ready, timeout=60)
+    time.sleep(15)  # the idle pod has been Ready for > 10 s
+    kit.sandbox(
+        "brief",
+        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 600, "idleTimeoutSeconds": 10},
+    )
+    obj = kit.wait_condition("brief", reasons=("Ready",), status="True", timeout=60)
+    ready_at = time.monotonic()
+    assert obj["status"]["servedFrom"] == "SandboxWarmPool/old", obj["status"]
+    assert obj["status"]["servedBy"]["kind"] == "Pod", obj["status"]
+    assert obj["status"]["servedBy"]["name"] == pod.metadata.name, obj["status"]
+    time.sleep(6)
+    assert kit.condition(kit.get("brief"))["status"] == "True", kit.get("brief")["status"]
+    obj = kit.wait_condition("brief", reasons=("Expired",), timeout=40)
+    assert time.monotonic() - ready_at >= 8, kit.condition(obj)
