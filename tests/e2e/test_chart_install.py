@@ -1,8 +1,6 @@
-"""The Helm chart on a real cluster: the API server accepts what it renders, and the install
-lifecycle works the way a user runs it.
+"""The Helm chart on a real cluster: the install lifecycle works the way a user runs it (that the
+API server accepts what it renders is tests/integration/test_chart_dry_run.py).
 
-* server-side dry run of `helm template` output (every object, including the agent Role and the
-  ValidatingAdmissionPolicy whose CEL the API server type-checks);
 * `helm install` with the chart's default floor (microvm) on a cluster without a microVM runtime
   -> operator pod Ready -> examples/ applied -> the Sandbox is refused with a condition that says
   why -> `helm upgrade` lowering the floor to hardened_container takes effect (the operator pods
@@ -45,7 +43,7 @@ from sandbox_operator.egress.probe import (
     expect_proxy_refused,
     judge,
 )
-from tests.fixtures.chart import CHART, ROOT, helm_binary
+from tests.fixtures.chart import CHART, ROOT, helm_binary, local_values
 from tests.fixtures.cluster import TEST_LABEL, fresh_namespace, kubectl_command
 from tests.fixtures.egress_probe import DEADLINE, SLACK, Outside, probe_in_pod
 
@@ -90,73 +88,6 @@ def explainer(kubectl: Kubectl, namespace: str) -> Callable[[], str]:
         return "\n".join(parts)
 
     return explain
-
-
-def local_values(tmp_path: Path, **extra: Any) -> Path:
-    """Chart values with the local cluster's operator configuration (examples/config-local.yaml:
-    floor lowered to hardened_container, gVisor and runc backends)."""
-    config = yaml.safe_load((EXAMPLES / "config-local.yaml").read_text())
-    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(yaml.safe_dump({"config": config, **extra}))
-    return path
-
-
-def test_rendered_chart_passes_server_side_dry_run(
-    kubeconfig: str, kubectl: Kubectl, namespace: str, tmp_path: Path
-) -> None:
-    # The peering CRDs live in the chart's crds/ (Helm installs them before the templates);
-    # apply them for real so the peering object's kind is known to the dry run.
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    for values in (
-        ["--set", "config.hostPolicy.minIsolation=microvm"],
-        [
-            "-f",
-            str(local_values(tmp_path)),
-            "--set",
-            f"watchNamespaces={{{namespace}}}",
-            "--set",
-            "agentRole.create=true",
-            "--set",
-            f"agentRole.namespaces={{{namespace}}}",
-            "--set",
-            "agentRole.subjects[0].kind=ServiceAccount",
-            "--set",
-            "agentRole.subjects[0].name=agent",
-            "--set",
-            f"agentRole.subjects[0].namespace={namespace}",
-            "--set",
-            "runtimeClasses.create=true",
-            "--set",
-            "replicaCount=2",
-        ],
-    ):
-        rendered = helm(
-            kubeconfig,
-            "template",
-            "dry",
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--kube-version",
-            "1.33.0",
-            *values,
-        ).stdout
-        result = kubectl(
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--force-conflicts",
-            "--field-manager=chart-dry-run",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            input=rendered,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        assert "(server dry run)" in result.stdout, result.stdout
-        assert "deployment.apps/dry-sandbox-operator" in result.stdout, result.stdout
 
 
 def _objects_of_release(kubectl: Kubectl, release: str, namespace: str) -> list[str]:

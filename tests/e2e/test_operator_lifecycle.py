@@ -1,10 +1,10 @@
-"""The operator end to end on a real node: pods run under gVisor and runc, become Ready, fail
-with distinct reasons, expire, and go away with their Sandbox."""
+"""The operator end to end on a real node: pods run under gVisor and runc, become Ready, and fail
+with distinct reasons only a node gives (a missing image, no handler for the RuntimeClass, a pod
+that dies). What needs no pod to run is tests/integration/test_operator_lifecycle.py."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 from kubernetes import client
@@ -100,25 +100,6 @@ def _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, runtime_class, isolat
     assert "Ready" in table and runtime_class in table
 
 
-def test_deleting_the_sandbox_deletes_its_pod_and_keeps_the_namespaces_policy(module_kit):
-    """The pod goes with its Sandbox; the NetworkPolicy that confined it is the namespace's (one
-    per backend and egress mode, no owner) and stays for the next sandbox of its kind."""
-    kit = module_kit
-    kit.scope()
-    kit.sandbox("short")
-    kit.wait_condition("short", reasons=("Ready",), status="True", timeout=120)
-    policy = egress_policy_of(kit, naming.pod_name("short"))
-    assert not policy.metadata.owner_references
-    kit.delete("short")
-    kit.wait_gone("short", timeout=60)
-    assert kit.pod("short") is None
-    net = client.NetworkingV1Api(kit.core.api_client)
-    nps = net.list_namespaced_network_policy(kit.ns).items
-    assert [(n.metadata.name, n.metadata.uid) for n in nps] == [
-        (policy.metadata.name, policy.metadata.uid)
-    ]
-
-
 def test_missing_image_is_startup_failed(kit, start_operator):
     start_operator(only("runc", "runc", "container", pod={"imagePullPolicy": "Never"}))
     kit.scope()
@@ -127,57 +108,6 @@ def test_missing_image_is_startup_failed(kit, start_operator):
     assert "ErrImageNeverPull" in kit.condition(obj, "Ready")["message"]
     kit.wait_condition("noimage", "Disposed", reasons=("Disposed",), status="True", timeout=60)
     assert kit.pod("noimage") is None
-
-
-def test_startup_timeout(module_kit):
-    kit = module_kit
-    kit.scope()
-    # Nothing on this 2-core node can satisfy the request (within the host's ceiling of 8 CPU),
-    # so the pod stays Pending.
-    kit.sandbox(
-        "toobig",
-        resources={
-            "requests": {"cpu": "8", "memory": "16Mi"},
-            "limits": {"cpu": "8", "memory": "128Mi"},
-        },
-        lifetime={"startupTimeoutSeconds": 6, "ttlSeconds": 600, "idleTimeoutSeconds": 300},
-    )
-    obj = kit.wait_condition("toobig", reasons=("StartupTimeout",), timeout=60)
-    assert "startupTimeoutSeconds (6)" in kit.condition(obj, "Ready")["message"]
-    kit.wait_condition("toobig", "Disposed", status="True", timeout=60)
-    assert kit.pod("toobig") is None
-
-
-def test_missing_runtime_class(kit, start_operator, kubectl):
-    # Missing when the operator starts: the backend is unavailable and the sandbox is refused.
-    start_operator(only("ghost", "no-such-runtime-class", "container"))
-    kit.scope()
-    kit.sandbox("ghostly")
-    kit.wait_condition("ghostly", "Admitted", reasons=("BackendUnavailable",), status="False")
-    assert kit.pod("ghostly") is None
-
-
-def test_runtime_class_removed_after_start_is_startup_failed(kit, start_operator):
-    node = client.NodeV1Api(kit.core.api_client)
-    rc_name = f"vanishing-{kit.ns[-6:]}"
-    node.create_runtime_class(
-        client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=rc_name), handler="runc")
-    )
-    try:
-        start_operator(only("vanishing", rc_name, "container"))
-        node.delete_runtime_class(rc_name)
-        kit.scope()
-        kit.sandbox("orphaned")
-        obj = kit.wait_condition(
-            "orphaned", reasons=("StartupFailed", "BackendUnavailable"), timeout=60
-        )
-        assert (
-            "RuntimeClass" in kit.condition(obj, "Ready")["message"]
-            or "runtime" in kit.condition(obj, "Ready")["message"].lower()
-        )
-    finally:
-        with contextlib.suppress(ApiException):
-            node.delete_runtime_class(rc_name)
 
 
 def test_runtime_class_without_a_handler_on_the_node_is_startup_failed(kit, start_operator):
@@ -225,20 +155,3 @@ def test_pod_that_dies_after_ready_is_failed(module_kit, kubectl):
     )
     obj = kit.wait_condition("mortal", reasons=("Failed",), timeout=60)
     assert kit.condition(obj, "Ready")["status"] == "False"
-
-
-def test_ttl_expires_and_disposes(module_kit):
-    kit = module_kit
-    kit.scope()
-    kit.sandbox(
-        "brief",
-        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 20, "idleTimeoutSeconds": 20},
-    )
-    kit.wait_condition("brief", reasons=("Ready", "Expired"), timeout=60)
-    obj = kit.wait_condition("brief", reasons=("Expired",), timeout=60)
-    assert "Seconds" in kit.condition(obj, "Ready")["message"]
-    kit.wait_condition("brief", "Disposed", status="True", timeout=60)
-    deadline = time.monotonic() + 30
-    while kit.pod("brief") is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert kit.pod("brief") is None

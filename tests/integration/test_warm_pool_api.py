@@ -12,6 +12,8 @@ from kubernetes.client.exceptions import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import GROUP, SANDBOX_WARM_POOL_PLURAL, VERSION
 from tests.fixtures.admission import assert_refused, fixed
+from tests.fixtures.faults import runc_config
+from tests.fixtures.nodeless import off_node, play_kubelet
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +149,76 @@ def test_a_refused_template_creates_nothing_and_carries_the_sandboxes_reason(mod
     time.sleep(3)
     assert pool_pods(kit, "refused") == []
     assert obj["status"].get("backend") is None and obj["status"]["replicas"] == 0
+
+
+def test_a_template_the_policy_refuses_creates_nothing(kit, start_operator):
+    """A template whose floor no backend reaches: refused for the reason a Sandbox of the same
+    spec is, and nothing is made for it, not after a resync either."""
+    start_operator(runc_config(resyncSeconds=5))
+    kit.scope()
+    create_pool(kit, "vm", 2, minIsolation="microvm")
+
+    def refused(obj) -> bool:
+        cond = kit.condition(obj) or {}
+        return cond.get("status") == "False" and cond.get("reason") != "Filling"
+
+    pool = wait_pool(kit, "vm", refused, timeout=60)
+    # A Sandbox with the same spec is refused for the very same reason.
+    kit.sandbox("vmbox", minIsolation="microvm")
+    sbx = kit.wait_condition("vmbox", "Admitted", status="False", timeout=60)
+    admitted = kit.condition(sbx, "Admitted")
+    ready = kit.condition(pool)
+    assert ready["reason"] == admitted["reason"], (ready, admitted)
+    assert ready["reason"] not in ("Ready", "Filling", "TemplateInvalid", "PoolUnsupported")
+    time.sleep(8)  # more than a resync: still nothing
+    pool = kit.get("vm", SANDBOX_WARM_POOL_PLURAL)
+    st = pool["status"]
+    assert kit.condition(pool)["reason"] == admitted["reason"]
+    assert st.get("backend") is None and st.get("shape") is None, st
+    assert st.get("replicas", 0) == 0 and st.get("readyReplicas", 0) == 0, st
+    assert pool_pods(kit, "vm") == []
+    assert kit.core.list_namespaced_pod(kit.ns).items == []
+    net = client.NetworkingV1Api(kit.core.api_client)
+    assert net.list_namespaced_network_policy(kit.ns).items == []
+
+
+def test_a_claimed_pod_s_idle_clock_starts_at_the_claim(kit, start_operator):
+    """A pool pod Ready for longer than the claiming Sandbox's idleTimeoutSeconds does not make
+    the Sandbox expire at once: its idle time counts from the claim. (The pool's pod is on no
+    node: the test reports it Ready as a kubelet would, tests/fixtures/nodeless.py.)"""
+    start_operator(off_node(runc_config(resyncSeconds=5)))
+    kit.scope()
+    spec = kit.sandbox_body("template")["spec"]
+    fields = ("kind", "image", "workDir", "requires", "resources")  # what a Sandbox's spec shares
+    create_pool(kit, "old", 1, **{f: spec[f] for f in fields})
+    deadline = time.monotonic() + 60
+    while not (pods := pool_pods(kit, "old")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    (pod,) = pods
+    assert not pod.spec.node_name, pod.spec.node_name
+    play_kubelet(kit.core, kit.ns, pod)
+
+    def ready(obj) -> bool:
+        st = obj.get("status") or {}
+        cond = kit.condition(obj) or {}
+        return (
+            st.get("readyReplicas") == 1
+            and st.get("replicas") == 1
+            and cond.get("status") == "True"
+        )
+
+    wait_pool(kit, "old", ready, timeout=60)
+    time.sleep(15)  # the idle pod has been Ready for > 10 s
+    kit.sandbox(
+        "brief",
+        lifetime={"startupTimeoutSeconds": 60, "ttlSeconds": 600, "idleTimeoutSeconds": 10},
+    )
+    obj = kit.wait_condition("brief", reasons=("Ready",), status="True", timeout=60)
+    ready_at = time.monotonic()
+    assert obj["status"]["servedFrom"] == "SandboxWarmPool/old", obj["status"]
+    assert obj["status"]["servedBy"]["kind"] == "Pod", obj["status"]
+    assert obj["status"]["servedBy"]["name"] == pod.metadata.name, obj["status"]
+    time.sleep(6)
+    assert kit.condition(kit.get("brief"))["status"] == "True", kit.get("brief")["status"]
+    obj = kit.wait_condition("brief", reasons=("Expired",), timeout=40)
+    assert time.monotonic() - ready_at >= 8, kit.condition(obj)

@@ -9,6 +9,7 @@ treating it as unfamiliar (disposal and a second acquire). maf's guest suites pa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -94,20 +95,28 @@ def sealed(
         custom_objects.create_namespaced_custom_object(
             GROUP, VERSION, served.namespace, "sandboxwarmpools", body
         )
-        kit = Kit(custom_objects, core_v1, served.namespace)
-        _wait(
-            lambda: (
-                ((kit.get(POOL, "sandboxwarmpools") or {}).get("status") or {}).get("readyReplicas")
-                == 2
-            ),
-            180,
-            "the pool full",
-        )
+        wait_pool_full(served, custom_objects, core_v1)
         yield served
 
 
+def wait_pool_full(
+    served: Served, custom_objects: client.CustomObjectsApi, core_v1: client.CoreV1Api
+) -> None:
+    """Both idle pods Ready (a claim's refill is never part of the next test)."""
+    kit = Kit(custom_objects, core_v1, served.namespace)
+
+    def full() -> bool:
+        status = (kit.get(POOL, "sandboxwarmpools") or {}).get("status") or {}
+        return status.get("readyReplicas") == 2 and status.get("replicas") == 2
+
+    _wait(full, 180, "the pool full")
+
+
 @pytest.fixture
-async def backend(sealed: Served) -> AsyncIterator[OperatorBackend]:
+async def backend(
+    sealed: Served, custom_objects: client.CustomObjectsApi, core_v1: client.CoreV1Api
+) -> AsyncIterator[OperatorBackend]:
+    wait_pool_full(sealed, custom_objects, core_v1)
     sc = await SandboxClient.from_kubeconfig(sealed.namespace, kubeconfig=sealed.kubeconfig)
     try:
         yield await OperatorBackend.connect(sc, backend="runc")
@@ -170,3 +179,27 @@ async def test_fresh_acquire_from_a_sealed_pool(sealed: Served, backend: Operato
         )
     finally:
         assert await backend.dispose(key) is None
+
+
+async def test_per_call_isolation_is_served_from_the_pool_too(
+    sealed: Served, backend: OperatorBackend
+) -> None:
+    """(#36 item 4) A call-scoped spec (a fresh sandbox per tool call) is served from a pool
+    like any other: the isolation scope shapes no pod. Two calls of one conversation get two
+    pool pods, each fresh, sharing nothing."""
+    router = maf.SandboxRouter([backend], min_isolation=maf.Isolation.CONTAINER)
+    per_call = dataclasses.replace(SPEC, isolation_scope=maf.IsolationScope.CALL)
+    thread = f"thread-{uuid.uuid4().hex[:6]}"
+    keys = [maf.SandboxKey("tenant", thread, "agent", f"call-{i}") for i in (1, 2)]
+    sandboxes = [await router.acquire(k, per_call) for k in keys]
+    try:
+        assert all(s.freshly_created for s in sandboxes), sandboxes
+        assert all(isinstance(s, OperatorSandbox) for s in sandboxes)
+        mine = {s.name for s in sandboxes}  # type: ignore[attr-defined]
+        statuses = [o["status"] for o in _sandboxes(sealed) if o["metadata"]["name"] in mine]
+        assert len(statuses) == 2, statuses
+        assert {s["servedFrom"] for s in statuses} == {f"SandboxWarmPool/{POOL}"}, statuses
+        assert len({s["servedBy"]["name"] for s in statuses}) == 2, statuses
+    finally:
+        for k in keys:
+            await router.dispose(k)

@@ -1,7 +1,8 @@
 """What an agent may write on its Sandboxes, read defensively (issue 13, finding 4), no cluster:
 the last-activity stamp, annotations near the size limit, a foreign finalizer holding a deleted
 Sandbox, kopf's progress kept nowhere, and the chart's sandboxMetadataPolicy in step with the
-operator's labels and annotations. The e2e counterparts are in tests/e2e/test_agent_metadata.py.
+operator's labels and annotations. The cluster counterparts are in
+tests/integration/test_agent_metadata.py.
 """
 
 from __future__ import annotations

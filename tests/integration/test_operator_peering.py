@@ -15,19 +15,21 @@ import time
 import pytest
 
 from tests.fixtures.faults import runc_config
+from tests.fixtures.nodeless import off_node, serve
 from tests.fixtures.operator import REPO
 
 # exclusive: peering and SIGKILL timings (run alone, after the concurrent part).
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 PEERING = "sandbox-operator"
-#: create→Ready of a runc busybox Sandbox on the local node is a few seconds; a restarted
-#: operator that paused itself on its dead predecessor waits up to the peer lifetime (60 s).
+#: create→Ready of a Sandbox (its pod on no node, reported Ready by the test as a kubelet would:
+#: tests/fixtures/nodeless.py) is about a second; a restarted operator that paused itself on its
+#: dead predecessor waits up to the peer lifetime (60 s).
 READY_WITHIN = 20.0
 
 
 def runc_only():
-    return runc_config(resyncSeconds=30)
+    return off_node(runc_config(resyncSeconds=30))
 
 
 def _peering_object(kit, kubectl) -> None:
@@ -53,7 +55,7 @@ def _peers(kit) -> dict:
 def _create_to_ready(kit, name: str, timeout: float = 90) -> float:
     started = time.monotonic()
     kit.sandbox(name)
-    kit.wait_condition(name, "Ready", status="True", timeout=timeout)
+    serve(kit, name, timeout=timeout)
     return time.monotonic() - started
 
 

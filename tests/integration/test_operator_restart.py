@@ -1,4 +1,6 @@
-"""Restarts and purges: nothing the operator needs lives only in its memory."""
+"""Restarts and purges: nothing the operator needs lives only in its memory. On a real API server,
+the pods on no node (tests/fixtures/nodeless.py: the one Ready Sandbox here is the test's own
+playing of the kubelet)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,16 @@ from sandbox_operator import naming
 from sandbox_operator.contract import GROUP, VERSION
 from sandbox_operator.reconcile.runtime import FINALIZER
 from tests.fixtures.cluster import fresh_namespace
+from tests.fixtures.nodeless import off_node, serve
 from tests.fixtures.operator import Kit
 from tests.fixtures.operator import runc_only as fixture_runc_only
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def runc_only():
-    return fixture_runc_only(
-        pod={"terminationGracePeriodSeconds": 1}, operator={"resyncSeconds": 5}
+    return off_node(
+        fixture_runc_only(pod={"terminationGracePeriodSeconds": 1}, operator={"resyncSeconds": 5})
     )
 
 
@@ -117,7 +120,7 @@ def test_a_restart_among_hundreds_of_deleted_sandboxes_serves_a_new_one_elsewher
             other.scope()
             asked = time.monotonic()
             other.sandbox("new")
-            other.wait_condition("new", reasons=("Ready",), status="True", timeout=60)
+            serve(other, "new", timeout=60)
             took = time.monotonic() - asked
             print(f"new Sandbox Ready {took:.1f}s after its create, with {many} deleting")
             assert took < 30, took

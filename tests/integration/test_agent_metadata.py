@@ -3,7 +3,8 @@
 Every Sandbox here is created (and deleted) as the agent: a ServiceAccount bound to the chart's
 agent Role (create/get/list/watch/delete on Sandboxes), the calls impersonating it, made once for
 the module. One operator serves every test here (``module_kit``), a subprocess with the test's
-admin identity.
+admin identity. Its pods run on no node: the test reports each Ready as a kubelet would
+(tests/fixtures/nodeless.py); the chart's Role and admission policy are the real API server's.
 
 * garbage in the operator's and kopf's bookkeeping annotations: served and deleted at once, its
   scope purged (kopf reads no progress or diff base from the object);
@@ -34,9 +35,10 @@ from kubernetes.client.rest import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SandboxKey
 from tests.fixtures.chart import template
+from tests.fixtures.nodeless import off_node, serve
 from tests.fixtures.operator import FINALIZER, GROUP, VERSION, Kit, OperatorProcess, local_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 AGENT = "agent"
 #: The API server's limit on the total size of an object's annotations (keys plus values).
@@ -74,7 +76,7 @@ def _write_values(tmp_path: Path, name: str, values: dict[str, Any]) -> Path:
 def module_operator_config() -> dict[str, Any]:
     """Every test here shares one operator (``module_kit``). No safety-net resync: whatever is
     served is served from watch events and the operator's own deadlines."""
-    return local_config(floor="container", operator={"resyncSeconds": 3600})
+    return off_node(local_config(floor="container", operator={"resyncSeconds": 3600}))
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +175,7 @@ def test_garbage_in_kopfs_and_the_operators_annotations_wedges_nothing(
         body["metadata"]["annotations"] = dict(GARBAGE)
         agent.create(body)
     for name in ("garbled", "garbled-purged"):
-        kit.wait_condition(name, "Ready", status="True", timeout=60)
+        serve(kit, name)
     # Deleted by the agent: gone within the disposal bounds.
     started = time.monotonic()
     agent.delete("garbled")
@@ -197,7 +199,7 @@ def test_a_last_activity_from_the_future_neither_breaks_nor_delays_idle_expiry(
     body = kit.sandbox_body("future", lifetime={"idleTimeoutSeconds": 6, "ttlSeconds": 3600})
     body["metadata"]["annotations"] = {lbl.LAST_ACTIVITY_ANNOTATION: "9999-12-31T23:59:59Z"}
     agent.create(body)
-    kit.wait_condition("future", "Ready", status="True", timeout=60)
+    serve(kit, "future")
     ready_at = time.monotonic()
     # Idle from the moment it became Ready, as if the stamp were not there.
     expired = kit.wait_condition("future", "Ready", reasons=("Expired",), timeout=30)
@@ -221,7 +223,7 @@ def test_a_sandbox_whose_annotations_fill_the_limit_is_served_and_deleted(
     # 16 bytes short of the limit: any annotation the operator added would take it over.
     body["metadata"]["annotations"] = {key: "x" * (ANNOTATIONS_LIMIT - len(key) - 16)}
     agent.create(body)
-    ready = kit.wait_condition("stuffed", "Ready", status="True", timeout=60)
+    ready = serve(kit, "stuffed")
     meta = ready["metadata"]
     assert FINALIZER in meta["finalizers"]
     assert meta["labels"][lbl.KEY_LABEL]  # the key labels landed, the annotations did not fit
@@ -259,7 +261,7 @@ def test_a_deleted_sandbox_held_by_a_foreign_finalizer_does_not_hold_a_key(
         assert held["metadata"]["labels"][lbl.KEY_LABEL] == lbl.key_value(victim_key)
         # The key's own Sandbox is served: nothing of the holder is left to dispose.
         agent.create(kit.sandbox_body("victim", agent_dir="agents/victim"))
-        kit.wait_condition("victim", "Ready", status="True", timeout=60)
+        serve(kit, "victim")
         assert kit.get("holder") is not None  # still held, by its foreign finalizer only
     finally:
         _drop_foreign_finalizer(kit, "holder")
@@ -273,7 +275,7 @@ def test_a_sandbox_waiting_on_its_key_goes_ahead_once_a_held_holder_is_let_go(
     kit = module_kit
     kit.scope()
     agent.create(kit.sandbox_body("first", agent_dir="agents/shared"))
-    kit.wait_condition("first", "Ready", status="True", timeout=60)
+    serve(kit, "first")
     # A controller of someone else's adds a finalizer to the live Sandbox (the agent's patch
     # could too, unless the metadata policy is on: it refuses only kopf's finalizers).
     kit.custom.patch_namespaced_custom_object(
@@ -287,7 +289,7 @@ def test_a_sandbox_waiting_on_its_key_goes_ahead_once_a_held_holder_is_let_go(
     try:
         agent.delete("first")
         agent.create(kit.sandbox_body("second", agent_dir="agents/shared"))
-        kit.wait_condition("second", "Ready", status="True", timeout=60)
+        serve(kit, "second")
         held = _released(kit, "first", timeout=5)
         assert held["metadata"]["finalizers"] == [FOREIGN_FINALIZER]
     finally:
@@ -398,7 +400,7 @@ def test_the_metadata_policy_keeps_the_operators_metadata_out_of_the_agents_reac
     )
     ok["spec"]["agentDir"] = "agents/ok"
     agent.create(ok)
-    kit.wait_condition("ok", "Ready", status="True", timeout=60)
+    serve(kit, "ok")
 
     # Anyone else with patch rights (a host, a person) may not change them either, but may
     # stamp activity and remove what is not theirs.

@@ -1,4 +1,5 @@
-"""One conversation, one SandboxScope, on the real node.
+"""One conversation, one SandboxScope, on a real API server (the pods on no node: the test plays
+the kubelet's part, tests/fixtures/nodeless.py).
 
 Two SandboxScopes with the same scope and threadId in a namespace would be one conversation to
 the labels every object carries. The later one is refused (``Ready=False, ScopeConflict``
@@ -14,14 +15,15 @@ import pytest
 
 from sandbox_operator import naming
 from tests.fixtures.faults import runc_config
+from tests.fixtures.nodeless import off_node, serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def module_operator_config():
-    """Both tests share one runc operator (``module_kit``)."""
-    return runc_config(resyncSeconds=30)
+    """Both tests share one runc operator (``module_kit``), its pods on no node."""
+    return off_node(runc_config(resyncSeconds=30))
 
 
 def _conflict_setup(kit):
@@ -30,7 +32,7 @@ def _conflict_setup(kit):
     kit.scope("conv")
     kit.wait_condition("conv", "Ready", status="True", plural="sandboxscopes", timeout=30)
     kit.sandbox("a", scope_ref="conv")
-    kit.wait_condition("a", "Ready", status="True", timeout=90)
+    serve(kit, "a", timeout=90)
     kit.scope("dup")  # the same scope "tenant-a" and threadId "thread-1"
     dup = kit.wait_condition(
         "dup", "Ready", reasons=("ScopeConflict",), status="False", plural="sandboxscopes"
@@ -69,7 +71,7 @@ def test_deleting_the_holder_hands_the_conversation_to_the_waiting_scope(module_
     assert kit.get("a") is None
     # The waiting scope holds the conversation now, and its Sandbox starts ...
     kit.wait_condition("dup", "Ready", status="True", plural="sandboxscopes", timeout=30)
-    kit.wait_condition("b", "Ready", status="True", timeout=90)
+    serve(kit, "b", timeout=90)
     # ... and nothing of the old holder's purge reaches it.
     _stays_ready(kit, "b")
     assert [p.metadata.name for p in kit.pods()] == [naming.pod_name("b")]
