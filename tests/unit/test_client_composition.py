@@ -1,7 +1,8 @@
 """The client is composed, not stacked (#27 item 4): ``SandboxClient`` holds one object per job
-(its API calls, its watches, its suspensions, its scopes, its egress feed) and inherits from none
-of them; none of them inherits from another or knows the client; and the plane a handle gets is a
-``DataPlane`` with the protocol's own signatures, not ``*args: Any`` forwarding."""
+(its API calls, its watches, its suspensions, its scopes, its egress feed, its data planes, its
+acquires, its disposals, its scope purges) and inherits from none of them; none of them inherits
+from another or knows the client; and the plane a handle gets is a ``DataPlane`` with the
+protocol's own signatures, not ``*args: Any`` forwarding."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ import pytest
 
 import sandbox_operator.client as client_pkg
 from sandbox_operator.client import SandboxClient
+from sandbox_operator.client.acquire import Acquisitions
 from sandbox_operator.client.dataplane import DataPlane
+from sandbox_operator.client.disposal import Disposals
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.kube import SandboxObjects
+from sandbox_operator.client.planes import DataPlanes
+from sandbox_operator.client.purges import ScopePurges
 from sandbox_operator.client.scopes import Scopes
 from sandbox_operator.client.served import ServedPlane
 from sandbox_operator.client.suspension import Suspensions
@@ -32,11 +37,26 @@ PARTS: tuple[type, ...] = (
     Scopes,
     EgressFeed,
     ServedPlane,
+    DataPlanes,
+    Acquisitions,
+    Disposals,
+    ScopePurges,
 )
 
 #: The modules of the parts: none may import the client's module (a part that knows the client
 #: is the stack again, by another road).
-PART_MODULES = ("kube", "watching", "suspension", "scopes", "egress", "served")
+PART_MODULES = (
+    "kube",
+    "watching",
+    "suspension",
+    "scopes",
+    "egress",
+    "served",
+    "planes",
+    "acquire",
+    "disposal",
+    "purges",
+)
 
 #: The methods of the DataPlane protocol.
 PLANE_METHODS = ("exec", "write_file", "read_file", "stat", "list_dir", "remove", "close")

@@ -42,10 +42,12 @@ from sandbox_operator.client import (
     notify,
     tool_call,
 )
-from sandbox_operator.client import client as client_mod
+from sandbox_operator.client import acquire as acquire_mod
+from sandbox_operator.client import disposal as disposal_mod
 from sandbox_operator.client import egress as egress_mod
 from sandbox_operator.client import observer as observer_mod
 from sandbox_operator.client import outputs as outputs_mod
+from sandbox_operator.client import purges as purges_mod
 from sandbox_operator.client import sandbox as sandbox_mod
 from sandbox_operator.client.dataplane import local_dataplane
 from sandbox_operator.client.observer import EgressWatermark
@@ -228,7 +230,7 @@ class Harness:
             "metadata": {"name": "conv", "namespace": NS},
             "spec": {"scope": "tenant", "threadId": "t1"},
         }
-        self.wait: Any = None  # replaces _wait_ready when set
+        self.wait: Any = None  # replaces Acquisitions.wait_ready when set
 
         async def wait_ready(
             name: str, scope_ref: str, body: dict[str, Any], last: dict[str, str]
@@ -252,13 +254,13 @@ class Harness:
             self.custom.objects[(SANDBOX_PLURAL, name)] = obj
             return copy.deepcopy(obj)
 
-        self.client._wait_ready = wait_ready  # type: ignore[method-assign]
+        self.client.acquisitions.wait_ready = wait_ready  # type: ignore[method-assign]
         self.watch = FakeWatch(self.custom)
         feed = self.client.egress_feed
         feed._list = self.watch.list  # type: ignore[method-assign]
         feed._events = self.watch.events  # type: ignore[method-assign]
         feed.first_backoff = 0.01
-        self.client._dataplane = lambda obj: local_dataplane()  # type: ignore[method-assign]
+        self.client.planes.connect = lambda obj: local_dataplane()  # type: ignore[method-assign]
 
     def key(self, agent_dir: str = "agent", call_id: str = "") -> SandboxKey:
         return SandboxKey(scope="tenant", thread_id="t1", agent_dir=agent_dir, call_id=call_id)
@@ -628,7 +630,8 @@ async def test_nothing_built_without_an_observer(
 
         return build
 
-    for mod in (client_mod, sandbox_mod, outputs_mod, observer_mod, egress_mod):
+    modules = (acquire_mod, disposal_mod, purges_mod, sandbox_mod, outputs_mod, observer_mod)
+    for mod in (*modules, egress_mod):
         for cls in (
             "SandboxAcquired",
             "SandboxDisposed",
@@ -641,7 +644,7 @@ async def test_nothing_built_without_an_observer(
         ):
             if hasattr(mod, cls):
                 monkeypatch.setattr(mod, cls, spy(cls))
-    monkeypatch.setattr(client_mod, "effective_state", spy("EffectiveState"))
+    monkeypatch.setattr(acquire_mod, "effective_state", spy("EffectiveState"))
     h = Harness(tmp_path, None)
     try:
         out = {"path": "o", "mediaType": "text/plain", "disposition": "consume"}

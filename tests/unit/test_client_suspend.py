@@ -354,7 +354,7 @@ class Harness:
             self.planes.append(plane)
             return plane
 
-        self.client._dataplane = dataplane  # type: ignore[method-assign]
+        self.client.planes.connect = dataplane  # type: ignore[method-assign]
         self.server.objects[(SANDBOX_SCOPE_PLURAL, "conv")] = {
             "metadata": {"name": "conv", "namespace": NS, "resourceVersion": "0"},
             "spec": {"scope": "tenant", "threadId": "t1"},

@@ -1,7 +1,8 @@
 """The Python client for sandbox-operator: acquire sandboxes as custom resources and work inside
 them (exec, code, files) under the caps their spec declared. See docs/client.md."""
 
-from sandbox_operator.client.client import CarriesHostTools, SandboxClient
+from sandbox_operator.client.acquire import CarriesHostTools
+from sandbox_operator.client.client import SandboxClient
 from sandbox_operator.client.dataplane import (
     DataPlane,
     DataPlaneFactory,

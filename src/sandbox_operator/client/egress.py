@@ -195,6 +195,31 @@ class EgressFeed:
         self.deliver(obj, key)
         self._end(object_id(obj))
 
+    # ---- at a disposal: never raising ---------------------------------------------------
+
+    def deliver_quietly(self, obj: Mapping[str, Any], key: SandboxKey | None = None) -> None:
+        """:meth:`deliver` for a disposal, before its delete: a failure to report is logged (by
+        its type only) and never raised, since reporting must not stop the delete."""
+        try:
+            self.deliver(obj, key)
+        except Exception as exc:
+            _report_failed(exc)
+
+    def end_gone(
+        self, last: Mapping[str, Any] | None, key: SandboxKey | None, uid: str | None
+    ) -> None:
+        """A disposed Sandbox is gone and ``last`` is the last state of it seen: :meth:`end` its
+        stream (with an observer), unless ``last`` is another object under the name than
+        ``uid``. Never raises, like :meth:`deliver_quietly`."""
+        if self.observer is None or last is None:
+            return
+        if uid and kubeobj.meta(last).get("uid") != uid:
+            return  # a state of another object under the name
+        try:
+            self.end(last, key)
+        except Exception as exc:
+            _report_failed(exc)
+
     def _on(self, kind: str, obj: Mapping[str, Any]) -> None:
         """One watch event: deliver what a followed Sandbox's state adds; a deleted one's
         stream ends (its last state delivered)."""
@@ -330,3 +355,7 @@ class EgressFeed:
             seconds,
         )
         await asyncio.sleep(seconds)
+
+
+def _report_failed(exc: Exception) -> None:
+    log.warning("sandbox observer: reporting egress failed (%s)", type(exc).__name__)

@@ -3,8 +3,8 @@ Ready, and the sandbox key a SandboxScope gives an agent's ``(agent_dir, call_id
 
 :class:`Scopes` holds the namespace's :class:`~sandbox_operator.client.kube.SandboxObjects` (to
 apply and read a scope) and the client's :class:`~sandbox_operator.client.watching.Watches` (to
-wait for it); deleting a scope is the client's, beside ``dispose_scope``: both report to its
-observer, which this object does not hold."""
+wait for it); deleting a scope is :class:`~sandbox_operator.client.purges.ScopePurges`', beside
+``dispose_scope``: both wait for a conversation's disposal and report it to the observer."""
 
 from __future__ import annotations
 

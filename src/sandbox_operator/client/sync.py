@@ -21,7 +21,8 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeAlias, TypeVar, Unpack
 
-from sandbox_operator.client.client import CarriesHostTools, SandboxClient
+from sandbox_operator.client.acquire import CarriesHostTools
+from sandbox_operator.client.client import SandboxClient
 from sandbox_operator.client.dataplane import DEFAULT_OUTPUT_BUDGET
 from sandbox_operator.client.dataplane.streaming import (
     ChunkCallback,

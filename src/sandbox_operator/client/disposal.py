@@ -1,0 +1,100 @@
+"""Dispose of one Sandbox: delete it (only that very object when its uid is given), report the
+disposal, and, when asked, wait until it is gone and end its egress stream.
+
+Its own topic because a disposal is more than the delete: with an observer the Sandbox is read
+first, so the egress decisions not yet reported are delivered and a dispose by name learns the
+key to report (``SandboxDisposed``); the wait ends the stream with the last state seen
+(``EgressStreamEnded``); and the handle's activity stamp and an unfollowed stream are dropped.
+A conversation's disposal is :mod:`sandbox_operator.client.purges`'.
+
+:class:`Disposals` is given the client's parts it uses; it never imports the client."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_operator import kubeobj
+from sandbox_operator.client.egress import EgressFeed
+from sandbox_operator.client.kube import SandboxObjects
+from sandbox_operator.client.observer import SandboxDisposed, failure_name, notify, record_key
+from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.status import key_from_object
+from sandbox_operator.client.suspension import Suspensions
+from sandbox_operator.client.watching import Watches
+from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
+
+#: How long a ``dispose(wait=True)`` waits for the Sandbox to be gone.
+WAIT_GONE_SECONDS = 120.0
+
+
+class Disposals:
+    """The disposals of one client's Sandboxes (see the module)."""
+
+    def __init__(
+        self,
+        objects: SandboxObjects,
+        watches: Watches,
+        suspensions: Suspensions,
+        egress_feed: EgressFeed,
+    ) -> None:
+        self.objects = objects
+        self.watches = watches
+        #: whose activity stamp of a disposed Sandbox is dropped
+        self.suspensions = suspensions
+        #: the egress streams, and the observer the client keeps there
+        self.egress_feed = egress_feed
+
+    async def dispose(
+        self, sandbox: Sandbox | str, *, wait: bool = False, uid: str | None = None
+    ) -> None:
+        """:meth:`SandboxClient.dispose <sandbox_operator.client.SandboxClient.dispose>`."""
+        name = sandbox if isinstance(sandbox, str) else sandbox.name
+        key = None if isinstance(sandbox, str) else sandbox.key
+        if not isinstance(sandbox, str):
+            with contextlib.suppress(Exception):
+                await sandbox.close()
+        seen: Mapping[str, Any] | None = None
+        if self.egress_feed.observer is not None:
+            with contextlib.suppress(Exception):  # reporting must not stop the delete
+                seen = await self.objects.get(SANDBOX_PLURAL, name)
+            if isinstance(seen, Mapping):
+                key = key or key_from_object(seen)
+                self.egress_feed.deliver_quietly(seen, key)
+            else:
+                seen = None
+        call = record_key(key)
+        try:
+            await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
+        except BaseException as exc:
+            self._disposed(key, call, name, exc)
+            raise
+        self._disposed(key, call, name, None)
+        self.suspensions.activity_stamps.pop(name, None)
+        seen_uid = str(kubeobj.meta(seen).get("uid") or "")
+        try:
+            if wait:
+                last = await self.watches.wait_gone(
+                    SANDBOX_PLURAL, name, WAIT_GONE_SECONDS, uid=uid
+                )
+                self.egress_feed.end_gone(last or seen, key, uid)
+        finally:
+            self.egress_feed.forget(name, seen_uid)
+
+    def _disposed(
+        self, key: SandboxKey | None, call: str | None, name: str, exc: BaseException | None
+    ) -> None:
+        if key is None:
+            return
+        notify(
+            self.egress_feed.observer,
+            "sandbox_disposed",
+            lambda: SandboxDisposed(
+                key=key,
+                call=call,
+                sandbox=name,
+                namespace=self.objects.namespace,
+                failure=failure_name(exc),
+            ),
+        )
