@@ -1,15 +1,15 @@
 """Shared pytest wiring: fixtures live in tests/fixtures/, one module per concern.
 
 The fixture modules registered here (cluster, operator, and those other tests share by fixture
-name) need the sync `kubernetes` client (the test extra) and PyYAML (the operator's); a venv
-with only the base install (the client an agent installs alone) runs the client's unit tests
-without them, so they are loaded only where both are installed. Helper modules under
-tests/fixtures/ that are not fixtures are imported by the tests that use them.
+name) need the operator's extras (the sync `kubernetes` client, PyYAML); a venv with only the
+base install (the client an agent installs alone) runs the client's unit tests without them, so
+they are loaded only where those extras are installed. Helper modules under tests/fixtures/ that
+are not fixtures are imported by the tests that use them.
 """
 
 import importlib.util
 
-_FIXTURE_EXTRAS = ("kubernetes", "yaml")
+_OPERATOR_EXTRAS = ("kubernetes", "yaml")
 
 pytest_plugins = (
     [
@@ -25,7 +25,7 @@ pytest_plugins = (
         )
         if importlib.util.find_spec(name) is not None
     ]
-    if all(importlib.util.find_spec(dep) is not None for dep in _FIXTURE_EXTRAS)
+    if all(importlib.util.find_spec(dep) is not None for dep in _OPERATOR_EXTRAS)
     else []
 )
 

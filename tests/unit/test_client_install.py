@@ -1,7 +1,6 @@
 """The client installs alone: an agent process that only acquires sandboxes gets the client and
-the contract from the base install, without the operator's dependencies (kopf,
-prometheus_client), the tests' sync `kubernetes` client or the ACA backend's credentials
-(azure-identity).
+the contract from the base install, without the operator's dependencies (kopf, the sync
+`kubernetes` client, prometheus_client) or the ACA backend's credentials (azure-identity).
 
 One fresh venv for the module: the base install of this repository, then only the test runner,
 and the client's own unit tests run there against the installed package (not src/).

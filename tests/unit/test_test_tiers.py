@@ -51,7 +51,7 @@ def _collected(directory: str, selection: str) -> tuple[int, str]:
     ],
 )
 def test_every_cluster_test_carries_the_marker_of_its_directory(directory: str, stray: str) -> None:
-    pytest.importorskip("kubernetes")  # the cluster tiers' fixtures need the test extra
+    pytest.importorskip("kubernetes")  # the cluster tiers' fixtures need the operator's extras
     code, out = _collected(directory, stray)
     assert code == NO_TESTS_COLLECTED, f"{directory}: tests selected by -m {stray!r}:\n{out}"
 
