@@ -75,3 +75,16 @@ def test_the_clients_unit_tests_pass_on_the_base_install(base_venv: Path) -> Non
     done = _run(base_venv, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CLIENT_TESTS)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_the_operator_extra_carries_what_kopfs_login_needs() -> None:
+    """kopf.login_via_client (the operator's login, metrics/kopf_session.py) reads credentials
+    through the sync ``kubernetes`` client: an image built from the operator extra without it
+    crash-loops with kopf's "Ran out of valid credentials" (seen 2026-12-07)."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].split("[")[0].strip() for d in
+             project["optional-dependencies"]["operator"]}  # fmt: skip
+    assert {"kopf", "kubernetes"} <= names, names
