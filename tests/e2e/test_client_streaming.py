@@ -32,37 +32,21 @@ import pytest
 
 from sandbox_operator.client import ExitStatus, OutputChunk, Sandbox, SandboxClient
 from sandbox_operator.client.dataplane import ExecStream
-from sandbox_operator.contract import Capability, SandboxSpec
-from tests.fixtures.operator import BUSYBOX, Kit, local_config
+from sandbox_operator.contract import SandboxSpec
+from tests.fixtures.client_specs import runc_first_config, shell_spec
+from tests.fixtures.operator import Kit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-WORK = "/workspace"
-ISOLATION = {"runc": "container", "gvisor": "hardened_container"}
-SMALL = {
-    "requests": {"cpu": "10m", "memory": "16Mi"},
-    "limits": {"cpu": "500m", "memory": "128Mi"},
-}
 
 
 @pytest.fixture(scope="module")
 def module_operator_config() -> dict[str, Any]:
     """runc first, so a ``container`` floor runs on runc and ``hardened_container`` on gVisor."""
-    backends = local_config()["backends"]
-    return local_config(backends=sorted(backends, key=lambda b: b["name"] != "runc"))
+    return runc_first_config()
 
 
 def spec(runtime: str) -> SandboxSpec:
-    return SandboxSpec.model_validate(
-        {
-            "kind": "shell",
-            "image": BUSYBOX,
-            "work_dir": WORK,
-            "requires": frozenset({Capability.EXEC}),
-            "min_isolation": ISOLATION[runtime],
-            "resources": SMALL,
-        }
-    )
+    return shell_spec(runtime)
 
 
 def docs_example() -> str:

@@ -31,18 +31,13 @@ from sandbox_operator.client import (
     pod_dataplane,
 )
 from sandbox_operator.client.dataplane import DataPlane
-from sandbox_operator.contract import Capability, SandboxSpec
+from sandbox_operator.contract import SandboxSpec
+from tests.fixtures.client_specs import WORK, runc_first_config, shell_spec
 from tests.fixtures.exec_link import ExecLink, linked_client
-from tests.fixtures.operator import BUSYBOX, Kit, local_config
+from tests.fixtures.operator import Kit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-WORK = "/workspace"
-ISOLATION = {"runc": "container", "gvisor": "hardened_container"}
-SMALL = {
-    "requests": {"cpu": "10m", "memory": "16Mi"},
-    "limits": {"cpu": "500m", "memory": "128Mi"},
-}
 #: Started, then waits for ``go`` (so the test chooses when it overruns), then runs on.
 COMMAND = "touch began; while [ ! -e go ]; do sleep 0.1; done; head -c 1000000 /dev/zero; sleep 600"
 
@@ -52,21 +47,11 @@ def module_operator_config() -> dict[str, Any]:
     """One operator for the module: runc first, so a spec whose floor is ``container`` runs on
     runc and one whose floor is ``hardened_container`` on gVisor (perSpec: the first backend
     that passes)."""
-    backends = local_config()["backends"]
-    return local_config(backends=sorted(backends, key=lambda b: b["name"] != "runc"))
+    return runc_first_config()
 
 
 def spec(runtime: str) -> SandboxSpec:
-    return SandboxSpec.model_validate(
-        {
-            "kind": "shell",
-            "image": BUSYBOX,
-            "work_dir": WORK,
-            "requires": frozenset({Capability.EXEC}),
-            "min_isolation": ISOLATION[runtime],
-            "resources": SMALL,
-        }
-    )
+    return shell_spec(runtime)
 
 
 def served(kit: Kit, sb: Sandbox) -> tuple[str, str, str]:

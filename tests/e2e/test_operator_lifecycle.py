@@ -11,32 +11,20 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandbox_operator import naming
-from tests.fixtures.operator import DECLARATIONS, egress_policy_of, local_config
+from tests.fixtures.operator import egress_policy_of, pinned_config
 
 pytestmark = pytest.mark.e2e
-
-
-def only(name: str, runtime_class: str, isolation: str, **kw):
-    backend = {
-        "name": name,
-        "type": "runtimeClass",
-        "runtimeClassName": runtime_class,
-        "isolation": isolation,
-        "declarations": DECLARATIONS,
-    }
-    backend.update(kw)
-    return local_config(floor="container", selection="fixed", pinned=name, backends=[backend])
 
 
 @pytest.fixture(scope="module")
 def module_operator_config():
     """The tests on ``module_kit`` share one runc operator (the others start their own, with a
     backend of theirs)."""
-    return only("runc", "runc", "container")
+    return pinned_config("runc", "runc", "container")
 
 
 def test_apply_becomes_ready_with_a_hardened_pod_under_gvisor(kit, start_operator, kubectl):
-    start_operator(only("gvisor", "gvisor", "hardened_container"))
+    start_operator(pinned_config("gvisor", "gvisor", "hardened_container"))
     _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, "gvisor", "hardened_container")
 
 
@@ -101,7 +89,7 @@ def _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, runtime_class, isolat
 
 
 def test_missing_image_is_startup_failed(kit, start_operator):
-    start_operator(only("runc", "runc", "container", pod={"imagePullPolicy": "Never"}))
+    start_operator(pinned_config("runc", "runc", "container", pod={"imagePullPolicy": "Never"}))
     kit.scope()
     kit.sandbox("noimage", image="sandbox-operator.dev/does-not-exist:1")
     obj = kit.wait_condition("noimage", reasons=("StartupFailed",), timeout=120)
@@ -121,7 +109,7 @@ def test_runtime_class_without_a_handler_on_the_node_is_startup_failed(kit, star
         client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=rc_name), handler="nohandler")
     )
     try:
-        start_operator(only("nohandler", rc_name, "container"))
+        start_operator(pinned_config("nohandler", rc_name, "container"))
         kit.scope()
         kit.sandbox(
             "handlerless",

@@ -17,33 +17,21 @@ from kubernetes.client.rest import ApiException
 
 from sandbox_operator import naming
 from tests.fixtures.nodeless import off_node, play_kubelet, serve
-from tests.fixtures.operator import DECLARATIONS, egress_policy_of, local_config
+from tests.fixtures.operator import egress_policy_of, pinned_config
 
 pytestmark = pytest.mark.integration
-
-
-def only(name: str, runtime_class: str, isolation: str, **kw):
-    backend = {
-        "name": name,
-        "type": "runtimeClass",
-        "runtimeClassName": runtime_class,
-        "isolation": isolation,
-        "declarations": DECLARATIONS,
-    }
-    backend.update(kw)
-    return local_config(floor="container", selection="fixed", pinned=name, backends=[backend])
 
 
 @pytest.fixture(scope="module")
 def module_operator_config():
     """The tests on ``module_kit`` share one runc operator, its pods on no node (the others
     start their own, with a backend of theirs)."""
-    return off_node(only("runc", "runc", "container"))
+    return off_node(pinned_config("runc", "runc", "container"))
 
 
 def test_missing_runtime_class(kit, start_operator, kubectl):
     # Missing when the operator starts: the backend is unavailable and the sandbox is refused.
-    start_operator(only("ghost", "no-such-runtime-class", "container"))
+    start_operator(pinned_config("ghost", "no-such-runtime-class", "container"))
     kit.scope()
     kit.sandbox("ghostly")
     kit.wait_condition("ghostly", "Admitted", reasons=("BackendUnavailable",), status="False")
@@ -57,7 +45,7 @@ def test_runtime_class_removed_after_start_is_startup_failed(kit, start_operator
         client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=rc_name), handler="runc")
     )
     try:
-        start_operator(only("vanishing", rc_name, "container"))
+        start_operator(pinned_config("vanishing", rc_name, "container"))
         node.delete_runtime_class(rc_name)
         kit.scope()
         kit.sandbox("orphaned")
