@@ -130,3 +130,47 @@ def test_the_served_plane_is_given_what_it_needs_not_the_handle_or_the_client() 
     for name, param in params.items():
         kinds = {part.strip() for part in str(param.annotation).split("|")}
         assert not kinds & {"Sandbox", "SandboxClient"}, f"ServedPlane({name}=...) is {kinds}"
+
+
+async def test_an_acquire_waits_for_an_unclean_handles_background_disposal() -> None:
+    """An unclean handle disposes of its Sandbox in the background; the next acquire of that
+    name must not apply before that DELETE lands, or it gets the unclean sandbox back (seen on
+    the real node, 2026-12-07: tests/e2e/test_client_unclean.py, runc-stream)."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any
+
+    from sandbox_operator.client.acquire import Acquisitions
+    from sandbox_operator.client.disposal import Disposals
+
+    order: list[tuple[str, str]] = []
+
+    class Stop(Exception):
+        pass
+
+    class Objects:
+        async def delete(self, plural: str, name: str, uid: str | None = None) -> None:
+            await asyncio.sleep(0.05)  # the DELETE's round trip
+            order.append(("delete", name))
+
+        async def apply_created(self, plural: str, name: str, body: Any) -> Any:
+            order.append(("apply", name))
+            raise Stop
+
+    feed: Any = SimpleNamespace(observer=None, forget=lambda name, uid: None)
+    disposals = Disposals(Objects(), None, SimpleNamespace(activity_stamps={}), feed)  # type: ignore[arg-type]
+    acquisitions = Acquisitions(
+        Objects(),
+        None,
+        None,
+        feed,
+        None,
+        None,
+        settled=disposals.settled,  # type: ignore[arg-type]
+    )
+    disposals.dispose_soon("sbx-a")
+    assert "sbx-a" in disposals.in_flight  # registered before any await
+    with pytest.raises(Stop):
+        await acquisitions.wait_ready("sbx-a", "conv", {}, {})
+    assert order == [("delete", "sbx-a"), ("apply", "sbx-a")]
+    assert not disposals.in_flight

@@ -28,7 +28,9 @@ def _public(cls: type) -> dict[str, inspect.Signature]:
 def test_sync_twin_has_same_methods_and_parameters(aio: type, sync: type) -> None:
     a, s = _public(aio), _public(sync)
     # ``reach`` hands an async data plane to a tool running its own loop (the shell CLI)
-    skip = {"key_for", "reach"}
+    # ``dispose_soon`` returns a future of the client's own loop: an unclean handle's rule
+    # calls it, never a caller
+    skip = {"key_for", "reach", "dispose_soon"}
     assert set(a) - skip <= set(s), set(a) - set(s)
     for name in set(a) - skip:
         assert list(a[name].parameters) == list(s[name].parameters), name

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -70,7 +70,11 @@ class Acquisitions:
         egress_feed: EgressFeed,
         planes: DataPlanes,
         lifecycle: SuspendsSandboxes,
+        *,
+        settled: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        #: waits for a background disposal of a name to end (the client's ``Disposals``)
+        self.settled = settled
         self.objects = objects
         self.watches = watches
         self.suspensions = suspensions
@@ -245,6 +249,10 @@ class Acquisitions:
         suspended, and watch it until Ready or a terminal reason, and its SandboxScope until
         deleted, whichever comes first. ``last`` records the last reason seen and, when this
         apply created the object, its uid (``created``)."""
+        if self.settled is not None:
+            # An unclean handle's disposal of this name, started in the background: its DELETE
+            # lands first, so this apply meets the Sandbox going (or gone), never the old one.
+            await self.settled(name)
         obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
         while kubeobj.meta(obj).get("deletionTimestamp"):
             # A previous sandbox under this key is still going away: wait, then recreate.

@@ -106,12 +106,19 @@ class SandboxClient:
         #: the data plane into what serves a Sandbox, per ``servedBy.kind`` (called with this
         #: client, the ``dataplanes=`` contract)
         self.planes = DataPlanes(self.objects, dataplanes or {}, handed=self)
-        #: acquire: apply, wait until Ready, build the handle (whose lifecycle is this client)
-        self.acquisitions = Acquisitions(
-            self.objects, self.watches, self.suspensions, self.egress_feed, self.planes, self
-        )
-        #: dispose of one Sandbox
+        #: dispose of one Sandbox (now, or in the background for an unclean handle)
         self.disposals = Disposals(self.objects, self.watches, self.suspensions, self.egress_feed)
+        #: acquire: apply, wait until Ready, build the handle (whose lifecycle is this client),
+        #: after any background disposal of the same name has ended
+        self.acquisitions = Acquisitions(
+            self.objects,
+            self.watches,
+            self.suspensions,
+            self.egress_feed,
+            self.planes,
+            self,
+            settled=self.disposals.settled,
+        )
         #: dispose of a conversation's Sandboxes, delete its SandboxScope
         self.scope_purges = ScopePurges(self.objects, self.watches, self.egress_feed)
 
@@ -336,6 +343,11 @@ class SandboxClient:
         missing Sandbox raises :class:`SandboxGone`, a suspended one :class:`SandboxSuspended`,
         one not Ready :class:`DataPlaneError` naming its reason."""
         return await self.planes.reach(name)
+
+    def dispose_soon(self, name: str, *, uid: str | None = None) -> asyncio.Future[None]:
+        """Dispose of Sandbox ``name`` in the background (an unclean handle does: its caller's
+        own error goes on at once); an acquire of the name through this client waits for it."""
+        return self.disposals.dispose_soon(name, uid)
 
     async def dispose(
         self, sandbox: Sandbox | str, *, wait: bool = False, uid: str | None = None

@@ -11,6 +11,7 @@ A conversation's disposal is :mod:`sandbox_operator.client.purges`'.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping
 from typing import Any
@@ -45,6 +46,32 @@ class Disposals:
         self.suspensions = suspensions
         #: the egress streams, and the observer the client keeps there
         self.egress_feed = egress_feed
+        #: Disposals started in the background (an unclean handle's), by Sandbox name: an
+        #: acquire of that name waits for its own (:meth:`settled`), so it never races the
+        #: DELETE and gets the sandbox being disposed.
+        self.in_flight: dict[str, asyncio.Future[None]] = {}
+
+    def dispose_soon(self, name: str, uid: str | None = None) -> asyncio.Future[None]:
+        """Dispose of ``name`` in the background, registered at once (before any await) so
+        that a later acquire of the name waits for it."""
+        future = asyncio.ensure_future(self.dispose(name, uid=uid))
+        self.in_flight[name] = future
+
+        def done(f: asyncio.Future[None]) -> None:
+            if self.in_flight.get(name) is f:
+                del self.in_flight[name]
+            if not f.cancelled():
+                f.exception()  # retrieved: its failure is the handle's to tell, not the loop's
+
+        future.add_done_callback(done)
+        return future
+
+    async def settled(self, name: str) -> None:
+        """Once a background disposal of ``name`` has ended (whatever its outcome: the apply
+        after it sees what is left)."""
+        future = self.in_flight.get(name)
+        if future is not None:
+            await asyncio.wait({future})
 
     async def dispose(
         self, sandbox: Sandbox | str, *, wait: bool = False, uid: str | None = None

@@ -379,7 +379,11 @@ class Sandbox:
         if self._lifecycle is None or not self.name:
             return
         uid = str(kubeobj.meta(self.resource).get("uid") or "") or None
-        self._disposal = asyncio.ensure_future(self._lifecycle.dispose(self.name, uid=uid))
+        soon = getattr(self._lifecycle, "dispose_soon", None)
+        if soon is not None:  # the client: registered, so its next acquire of the name waits
+            self._disposal = soon(self.name, uid=uid)
+        else:
+            self._disposal = asyncio.ensure_future(self._lifecycle.dispose(self.name, uid=uid))
 
     # -- files in -------------------------------------------------------------------------
 
