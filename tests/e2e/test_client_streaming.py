@@ -113,12 +113,16 @@ async def interactive_sh(sb: Sandbox) -> None:
 
 async def terminal_stop_kills_the_session(sb: Sandbox) -> None:
     term = await sb.exec_stream(["sh"], tty=True, timeout=None)
-    await term.write_stdin(b"(sleep 3; touch late) & echo started\n")
+    # The job writes "late" once "stopped" exists, which the test creates only after the stop: by
+    # cause, not by a race between a sleep and the kill (a loaded node's exec takes seconds).
+    job = b"(while [ ! -e stopped ]; do sleep 0.2; done; touch late) & echo started\n"
+    await term.write_stdin(job)
     await read_until(term, b"started\r\n")
     await term.write_stdin(b"sleep 600\n")
     await term.aclose()
     assert term.reach == "session" and term.stopped == (True, "session"), term.stopped
-    await asyncio.sleep(5)  # past the background job's write
+    assert (await sb.exec(["touch", "stopped"], timeout=30)).exit_code == 0
+    await asyncio.sleep(2)  # ten of the job's looks at "stopped", were it alive
     assert not await exists(sb, "late"), "a job of the stopped session ran on"
     assert sb.unclean is None
 
