@@ -80,6 +80,23 @@ define pytest_run
 	exit $$rc
 endef
 
+# A tier run in two parts, test-NAME-concurrent then test-NAME-exclusive (both run even if the
+# first fails): one log (build/test-NAME.log), the slowest of each kept, and one closing line
+# summing both (hack/pytest_total.py); the run's exit status.
+define two_part_run
+	@rc=0; \
+	$(MAKE) --no-print-directory test-$(1)-concurrent || rc=1; \
+	$(MAKE) --no-print-directory test-$(1)-exclusive || rc=1; \
+	cat build/test-$(1)-concurrent.log build/test-$(1)-exclusive.log > build/test-$(1).log; \
+	cat build/durations-$(1)-concurrent.txt build/durations-$(1)-exclusive.txt \
+	  > build/durations-$(1).txt; \
+	$(PY) hack/pytest_total.py --drop=deselected build/test-$(1)-concurrent.log \
+	  build/test-$(1)-exclusive.log > build/test-$(1)-total.txt || rc=1; \
+	cat build/test-$(1)-total.txt; \
+	echo "$$(tail -1 build/test-$(1)-total.txt)" >> build/test-$(1).log; \
+	exit $$rc
+endef
+
 # The whole suite: static checks, then three runs: unit tests (4 workers), the integration and
 # e2e tests against a real cluster (the fixtures bring the local one up unless KUBECONFIG
 # points at one), and the maf tier on Python 3.12. All three run even if one fails; the
@@ -106,17 +123,7 @@ test-unit: $(STAMP)
 # closing line for both (hack/pytest_total.py), the slowest of each kept.
 CLUSTER_WORKERS ?= 3
 test-cluster: $(STAMP)
-	@rc=0; \
-	$(MAKE) --no-print-directory test-cluster-concurrent || rc=1; \
-	$(MAKE) --no-print-directory test-cluster-exclusive || rc=1; \
-	cat build/test-cluster-concurrent.log build/test-cluster-exclusive.log > build/test-cluster.log; \
-	cat build/durations-cluster-concurrent.txt build/durations-cluster-exclusive.txt \
-	  > build/durations-cluster.txt; \
-	$(PY) hack/pytest_total.py --drop=deselected build/test-cluster-concurrent.log \
-	  build/test-cluster-exclusive.log > build/test-cluster-total.txt || rc=1; \
-	cat build/test-cluster-total.txt; \
-	echo "$$(tail -1 build/test-cluster-total.txt)" >> build/test-cluster.log; \
-	exit $$rc
+	$(call two_part_run,cluster)
 
 test-cluster-concurrent: $(STAMP)
 	$(call pytest_run,cluster-concurrent,$(PY) -m pytest tests/integration tests/e2e -m "not exclusive" -n $(CLUSTER_WORKERS) --dist loadfile --durations=30)
@@ -131,23 +138,12 @@ test-e2e: $(STAMP)
 	$(call pytest_run,e2e,$(PY) -m pytest tests/e2e --durations=15)
 
 # maf-sandbox's own conformance suites: over the local data plane (tests/unit/maf) and through
-# the operator on the real cluster, runc and gVisor (tests/maf).
-# The maf tier as the cluster tiers run: its modules concurrently (an operator per runtime per
+# the operator on the real cluster, runc and gVisor (tests/maf). Run as the cluster tiers are: its modules concurrently (an operator per runtime per
 # module, each in its own namespace), then the `exclusive` ones alone (cluster-wide installs,
 # timings); one log and one closing line for both.
 MAF_WORKERS ?= 2
 test-maf: $(MAF_STAMP)
-	@rc=0; \
-	$(MAKE) --no-print-directory test-maf-concurrent || rc=1; \
-	$(MAKE) --no-print-directory test-maf-exclusive || rc=1; \
-	cat build/test-maf-concurrent.log build/test-maf-exclusive.log > build/test-maf.log; \
-	cat build/durations-maf-concurrent.txt build/durations-maf-exclusive.txt \
-	  > build/durations-maf.txt; \
-	$(PY) hack/pytest_total.py --drop=deselected build/test-maf-concurrent.log \
-	  build/test-maf-exclusive.log > build/test-maf-total.txt || rc=1; \
-	cat build/test-maf-total.txt; \
-	echo "$$(tail -1 build/test-maf-total.txt)" >> build/test-maf.log; \
-	exit $$rc
+	$(call two_part_run,maf)
 
 test-maf-concurrent: $(MAF_STAMP)
 	$(call pytest_run,maf-concurrent,$(PY_MAF) -m pytest tests/unit/maf tests/maf -m "not exclusive" -n $(MAF_WORKERS) --dist loadfile --durations=15)
