@@ -80,6 +80,12 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
         field_path=".suspended",
     ),
     _rule(
+        "!has(self.resets) || self.resets == 0 || !has(self.storage)",
+        "resets needs a sandbox without storage: a reset gives the sandbox an empty work "
+        "directory, and a persistent work volume is kept, never emptied",
+        field_path=".resets",
+    ),
+    _rule(
         "!has(self.lifetime) || !has(self.lifetime.idleAction) || "
         "self.lifetime.idleAction != 'suspend' || has(self.storage)",
         "lifetime.idleAction suspend needs storage",
@@ -91,9 +97,19 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
 SANDBOX_IMMUTABLE_FIELDS: Final = ("scopeRef", "agentDir", "callId")
 
 #: Sandbox spec fields that may change after creation: the lifetime (extending a TTL or an idle
-#: timeout is judged on the next pass) and suspended (suspend and resume). Every other field
-#: decided the admission or shapes the pod.
-SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime", "suspended"})
+#: timeout is judged on the next pass), suspended (suspend and resume) and resets (a reset, a
+#: counter that only grows: :data:`SANDBOX_RESETS_RULE`). Every other field decided the
+#: admission or shapes the pod.
+SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime", "suspended", "resets"})
+
+#: A transition rule on the spec object: spec.resets never goes down (nor away once set), so a
+#: reset asked for is never undone by an older write and status.resets can say which one the
+#: serving pod answers.
+SANDBOX_RESETS_RULE: Final = _rule(
+    "!has(oldSelf.resets) || (has(self.resets) && self.resets >= oldSelf.resets)",
+    "resets may only increase: raise it by one to ask for a reset",
+    field_path=".resets",
+)
 
 
 def _fixed_after_creation(field: str) -> Schema:
@@ -104,8 +120,8 @@ def _fixed_after_creation(field: str) -> Schema:
         f"has(self.{field}) == has(oldSelf.{field}) && "
         f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
         f"{field} cannot change after creation: the sandbox was admitted and started with the "
-        "spec it was created with; create a new Sandbox instead (only lifetime and suspended "
-        "may be edited)",
+        "spec it was created with; create a new Sandbox instead (only lifetime, suspended "
+        "and resets may be edited)",
         field_path=f".{field}",
     )
 
@@ -113,7 +129,7 @@ def _fixed_after_creation(field: str) -> Schema:
 def sandbox_spec_transition_rules(spec: Schema) -> list[Schema]:
     """One :func:`_fixed_after_creation` rule per spec field admission or the pod depends on."""
     fixed = set(spec["properties"]) - SANDBOX_MUTABLE_FIELDS - set(SANDBOX_IMMUTABLE_FIELDS)
-    return [_fixed_after_creation(name) for name in sorted(fixed)]
+    return [_fixed_after_creation(name) for name in sorted(fixed)] + [SANDBOX_RESETS_RULE]
 
 
 #: Rules on nested objects, keyed by their type in the contract.

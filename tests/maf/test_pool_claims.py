@@ -4,6 +4,8 @@ With the chart's seal on idle pool pods in force and checked (``--pool-seal``), 
 backend's acquire creates from a pool records ``sealedUntilClaim`` and the backend reports it
 ``freshly_created``: maf's router then uses it as it is, one Sandbox per acquire, instead of
 treating it as unfamiliar (disposal and a second acquire). maf's guest suites pass on it.
+With ``SNAPSHOT`` declared (the operator resets runtime-class Sandboxes), a reset puts a pool pod
+in the old one's place, and the router cleans an unfamiliar instance by a reset (#36 item 1).
 """
 
 from __future__ import annotations
@@ -203,3 +205,69 @@ async def test_per_call_isolation_is_served_from_the_pool_too(
     finally:
         for k in keys:
             await router.dispose(k)
+
+
+async def test_a_reset_leaves_no_file_and_no_process_of_the_previous_instance(
+    sealed: Served, backend: OperatorBackend, custom_objects: client.CustomObjectsApi
+) -> None:
+    """(#36 item 1) ``Sandbox.reset``: the pod goes with what it ran and wrote, a never-used
+    pool pod takes its place; same Sandbox, new instance, the storage base prepared again."""
+    assert maf.Capability.SNAPSHOT in backend.declarations.capabilities
+    key = maf.SandboxKey("tenant", f"thread-{uuid.uuid4().hex[:6]}", "agent", "")
+    sandbox = await backend.acquire(key, SPEC)
+    try:
+        assert isinstance(sandbox, OperatorSandbox)
+        marker = f"left-{uuid.uuid4().hex[:6]}"
+        started = await sandbox.exec(
+            f"echo x > {WORK}/{marker}; (setsid sleep 1000 >/dev/null 2>&1 &); echo ok",
+            working_directory=WORK,
+            timeout=30,
+        )
+        assert started.exit_code == 0, started
+        before_id, before_pod = sandbox.instance_id, sandbox.pod
+        (before,) = [o for o in _sandboxes(sealed) if o["metadata"]["name"] == sandbox.name]
+        try:
+            await sandbox.reset(timeout=60)
+        except TimeoutError:
+            (now,) = [o for o in _sandboxes(sealed) if o["metadata"]["name"] == sandbox.name]
+            raise AssertionError((now, sealed.operator.log()[-3000:])) from None
+        assert sandbox.instance_id != before_id and sandbox.pod != before_pod
+        (after,) = [o for o in _sandboxes(sealed) if o["metadata"]["name"] == sandbox.name]
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]  # the same Sandbox
+        assert after["status"]["resets"] == 1
+        assert after["status"]["servedFrom"] == f"SandboxWarmPool/{POOL}"
+        left = await sandbox.exec(
+            f"ls -A {WORK}; ps -o args 2>/dev/null || ps", working_directory=WORK, timeout=30
+        )
+        out = left.stdout if isinstance(left.stdout, str) else left.stdout.decode()
+        assert marker not in out and "sleep 1000" not in out, out
+    finally:
+        assert await backend.dispose(key) is None
+    wait_pool_full(sealed, custom_objects, client.CoreV1Api(custom_objects.api_client))
+
+
+async def test_the_router_resets_an_unfamiliar_instance_instead_of_disposing_it(
+    sealed: Served, backend: OperatorBackend, custom_objects: client.CustomObjectsApi
+) -> None:
+    """A Sandbox another acquire made (not freshly created for this router): with SNAPSHOT
+    declared, maf's router cleans it by a reset: the same Sandbox, reset once, never a second
+    one. And a conversation's call ends by a reset, not a disposal."""
+    key = maf.SandboxKey("tenant", f"thread-{uuid.uuid4().hex[:6]}", "agent", "")
+    first = await backend.acquire(key, SPEC)
+    # The unfamiliar instance is reset whatever the host accepts; a call ends by a reset
+    # only where the host accepts it (maf's default is disposal).
+    default = maf.SandboxRouter([backend], min_isolation=maf.Isolation.CONTAINER)
+    assert default.effective_cleanup(SPEC) is maf.Cleanup.DISPOSE
+    router = maf.SandboxRouter(
+        [backend], min_isolation=maf.Isolation.CONTAINER, min_cleanup=maf.Cleanup.RESET
+    )
+    assert router.effective_cleanup(SPEC) is maf.Cleanup.RESET
+    try:
+        adopted = await router.acquire(key, SPEC)
+        assert adopted.instance_id != first.instance_id
+        mine = [o for o in _sandboxes(sealed) if o["metadata"]["name"] == first.name]
+        assert len(mine) == 1 and mine[0]["status"]["resets"] == 1, mine
+        assert len(_sandboxes(sealed)) == 1
+    finally:
+        await router.dispose(key)
+    wait_pool_full(sealed, custom_objects, client.CoreV1Api(custom_objects.api_client))

@@ -5,83 +5,22 @@ No fakes at all: each case is (object, scope, host policy, observation) in, a de
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sandbox_operator.backends.base import Observation, ObservedPhase, ServedBy
 from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute
-
-NOW = datetime(2099, 1, 1, 12, 0, 0, tzinfo=UTC)
-SPEC = {"scopeRef": "conv", "agentDir": "agents/a", "kind": "shell", "image": "busybox"}
-SCOPE = {"metadata": {"name": "conv", "namespace": "ns"}, "spec": {"scope": "s", "threadId": "t"}}
-
-CONFIG, _ = parse_config(
-    {
-        "hostPolicy": {"minIsolation": "hardened_container", "selection": "perSpec"},
-        "backends": [
-            {
-                "name": "gvisor",
-                "type": "runtimeClass",
-                "runtimeClassName": "gvisor",
-                "isolation": "hardened_container",
-                "declarations": {"egressModes": ["closed"]},
-            }
-        ],
-    }
+from tests.fixtures.compute import (
+    NOW,
+    SCOPE,
+    SPEC,
+    admit,
+    admitted_status,
+    rfc,
+    sandbox,
 )
-
-
-def rfc(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def sandbox(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None) -> Any:
-    return {
-        "metadata": {
-            "name": "a",
-            "namespace": "ns",
-            "uid": "u1",
-            "generation": 1,
-            "creationTimestamp": rfc(NOW - timedelta(seconds=10)),
-        },
-        "spec": spec or SPEC,
-        "status": status or {},
-    }
-
-
-def admitted_status(at: datetime, ready: bool = False, ready_at: datetime | None = None) -> Any:
-    conds = [
-        {
-            "type": "Admitted",
-            "status": "True",
-            "reason": "Admitted",
-            "message": "admitted to backend gvisor",
-            "lastTransitionTime": rfc(at),
-        },
-        {
-            "type": "Ready",
-            "status": "True" if ready else "False",
-            "reason": "Ready" if ready else "Creating",
-            "message": "",
-            "lastTransitionTime": rfc(ready_at or at),
-        },
-    ]
-    return {"conditions": conds, "backend": "gvisor", "isolationScope": "conversation"}
-
-
-def admit(obj: Any, scope: Any = SCOPE) -> compute.Admission:
-    spec = SandboxResourceSpec.model_validate(obj["spec"])
-    resolution = compute.resolve_scope(scope, spec.scope_ref, "ns")
-    return compute.admit(
-        obj,
-        spec,
-        resolution,
-        host_policy=CONFIG.host_policy,
-        profiles=profiles(CONFIG),
-        known_backends=("gvisor",),
-    )
 
 
 def plan(obj: Any, obs: Observation, unclean: str | None = None) -> compute.Plan:

@@ -18,44 +18,18 @@ from sandbox_operator.backends.runtimeclass.objects import deletion_landed
 from sandbox_operator.config import parse_config
 from sandbox_operator.contract import ConfigurationError
 from sandbox_operator.reconcile.views import Views
-from tests.fixtures.runtimeclass import NAME, NS, UID, FakeApi, driver, fast_disposal_backend
+from tests.fixtures.runtimeclass import (
+    NAME,
+    NS,
+    PROTECTION,
+    UID,
+    AnsweringApi,
+    driver,
+    fast_disposal_backend,
+)
 
 POD_NAME = naming.pod_name(NAME)
 CLAIM_NAME = naming.work_volume_name(NAME)
-PROTECTION = "kubernetes.io/pvc-protection"
-
-
-class AnsweringApi(FakeApi):
-    """Deletes answered as the API server answers them: a pod deleted with
-    ``grace_period_seconds=0`` is removed and answered with its last state (deletionTimestamp
-    set, deletionGracePeriodSeconds 0); without it, it stays terminating for its grace; a claim
-    stays (held by pvc-protection until no pod object uses it). Every delete's query recorded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.options: list[tuple[str, str, dict[str, Any]]] = []
-
-    def _do(self, verb: str, kind: str, *args: Any, **kw: Any) -> Any:
-        if verb == "delete_collection":
-            self.options.append((kind, kw["label_selector"], dict(kw)))
-            return super()._do(verb, kind, *args, **kw)
-        if verb != "delete":
-            return super()._do(verb, kind, *args, **kw)
-        name, ns = args
-        self.options.append((kind, name, dict(kw)))
-        obj = super()._do(verb, kind, *args, **kw)  # 404 when missing; removed
-        meta = {**obj["metadata"], "deletionTimestamp": "2026-12-07T09:00:00Z"}
-        if kind == "Pod" and kw.get("grace_period_seconds") == 0:
-            return {"kind": kind, "metadata": {**meta, "deletionGracePeriodSeconds": 0}}
-        if kind == "Pod":
-            meta["deletionGracePeriodSeconds"] = 5
-        elif kind == CLAIM:
-            meta["finalizers"] = [PROTECTION]
-        else:
-            return {"kind": "Status", "status": "Success", "details": {"uid": meta["uid"]}}
-        kept = {"kind": kind, "metadata": meta}
-        self.objects[(kind, ns, name)] = kept  # still there, being deleted
-        return kept
 
 
 def _populated(*, claim: bool = False) -> AnsweringApi:

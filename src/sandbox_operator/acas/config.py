@@ -8,7 +8,7 @@ models (`ContractModel`): camelCase on the wire, unknown fields refused, immutab
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -148,6 +148,9 @@ class AcasBackendConfig(ContractModel):
 
     # Validation errors must not echo the endpoint (or anything else) back into logs.
     model_config = ContractModel.model_config | ConfigDict(hide_input_in_errors=True)
+
+    #: No reset: the service offers no way to replace a sandbox's compute under its id.
+    resets: ClassVar[bool] = False
 
     type: Literal["acas"]
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

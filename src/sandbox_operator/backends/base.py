@@ -240,6 +240,29 @@ def suspends(driver: object) -> TypeGuard[Suspendable]:
 
 
 @runtime_checkable
+class Resettable(BackendDriver, Protocol):
+    """A driver that can replace the compute serving a sandbox by a never-used one
+    (``spec.resets``): the old one is deleted with all it ran, and the operator claims or
+    creates the new one as for a new Sandbox. A driver without it leaves ``spec.resets``
+    refused (``status.resetRefused``)."""
+
+    @property
+    def resets(self) -> bool: ...
+
+    async def retire(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Delete the compute serving the sandbox as a disposal would (nothing of it is kept);
+        keep what the next one needs (its NetworkPolicy, identity). Returns what is still there
+        (empty: gone, so what replaces it may be made now). Raises :class:`TransientError`
+        when a later attempt may succeed."""
+        ...
+
+
+def resets(driver: object) -> TypeGuard[Resettable]:
+    """Whether ``driver`` can reset sandboxes."""
+    return isinstance(driver, Resettable) and driver.resets
+
+
+@runtime_checkable
 class WatchedDisposal(Protocol):
     """A driver whose objects the operator watches: disposal is requested without waiting,
     and the watch event of each deletion brings the operator back to confirm it landed (a

@@ -3,10 +3,10 @@ build the handle that works in it.
 
 Its own topic because it is the one path from a key to a served handle, and all of it turns on
 one object: the apply body (name from the key and kind, the key's labels and annotations, a
-spec without ``suspended``), the wait that watches that Sandbox and its SandboxScope together (a
-scope deleted while a caller waits raises at once), the resume of a suspended Sandbox on the way,
-and the handle's plane, whose resume is the handle's. Its outcome, whatever it is, is reported
-to the observer as one ``SandboxAcquired``.
+spec without ``suspended`` or ``resets``), the wait that watches that Sandbox and its
+SandboxScope together (a scope deleted while a caller waits raises at once), the resume of a
+suspended Sandbox on the way, and the handle's plane, whose resume is the handle's. Its outcome,
+whatever it is, is reported to the observer as one ``SandboxAcquired``.
 
 :class:`Acquisitions` is given the client's parts it uses and the ``lifecycle`` a handle is
 handed (the client, as :class:`~sandbox_operator.client.sandbox.SuspendsSandboxes`); it never
@@ -43,6 +43,7 @@ from sandbox_operator.contract import (
     API_VERSION,
     SANDBOX_KIND,
     SANDBOX_PLURAL,
+    SPEC_EDIT_FIELDS,
     SandboxKey,
     SandboxResourceSpec,
     SandboxSpec,
@@ -173,9 +174,9 @@ class Acquisitions:
                 "labels": lbl.key_labels(key, spec.kind),
                 "annotations": lbl.key_annotations(key),
             },
-            # ``suspended`` is not the acquirer's to own: suspend/resume (and kubectl) change it,
-            # and an apply that owned it would conflict with them.
-            "spec": {k: v for k, v in resource.to_wire().items() if k != "suspended"},
+            # ``suspended`` and ``resets`` are not the acquirer's to own: suspend/resume and reset
+            # (and kubectl) change them, and an apply that owned them would conflict with them.
+            "spec": {k: v for k, v in resource.to_wire().items() if k not in SPEC_EDIT_FIELDS},
         }
 
     async def _serve(

@@ -48,6 +48,7 @@ from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import SandboxObserver, ToolCallContext, tool_call
 from sandbox_operator.client.planes import DataPlanes
 from sandbox_operator.client.purges import ScopePurges
+from sandbox_operator.client.resets import Resets
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.scopes import Scopes
 from sandbox_operator.client.suspension import Suspensions
@@ -99,6 +100,8 @@ class SandboxClient:
         self.watches = Watches(self.objects)
         #: suspend, resume and the last-activity stamps
         self.suspensions = Suspensions(self.objects, self.watches)
+        #: reset: a Sandbox's pod replaced by a never-used one
+        self.resets = Resets(self.objects, self.watches)
         #: create a SandboxScope and wait until it is Ready
         self.scopes = Scopes(self.objects, self.watches)
         #: egress delivery per Sandbox (name, uid), and the one watch that pushes it
@@ -303,6 +306,26 @@ class SandboxClient:
         ``default_timeout``). Without ``wait``, a handle's next use waits."""
         deadline = timeout if timeout is not None else self.default_timeout
         await self.suspensions.resume(sandbox, wait=wait, timeout=deadline)
+
+    async def reset(
+        self,
+        sandbox: Sandbox | str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Reset a Sandbox (by handle or name): ``spec.resets`` raised by one; the operator
+        deletes its pod with no grace period (every process and file of it goes) and puts a
+        never-used pod in its place, a matching warm pool's when one has an idle pod. The
+        Sandbox, its key, conversation and NetworkPolicy stay; a handle then talks to the new
+        pod. Returns once the operator reports it Ready.
+
+        Raises :class:`SandboxNotResettable` when the Sandbox declares ``spec.storage`` or its
+        backend cannot reset (it serves on as it was), the typed error of a terminal reason when
+        the new pod cannot start (e.g. :class:`SandboxStartupFailed`), or
+        :class:`SandboxNotReadyInTime` after ``timeout`` (default: the client's
+        ``default_timeout``). docs/reset.md."""
+        deadline = timeout if timeout is not None else self.default_timeout
+        await self.resets.reset(sandbox, timeout=deadline)
 
     async def touch(self, name: str) -> None:
         """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from

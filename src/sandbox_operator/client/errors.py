@@ -24,6 +24,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     │   ├── SandboxSpecConflict, SandboxSpecRejected    (the API server's answer to an apply)
     │   └── SandboxNotReadyInTime       (the client's own deadline)
     ├── SandboxNotSuspendable (ValueError), SandboxNotSuspendedInTime (TimeoutError)
+    ├── SandboxNotResettable (ValueError)
     ├── SandboxForbidden (PermissionError), SandboxScopeNotReady
     ├── CapabilityNotRequired (PermissionError), PathRefused (ValueError)
     ├── SandboxFileNotFound (FileNotFoundError)
@@ -69,6 +70,25 @@ from sandbox_operator.client.errorbase import scrub as scrub
 
 # --------------------------------------------------------------------------------------------
 # Suspend and RBAC
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class SandboxNotResettable(SandboxClientError, ValueError):
+    """The Sandbox cannot be reset: it declares ``spec.storage`` (a reset would have to empty a
+    work volume that is meant to be kept), or its backend cannot replace its compute
+    (``status.resetRefused``). ``sandbox`` and ``namespace`` name it; the sandbox serves on as
+    it was."""
+
+    sandbox: str
+    namespace: str
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.message = scrub(self.message) or "it declares spec.storage (its volume is kept)"
+        super().__post_init__()
+
+    def _message(self) -> str:
+        return f"sandbox {self.namespace}/{self.sandbox} cannot be reset: {self.message}"
 
 
 @dataclass(eq=False, repr=False, kw_only=True)

@@ -24,6 +24,7 @@ from sandbox_operator.client.errors import (
     SandboxClientError,
     SandboxForbidden,
     SandboxGone,
+    SandboxNotResettable,
     SandboxNotSuspendable,
     SandboxScopeNotFound,
     SandboxSpecConflict,
@@ -184,6 +185,25 @@ class SandboxObjects:
                         sandbox=name, namespace=self.namespace, message=message
                     ) from None
                 raise SandboxSpecRejected(
+                    sandbox=name, namespace=self.namespace, message=message
+                ) from None
+            self.refuse(exc, "patch sandboxes", self.no_sandbox(name))
+
+    async def patch_resets(self, name: str, count: int) -> Mapping[str, Any]:
+        """Set ``spec.resets`` (a merge patch as this client's ``-reset`` field manager: the
+        acquirer's apply does not own it). The CRD refuses a lower count, or any with storage."""
+        try:
+            return await self.patch(
+                SANDBOX_PLURAL,
+                name,
+                {"spec": {"resets": count}},
+                manager=f"{self.field_manager}-reset",
+                content_type=MERGE_PATCH,
+            )
+        except ApiException as exc:
+            message = scrub(api_message(exc))
+            if exc.status in (400, 422):
+                raise SandboxNotResettable(
                     sandbox=name, namespace=self.namespace, message=message
                 ) from None
             self.refuse(exc, "patch sandboxes", self.no_sandbox(name))

@@ -86,6 +86,8 @@ class SuspendsSandboxes(Protocol):
 
     async def resume(self, sandbox: Sandbox, *, wait: bool, timeout: float | None) -> None: ...  # noqa: ASYNC109
 
+    async def reset(self, sandbox: Sandbox, *, timeout: float | None) -> None: ...  # noqa: ASYNC109
+
 
 class _ActivityReport:
     """A handle's use, reported to ``report`` in the background and at most every ``interval``
@@ -545,6 +547,16 @@ class Sandbox:
         raises its typed error (e.g. :class:`SandboxIsolationBelowFloor` when the floor was raised
         meanwhile) and the sandbox stays suspended. Without ``wait``, the next use waits."""
         await self._lifecycle_for("resume").resume(self, wait=wait, timeout=timeout)
+
+    async def reset(self, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Reset this sandbox: its pod is replaced by a never-used one (a matching warm pool's
+        when one is idle) with an empty work directory; nothing the old pod ran or wrote stays.
+        The handle then talks to the new pod. Raises :class:`SandboxUnclean` when the handle
+        is unclean (its sandbox is being disposed), :class:`SandboxNotResettable` when the
+        Sandbox declares storage or its backend cannot reset (see ``SandboxClient.reset``)."""
+        if self.unclean is not None:
+            raise SandboxUnclean(sandbox=self.name, reason=self.unclean)
+        await self._lifecycle_for("reset").reset(self, timeout=timeout)
 
     # -- outputs --------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
@@ -43,7 +44,9 @@ from sandbox_operator.contract.resources import Condition, SandboxResourceStatus
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RESET_REFUSED",
     "Goal",
+    "ResetTo",
     "effective_state",
     "evaluate",
     "evaluate_for",
@@ -53,10 +56,24 @@ __all__ = [
     "served_by",
 ]
 
+
+@dataclass(frozen=True)
+class ResetTo:
+    """A reset's wait: done once the operator reports Ready for a pod that answers
+    ``spec.resets`` = ``count`` (``status.resets``); terminal ``ResetRefused`` when the operator
+    says the backend cannot reset."""
+
+    count: int
+
+
+#: ``status`` reason of a reset refused (``status.resetRefused``), as a wait reports it.
+RESET_REFUSED = "ResetRefused"
+
 #: What a wait is for: ``ready`` (acquire: Suspended is terminal), ``resumed`` (a wait that
 #: resumed the sandbox: Suspended is on its way back unless the spec says suspended again),
-#: ``suspended`` (a suspend: done once the operator reports Suspended for the current spec).
-Goal = Literal["ready", "resumed", "suspended"]
+#: ``suspended`` (a suspend: done once the operator reports Suspended for the current spec),
+#: or a reset (:class:`ResetTo`).
+Goal = Literal["ready", "resumed", "suspended"] | ResetTo
 
 #: A wait's verdict on an object: ("ready" | "pending" | "terminal", reason, message).
 Verdict = tuple[str, str, str]
@@ -233,9 +250,22 @@ def is_suspended(obj: Mapping[str, Any]) -> bool:
     return ready is not None and ready.reason == ConditionReason.SUSPENDED
 
 
+def _evaluate_reset(obj: Mapping[str, Any], count: int) -> Verdict:
+    """Ready counts only for a pod that answers reset ``count``."""
+    status = read_status(obj)
+    if status.resets >= count:
+        return evaluate(obj)
+    if status.reset_refused and not _stale(obj, status):
+        return "terminal", RESET_REFUSED, status.reset_refused
+    state, reason, message = evaluate(obj)
+    return ("pending", reason, message) if state == "ready" else (state, reason, message)
+
+
 def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
     """:func:`evaluate` for a wait with a goal; "ready" means the goal is reached."""
     suspended = ConditionReason.SUSPENDED.value
+    if isinstance(goal, ResetTo):
+        return _evaluate_reset(obj, goal.count)
     if goal == "suspended":
         if _suspended_now(obj):
             return "ready", suspended, ""

@@ -37,6 +37,16 @@ from sandbox_operator.client.watching import Watches
 from sandbox_operator.kubeapi import parse_time
 
 
+async def serve_again(sandbox: Sandbox, plane: ServedPlane, obj: Mapping[str, Any]) -> None:
+    """Point a handle at what serves its Sandbox now (a new pod after a resume or a reset)."""
+    if not await plane.reconnect(obj):
+        return
+    old = sandbox.effective_state
+    if old is not None:
+        fresh = effective_state(obj, sandbox.spec, host_tools=old.host_tools, call=old.call)
+        sandbox.effective_state = fresh
+
+
 def _name(sandbox: Sandbox | str) -> str:
     return sandbox if isinstance(sandbox, str) else sandbox.name
 
@@ -114,18 +124,7 @@ class Suspensions:
             return
         obj = await self._wait_goal(name, obj, "resumed", timeout, SandboxNotReadyInTime)
         if plane is not None and isinstance(sandbox, Sandbox):
-            await self._serve_again(sandbox, plane, obj)
-
-    async def _serve_again(
-        self, sandbox: Sandbox, plane: ServedPlane, obj: Mapping[str, Any]
-    ) -> None:
-        """Point a handle at what serves its Sandbox now (a new pod after a resume)."""
-        if not await plane.reconnect(obj):
-            return
-        old = sandbox.effective_state
-        if old is not None:
-            fresh = effective_state(obj, sandbox.spec, host_tools=old.host_tools, call=old.call)
-            sandbox.effective_state = fresh
+            await serve_again(sandbox, plane, obj)
 
     async def start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""

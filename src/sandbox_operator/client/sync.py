@@ -222,6 +222,7 @@ class SyncSandbox(_Twin[Sandbox]):
     list_outputs = _blocking(Sandbox.list_outputs)
     suspend = _blocking(Sandbox.suspend)
     resume = _blocking(Sandbox.resume)
+    reset = _blocking(Sandbox.reset)
     close = _blocking(Sandbox.close)
 
 
@@ -331,6 +332,9 @@ class SyncSandboxClient(_Twin[SandboxClient]):
         self, sandbox: _AnySandbox, *, wait: bool = True, timeout: float | None = None
     ) -> None:
         self._run(self.aio.resume(_aio(sandbox), wait=wait, timeout=timeout))
+
+    def reset(self, sandbox: _AnySandbox, *, timeout: float | None = None) -> None:
+        self._run(self.aio.reset(_aio(sandbox), timeout=timeout))
 
     @contextlib.contextmanager
     def sandbox_for_call(

@@ -32,6 +32,13 @@ class PublishedBackend(ContractModel):
     type: str = Field(min_length=1, max_length=63, description="runtimeClass or acas")
     isolation: str = Field(description="The rung the backend sits on (as configured).")
     declarations: BackendDeclarations = Field(default_factory=BackendDeclarations)
+    resets: bool = Field(
+        default=False,
+        description=(
+            "Whether the operator resets this backend's Sandboxes (spec.resets: the compute "
+            "replaced by a never-used one); False from an operator that predates it."
+        ),
+    )
 
 
 class PublishedBackends(ContractModel):

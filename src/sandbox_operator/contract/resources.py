@@ -42,6 +42,11 @@ SANDBOX_WARM_POOL_SHORT_NAME: Final = "sbxwp"
 SERVED_FROM_COLD: Final = "cold"
 #: Most idle pods one SandboxWarmPool may keep.
 WARM_POOL_MAX_REPLICAS: Final = 1000
+#: Most resets one Sandbox may be asked for (``spec.resets``: a counter, never decreased).
+RESETS_MAX: Final = 1_000_000_000
+#: Sandbox spec fields set by an edit (a merge patch of their own), never by the acquirer's apply:
+#: suspend / resume, and reset.
+SPEC_EDIT_FIELDS: Final = ("suspended", "resets")
 #: Most conditions a status holds.
 CONDITIONS_MAX_ITEMS: Final = 16
 
@@ -208,7 +213,19 @@ class SandboxResourceSpec(SandboxSpec):
         description=(
             "true: stop the sandbox's compute and keep its work volume, NetworkPolicy and "
             "identity (needs storage); false again, or the client's next use, resumes it. "
-            "The one field besides lifetime that may change after creation."
+            "One of the three fields (with lifetime and resets) that may change after creation."
+        ),
+    )
+    resets: int = Field(
+        default=0,
+        ge=0,
+        le=RESETS_MAX,
+        description=(
+            "Raise by one to reset the sandbox: its pod is replaced by a never-used one (a warm "
+            "pool's when one matches, else a new one) with an empty work directory, and every "
+            "process and file of the previous one goes; key, name and conversation stay. May "
+            "only increase; not with storage (docs/reset.md). status.resets says which request "
+            "the serving pod answers."
         ),
     )
 
@@ -234,6 +251,11 @@ class SandboxResourceSpec(SandboxSpec):
             raise ValueError(
                 f"callId must be empty unless isolationScope is call "
                 f"(isolationScope is {self.isolation_scope.value})"
+            )
+        if self.resets and self.storage is not None:
+            raise ValueError(
+                "resets needs a sandbox without storage: a reset gives the sandbox an empty work "
+                "directory, and a persistent work volume is kept, never emptied"
             )
         if self.suspended and self.storage is None:
             raise ValueError(
@@ -332,6 +354,23 @@ class SandboxResourceStatus(ContractModel):
     )
     suspend_count: int = Field(default=0, ge=0, description="Times the sandbox was suspended.")
     resume_count: int = Field(default=0, ge=0, description="Times the sandbox was resumed.")
+    resets: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "The spec.resets the serving pod answers: raised once the previous pod was deleted "
+            "and a never-used one put in its place (its Ready condition says how it is doing)."
+        ),
+    )
+    reset_at: datetime | None = Field(default=None, description="When the sandbox was last reset.")
+    reset_refused: str | None = Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "Why the spec.resets above status.resets is not served (its backend cannot replace "
+            "the sandbox's compute); unset otherwise."
+        ),
+    )
 
 
 class SandboxScopeResourceSpec(ContractModel):

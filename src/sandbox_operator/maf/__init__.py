@@ -6,7 +6,7 @@ over a :class:`~sandbox_operator.client.SandboxClient`; the sandboxes it hands o
 :class:`OperatorSandbox` wrappers over the client's data plane.
 """
 
-from sandbox_operator.maf._backend import OperatorBackend, sandbox_instance_id
+from sandbox_operator.maf._backend import OperatorBackend
 from sandbox_operator.maf._errors import (
     ACQUIRE_ERRORS,
     OperatorAcquireFailed,
@@ -21,7 +21,7 @@ from sandbox_operator.maf._published import (
     read_published,
     select_backend,
 )
-from sandbox_operator.maf._sandbox import OperatorSandbox
+from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
 from sandbox_operator.maf._translate import RECLAIM_WITHHELD, RECLAIMS, declarations, operator_spec
 
 __all__ = [

@@ -47,27 +47,13 @@ from sandbox_operator.maf._errors import (
     translate,
 )
 from sandbox_operator.maf._published import read_published, select_backend
-from sandbox_operator.maf._sandbox import OperatorSandbox
+from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
 from sandbox_operator.maf._translate import declarations, operator_spec
 
 #: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
 log = logging.getLogger(__name__)
 
 DEFAULT_DISPOSE_TIMEOUT = 120.0
-
-
-def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
-    """One physical sandbox: the Sandbox's uid, the serving object's name and when it last became
-    Ready. A replacement (a new pod after a resume, a recreated Sandbox) changes it; another
-    acquire of the same live sandbox does not."""
-    meta = kubeobj.meta(obj)
-    status = obj.get("status") or {}
-    served = (status.get("servedBy") or {}).get("name", "")
-    ready = ""
-    for condition in status.get("conditions") or ():
-        if condition.get("type") == "Ready":
-            ready = condition.get("lastTransitionTime", "")
-    return f"{meta.get('uid', '')}/{served}/{ready}"
 
 
 def _target(item: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -263,6 +249,7 @@ class OperatorBackend:
             freshly_created=fresh,
             pod=served_by.get("name", ""),
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
+            resets=maf.Capability.SNAPSHOT in self._declarations.capabilities,
         )
         await sandbox.prepare()
         return sandbox

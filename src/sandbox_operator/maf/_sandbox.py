@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Unpack
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Unpack
 
 import maf_sandbox as maf
 from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
@@ -37,6 +37,7 @@ from maf_sandbox.paths import (
     resolve_guest_working_directory,
 )
 
+from sandbox_operator import kubeobj
 from sandbox_operator.client.dataplane import DataPlane
 from sandbox_operator.client.dataplane.protocol import (
     DEFAULT_OUTPUT_BUDGET,
@@ -123,6 +124,22 @@ def _bare_handle(dataplane: DataPlane, spec: maf.SandboxSpec, base: str) -> Clie
     return ClientSandbox(bare, dataplane)
 
 
+def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
+    """One physical sandbox: the Sandbox's uid, the serving object's name, when it last became
+    Ready and the reset it answers. A replacement (a new pod after a resume or a reset, a
+    recreated Sandbox) changes it; another acquire of the same live sandbox does not."""
+    meta = kubeobj.meta(obj)
+    status = obj.get("status") or {}
+    served = (status.get("servedBy") or {}).get("name", "")
+    ready = ""
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            ready = condition.get("lastTransitionTime", "")
+    resets = status.get("resets")
+    reset = f"/{resets}" if isinstance(resets, int) and resets > 0 else ""
+    return f"{meta.get('uid', '')}/{served}/{ready}{reset}"
+
+
 class OperatorSandbox:
     """A ``maf_sandbox.Sandbox`` over a client handle (or a bare data plane), a storage base and
     the spec it was acquired for.
@@ -142,6 +159,8 @@ class OperatorSandbox:
     activity (the client's idle timeout).
     ``reclaims`` is False where the backend withholds ``RECLAIM`` (its data plane cannot refuse a
     link on the way): :meth:`reclaim` then raises ``NotImplementedError``, as maf's protocol asks.
+    ``resets`` is True where the backend declares ``SNAPSHOT`` (the operator resets it):
+    :meth:`reset` raises ``NotImplementedError`` otherwise.
     """
 
     def __init__(
@@ -157,6 +176,7 @@ class OperatorSandbox:
         pod: str = "",
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         reclaims: bool = True,
+        resets: bool = False,
     ) -> None:
         if not base.startswith("/") or posixpath.normpath(base) != base:
             raise ValueError("base must be an absolute, normalized guest path")
@@ -175,6 +195,7 @@ class OperatorSandbox:
         self.pod = pod
         self.op_timeout = op_timeout
         self.reclaims = reclaims
+        self.resets = resets
 
     def __repr__(self) -> str:
         return f"OperatorSandbox(name={self.name!r}, pod={self.pod!r}, base={self.base!r})"
@@ -517,8 +538,24 @@ class OperatorSandbox:
             raise OSError(str(exc)) from exc
 
     async def reset(self, *, timeout: float) -> None:  # noqa: ASYNC109
-        """Not offered: the operator keeps no snapshot of a sandbox (no ``SNAPSHOT``)."""
-        raise NotImplementedError("the operator's sandboxes have no snapshot; dispose instead")
+        """Restore the state before any input: the operator replaces the Sandbox's pod by a
+        never-used one (a matching warm pool's idle pod, else a new pod) with an empty work
+        directory, and deletes the old one with every process and file it had
+        (``SandboxClient.reset``, docs/reset.md); the storage base is prepared again. The key,
+        kind and Sandbox stay; :attr:`instance_id` is the new pod's. Raises on any failure
+        (maf then disposes), ``NotImplementedError`` where the backend does not reset (it
+        declares no ``SNAPSHOT`` there)."""
+        if not self.resets:
+            raise NotImplementedError(
+                "this backend does not reset sandboxes (no SNAPSHOT); dispose instead"
+            )
+        self._check_clean()
+        async with asyncio.timeout(timeout):
+            await self.handle.reset(timeout=timeout)
+            obj = self.handle.resource or {}
+            self._instance_id = sandbox_instance_id(obj)
+            self.pod = str(((obj.get("status") or {}).get("servedBy") or {}).get("name", ""))
+            await self.prepare()
 
 
 __all__ = ["OperatorSandbox"]

@@ -34,7 +34,10 @@ _SERVED = frozenset(
 )
 #: Left out of maf's declarations even when the operator declares them, and why.
 WITHHELD: dict[contract.Capability, str] = {
-    contract.Capability.SNAPSHOT: "the wrapper has no reset: the operator keeps no snapshot",
+    contract.Capability.SNAPSHOT: (
+        "declared from the operator's word, not the backend's configuration: SNAPSHOT where the "
+        "published backend resets (spec.resets), never otherwise"
+    ),
     contract.Capability.ATTACHED_IDENTITY: "maf's attached identity needs a policy we do not hold",
 }
 
@@ -70,13 +73,17 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     the wrapper reclaims with the same data-plane removal, and only the pod data plane removes at
     the guest's own authority with the links on the way refused where it acts (an ``acas``
     backend's file API cannot refuse them: :data:`RECLAIM_WITHHELD`). ``HOST_TOOLS`` brings
-    maf's exec program channel, so maf's host tools run over our exec unchanged. Egress is
+    maf's exec program channel, so maf's host tools run over our exec unchanged. ``SNAPSHOT`` is
+    declared where the operator publishes that the backend resets (``resets``: a reset replaces
+    the pod by a never-used one, which is maf's ``Sandbox.reset``). Egress is
     declared per mode, never per method or path (``egress_method_tokens`` empty), and
     ``observes_egress`` is False: the wrapper does not implement maf's ``ObservesEgress``."""
     published = backend.declarations
     caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
     if maf.Capability.FILES_DELETE in caps and backend.type in RECLAIMS:
         caps.add(maf.Capability.RECLAIM)
+    if backend.resets:
+        caps.add(maf.Capability.SNAPSHOT)
     host_tools = maf.Capability.HOST_TOOLS in caps
     return maf.BackendDeclarations(
         capabilities=frozenset(caps),

@@ -443,8 +443,13 @@ def plan(
     scope_problem: str,
     now: datetime,
     seal: Seal = NOT_CONFIGURED,
+    resetting: bool = False,
 ) -> Plan:
     """The Ready verdict for an admitted Sandbox and what it takes to get there.
+
+    ``resetting``: this pass retired the pod that served it (a reset, :func:`reset_wanted`):
+    what is observed now is a new instance, judged as one starting (never Ready before, its
+    startup clock from now).
 
     ``seal`` is whether idle pool pods are sealed until claimed (reconcile/seal.py): a Sandbox
     served from a pool records, once, whether its pod was sealed from its creation to the claim.
@@ -454,8 +459,8 @@ def plan(
     """
     meta = kubeobj.meta(obj)
     status = _status(obj)
-    was_ready = cnd.is_true(status, READY)
-    if observation.phase is ObservedPhase.ABSENT and not was_ready:
+    was_ready = cnd.is_true(status, READY) and not resetting
+    if observation.phase is ObservedPhase.ABSENT and not was_ready and not resetting:
         if admission.key is None:
             return refusal_plan(Admission(False, R.SCOPE_NOT_FOUND, scope_problem))
         if key_unclean:
@@ -465,10 +470,12 @@ def plan(
     admitted_cond = cnd.find(status.get("conditions"), ADMITTED) or {}
     admitted = cnd.is_true(status, ADMITTED)
     admitted_at = (parse_time(admitted_cond.get("lastTransitionTime")) if admitted else None) or now
-    resumed_at = parse_time(status.get("resumedAt"))
-    if resumed_at is not None and resumed_at > admitted_at:
-        # A resumed sandbox's startup clock (and its idle clock's floor) is the resume.
-        admitted_at = resumed_at
+    for restarted in ("resumedAt", "resetAt"):
+        restarted_at = now if resetting else parse_time(status.get(restarted))
+        if restarted_at is not None and restarted_at > admitted_at:
+            # A resumed or reset sandbox's startup clock (and its idle clock's floor) is the
+            # resume or the reset.
+            admitted_at = restarted_at
     if observation.ready_at is not None and observation.ready_at < admitted_at:
         # A pod started before this Sandbox was admitted (a warm pool's) serves it from the
         # admission on: its idle clock does not start earlier.
@@ -499,9 +506,11 @@ def plan(
         if fields["servedFrom"] != SERVED_FROM_COLD:
             # Judged at the claim (its status write is this one) and remembered after it: what
             # happens to the policies later cannot reach back before the claim.
-            kept = status.get("sealedUntilClaim")
+            kept = None if resetting else status.get("sealedUntilClaim")
             covered = seal.covers(observation.created_at)
             fields["sealedUntilClaim"] = kept if isinstance(kept, bool) else covered
+        elif resetting:
+            fields["sealedUntilClaim"] = None  # judged of a pool pod that no longer serves it
     if verdict.create:
         conditions.append((READY, False, R.CREATING, "creating the sandbox"))
         return Plan(tuple(conditions), fields, create=True, verdict=verdict)

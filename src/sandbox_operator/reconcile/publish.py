@@ -55,7 +55,11 @@ def published_backends(config: OperatorConfig) -> PublishedBackends:
         host_policy=config.host_policy,
         backends=tuple(
             PublishedBackend(
-                name=b.name, type=b.type, isolation=b.isolation, declarations=b.declarations
+                name=b.name,
+                type=b.type,
+                isolation=b.isolation,
+                declarations=b.declarations,
+                resets=b.resets,
             )
             for b in config.backends
         ),

@@ -29,9 +29,11 @@ from sandbox_operator.backends.base import (
     EnsureRequest,
     Observation,
     ObservedPhase,
+    Resettable,
     StartupError,
     TransientError,
     WatchedDisposal,
+    resets,
     suspends,
 )
 from sandbox_operator.config import profiles
@@ -42,7 +44,7 @@ from sandbox_operator.contract import (
 )
 from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import resolve_spec
-from sandbox_operator.reconcile import compute
+from sandbox_operator.reconcile import compute, reset
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import (
     dispose_into,
@@ -129,6 +131,7 @@ class _Seen:
     scope: compute.ScopeResolution
     key: SandboxKey | None
     now: datetime
+    resetting: bool = False  # this pass retired the serving pod: what serves it next is new
 
     @property
     def ident(self) -> tuple[str, str, str]:
@@ -224,6 +227,14 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
     namespace, _, uid = seen.ident
     assert admission.backend is not None
     driver = rt.drivers[admission.backend]
+    wanted = reset.reset_wanted(spec, obj.get("status") or {})
+    if wanted is not None:
+        if not resets(driver):
+            admission = replace(
+                admission, fields={**admission.fields, **reset.reset_refused(admission.backend)}
+            )
+        else:
+            return await _reset(rt, seen, draft, admission, driver, wanted)
     observation = await driver.observe(sandbox_ref(obj))
     was_ready = cnd.is_true(obj.get("status"), READY)
     unclean = None
@@ -261,6 +272,42 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
     return await _report(rt, obj, draft, plan, admission, observation)
 
 
+async def _reset(
+    rt: Runtime,
+    seen: _Seen,
+    draft: Draft,
+    admission: compute.Admission,
+    driver: Resettable,
+    wanted: int,
+) -> Step:
+    """A reset (``spec.resets`` raised): the pod serving the sandbox is deleted as a disposal
+    deletes it, and once it is gone (at once on a backend whose disposals go at once; else the
+    pass its deletion event brings) a never-used one takes its place in the same pass: a warm
+    pool's idle pod when one matches, else a new pod (the create of a Sandbox admitted long
+    ago). ``status.resets`` records it. The key, name, conversation and NetworkPolicy stay; the
+    instance (the pod's uid) is new."""
+    obj, now = seen.obj, seen.now
+    try:
+        still = await driver.retire(sandbox_ref(obj))
+    except TransientError as exc:
+        log.warning("sandbox %s/%s: resetting failed, will retry: %s", *seen.ident[:2], exc.message)
+        return Step.wait(ensure_retry_delay(0, exc.retry_after))
+    if still:  # stopping on the node (or held by a finalizer): its deletion event brings us back
+        waiting = ", ".join(f"{o.kind} {o.name}" for o in still)
+        pending = compute.Plan(
+            conditions=((READY, False, R.CREATING, f"resetting: waiting for {waiting} to stop"),),
+        )
+        return Step.write(obj, draft, pending, admission)
+    draft.cond(READY, False, R.CREATING, "resetting")  # Ready again is a new transition
+    admission = replace(admission, fields={**admission.fields, **reset.reset_fields(wanted, now)})
+    absent = Observation(ObservedPhase.ABSENT)
+    created = await _create(rt, replace(seen, resetting=True), draft, admission, driver, absent)
+    if isinstance(created, Step):
+        return created
+    plan, observation = created
+    return await _report(rt, obj, draft, plan, admission, observation)
+
+
 async def _create(
     rt: Runtime,
     seen: _Seen,
@@ -292,7 +339,7 @@ async def _create(
         claimed = await driver.observe(replace(ref, served_by=claim.served_by))
         plan = compute.plan(
             obj, spec, admission, claimed, key_unclean=None, scope_problem="", now=now,
-            seal=rt.pool_seal,
+            seal=rt.pool_seal, resetting=seen.resetting,
         )  # fmt: skip
         return Step.write(obj, draft, plan, admission)
     if claim.exhausted:
@@ -309,7 +356,7 @@ async def _create(
     observation = await driver.observe(ref)
     plan = compute.plan(
         obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now,
-        seal=rt.pool_seal,
+        seal=rt.pool_seal, resetting=seen.resetting,
     )  # fmt: skip
     if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
         plan = compute.Plan(

@@ -81,6 +81,10 @@ _SANDBOX_STATUS = (
     "resumedAt",
     "suspendCount",
     "resumeCount",
+    # Reset (spec.resets): the count the serving pod answers, when, and a refusal.
+    "resets",
+    "resetAt",
+    "resetRefused",
 )
 _SCOPE_STATUS = ("conditions", "observedGeneration", "sandboxCount", "lastPurge", "lastPurgeTime")
 _POOL_STATUS = (

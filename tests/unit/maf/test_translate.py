@@ -39,7 +39,7 @@ def test_declarations_say_what_the_operator_enforces() -> None:
         maf.Capability.FILES_DELETE,
         maf.Capability.HOST_TOOLS,
         maf.Capability.RECLAIM,
-    }  # no SNAPSHOT: the wrapper cannot reset
+    }  # no SNAPSHOT: the operator that published this does not say it resets
     limits = maf.TransferLimits(1000, 2000, 3)
     assert got.limits == maf.SandboxLimits(files_in=limits, files_out=limits)
     assert got.egress_modes == {maf.Egress.CLOSED, maf.Egress.ALLOWLIST}
@@ -61,6 +61,16 @@ def test_acas_is_withheld_reclaim_with_files_delete() -> None:
     assert maf.Capability.RECLAIM in declarations(published(same_as_runc).backends[0]).capabilities
     unknown = {**ACAS, "type": "someday"}
     assert maf.Capability.RECLAIM not in declarations(published(unknown).backends[0]).capabilities
+
+
+def test_snapshot_is_declared_where_the_operator_publishes_that_it_resets() -> None:
+    """SNAPSHOT comes from the operator's word that it resets the backend's Sandboxes (the
+    published ``resets``), never from the capabilities its configuration lists (RUNC lists
+    ``snapshot``: ignored without ``resets``); acas never resets."""
+    assert maf.Capability.SNAPSHOT not in declarations(published(RUNC).backends[0]).capabilities
+    resetting = declarations(published({**RUNC, "resets": True}).backends[0])
+    assert maf.Capability.SNAPSHOT in resetting.capabilities
+    assert maf.Capability.SNAPSHOT not in declarations(published(ACAS).backends[0]).capabilities
 
 
 def test_silence_stays_silence() -> None:

@@ -7,7 +7,7 @@ configuration can be validated (``sandbox-operator check-config``) without a clu
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -144,6 +144,9 @@ class EgressProxySettings(ContractModel):
 
 class RuntimeClassBackendConfig(ContractModel):
     """A backend served by pods on a Kubernetes RuntimeClass (runc, gVisor, Kata, ...)."""
+
+    #: Its driver resets a Sandbox onto a never-used pod (``spec.resets``; published).
+    resets: ClassVar[bool] = True
 
     type: Literal["runtimeClass"]
     name: str = Field(pattern=NAME_PATTERN, description="Backend name used in status and policy.")

@@ -466,6 +466,34 @@ class RuntimeClassDriver(RuntimeClassObjects):
             )
         return await self.ensure(request)
 
+    # ---- reset (spec.resets): the pod goes at once, a never-used one takes its place -----------
+
+    @property
+    def resets(self) -> bool:
+        """Only under the operator (its views say which pods serve the sandbox, and a pool's
+        idle pods are in them to claim)."""
+        return self._pods is not None
+
+    async def retire(self, sandbox: SandboxRef) -> list[BackendObject]:
+        """Delete the pod(s) serving the sandbox as a disposal deletes them, and nothing else:
+        its NetworkPolicy and identity stay for the pod that replaces it. As a disposal: with
+        the backend's ``pod.disposalGracePeriodSeconds``, so by default the pod stays (its
+        egress confined) until the node has stopped it, and with ``0`` it is gone with the
+        delete's answer (docs/disposal.md). Returns the pods still there (their deletion asked
+        for; the deletion event of each brings the operator back), empty once none is.
+
+        Raises :class:`TransientError` when the API server refuses or cannot be reached."""
+        if self._pods is None:
+            raise TransientError("resetting needs the operator's views of pods")
+        try:
+            still = []
+            for obj in [o for o in self._seen_children(sandbox) if o.kind == POD]:
+                if obj.deleting or await self._delete(obj.kind, obj.namespace, obj.name):
+                    still.append(obj)
+            return still
+        except DisposalError as exc:
+            raise TransientError(f"resetting: {exc.failure.detail}") from None
+
     async def close(self) -> None:
         task = self._proxy_task
         if task is not None:
