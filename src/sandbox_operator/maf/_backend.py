@@ -251,7 +251,11 @@ class OperatorBackend:
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
             resets=maf.Capability.SNAPSHOT in self._declarations.capabilities,
         )
-        await sandbox.prepare()
+        if not fresh:
+            # The storage base is the pod's work directory, a volume mounted there when the pod
+            # was made: on an instance nothing has used yet (a fresh one) it is that directory by
+            # construction. On a reused one, what ran may have put a link on its way: checked.
+            await sandbox.prepare()
         return sandbox
 
     async def _refusal(self, exc: client_errors.SandboxAcquireError) -> Exception:

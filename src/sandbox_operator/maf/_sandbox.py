@@ -541,7 +541,9 @@ class OperatorSandbox:
         """Restore the state before any input: the operator replaces the Sandbox's pod by a
         never-used one (a matching warm pool's idle pod, else a new pod) with an empty work
         directory, and deletes the old one with every process and file it had
-        (``SandboxClient.reset``, docs/reset.md); the storage base is prepared again. The key,
+        (``SandboxClient.reset``, docs/reset.md). The storage base needs no preparing: it is the
+        new pod's work directory, a volume mounted there when the pod was made, and nothing has
+        used the pod yet. The key,
         kind and Sandbox stay; :attr:`instance_id` is the new pod's. Raises on any failure
         (maf then disposes), ``NotImplementedError`` where the backend does not reset (it
         declares no ``SNAPSHOT`` there)."""
@@ -555,7 +557,6 @@ class OperatorSandbox:
             obj = self.handle.resource or {}
             self._instance_id = sandbox_instance_id(obj)
             self.pod = str(((obj.get("status") or {}).get("servedBy") or {}).get("name", ""))
-            await self.prepare()
 
 
 __all__ = ["OperatorSandbox"]

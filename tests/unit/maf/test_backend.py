@@ -125,6 +125,10 @@ class StandIn:
         obj = sandbox_object(name, spec.kind, *self.serve)
         if self.sealed is not None:
             obj["status"]["sealedUntilClaim"] = self.sealed
+        if self.created:
+            # A pod made for the Sandbox has its work directory mounted from its start (the
+            # backend skips maf's storage-base check on a fresh instance): so do these processes.
+            os.makedirs(spec.work_dir, exist_ok=True)
         self.objects[name] = obj
         return Handle(name, obj, self.created, spec, self)
 
@@ -475,3 +479,35 @@ async def test_a_lost_stream_whose_kill_reached_the_group_leaves_the_sandbox_in_
     client.transport.after = 30.0
     result = await sandbox.exec(["echo", "ok"], working_directory=".", timeout=10)
     assert result.stdout == "ok\n"
+
+
+class CountingTransport(LocalExecTransport):
+    """Local processes, each command counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[list[str]] = []
+
+    async def run(self, argv: Any, **kw: Any) -> Any:
+        self.commands.append(list(argv))
+        return await super().run(argv, **kw)
+
+
+async def test_the_storage_base_is_checked_on_a_reused_instance_only(
+    spec: maf.SandboxSpec,
+) -> None:
+    """maf's acquire duty (the base is a real directory): on a fresh instance the base is the
+    pod's work-directory volume, mounted when the pod was made, so the acquire runs no command
+    in it; on a reused one (another acquire made it) the check runs, and makes a missing base."""
+    client = StandIn()
+    counting = CountingTransport()
+    client.transport = counting
+    fresh = await backend(client).acquire(KEY, spec)
+    assert fresh.freshly_created and counting.commands == []
+    base = spec.work_dir
+    assert base is not None
+    client.created = False
+    os.rmdir(base)
+    reused = await backend(client).acquire(KEY, spec)
+    assert not reused.freshly_created and counting.commands
+    assert exists(base)
