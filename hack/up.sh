@@ -239,8 +239,11 @@ step "apply examples/sandboxscope.yaml and examples/sandbox.yaml (namespace $DEM
   examples apply_examples
 
 # ---------------------------------------------------------------------------------------------
+# The resource by its full name: "sandbox" alone is ambiguous on a cluster that also has
+# kubernetes-sigs/agent-sandbox's CRD (sandboxes.agents.x-k8s.io), and kubectl picks theirs.
+SANDBOXES="sandboxes.sandbox-operator.dev"
 wait_ready() {
-  if "$KUBECTL" -n "$DEMO_NAMESPACE" wait --for=condition=Ready "sandbox/$SANDBOX" \
+  if "$KUBECTL" -n "$DEMO_NAMESPACE" wait --for=condition=Ready "$SANDBOXES/$SANDBOX" \
       --timeout="$READY_TIMEOUT"; then
     return 0
   fi
@@ -251,7 +254,7 @@ wait_ready() {
   echo "--- the sandbox's pod:"
   "$KUBECTL" -n "$DEMO_NAMESPACE" get pods -l "sandbox-operator.dev/sandbox=$SANDBOX" -o wide || true
   echo "--- the Sandbox's conditions:"
-  "$KUBECTL" -n "$DEMO_NAMESPACE" get sandbox "$SANDBOX" \
+  "$KUBECTL" -n "$DEMO_NAMESPACE" get "$SANDBOXES" "$SANDBOX" \
     -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' || true
   return 1
 }
