@@ -40,6 +40,7 @@ from sandbox_operator.contract import (
     Selection,
 )
 from sandbox_operator.contract.published import PublishedBackends
+from sandbox_operator.maf._egress import EgressRelay
 from sandbox_operator.maf._errors import (
     NEEDS_DISPOSAL,
     OperatorAcquireFailed,
@@ -130,6 +131,8 @@ class OperatorBackend:
         self.agent_service_accounts = tuple(agent_service_accounts)
         #: the conversations whose SandboxScope this process has converged
         self._scopes: set[tuple[str, str]] = set()
+        #: where this backend's egress decisions go (``observe_egress``; None: nowhere)
+        self._egress_report: maf.EgressReporter | None = None
 
     @classmethod
     async def connect(
@@ -251,12 +254,38 @@ class OperatorBackend:
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
             resets=maf.Capability.SNAPSHOT in self._declarations.capabilities,
         )
+        self._follow_egress(handle.name)
         if not fresh:
             # The storage base is the pod's work directory, a volume mounted there when the pod
             # was made: on an instance nothing has used yet (a fresh one) it is that directory by
             # construction. On a reused one, what ran may have put a link on its way: checked.
             await sandbox.prepare()
         return sandbox
+
+    # -- egress observation (maf's ObservesEgress) -----------------------------------------
+
+    def observe_egress(self, report: maf.EgressReporter | None) -> maf.EgressReporter | None:
+        """Report the egress proxy's decisions for the Sandboxes this backend serves through
+        ``report`` (None: stop); returns the reporter it replaced. Atomic: the client's relay
+        is put in place (it cannot fail) before the reporter is swapped. Only a backend that
+        declares ``observes_egress`` (its proxy records decisions: allowlist) reports."""
+        if report is not None and self._declarations.observes_egress:
+            EgressRelay.on(self.client)
+        previous, self._egress_report = self._egress_report, report
+        if previous is not None and report is not None and previous is not report:
+            log.warning(
+                "backend %s: egress reporting moved to another router's observer",
+                self.backend_name,
+            )
+        return previous
+
+    def _follow_egress(self, sandbox: str) -> None:
+        """Route a served Sandbox's decisions to this backend's reporter, read at delivery."""
+        if not self._declarations.observes_egress:
+            return
+        relay = getattr(self.client, "observer", None)
+        if isinstance(relay, EgressRelay):
+            relay.route(sandbox, self.backend_name, lambda: self._egress_report)
 
     async def _refusal(self, exc: client_errors.SandboxAcquireError) -> Exception:
         """maf's exception for a failed acquire; a fallback-permitting one only once the

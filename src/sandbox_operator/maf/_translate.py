@@ -76,8 +76,11 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     maf's exec program channel, so maf's host tools run over our exec unchanged. ``SNAPSHOT`` is
     declared where the operator publishes that the backend resets (``resets``: a reset replaces
     the pod by a never-used one, which is maf's ``Sandbox.reset``). Egress is
-    declared per mode, never per method or path (``egress_method_tokens`` empty), and
-    ``observes_egress`` is False: the wrapper does not implement maf's ``ObservesEgress``."""
+    declared per mode, never per method or path (``egress_method_tokens`` empty).
+    ``observes_egress`` is True where the backend serves ``allowlist``: its egress proxy records
+    every decision for an allowlist sandbox, and the backend reports them
+    (``OperatorBackend.observe_egress``); a ``closed`` sandbox's attempts are dropped by its
+    NetworkPolicy, which records nothing, so no window of it is reported."""
     published = backend.declarations
     caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
     if maf.Capability.FILES_DELETE in caps and backend.type in RECLAIMS:
@@ -93,7 +96,7 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
         egress_modes=frozenset(maf.Egress(e.value) for e in published.egress_modes),
         os_families=frozenset(maf.OsFamily(f.value) for f in published.os_families),
         isolation_scopes=frozenset(maf.IsolationScope(s.value) for s in published.isolation_scopes),
-        observes_egress=False,
+        observes_egress=contract.Egress.ALLOWLIST in published.egress_modes,
         egress_method_tokens=frozenset(),
         program_channels=(maf.ExecProgramChannel(),) if host_tools else (),
     )

@@ -89,6 +89,7 @@ class StandIn:
     namespace = "ns"
 
     def __init__(self) -> None:
+        self.observer: Any = None  # the client's observer slot (egress reports go through it)
         self.objects: dict[str, dict[str, Any]] = {}
         self.specs: list[SandboxSpec] = []
         self.disposed: list[str] = []

@@ -45,7 +45,7 @@ def test_declarations_say_what_the_operator_enforces() -> None:
     assert got.egress_modes == {maf.Egress.CLOSED, maf.Egress.ALLOWLIST}
     assert got.os_families == {maf.OsFamily.POSIX}
     assert got.isolation_scopes == {maf.IsolationScope.CONVERSATION, maf.IsolationScope.CALL}
-    assert got.observes_egress is False and got.egress_method_tokens == frozenset()
+    assert got.observes_egress is True and got.egress_method_tokens == frozenset()
     assert [type(c) for c in got.program_channels] == [maf.ExecProgramChannel]
 
 
