@@ -166,6 +166,23 @@ async def test_retire_deletes_the_pod_as_a_disposal_does() -> None:
     assert not resets(driver(FakeApi()))
 
 
+async def test_a_pool_pod_stopping_is_not_in_the_replacements_way() -> None:
+    """A claimed pool pod (another name than the sandbox's own) stops in the background: the
+    replacement takes no name of it, so the reset goes on at once (by default its deletion
+    keeps the pod, confined, until the node stopped it)."""
+    fake = AnsweringApi()
+    pool_pod = "sbx-wp-warm-abc12"
+    fake.put("Pod", pool_pod)
+    views = Views()
+    d = driver(fake, views=views)
+    views.pods.upsert(fake.objects[("Pod", NS, pool_pod)])
+    served = SandboxRef(NS, NAME, UID, ServedBy("Pod", pool_pod, NS))
+    assert await d.retire(served) == []
+    assert fake.options == [("Pod", pool_pod, {})]  # deleted with its own grace
+    pod = views.pods.get(NS, pool_pod)
+    assert pod is not None and pod["metadata"]["deletionTimestamp"]  # still stopping
+
+
 _NO_GRACE = {"grace_period_seconds": 0}
 
 

@@ -252,8 +252,9 @@ class Resettable(BackendDriver, Protocol):
     async def retire(self, sandbox: SandboxRef) -> list[BackendObject]:
         """Delete the compute serving the sandbox as a disposal would (nothing of it is kept);
         keep what the next one needs (its NetworkPolicy, identity). Returns what is still there
-        (empty: gone, so what replaces it may be made now). Raises :class:`TransientError`
-        when a later attempt may succeed."""
+        in the replacement's way (empty: what replaces it may be made now; what still stops in
+        the background shares nothing with it). Raises :class:`TransientError` when a later
+        attempt may succeed."""
         ...
 
 

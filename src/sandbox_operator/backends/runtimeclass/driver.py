@@ -477,20 +477,26 @@ class RuntimeClassDriver(RuntimeClassObjects):
     async def retire(self, sandbox: SandboxRef) -> list[BackendObject]:
         """Delete the pod(s) serving the sandbox as a disposal deletes them, and nothing else:
         its NetworkPolicy and identity stay for the pod that replaces it. As a disposal: with
-        the backend's ``pod.disposalGracePeriodSeconds``, so by default the pod stays (its
-        egress confined) until the node has stopped it, and with ``0`` it is gone with the
-        delete's answer (docs/disposal.md). Returns the pods still there (their deletion asked
-        for; the deletion event of each brings the operator back), empty once none is.
+        the backend's ``pod.disposalGracePeriodSeconds``, so by default a pod stays (its egress
+        confined by the NetworkPolicy that selects it) until the node has stopped it, and with
+        ``0`` it is gone with the delete's answer (docs/disposal.md).
+
+        Returns the pods in the replacement's way: still there under the sandbox's own pod name,
+        which a new pod would take, and which ``observe`` reads first (the deletion event of
+        each brings the operator back). A pool pod that served it stops in the background: the
+        replacement shares nothing with it, the egress proxy answers only the pod the status
+        names, and the Sandbox's disposal still waits for it (it keeps the sandbox's label).
 
         Raises :class:`TransientError` when the API server refuses or cannot be reached."""
         if self._pods is None:
             raise TransientError("resetting needs the operator's views of pods")
+        own = naming.pod_name(sandbox.name)
         try:
             still = []
             for obj in [o for o in self._seen_children(sandbox) if o.kind == POD]:
                 if obj.deleting or await self._delete(obj.kind, obj.namespace, obj.name):
                     still.append(obj)
-            return still
+            return [o for o in still if o.name == own]
         except DisposalError as exc:
             raise TransientError(f"resetting: {exc.failure.detail}") from None
 
