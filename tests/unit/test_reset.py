@@ -245,3 +245,13 @@ def test_the_views_keep_what_a_reset_pass_reads() -> None:
         "resetAt": rfc(NOW),
         "resetRefused": "x",
     }
+
+
+def test_the_client_knows_the_crds_refusal_of_a_lower_count() -> None:
+    """A handle whose object is older than the Sandbox (another process reset it since) asks
+    for a count the CRD refuses; the client tells that refusal by its message and asks again
+    from a fresh read: the message it looks for is the CRD's."""
+    from sandbox_operator.client.resets import RESETS_ONLY_GROW
+    from sandbox_operator.crdrules import SANDBOX_RESETS_RULE
+
+    assert RESETS_ONLY_GROW in SANDBOX_RESETS_RULE["message"]

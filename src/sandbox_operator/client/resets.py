@@ -30,6 +30,9 @@ from sandbox_operator.client.status import RESET_REFUSED, ResetTo, read_status
 from sandbox_operator.client.suspension import serve_again
 from sandbox_operator.client.watching import Watches
 
+#: The CRD's refusal of a lower ``spec.resets`` (crdrules.SANDBOX_RESETS_RULE).
+RESETS_ONLY_GROW = "resets may only increase"
+
 
 def next_reset(obj: Mapping[str, Any]) -> int:
     """The ``spec.resets`` that asks for one more reset than any asked for or served."""
@@ -56,8 +59,17 @@ class Resets:
         obj = known if known is not None else await self.objects.get_sandbox(name)
         if (obj.get("spec") or {}).get("storage"):
             raise SandboxNotResettable(sandbox=name, namespace=self.objects.namespace)
-        count = next_reset(obj)
-        obj = await self.objects.patch_resets(name, count)
+        try:
+            count = next_reset(obj)
+            obj = await self.objects.patch_resets(name, count)
+        except SandboxNotResettable as exc:
+            if known is None or RESETS_ONLY_GROW not in exc.message:
+                raise
+            # The handle's object was older than the Sandbox (another process reset it since):
+            # ask again from what the API server holds now.
+            obj = await self.objects.get_sandbox(name)
+            count = next_reset(obj)
+            obj = await self.objects.patch_resets(name, count)
         plane = plane_of(sandbox)
         if plane is not None:
             await plane.drop()  # the old pod is gone: no use may reach for it
