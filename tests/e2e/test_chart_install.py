@@ -274,7 +274,7 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     name = yaml.safe_load((EXAMPLES / "sandbox.yaml").read_text())["metadata"]["name"]
 
     def ready_condition() -> dict[str, Any]:
-        return _condition(_get(kubectl, namespace, "sandbox", name), "Ready")
+        return _condition(_get(kubectl, namespace, "sandboxes.sandbox-operator.dev", name), "Ready")
 
     # gVisor is below the microvm floor, so the spec's route is Kata (the first backend that
     # passes the checks), whose RuntimeClass this cluster lacks: the route never moves with
@@ -330,7 +330,7 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     waited = kubectl(
         "wait",
         "--for=condition=Ready",
-        f"sandbox/{name}",
+        f"sandboxes.sandbox-operator.dev/{name}",
         "-n",
         namespace,
         "--timeout=180s",
@@ -394,10 +394,11 @@ def test_install_refuses_below_floor_upgrade_lowers_it_uninstall_is_clean(
     manifest.write_text(yaml.safe_dump(allow))
     kubectl("apply", "-n", namespace, "-f", str(manifest))
     waited = kubectl(
-        "wait", "--for=condition=Ready", "sandbox/egress", "-n", namespace, "--timeout=180s",
+        "wait", "--for=condition=Ready", "sandboxes.sandbox-operator.dev/egress",
+        "-n", namespace, "--timeout=180s",
         check=False,
     )  # fmt: skip
-    egress_obj = _get(kubectl, namespace, "sandbox", "egress")
+    egress_obj = _get(kubectl, namespace, "sandboxes.sandbox-operator.dev", "egress")
     assert waited.returncode == 0, f"allowlist Sandbox not Ready: {egress_obj.get('status')}"
     (egress_pod,) = json.loads(
         kubectl(

@@ -37,7 +37,13 @@ def _apply_becomes_ready_with_a_hardened_pod(kit, kubectl, runtime_class, isolat
     kit.sandbox("box")
     # `kubectl wait` works on the Ready condition.
     out = kubectl(
-        "wait", "-n", kit.ns, "--for=condition=Ready", "sandbox/box", "--timeout=120s", check=False
+        "wait",
+        "-n",
+        kit.ns,
+        "--for=condition=Ready",
+        "sandboxes.sandbox-operator.dev/box",
+        "--timeout=120s",
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     obj = kit.get("box")

@@ -33,7 +33,8 @@ def test_every_spec_field_but_the_lifetime_is_fixed_at_creation(kit) -> None:
         assert try_patch(kit.custom, kit.ns, "s", field, value) is None, field
     obj = kit.get("s")
     assert obj is not None and obj["spec"]["lifetime"]["ttlSeconds"] == 7200
-    # The lifetime edit changed the spec; suspended: false is its default, so no change.
+    # The lifetime edit changed the spec; suspended: false and resets: 0 are their defaults, so
+    # no change.
     assert obj["metadata"]["generation"] == 2
     # Metadata stays the caller's to change.
     kit.custom.patch_namespaced_custom_object(
