@@ -64,6 +64,13 @@ class BackendDeclarations(ContractModel):
         default=False,
         description="Whether the backend records egress decisions; informational.",
     )
+    egress_rules: bool = Field(
+        default=False,
+        description=(
+            "Whether the backend's egress hop judges egressRules (methods and paths, on plain "
+            "http requests); silence refuses every spec with egressRules."
+        ),
+    )
     persistent_storage: bool = Field(
         default=False,
         description=(

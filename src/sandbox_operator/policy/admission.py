@@ -263,6 +263,14 @@ def check_backend(
         raise EgressNotEnforced(
             backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
         )
+    if spec.egress_rules and not declared.egress_rules:
+        raise EgressNotEnforced(
+            backend=name,
+            kind=kind,
+            requested=spec.egress,
+            declared=declared.egress_modes,
+            rules=True,
+        )
 
     # 6. Isolation scope.
     if isolation_scope not in declared.isolation_scopes:
