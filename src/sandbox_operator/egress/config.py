@@ -22,7 +22,9 @@ from pydantic import (
 )
 
 from sandbox_operator.contract.base import ContractModel
+from sandbox_operator.contract.egressrules import EgressMethod, EgressPath
 from sandbox_operator.egress.hostmatch import HostPattern
+from sandbox_operator.egress.requestrules import RequestRule
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -112,15 +114,41 @@ class Limits(_Model):
     ] = 1024
 
 
+class SandboxRule(_Model):
+    """One host reachable only for some methods and paths (a Sandbox's admitted egressRules)."""
+
+    host: str
+    methods: tuple[EgressMethod, ...] | None = Field(default=None, min_length=1)
+    paths: tuple[EgressPath, ...] | None = Field(default=None, min_length=1)
+
+    @field_validator("host")
+    @classmethod
+    def _parse_pattern(cls, value: str) -> str:
+        pattern = HostPattern.parse(value)
+        if pattern.port is not None:
+            raise ValueError("a rule's host has no port: it admits the proxy's allowedPorts")
+        return str(pattern)
+
+    def request_rule(self) -> RequestRule:
+        return RequestRule(
+            host=HostPattern.parse(self.host),
+            methods=frozenset(self.methods) if self.methods is not None else None,
+            paths=self.paths,
+        )
+
+
 class SandboxEgress(_Model):
     """One sandbox's identity and allowlist.
 
     ``allow`` entries are ``host``, ``*.domain`` or either with ``:port``. Without a port an
-    entry admits the proxy's ``allowed_ports``; with one it admits exactly that port.
+    entry admits the proxy's ``allowed_ports``; with one it admits exactly that port. ``rules``
+    name hosts reachable only for some methods and paths, on the ``allowed_ports``: a host a
+    rule names is judged by the rules alone (``requestrules``).
     """
 
     id: Annotated[str, Field(min_length=1, max_length=253)]
     allow: tuple[str, ...] = ()
+    rules: tuple[SandboxRule, ...] = ()
     source_ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = Field(
         default=(), alias="sourceIPs"
     )
@@ -134,6 +162,9 @@ class SandboxEgress(_Model):
 
     def patterns(self) -> tuple[HostPattern, ...]:
         return tuple(HostPattern.parse(v) for v in self.allow)
+
+    def request_rules(self) -> tuple[RequestRule, ...]:
+        return tuple(r.request_rule() for r in self.rules)
 
     @field_validator("token_sha256")
     @classmethod

@@ -43,6 +43,11 @@ class DecisionReason(StrEnum):
     RESOLVE_FAILED = "ResolveFailed"
     CONNECT_FAILED = "ConnectFailed"
     CONNECT_TIMEOUT = "ConnectTimeout"
+    #: A request to a host with method or path rules (``egressRules``), refused by them.
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"
+    PATH_NOT_ALLOWED = "PathNotAllowed"
+    #: A CONNECT tunnel to a host with method or path rules: the proxy cannot see inside it.
+    NOT_INSPECTABLE = "TunnelNotInspectable"
 
 
 VERDICT_OF: dict[DecisionReason, Verdict] = {

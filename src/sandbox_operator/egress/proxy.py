@@ -8,13 +8,16 @@ decision record):
    -> 408 HeaderTimeout / 431 HeaderTooLarge / 400 BadRequest
 3. sandbox identified (source IP and/or Proxy-Authorization) -> 403 UnknownSandbox /
    407 ProxyAuthRequired / 403 IdentityMismatch; per-sandbox cap -> 503 TooManyConnections
-4. host and port on that sandbox's allowlist -> 403 HostNotAllowed / PortNotAllowed
+4. host and port on that sandbox's allowlist -> 403 HostNotAllowed / PortNotAllowed; for a host
+   with method and path rules (``requestrules``): a CONNECT -> 403 TunnelNotInspectable, a plain
+   request -> 403 MethodNotAllowed / PathNotAllowed, unclear body framing -> 400 BadRequest
 5. name resolved once -> 502 ResolveFailed
 6. addresses checked against the refused ranges -> 403 AddressRefused / MetadataAddressRefused
 7. connect by number to an address that passed -> 502 ConnectFailed / 504 ConnectTimeout
 8. ALLOW: tunnel (CONNECT) or forward one request with ``Connection: close``, then relay bytes
    until both sides finish, the connection is idle for ``idle_timeout_seconds`` or it has lasted
-   ``max_connection_seconds``.
+   ``max_connection_seconds``. To a ruled host only the judged request and its body go up
+   (``framing``): nothing the client sends after it reaches the upstream.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import ipaddress
 import itertools
 import logging
 import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
 
 from sandbox_operator.egress.addresses import (
     AddressPolicy,
@@ -45,6 +48,7 @@ from sandbox_operator.egress.decisions import (
     now_utc,
     verdict_of,
 )
+from sandbox_operator.egress.framing import Framing, body_framing, copy_body
 from sandbox_operator.egress.http import (
     BadRequest,
     RequestHead,
@@ -55,6 +59,7 @@ from sandbox_operator.egress.http import (
     upstream_head,
 )
 from sandbox_operator.egress.identity import SandboxEntry, SandboxTable
+from sandbox_operator.egress.requestrules import RequestRule, canonical_method, judge, rules_for
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,9 @@ _STATUS: dict[DecisionReason, int] = {
     DecisionReason.RESOLVE_FAILED: 502,
     DecisionReason.CONNECT_FAILED: 502,
     DecisionReason.CONNECT_TIMEOUT: 504,
+    DecisionReason.METHOD_NOT_ALLOWED: 403,
+    DecisionReason.PATH_NOT_ALLOWED: 403,
+    DecisionReason.NOT_INSPECTABLE: 403,
 }
 
 _RELAY_CHUNK = 65536
@@ -384,6 +392,13 @@ class EgressProxy:
                 writer, conn, verdict, f"{what} of {shown} is not on this sandbox's allowlist"
             )
             return
+        framing: Framing | None = None
+        rules = rules_for(entry.rules, target.host)
+        if rules:
+            judged = await self._judge_request(writer, conn, head, target, rules)
+            if judged is None:
+                return
+            head, framing = judged
 
         # 5. resolve once
         try:
@@ -450,12 +465,53 @@ class EgressProxy:
                 writer.write(response(200))
             else:
                 up_writer.write(upstream_head(head, target))
-            await self._relay(reader, writer, up_reader, up_writer)
+            body = framing
+            if body is None:
+                await self._relay(reader, writer, up_reader, up_writer)
+            else:
+                await self._relay(
+                    reader, writer, up_reader, up_writer, lambda: copy_body(reader, up_writer, body)
+                )
         finally:
             up_writer.close()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1):
                     await up_writer.wait_closed()
+
+    async def _judge_request(
+        self,
+        writer: asyncio.StreamWriter,
+        conn: _Conn,
+        head: RequestHead,
+        target: Target,
+        rules: tuple[RequestRule, ...],
+    ) -> tuple[RequestHead, Framing] | None:
+        """A request to a ruled host: its head with the canonical method and its body's framing,
+        or None when it was refused (answered and recorded)."""
+        shown = f"{target.host}:{target.port}"
+        if head.method == "CONNECT":
+            await self._refuse(
+                writer,
+                conn,
+                DecisionReason.NOT_INSPECTABLE,
+                f"{shown} has method or path rules, judged on plain http:// requests only",
+            )
+            return None
+        method = canonical_method(head.method)
+        conn.method = method
+        reason = judge(rules, method, target.origin_form)
+        if reason is not DecisionReason.ALLOWED:
+            what = "method" if reason is DecisionReason.METHOD_NOT_ALLOWED else "path"
+            await self._refuse(
+                writer, conn, reason, f"this {what} is not allowed by {shown}'s egress rules"
+            )
+            return None
+        try:
+            framing = body_framing(head)
+        except BadRequest as exc:
+            await self._refuse(writer, conn, DecisionReason.BAD_REQUEST, exc.why)
+            return None
+        return replace(head, method=method), framing
 
     async def _relay(
         self,
@@ -463,7 +519,10 @@ class EgressProxy:
         a_writer: asyncio.StreamWriter,
         b_reader: asyncio.StreamReader,
         b_writer: asyncio.StreamWriter,
+        upward_only: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """Relay both ways; ``upward_only`` replaces the client-to-upstream copy (one judged
+        request's body, then nothing more)."""
         loop = asyncio.get_running_loop()
         idle = self.config.limits.idle_timeout_seconds
         last = [loop.time()]
@@ -488,7 +547,8 @@ class EgressProxy:
 
         # Client EOF is a half-close (the upstream may still answer); upstream EOF, an error or
         # idleness in either direction ends the whole relay.
-        upward = asyncio.create_task(copy(a_reader, b_writer))
+        up: Awaitable[None] = upward_only() if upward_only is not None else copy(a_reader, b_writer)
+        upward: asyncio.Task[None] = asyncio.ensure_future(up)
         downward = asyncio.create_task(copy(b_reader, a_writer))
         tasks = [upward, downward]
         try:
