@@ -120,6 +120,9 @@ class SandboxRule(_Model):
     host: str
     methods: tuple[EgressMethod, ...] | None = Field(default=None, min_length=1)
     paths: tuple[EgressPath, ...] | None = Field(default=None, min_length=1)
+    #: ``http``: judged on plain requests; ``https``: judged inside TLS the proxy terminates
+    #: (only where it holds an interception CA; without one a CONNECT to the host is refused).
+    schemes: tuple[Literal["http", "https"], ...] = Field(default=("http",), min_length=1)
 
     @field_validator("host")
     @classmethod
@@ -134,6 +137,7 @@ class SandboxRule(_Model):
             host=HostPattern.parse(self.host),
             methods=frozenset(self.methods) if self.methods is not None else None,
             paths=self.paths,
+            schemes=frozenset(self.schemes),
         )
 
 

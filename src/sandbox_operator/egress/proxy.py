@@ -29,7 +29,6 @@ import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
 
 from sandbox_operator.egress.addresses import (
     AddressPolicy,
@@ -48,7 +47,7 @@ from sandbox_operator.egress.decisions import (
     now_utc,
     verdict_of,
 )
-from sandbox_operator.egress.framing import Framing, body_framing, copy_body
+from sandbox_operator.egress.framing import Framing, copy_body
 from sandbox_operator.egress.http import (
     BadRequest,
     RequestHead,
@@ -59,7 +58,9 @@ from sandbox_operator.egress.http import (
     upstream_head,
 )
 from sandbox_operator.egress.identity import SandboxEntry, SandboxTable
-from sandbox_operator.egress.requestrules import RequestRule, canonical_method, judge, rules_for
+from sandbox_operator.egress.inspected import Conn, RuledRequests, Upstream
+from sandbox_operator.egress.interception import InterceptionCA
+from sandbox_operator.egress.requestrules import for_scheme, rules_for
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ _STATUS: dict[DecisionReason, int] = {
     DecisionReason.METHOD_NOT_ALLOWED: 403,
     DecisionReason.PATH_NOT_ALLOWED: 403,
     DecisionReason.NOT_INSPECTABLE: 403,
+    DecisionReason.SCHEME_NOT_ALLOWED: 403,
+    DecisionReason.HOST_MISMATCH: 403,
+    DecisionReason.UPSTREAM_TLS_FAILED: 502,
 }
 
 _RELAY_CHUNK = 65536
@@ -88,15 +92,6 @@ _RELAY_CHUNK = 65536
 
 class _Idle(Exception):
     pass
-
-
-@dataclass(slots=True)
-class _Conn:
-    client: IPAddress | None
-    sandbox: str | None = None
-    method: str = ""
-    host: str = ""
-    port: int = 0
 
 
 def _peer_ip(writer: asyncio.StreamWriter) -> IPAddress | None:
@@ -124,6 +119,7 @@ class EgressProxy:
         *,
         sink: DecisionSink | None = None,
         resolver: Resolver | None = None,
+        interception: InterceptionCA | None = None,
     ) -> None:
         self.config = config
         self.table = SandboxTable(config.sandboxes)
@@ -137,6 +133,15 @@ class EgressProxy:
         self._active = 0
         self._active_by_sandbox: dict[str, int] = {}
         self._active_by_client: dict[str, int] = {}
+        # Without a CA a CONNECT to a ruled host is refused (TunnelNotInspectable).
+        self.ruled = RuledRequests(
+            emit=self._emit,
+            refuse=self._refuse,
+            relay=self._relay,
+            ca=interception,
+            header_timeout=lambda: self.config.limits.header_timeout_seconds,
+            connect_timeout=lambda: self.config.limits.connect_timeout_seconds,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -224,7 +229,7 @@ class EgressProxy:
 
     # ---- decisions -------------------------------------------------------------------------
 
-    def _emit(self, conn: _Conn, reason: DecisionReason, address: IPAddress | None = None) -> None:
+    def _emit(self, conn: Conn, reason: DecisionReason, address: IPAddress | None = None) -> None:
         decision = Decision(
             seq=next(self._seq),
             time=now_utc(),
@@ -245,7 +250,7 @@ class EgressProxy:
     async def _refuse(
         self,
         writer: asyncio.StreamWriter,
-        conn: _Conn,
+        conn: Conn,
         reason: DecisionReason,
         body: str,
         address: IPAddress | None = None,
@@ -267,7 +272,7 @@ class EgressProxy:
         assert task is not None
         self._tasks.add(task)
         self._active += 1
-        conn = _Conn(client=_peer_ip(writer))
+        conn = Conn(client=_peer_ip(writer))
         client_key = str(conn.client)
         self._active_by_client[client_key] = self._active_by_client.get(client_key, 0) + 1
         try:
@@ -294,7 +299,7 @@ class EgressProxy:
                     await writer.wait_closed()
 
     async def _handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Conn
     ) -> None:
         cfg = self.config
         limits = cfg.limits
@@ -375,7 +380,7 @@ class EgressProxy:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        conn: _Conn,
+        conn: Conn,
         head: RequestHead,
         target: Target,
         entry: SandboxEntry,
@@ -394,8 +399,14 @@ class EgressProxy:
             return
         framing: Framing | None = None
         rules = rules_for(entry.rules, target.host)
-        if rules:
-            judged = await self._judge_request(writer, conn, head, target, rules)
+        intercept = False
+        if rules and head.method == "CONNECT":
+            intercept = self.ruled.intercepts(rules)
+            if not intercept:
+                await self.ruled.refuse_tunnel(writer, conn, target)
+                return
+        elif rules:
+            judged = await self.ruled.judge(writer, conn, head, target, for_scheme(rules, "http"))
             if judged is None:
                 return
             head, framing = judged
@@ -458,9 +469,14 @@ class EgressProxy:
             return
         up_reader, up_writer = upstream
 
-        # 8. relay
-        self._emit(conn, DecisionReason.ALLOWED, used)
+        # 8. relay (or, for a ruled host over https, open the tunnel and judge inside)
         try:
+            if intercept:
+                await self.ruled.intercept(
+                    reader, writer, conn, target, rules, Upstream(up_reader, up_writer, used)
+                )
+                return
+            self._emit(conn, DecisionReason.ALLOWED, used)
             if head.method == "CONNECT":
                 writer.write(response(200))
             else:
@@ -477,41 +493,6 @@ class EgressProxy:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1):
                     await up_writer.wait_closed()
-
-    async def _judge_request(
-        self,
-        writer: asyncio.StreamWriter,
-        conn: _Conn,
-        head: RequestHead,
-        target: Target,
-        rules: tuple[RequestRule, ...],
-    ) -> tuple[RequestHead, Framing] | None:
-        """A request to a ruled host: its head with the canonical method and its body's framing,
-        or None when it was refused (answered and recorded)."""
-        shown = f"{target.host}:{target.port}"
-        if head.method == "CONNECT":
-            await self._refuse(
-                writer,
-                conn,
-                DecisionReason.NOT_INSPECTABLE,
-                f"{shown} has method or path rules, judged on plain http:// requests only",
-            )
-            return None
-        method = canonical_method(head.method)
-        conn.method = method
-        reason = judge(rules, method, target.origin_form)
-        if reason is not DecisionReason.ALLOWED:
-            what = "method" if reason is DecisionReason.METHOD_NOT_ALLOWED else "path"
-            await self._refuse(
-                writer, conn, reason, f"this {what} is not allowed by {shown}'s egress rules"
-            )
-            return None
-        try:
-            framing = body_framing(head)
-        except BadRequest as exc:
-            await self._refuse(writer, conn, DecisionReason.BAD_REQUEST, exc.why)
-            return None
-        return replace(head, method=method), framing
 
     async def _relay(
         self,

@@ -34,6 +34,7 @@ class RequestRule:
     host: HostPattern
     methods: frozenset[str] | None  # upper case; None: every method
     paths: tuple[str, ...] | None  # exact, or a "/*" prefix; None: every path
+    schemes: frozenset[str] = frozenset({"http"})  # "http": plain requests; "https": intercepted
 
     def allows_method(self, method: str) -> bool:
         return self.methods is None or method in self.methods
@@ -68,6 +69,11 @@ def ambiguous_path(path: str) -> bool:
 def rules_for(rules: Iterable[RequestRule], host: str) -> tuple[RequestRule, ...]:
     """The rules naming ``host`` (normalised); empty when the host is not ruled."""
     return tuple(r for r in rules if r.host.matches_host(host))
+
+
+def for_scheme(rules: Iterable[RequestRule], scheme: str) -> tuple[RequestRule, ...]:
+    """Those of a ruled host's rules that let ``scheme`` (``http`` or ``https``) through at all."""
+    return tuple(r for r in rules if scheme in r.schemes)
 
 
 def judge(rules: tuple[RequestRule, ...], method: str, origin_form: str) -> DecisionReason:
