@@ -212,12 +212,6 @@ EGRESS_RULE_RULES: Final[list[Schema]] = [
         "has(self.methods) || has(self.paths)",
         "an egressRules entry names methods or paths (a plain host belongs in egressAllow)",
     ),
-    _rule(
-        "!('https' in self.schemes)",
-        "egressRules scheme https cannot be enforced: judging HTTPS requests needs TLS "
-        "terminated at the egress proxy, which it does not do yet (schemes: [http] only)",
-        field_path=".schemes",
-    ),
 ]
 _UNENFORCEABLE_LIST: Final = "[" + ", ".join(f"'{m}'" for m in UNENFORCEABLE_METHODS) + "]"
 #: One method of an egressRules entry (the pattern holds the token and its case).

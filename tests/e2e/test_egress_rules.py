@@ -15,11 +15,13 @@ The outside server is the allowlist tests' (tests/fixtures/egress_probe.py), on 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from sandbox_operator.egress.probe import ProbeTarget, Via
+from sandbox_operator.testing.egress import make_self_signed_cert, serve_http_in_thread
 from tests.fixtures.egress_probe import Outside
 from tests.fixtures.egress_proxy import config_with_managed_proxy, ready_and_served
 from tests.fixtures.node import exec_in
@@ -129,3 +131,89 @@ def test_method_and_path_rules_through_the_operators_proxy(
         ("PathNotAllowed", "GET"),
         ("TunnelNotInspectable", "CONNECT"),
     } <= seen, seen
+
+
+#: Runs in the sandbox: HTTPS through the proxy's tunnel with the default TLS context (which reads
+#: SSL_CERT_FILE, the bundle the pod was given); argv: host, port, then METHOD PATH [HOST] triples
+#: separated by '|'. Prints [status, X-Egress-Reason, body head] per request.
+HTTPS_SCRIPT = r"""
+import http.client, json, os, ssl, sys
+proxy_host, proxy_port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
+host, port = sys.argv[1], int(sys.argv[2])
+for item in sys.argv[3:]:
+    method, path, *named = item.split("|")
+    conn = http.client.HTTPSConnection(proxy_host, int(proxy_port), timeout=15,
+                                       context=ssl.create_default_context())
+    conn.set_tunnel(host, port)
+    try:
+        conn.putrequest(method, path, skip_host=bool(named))
+        if named:
+            conn.putheader("Host", named[0])
+        conn.endheaders()
+        r = conn.getresponse()
+        print(json.dumps([r.status, r.getheader("X-Egress-Reason") or "", r.read(200).decode()]))
+    except Exception as exc:
+        print(json.dumps([0, type(exc).__name__, str(exc)[:200]]))
+    conn.close()
+"""
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+def test_https_rules_inside_tls_the_operators_proxy_terminates(
+    kit,
+    start_operator,
+    core_v1: client.CoreV1Api,
+    outside: Outside,
+    runtime_class: str,
+    operator_image: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """#38 item 1: the proxy terminates TLS for a host whose rule names https (its CA mounted in
+    the pod and trusted through SSL_CERT_FILE), judges the request inside, and re-originates
+    verified TLS to the upstream (an HTTPS server on this machine, its certificate from a test
+    CA the proxy is told to trust)."""
+    cert = make_self_signed_cert(tmp_path, ("api.wild.test",))
+    with serve_http_in_thread(b"tls-upstream-ok", tls=cert.server_context()) as tls_port:
+        config = config_with_managed_proxy(
+            runtime_class, ":".join(operator_image), outside, (tls_port,)
+        )
+        (backend,) = config["backends"]
+        backend["declarations"] = dict(
+            backend["declarations"], egressRules=True, egressRulesHttps=True
+        )
+        config["egressProxy"]["config"]["interception"] = {
+            "enabled": True,
+            "extraUpstreamRoots": cert.cert.read_text(),
+        }
+        start_operator(config)
+        kit.scope()
+        rule = {"host": "api.wild.test", "schemes": ["https"], "methods": ["GET"],
+                "paths": ["/ok/*"]}  # fmt: skip
+        kit.sandbox("tls", image=PYTHON, requires=["exec"], egress="allowlist",
+                    egressAllow=["allowed.test"], egressRules=[rule])  # fmt: skip
+        first = ProbeTarget("allowed-connect", "allowed.test", outside.port, via=Via.CONNECT)
+        obj, _ = ready_and_served(kit, core_v1, "tls", first, outside.token)
+        pod = obj["status"]["servedBy"]["name"]
+        here = f"api.wild.test:{tls_port}"
+        cases = {
+            "get": ("GET|/ok/x", 200, ""),
+            "get-lower": ("get|/ok/x", 200, ""),
+            "post": ("POST|/ok/x", 403, "MethodNotAllowed"),
+            "path": ("GET|/no", 403, "PathNotAllowed"),
+            "dots": ("GET|/ok/../no", 403, "PathNotAllowed"),
+            "encoded": ("GET|/ok/%2e%2e/no", 403, "PathNotAllowed"),
+            "other-host": ("GET|/ok/x|allowed.test", 403, "HostMismatch"),
+            "same-host": (f"GET|/ok/x|{here}", 200, ""),
+        }
+        argv = ["python3", "-I", "-c", HTTPS_SCRIPT, "api.wild.test", str(tls_port)]
+        out = exec_in(core_v1, kit.ns, pod, *argv, *(c[0] for c in cases.values()))
+        answers = [json.loads(line) for line in out.strip().splitlines()]
+        got = {name: (a[0], a[1]) for name, a in zip(cases, answers, strict=True)}
+        assert got == {name: (c[1], c[2]) for name, c in cases.items()}, out
+        assert all("tls-upstream-ok" in a[2] for a in answers if a[0] == 200), out
+
+        # The key is in the proxy's Secret, mounted in the proxy pod; never in the sandbox's.
+        sandbox_pod = core_v1.read_namespaced_pod(pod, kit.ns)
+        assert not any(v.secret for v in sandbox_pod.spec.volumes or []), sandbox_pod.spec.volumes
+        listing = exec_in(core_v1, kit.ns, pod, "sh", "-c", "ls /etc/sandbox-egress-ca/")
+        assert sorted(listing.split()) == ["bundle.crt", "ca.crt"], listing

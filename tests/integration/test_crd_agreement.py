@@ -229,7 +229,7 @@ ISSUE_CASES: list[tuple[str, Spec, str]] = [
     ("rule encoded dot", rules_spec(paths=["/a/%2e%2e/b"]), "spec.egressRules[0].paths[0]"),
     ("rule inner *", rules_spec(paths=["/a/*/b"]), "spec.egressRules[0].paths[0]"),
     ("rule prefix a*", rules_spec(paths=["/a*"]), "spec.egressRules[0].paths[0]"),
-    ("rule https", rules_spec(schemes=["https"]), "spec.egressRules[0].schemes"),
+    ("rule ftp", rules_spec(schemes=["ftp"]), "spec.egressRules[0].schemes[0]"),
     ("rule host only", rules_spec(methods=None), "spec.egressRules[0]"),
     ("rule IP host", rules_spec(host="10.0.0.1"), "spec.egressRules[0].host"),
     ("rule without allowlist", {**rules_spec(), "egress": "closed"}, "spec.egressRules"),
@@ -269,6 +269,7 @@ def test_the_issue_cases_are_refused_by_the_api_server_naming_the_field(
         {**FILES_OUT, "declaredOutputs": [out("a.png"), out("a.png", "b.png")]},
         {**rules_spec(paths=["/v1/*", "/health", "/a/.well-known"]), "egressAllow": ["pypi.org"]},
         rules_spec(methods=["GET", "PROPFIND"]),
+        rules_spec(schemes=["http", "https"]),
     ],
 )
 def test_neighbours_of_the_refused_cases_are_accepted(server: Server, spec: Spec) -> None:

@@ -856,8 +856,8 @@ def test_a_spec_without_rules_is_unchanged_on_the_wire() -> None:
         (rule(paths=["/a b"]), "egressRules.0.paths.0", "pattern"),
         (rule(paths=["a/b"]), "egressRules.0.paths.0", "pattern"),
         (rule(paths=["/a%zz"]), "egressRules.0.paths.0", "pattern"),
-        (rule(schemes=["http", "https"]), "egressRules.0", "TLS terminated"),
-        (rule(schemes=["https"]), "egressRules.0", "TLS terminated"),
+        (rule(schemes=["http", "http"]), "egressRules.0", "schemes twice"),
+        (rule(schemes=["ftp"]), "egressRules.0.schemes.0", "http"),
         (rule(schemes=[]), "egressRules.0.schemes", "at least 1"),
         ({"host": "api.example.com", "schemes": ["http"]}, "egressRules.0", "egressAllow instead"),
         (rule(host="169.254.169.254"), "egressRules.0.host", "IP literal"),
@@ -881,6 +881,12 @@ def test_an_egress_rule_the_proxy_cannot_enforce_is_refused_naming_the_field(
 def test_egress_rule_path_neighbours_are_fine(paths: list[str]) -> None:
     s = spec(egress="allowlist", egressRules=[rule(paths=paths)])
     assert s.egress_rules[0].paths == tuple(paths)
+
+
+def test_an_https_rule_is_a_contract_the_backend_must_declare() -> None:
+    # The model holds it; admission asks the backend (egressRulesHttps, tests/unit/test_policy).
+    s = spec(egress="allowlist", egressRules=[rule(schemes=["http", "https"])])
+    assert [str(x) for x in s.egress_rules[0].schemes] == ["http", "https"]
 
 
 def test_egress_rules_combinations_are_refused() -> None:

@@ -519,8 +519,8 @@ def test_egress_rule_path_rules_and_the_model_agree(path: str) -> None:
         ({"host": "a.example", "schemes": ["http"], "methods": ["GET"]}, True),
         ({"host": "a.example", "schemes": ["http"], "paths": ["/x"]}, True),
         ({"host": "a.example", "schemes": ["http"]}, False),
-        ({"host": "a.example", "schemes": ["https"], "methods": ["GET"]}, False),
-        ({"host": "a.example", "schemes": ["http", "https"], "methods": ["GET"]}, False),
+        ({"host": "a.example", "schemes": ["https"], "methods": ["GET"]}, True),
+        ({"host": "a.example", "schemes": ["http", "https"], "methods": ["GET"]}, True),
     ],
 )
 def test_egress_rule_entry_rules_refuse_what_the_proxy_cannot_enforce(

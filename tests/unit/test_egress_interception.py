@@ -97,7 +97,7 @@ async def records() -> list[Decision]:
 
 @pytest.fixture
 def ca(upstream_cert: SelfSignedCert) -> InterceptionCA:
-    return InterceptionCA(upstream_cafile=str(upstream_cert.cert))
+    return InterceptionCA(extra_upstream_roots=upstream_cert.cert.read_text())
 
 
 RULES = [
@@ -355,7 +355,7 @@ async def test_a_plain_host_keeps_its_tunnel_without_interception(
 async def test_an_upstream_whose_certificate_does_not_verify_is_unreachable(
     recorder: TLSRecorder, records: list[Decision]
 ) -> None:
-    ca = InterceptionCA()  # trusts the system roots only: the upstream's self-signed cert fails
+    ca = InterceptionCA()  # the system's roots only: the upstream's self-signed cert fails
     async with make_proxy(recorder, records, ca) as p:
         status, headers, _ = await https(
             p, ca, recorder.port, req("GET", "/v1/x", f"api.test:{recorder.port}")

@@ -352,6 +352,17 @@ def test_egress_rules_need_a_backend_that_declares_them() -> None:
     assert "egressRules" in exc.value.message
     check(hosts_only, spec(egress="allowlist", egressAllow=["pypi.org"]))
     check(silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True), ruled)
+    # A rule naming https needs the hop to terminate TLS (#38 item 1): declared apart.
+    https = spec(
+        egress="allowlist",
+        egressRules=[{"host": "api.example.com", "schemes": ["https"], "methods": ["GET"]}],
+    )
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True), https)
+    assert exc.value.rules_https and "egressRulesHttps" in exc.value.message
+    check(
+        silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True, egress_rules_https=True), https
+    )
 
 
 def test_unrestricted_needs_host_consent_and_a_declaring_backend() -> None:

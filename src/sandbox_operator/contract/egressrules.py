@@ -48,17 +48,14 @@ ENCODED_SEPARATOR_PATTERN: Final = r"%(2[eEfF]|5[cC])"
 
 
 class EgressScheme(StrEnum):
-    """How a guest reaches a ruled host through the proxy, so where a rule can be judged."""
+    """How a guest reaches a ruled host through the proxy, so where a rule is judged."""
 
     #: Plain ``http://`` requests in absolute form: the proxy reads every request head.
     HTTP = "http"
-    #: HTTPS through a CONNECT tunnel: judging it needs TLS terminated at the proxy, which is
-    #: not implemented yet (issue #38 item 1), so a rule naming it is refused at admission.
+    #: HTTPS through a CONNECT tunnel: the proxy terminates TLS with its own CA's certificate
+    #: (which the guest trusts) to read the request, and re-originates verified TLS upstream.
+    #: Admission refuses it on a backend that does not declare ``egressRulesHttps``.
     HTTPS = "https"
-
-
-#: Schemes the proxy can judge a rule on today.
-ENFORCED_SCHEMES: Final = frozenset({EgressScheme.HTTP})
 
 
 def egress_path_problem(path: str) -> str | None:
@@ -124,7 +121,7 @@ class EgressRule(ContractModel):
         json_schema_extra={"uniqueItems": True},
         description=(
             "How the guest reaches the host, so where the proxy judges the rule: http (plain "
-            "requests). https needs TLS terminated at the proxy, not implemented yet: refused."
+            "requests), https (inside TLS the proxy terminates; the guest trusts its CA)."
         ),
     )
     methods: tuple[EgressMethod, ...] | None = Field(
@@ -158,11 +155,4 @@ class EgressRule(ContractModel):
                 raise ValueError(
                     f"egressRules entry for {self.host!r} lists one of its {name} twice"
                 )
-        unenforced = sorted(s.value for s in set(self.schemes) - ENFORCED_SCHEMES)
-        if unenforced:
-            raise ValueError(
-                f"egressRules entry for {self.host!r}: scheme {', '.join(unenforced)} cannot be "
-                "enforced: judging HTTPS requests needs TLS terminated at the egress proxy, "
-                "which it does not do yet (schemes: [http] only)"
-            )
         return self

@@ -231,7 +231,7 @@ class EgressNotEnforced(SandboxRefusal):
     ``requested`` is the spec's mode; ``declared`` the backend's modes; ``host_forbids`` is True
     when the refusal comes from the host policy not allowing unrestricted egress; ``rules`` is
     True when the mode is declared but the spec's ``egressRules`` are not (the backend does not
-    declare ``egressRules``).
+    declare ``egressRules``, or ``rules_https``: not ``egressRulesHttps`` for a rule naming https).
     """
 
     reason = RefusalReason.EGRESS_NOT_ENFORCED
@@ -245,13 +245,21 @@ class EgressNotEnforced(SandboxRefusal):
         declared: Iterable[Egress],
         host_forbids: bool = False,
         rules: bool = False,
+        rules_https: bool = False,
     ) -> None:
         self.requested = requested
         self.declared = _sorted_by_definition(declared, Egress)
         self.host_forbids = host_forbids
-        self.rules = rules
+        self.rules = rules or rules_https
+        self.rules_https = rules_https
         declared_text = _names(self.declared, empty="no egress modes")
-        if rules:
+        if rules_https:
+            detail = "egressRules for https are not enforced"
+            message = (
+                f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not judge "
+                "egressRules inside HTTPS (it does not declare egressRulesHttps)"
+            )
+        elif rules:
             detail = "egressRules (methods and paths) are not enforced"
             message = (
                 f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not judge "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -181,6 +181,35 @@ class SandboxEgress(_Model):
         return value
 
 
+#: The interception CA's certificate in the proxy's ConfigMap (``ca.crt``; ``bundle.crt``: the
+#: operator image's public roots and the CA), mounted read-only in sandbox pods at
+#: ``CA_MOUNT_DIR``; its key in the proxy's Secret (``ca.key``), mounted in the proxy pod only.
+CA_CERT_KEY: Final = "ca.crt"
+CA_BUNDLE_KEY: Final = "bundle.crt"
+CA_KEY_KEY: Final = "ca.key"
+CA_MOUNT_DIR: Final = "/etc/sandbox-egress-ca"
+
+
+class Interception(_Model):
+    """TLS terminated at the proxy for hosts whose egressRules name https (egress/inspected.py).
+
+    ``enabled``: the proxy makes a CA at start (its key only in the proxy's memory) and, with
+    ``--kube-namespace``, publishes the CA's certificate in the ConfigMap the sandbox pods mount.
+    ``extraUpstreamRoots``: PEM certificates the proxy trusts for upstreams besides the system's
+    roots (a private CA of the platform's own services; tests).
+    """
+
+    enabled: bool = False
+    extra_upstream_roots: str | None = Field(default=None, alias="extraUpstreamRoots")
+
+    @field_validator("extra_upstream_roots")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is not None and "-----BEGIN CERTIFICATE-----" not in value:
+            raise ValueError("extraUpstreamRoots must hold PEM certificates")
+        return value
+
+
 class ProxyConfig(_Model):
     """Everything the proxy needs; ``sandboxes`` is the part the operator changes at run time."""
 
@@ -201,6 +230,7 @@ class ProxyConfig(_Model):
     )
     limits: Limits = Limits()
     decision_buffer: Annotated[int, Field(ge=1, le=1_000_000, alias="decisionBuffer")] = 4096
+    interception: Interception = Interception()
     sandboxes: tuple[SandboxEgress, ...] = ()
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from sandbox_operator.egress.addresses import IPAddress
 from sandbox_operator.egress.decisions import DecisionReason
@@ -33,8 +34,10 @@ from sandbox_operator.egress.http import (
     response,
     upstream_head,
 )
-from sandbox_operator.egress.interception import InterceptionCA
 from sandbox_operator.egress.requestrules import RequestRule, canonical_method, for_scheme, judge
+
+if TYPE_CHECKING:  # cryptography only where a CA is made (egress/__main__.py)
+    from sandbox_operator.egress.interception import InterceptionCA
 
 
 @dataclass(slots=True)

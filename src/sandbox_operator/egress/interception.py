@@ -1,10 +1,10 @@
-"""The proxy's own certificate authority, so it can see inside HTTPS to a host with rules.
+"""The proxy's certificate authority, so it can see inside HTTPS to a host with rules.
 
-Its own module because it is the one place that holds key material: a CA made when the proxy
-starts (an ECDSA P-256 key that exists only in this process's memory, never written to the
-Kubernetes API, never in a sandbox's pod), and a leaf certificate per host it intercepts, minted
-on first use and cached. Only the CA's public certificate leaves the process: the guest trusts it
-(docs/egress-proxy.md, "HTTPS to a host with rules"), and nothing else does.
+Its own module because it is the one place that handles key material: a CA (an ECDSA P-256 key)
+made by the operator once per namespace and kept in the proxy's Secret, which only the proxy's
+pod mounts (never a sandbox's pod), and a leaf certificate per host the proxy intercepts, minted
+on first use and cached in memory. Only the CA's certificate is given out: the sandbox pods
+mount it and are told to trust it (docs/egress-proxy.md, "HTTPS to a host with rules").
 
 The TLS contexts are the standard library's: towards the guest a server context offering only
 HTTP/1.1 by ALPN (so HTTP/2 is never negotiated and every request is a head the proxy parses),
@@ -24,15 +24,14 @@ import os
 import ssl
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-#: How long the CA is valid: it is replaced at every proxy start, so this bounds only a proxy
-#: process that runs on and on.
+#: How long the CA is valid. A namespace keeps its CA while its proxy's objects live (while it
+#: has allowlist Sandboxes); a namespace served longer than this needs its Secret deleted.
 CA_DAYS = 365
 #: How long a leaf is valid (minted again after, at most once per host per this period).
 LEAF_DAYS = 7
@@ -49,55 +48,75 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-@dataclass
-class InterceptionCA:
-    """A CA made in memory; ``cert_pem`` is what a guest trusts, the key never leaves."""
-
-    name: str = "sandbox-operator egress proxy"
-    upstream_cafile: str | None = None
-    _key: ec.EllipticCurvePrivateKey = field(init=False, repr=False)
-    cert: x509.Certificate = field(init=False)
-    _leaves: OrderedDict[str, tuple[ssl.SSLContext, datetime.datetime]] = field(
-        init=False, default_factory=OrderedDict, repr=False
+def new_ca(name: str = "sandbox-operator egress proxy") -> tuple[bytes, bytes]:
+    """A fresh CA: (certificate PEM, private key PEM). Made by the operator once per namespace
+    and kept in the proxy's Secret, which only the proxy's pod mounts."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandbox-operator"),
+        ]
     )
-    _dir: str = field(init=False, repr=False)
+    now = _now()
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return _pem(cert), key_pem
 
-    def __post_init__(self) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.COMMON_NAME, self.name),
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "sandbox-operator"),
-            ]
-        )
-        now = _now()
-        public = self._key.public_key()
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
+
+class InterceptionCA:
+    """The CA the proxy signs leaves with; ``cert_pem`` is what a guest trusts, the key never
+    leaves this object."""
+
+    def __init__(
+        self,
+        cert_pem: bytes | None = None,
+        key_pem: bytes | None = None,
+        *,
+        extra_upstream_roots: str | None = None,
+    ) -> None:
+        if cert_pem is None or key_pem is None:
+            cert_pem, key_pem = new_ca()
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("the interception CA key must be an EC key")
+        self._key = key
+        self.cert = x509.load_pem_x509_certificate(cert_pem)
+        if self.cert.public_key() != key.public_key():
+            raise ValueError("the interception CA certificate does not match its key")
+        #: PEM roots trusted for upstreams besides the system's (interception.extraUpstreamRoots)
+        self.extra_upstream_roots = extra_upstream_roots
+        self._leaves: OrderedDict[str, tuple[ssl.SSLContext, datetime.datetime]] = OrderedDict()
         self._dir = tempfile.mkdtemp(prefix="egress-leaves-")
         os.chmod(self._dir, 0o700)
 
@@ -161,7 +180,9 @@ class InterceptionCA:
 
     def upstream_context(self) -> ssl.SSLContext:
         """Towards the upstream: full verification (chain and name), HTTP/1.1 only."""
-        ctx = ssl.create_default_context(cafile=self.upstream_cafile)
+        ctx = ssl.create_default_context()
+        if self.extra_upstream_roots:
+            ctx.load_verify_locations(cadata=self.extra_upstream_roots)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.set_alpn_protocols(ALPN)
         return ctx

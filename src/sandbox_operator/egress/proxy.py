@@ -29,6 +29,7 @@ import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from sandbox_operator.egress.addresses import (
     AddressPolicy,
@@ -59,8 +60,10 @@ from sandbox_operator.egress.http import (
 )
 from sandbox_operator.egress.identity import SandboxEntry, SandboxTable
 from sandbox_operator.egress.inspected import Conn, RuledRequests, Upstream
-from sandbox_operator.egress.interception import InterceptionCA
 from sandbox_operator.egress.requestrules import for_scheme, rules_for
+
+if TYPE_CHECKING:  # cryptography only where a CA is made (egress/__main__.py)
+    from sandbox_operator.egress.interception import InterceptionCA
 
 log = logging.getLogger(__name__)
 
