@@ -157,6 +157,15 @@ def test_an_intercepting_proxy_gets_its_ca_key_and_the_sandboxes_only_the_certif
     assert {"name": "ca", "mountPath": "/etc/sandbox-egress-proxy-ca", "readOnly": True} in (
         container["volumeMounts"]
     )
+    # A new CA rolls the proxy's pod (it must sign with the key of the certificate given out).
+    other = ep.ProxyCA("-----BEGIN CERTIFICATE-----\nOTHER\n", "KEY2", "ROOTS\n")
+    annotation = ep.CONFIG_CHECKSUM_ANNOTATION
+
+    def checksum(c: ep.ProxyCA) -> str:
+        deployment = ep.build_deployment("team-a", intercepting, c)
+        return str(deployment["spec"]["template"]["metadata"]["annotations"][annotation])
+
+    assert checksum(ca) != checksum(other)
     # Without interception: no Secret, no CA, nothing mounted.
     plain = ep.build_objects("team-a", settings(), None, None)
     assert "Secret" not in [o["kind"] for o in plain]

@@ -20,8 +20,9 @@ from typing import Any
 from sandbox_operator.backends.egress_proxy_objects import ProxyCA
 from sandbox_operator.egress.config import CA_CERT_KEY, CA_KEY_KEY
 
-#: A CA with less left than this is replaced (the sandboxes get the new certificate with their
-#: next pod; the proxy with its next start, which the changed Secret does not force).
+#: A CA with less left than this is replaced when the operator next reads it (the proxy's pod is
+#: rolled with it, its checksum annotation covers the certificate; running sandboxes see the new
+#: certificate once the kubelet refreshes their ConfigMap volume).
 RENEW_BEFORE = datetime.timedelta(days=30)
 
 

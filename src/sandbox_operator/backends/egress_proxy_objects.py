@@ -222,9 +222,13 @@ def build_ca_secret(namespace: str, ca: ProxyCA) -> dict[str, Any]:
     }
 
 
-def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> dict[str, Any]:
-    """One proxy pod, hardened like a sandbox pod; a changed config file rolls it."""
-    checksum = hashlib.sha256(proxy_config_text(settings).encode()).hexdigest()
+def build_deployment(
+    namespace: str, settings: ManagedEgressProxySettings, ca: ProxyCA | None = None
+) -> dict[str, Any]:
+    """One proxy pod, hardened like a sandbox pod; a changed config file (or a new CA: the pod
+    must sign with the key whose certificate the sandboxes are given) rolls it."""
+    rolled_by = proxy_config_text(settings) + (ca.cert_pem if ca is not None else "")
+    checksum = hashlib.sha256(rolled_by.encode()).hexdigest()
     labels = proxy_labels()
     intercepting = settings.config.interception.enabled
     container: dict[str, Any] = {
@@ -370,7 +374,7 @@ def build_objects(
         build_role_binding(namespace),
         *([build_ca_secret(namespace, ca)] if ca is not None else []),
         build_config_map(namespace, settings, ca),
-        build_deployment(namespace, settings),
+        build_deployment(namespace, settings, ca),
         build_service(namespace, settings, cluster_ip),
     ]
 
