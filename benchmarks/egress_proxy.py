@@ -8,6 +8,9 @@ differ only by the proxy's hop. Prints:
 - median / p90 latency of one HTTP request on a fresh connection, direct vs through the proxy
   (absolute-form GET), for a host given as an IP literal and as a name (getaddrinfo, /etc/hosts);
 - the same for a CONNECT tunnel (connect + 200 + one 64-byte echo round trip);
+- HTTPS: one GET direct, through a plain CONNECT tunnel (TLS end to end) and to a host whose
+  egress rule names https (TLS terminated at the proxy, judged, re-originated with verification,
+  #38 item 1), with the proxy process's CPU time per intercepted request;
 - the proxy process's RSS idle and while it holds N concurrent tunnels (default 200).
 
 Usage: .venv/bin/python benchmarks/egress_proxy.py [--requests 1000] [--concurrency 200]
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import ssl
 import statistics
 import sys
 import tempfile
@@ -28,8 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from sandbox_operator.egress.interception import new_ca  # noqa: E402
 from sandbox_operator.testing.egress import (  # noqa: E402
     connect_through,
+    make_self_signed_cert,
     open_from,
     read_reply_head,
     start_echo_server,
@@ -37,6 +43,7 @@ from sandbox_operator.testing.egress import (  # noqa: E402
 )
 
 SOURCE = "127.0.0.2"  # the benchmark's "sandbox" address
+RULED = "127.0.0.3"  # a sandbox whose rule for the same host names https (intercepted)
 
 
 def rss_kib(pid: int) -> int:
@@ -69,6 +76,33 @@ async def tunnel_echo(proxy_port: int | None, echo_port: int, payload: bytes) ->
     writer.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def https_get(
+    proxy_port: int | None, port: int, ctx: ssl.SSLContext, source: str = SOURCE
+) -> None:
+    """GET / over TLS to localhost: direct, or through a CONNECT tunnel of the proxy from
+    ``source`` (SOURCE: a plain host, tunnelled; RULED: intercepted)."""
+    host = "localhost"
+    if proxy_port is None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    else:
+        reply = await connect_through(proxy_port, f"{host}:{port}", source=source)
+        if reply.status != 200:
+            raise RuntimeError(f"status {reply.status}")
+        reader, writer = reply.reader, reply.writer
+    await writer.start_tls(ctx, server_hostname=host)
+    writer.write(f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+    status, headers = await read_reply_head(reader)
+    await reader.readexactly(int(headers["content-length"]))
+    writer.close()
+    if status != 200:
+        raise RuntimeError(f"status {status}")
+
+
 async def timed(n: int, op: Callable[[], Awaitable[None]]) -> list[float]:
     for _ in range(min(50, n)):  # warm-up
         await op()
@@ -90,37 +124,50 @@ def fmt(name: str, direct: list[float], proxied: list[float]) -> str:
     )
 
 
-async def serve_upstream() -> None:
-    """Child mode: print the two ports, serve until stdin closes."""
+async def serve_upstream(cert_dir: Path) -> None:
+    """Child mode: print the three ports (HTTP, echo, HTTPS with the certificate in
+    ``cert_dir``), serve until stdin closes."""
     upstream = await start_http_server()
     echo = await start_echo_server()
-    print(upstream.port, echo.port, flush=True)
+    cert = make_self_signed_cert(cert_dir, ("localhost",))
+    tls = await start_http_server(ssl_context=cert.server_context())
+    print(upstream.port, echo.port, tls.port, flush=True)
     await asyncio.to_thread(sys.stdin.read)
-    await upstream.close()
-    await echo.close()
+    for server in (upstream, echo, tls):
+        await server.close()
 
 
 async def main(requests: int, concurrency: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="egress-bench-"))
     servers = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--serve-upstream",
+        sys.executable, __file__, "--serve-upstream", str(tmp),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert servers.stdout is not None and servers.stdin is not None
-    http_port, echo_port = map(int, (await servers.stdout.readline()).split())
-    tmp = Path(tempfile.mkdtemp(prefix="egress-bench-"))
+    http_port, echo_port, tls_port = map(int, (await servers.stdout.readline()).split())
+    upstream_cert = (tmp / "cert.pem").read_text()
+    ca_cert, ca_key = new_ca()
+    (tmp / "ca.crt").write_bytes(ca_cert)
+    (tmp / "ca.key").write_bytes(ca_key)
+    roots = "".join(f"\n      {line}" for line in upstream_cert.strip().splitlines())
     cfg = tmp / "egress.yaml"
     cfg.write_text(
         "listenHost: 127.0.0.1\nlistenPort: 0\nadmittedNetworks: [127.0.0.1/32]\n"
-        f"allowedPorts: [{http_port}, {echo_port}]\n"
+        f"allowedPorts: [{http_port}, {echo_port}, {tls_port}]\n"
         f"limits: {{maxConnectionsPerSandbox: {concurrency + 10}}}\n"
+        f"interception:\n  enabled: true\n  extraUpstreamRoots: |{roots}\n"
         f"sandboxes:\n  - id: bench/sbx\n    sourceIPs: [{SOURCE}]\n"
         "    allow: ['127.0.0.1', localhost]\n"
+        # Another sandbox, whose rule for the same host names https: its tunnels are opened.
+        f"  - id: bench/ruled\n    sourceIPs: [{RULED}]\n"
+        "    rules: [{host: localhost, schemes: [https], methods: [GET]}]\n"
     )
     ready = tmp / "ready"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sandbox_operator.egress", "--config", str(cfg),
-        "--ready-file", str(ready), stdout=asyncio.subprocess.DEVNULL, env=env,
+        "--ready-file", str(ready), "--ca-dir", str(tmp), stdout=asyncio.subprocess.DEVNULL,
+        env=env,
     )  # fmt: skip
     try:
         for _ in range(200):
@@ -148,6 +195,21 @@ async def main(requests: int, concurrency: int) -> None:
         print(fmt("HTTP GET, host as IP literal", direct, lit))
         print(fmt("HTTP GET, host by name (getaddrinfo)", direct, name))
         print(fmt("CONNECT + 64 B echo round trip", t_direct, t_proxy))
+
+        upstream_ctx = ssl.create_default_context(cadata=upstream_cert)
+        guest_ctx = ssl.create_default_context(cadata=ca_cert.decode())
+        s_direct = await timed(requests, lambda: https_get(None, tls_port, upstream_ctx))
+        s_tunnel = await timed(requests, lambda: https_get(proxy_port, tls_port, upstream_ctx))
+        cpu0 = cpu_seconds(proc.pid)
+        s_inter = await timed(requests, lambda: https_get(proxy_port, tls_port, guest_ctx, RULED))
+        cpu_per = (cpu_seconds(proc.pid) - cpu0) / (requests + min(50, requests))
+        print(fmt("HTTPS GET, plain host (tunnel)", s_direct, s_tunnel))
+        print(fmt("HTTPS GET, ruled host (intercepted)", s_direct, s_inter))
+        extra = statistics.median(s_inter) - statistics.median(s_tunnel)
+        print(
+            f"intercepted over tunnelled: median +{extra:.0f} us; "
+            f"proxy CPU per intercepted request {cpu_per * 1e3:.2f} ms"
+        )
 
         idle = rss_kib(proc.pid)
         tunnels = await asyncio.gather(
@@ -179,9 +241,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=200)
-    parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-upstream", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
-        asyncio.run(serve_upstream())
+        asyncio.run(serve_upstream(args.serve_upstream))
         sys.exit(0)
     asyncio.run(main(min(args.requests, 20000), min(args.concurrency, 2000)))

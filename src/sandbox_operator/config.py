@@ -111,6 +111,14 @@ class OperatorConfig(ContractModel):
     @model_validator(mode="after")
     def _managed_proxy_is_described(self) -> OperatorConfig:
         if self.egress_proxy is not None:
+            intercepting = self.egress_proxy.config.interception.enabled
+            for index, backend in enumerate(self.backends):
+                if backend.declarations.egress_rules_https and not intercepting:
+                    raise ConfigurationError(
+                        f"backends[{index}].declarations.egressRulesHttps",
+                        "the operator's egress proxy does not terminate TLS: set "
+                        "egressProxy.config.interception.enabled",
+                    )
             return self
         for index, backend in enumerate(self.backends):
             proxy = getattr(backend, "egress_proxy", None)

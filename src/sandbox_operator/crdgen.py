@@ -21,6 +21,10 @@ from sandbox_operator.contract import resources as res
 from sandbox_operator.crdrules import (
     DECLARED_OUTPUTS_RULES,
     EGRESS_HOST_RULES,
+    EGRESS_METHOD_RULES,
+    EGRESS_PATH_RULES,
+    EGRESS_RULE_RULES,
+    EGRESS_RULES_SPEC_RULES,
     LABELS_RULES,
     LIFETIME_RULES,
     POOL_PRINTER_COLUMNS,
@@ -84,6 +88,13 @@ def _add_workload_rules(node: Schema) -> None:
     _add_rules(node, WORKLOAD_RULES)
     _add_rules(props["workDir"], WORK_DIR_RULES)
     _add_rules(props["egressAllow"]["items"], EGRESS_HOST_RULES)
+    if "egressRules" in props:
+        rule = props["egressRules"]["items"]
+        _add_rules(node, EGRESS_RULES_SPEC_RULES)
+        _add_rules(rule, EGRESS_RULE_RULES)
+        _add_rules(rule["properties"]["host"], EGRESS_HOST_RULES)
+        _add_rules(rule["properties"]["methods"]["items"], EGRESS_METHOD_RULES)
+        _add_rules(rule["properties"]["paths"]["items"], EGRESS_PATH_RULES)
     _add_rules(props["resources"], RESOURCES_RULES)
 
 

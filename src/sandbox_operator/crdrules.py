@@ -14,6 +14,12 @@ from sandbox_operator.contract.egresshosts import (
     LOOPBACK_SUFFIX,
     METADATA_HOSTS,
 )
+from sandbox_operator.contract.egressrules import (
+    DOT_SEGMENT_PATTERN,
+    ENCODED_SEPARATOR_PATTERN,
+    UNENFORCEABLE_METHODS,
+    WILDCARD_PATTERN,
+)
 from sandbox_operator.contract.workdir import (
     DRIVE_LETTER_PATTERN,
     POSIX_SYSTEM_WORK_DIR_PATTERN,
@@ -40,6 +46,29 @@ def _rule(
 def _immutable(field: str) -> Schema:
     return _rule("self == oldSelf", f"{field} is immutable after creation")
 
+
+#: The egressRules rules a Sandbox spec and a pool template share (``SandboxSpec._combinations``).
+EGRESS_RULES_SPEC_RULES: Final[list[Schema]] = [
+    _rule(
+        "!has(self.egressRules) || size(self.egressRules) == 0 || "
+        "(has(self.egress) && self.egress == 'allowlist')",
+        "egressRules is only valid with egress allowlist",
+        field_path=".egressRules",
+    ),
+    _rule(
+        "!has(self.egressRules) || "
+        "self.egressRules.all(r, self.egressRules.exists_one(q, q.host == r.host))",
+        "egressRules names a host more than once",
+        field_path=".egressRules",
+    ),
+    _rule(
+        "!has(self.egressRules) || !has(self.egressAllow) || "
+        "self.egressRules.all(r, !(r.host in self.egressAllow))",
+        "egressRules names a host that egressAllow lets through for every method and path: "
+        "list a host in one of them",
+        field_path=".egressRules",
+    ),
+]
 
 #: CEL rules on the Sandbox spec object.
 SANDBOX_SPEC_RULES: Final[list[Schema]] = [
@@ -189,6 +218,38 @@ EGRESS_HOST_RULES: Final[list[Schema]] = [
     _rule(
         f"!self.startsWith('*.') || !{_METADATA_LIST}.exists(m, m.endsWith(self.substring(1)))",
         "egressAllow wildcard would allow a cloud metadata host",
+    ),
+]
+
+
+#: One egressRules entry (``EgressRule._enforceable``).
+EGRESS_RULE_RULES: Final[list[Schema]] = [
+    _rule(
+        "has(self.methods) || has(self.paths)",
+        "an egressRules entry names methods or paths (a plain host belongs in egressAllow)",
+    ),
+]
+_UNENFORCEABLE_LIST: Final = "[" + ", ".join(f"'{m}'" for m in UNENFORCEABLE_METHODS) + "]"
+#: One method of an egressRules entry (the pattern holds the token and its case).
+EGRESS_METHOD_RULES: Final[list[Schema]] = [
+    _rule(
+        f"!(self in {_UNENFORCEABLE_LIST})",
+        "egressRules method CONNECT cannot be enforced: it opens a tunnel through the proxy",
+    )
+]
+#: One path of an egressRules entry (``egress_path_problem``; the pattern holds the characters).
+EGRESS_PATH_RULES: Final[list[Schema]] = [
+    _rule(
+        f"!self.matches(r'{WILDCARD_PATTERN}')",
+        "egressRules paths may have '*' only as the whole last segment ('/prefix/*')",
+    ),
+    _rule(
+        f"!self.matches(r'{DOT_SEGMENT_PATTERN}')",
+        "egressRules paths must not have '.' or '..' segments",
+    ),
+    _rule(
+        f"!self.matches(r'{ENCODED_SEPARATOR_PATTERN}')",
+        "egressRules paths must not have a percent-encoded dot, slash or backslash",
     ),
 ]
 

@@ -130,6 +130,15 @@ def out(path: str, name: str | None = None) -> dict[str, str]:
     return entry
 
 
+RULE: Spec = {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}
+
+
+def rules_spec(**entry: Any) -> Spec:
+    """An allowlist spec with one egressRules entry (``None`` drops a field of :data:`RULE`)."""
+    merged = {k: v for k, v in {**RULE, **entry}.items() if v is not None}
+    return {"egress": "allowlist", "egressRules": [merged]}
+
+
 ISSUE_CASES: list[tuple[str, Spec, str]] = [
     # Finding 6: accepted by the API server, refused by the models.
     ("agentDir control", {"agentDir": "a\x07b"}, "spec.agentDir"),
@@ -212,6 +221,28 @@ ISSUE_CASES: list[tuple[str, Spec, str]] = [
         "egressAllow",
     ),
     ("egress loopback", {"egress": "allowlist", "egressAllow": ["a.localhost"]}, "egressAllow"),
+    # egressRules (#38 item 2): what the proxy cannot enforce is refused naming the field
+    ("rule lower-case method", rules_spec(methods=["get"]), "spec.egressRules[0].methods[0]"),
+    ("rule CONNECT", rules_spec(methods=["CONNECT"]), "spec.egressRules[0].methods[0]"),
+    ("rule dot segment", rules_spec(paths=["/a/../b"]), "spec.egressRules[0].paths[0]"),
+    ("rule ..; segment", rules_spec(paths=["/a/..;/b"]), "spec.egressRules[0].paths[0]"),
+    ("rule encoded dot", rules_spec(paths=["/a/%2e%2e/b"]), "spec.egressRules[0].paths[0]"),
+    ("rule inner *", rules_spec(paths=["/a/*/b"]), "spec.egressRules[0].paths[0]"),
+    ("rule prefix a*", rules_spec(paths=["/a*"]), "spec.egressRules[0].paths[0]"),
+    ("rule ftp", rules_spec(schemes=["ftp"]), "spec.egressRules[0].schemes[0]"),
+    ("rule host only", rules_spec(methods=None), "spec.egressRules[0]"),
+    ("rule IP host", rules_spec(host="10.0.0.1"), "spec.egressRules[0].host"),
+    ("rule without allowlist", {**rules_spec(), "egress": "closed"}, "spec.egressRules"),
+    (
+        "rule host twice",
+        {"egress": "allowlist", "egressRules": [RULE, {**RULE, "methods": ["PUT"]}]},
+        "spec.egressRules",
+    ),
+    (
+        "rule host also in egressAllow",
+        {**rules_spec(), "egressAllow": ["api.example.com"]},
+        "spec.egressRules",
+    ),
 ]
 
 
@@ -236,6 +267,9 @@ def test_the_issue_cases_are_refused_by_the_api_server_naming_the_field(
         {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "1073741824"}}},
         {"egress": "allowlist", "egressAllow": ["pypi.org", "*.pythonhosted.org", "1a.2b"]},
         {**FILES_OUT, "declaredOutputs": [out("a.png"), out("a.png", "b.png")]},
+        {**rules_spec(paths=["/v1/*", "/health", "/a/.well-known"]), "egressAllow": ["pypi.org"]},
+        rules_spec(methods=["GET", "PROPFIND"]),
+        rules_spec(schemes=["http", "https"]),
     ],
 )
 def test_neighbours_of_the_refused_cases_are_accepted(server: Server, spec: Spec) -> None:

@@ -69,6 +69,8 @@ def test_defaults() -> None:
         {"declarations": {"osFamilies": ["windows"]}},
         # #25 item 8: the service keeps no egress record this backend could produce.
         {"declarations": {"observesEgress": True}},
+        # #38 item 2: the service's egress policy names hosts, never methods or paths.
+        {"declarations": {"egressRules": True}},
         {"unknownField": 1},
         {"name": "Not_DNS"},
         {"timeouts": {"read": 0}},

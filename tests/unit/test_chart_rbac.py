@@ -298,7 +298,10 @@ CREDENTIAL_GRANTS = {("", "secrets", "get")}
 
 #: The managed egress proxy's objects (backends/egress_proxy.py), granted by name when the chart
 #: configures the proxy (config.egressProxy).
-PROXY_RESOURCES = {(group, resource) for _, _, group, resource in egress_proxy.APPLIED}
+PROXY_RESOURCES = {
+    (group, resource)
+    for _, _, group, resource in egress_proxy.APPLIED + egress_proxy.INTERCEPTION_APPLIED
+}
 
 
 def proxy_role_grants(*, named: bool = False) -> set[Grant]:

@@ -209,6 +209,11 @@ def test_check_config_refuses_a_spec_above_the_host_ceiling(tmp_path, capsys):
             {"egressProxy": {"url": "http://p:3128", "port": 3128}},
             "declarations.observesEgress",
         ),
+        (
+            {"egressRules": True, "egressModes": ["closed", "allowlist"]},
+            {"egressProxy": {"url": "http://p:3128", "port": 3128}},
+            "declarations.egressRules",
+        ),
     ],
 )
 def test_a_runtime_class_backend_declares_only_what_it_serves(declarations, extra, names):
@@ -229,6 +234,7 @@ def test_what_a_runtime_class_backend_serves_is_accepted():
         "egressModes": ["closed", "allowlist"],
         "osFamilies": ["posix"],
         "observesEgress": True,
+        "egressRules": True,
     }  # fmt: skip
     config, _warnings = parse_config(
         {

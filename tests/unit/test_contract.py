@@ -801,3 +801,98 @@ def test_quantities_compare_as_kubernetes_does() -> None:
     assert parse_quantity("9" * 30 + "P") == parse_quantity("8" * 30 + "P") == 2**63 - 1
     assert spec(resources={"limits": {"cpu": 2**63 - 1}}).resources.limits.cpu == str(2**63 - 1)
     spec(resources={"requests": {"cpu": "9" * 30}, "limits": {"cpu": "8" * 30}})
+
+
+# --- egressRules: methods and paths (#38 item 2) ----------------------------------------------
+
+
+def rule(**kw: object) -> dict[str, object]:
+    return {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"], **kw}
+
+
+def test_an_egress_rule_keeps_its_methods_and_paths_on_the_wire() -> None:
+    s = spec(
+        egress="allowlist",
+        egressAllow=["pypi.org"],
+        egressRules=[rule(methods=["GET", "PROPFIND"], paths=["/v1/*", "/health"])],
+    )
+    assert s.to_wire()["egressRules"] == [
+        {
+            "host": "api.example.com",
+            "schemes": ["http"],
+            "methods": ["GET", "PROPFIND"],
+            "paths": ["/v1/*", "/health"],
+        }
+    ]
+
+
+def test_a_spec_without_rules_is_unchanged_on_the_wire() -> None:
+    # Existing Sandboxes have no egressRules; writing [] on every apply would be refused by the
+    # CRD's fixed-after-creation rule (see OMITTED_WHEN_UNSET).
+    wire = spec(egress="allowlist", egressAllow=["pypi.org"]).to_wire()
+    assert "egressRules" not in wire
+    assert wire["egressAllow"] == ["pypi.org"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "loc", "needle"),
+    [
+        (rule(methods=["get"]), "egressRules.0.methods.0", "pattern"),
+        (rule(methods=["Get"]), "egressRules.0.methods.0", "pattern"),
+        (rule(methods=["CONNECT"]), "egressRules.0.methods.0", "CONNECT opens a tunnel"),
+        (rule(methods=[]), "egressRules.0.methods", "at least 1"),
+        (rule(methods=["GET", "GET"]), "egressRules.0", "methods twice"),
+        (rule(paths=["/a/../b"]), "egressRules.0.paths.0", "'..' segment"),
+        (rule(paths=["/a/./b"]), "egressRules.0.paths.0", "'..' segment"),
+        (rule(paths=["/a/..;/b"]), "egressRules.0.paths.0", "'..' segment"),
+        (rule(paths=["/a/%2e%2e/b"]), "egressRules.0.paths.0", "percent-encoded"),
+        (rule(paths=["/a/%2E/b"]), "egressRules.0.paths.0", "percent-encoded"),
+        (rule(paths=["/a%2fb"]), "egressRules.0.paths.0", "percent-encoded"),
+        (rule(paths=["/a%5cb"]), "egressRules.0.paths.0", "percent-encoded"),
+        (rule(paths=["/a*"]), "egressRules.0.paths.0", "last segment"),
+        (rule(paths=["/a/*/b"]), "egressRules.0.paths.0", "pattern"),
+        (rule(paths=["/a?x=1"]), "egressRules.0.paths.0", "pattern"),
+        (rule(paths=["/a\\b"]), "egressRules.0.paths.0", "pattern"),
+        (rule(paths=["/a b"]), "egressRules.0.paths.0", "pattern"),
+        (rule(paths=["a/b"]), "egressRules.0.paths.0", "pattern"),
+        (rule(paths=["/a%zz"]), "egressRules.0.paths.0", "pattern"),
+        (rule(schemes=["http", "http"]), "egressRules.0", "schemes twice"),
+        (rule(schemes=["ftp"]), "egressRules.0.schemes.0", "http"),
+        (rule(schemes=[]), "egressRules.0.schemes", "at least 1"),
+        ({"host": "api.example.com", "schemes": ["http"]}, "egressRules.0", "egressAllow instead"),
+        (rule(host="169.254.169.254"), "egressRules.0.host", "IP literal"),
+        (rule(host="metadata.google.internal"), "egressRules.0.host", "metadata"),
+    ],
+)
+def test_an_egress_rule_the_proxy_cannot_enforce_is_refused_naming_the_field(
+    entry: dict[str, object], loc: str, needle: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(egress="allowlist", egressRules=[entry])
+    # An optional list's error comes with its "or None" branch's, at the list itself.
+    assert loc in error_locs(exc)
+    assert all(loc.startswith(at) for at in error_locs(exc))
+    assert needle in error_text(exc)
+
+
+@pytest.mark.parametrize(
+    "paths", [["/"], ["/*"], ["/v1/*"], ["/v1/models"], ["/a/.well-known/x"], ["/a%20b", "/..a"]]
+)
+def test_egress_rule_path_neighbours_are_fine(paths: list[str]) -> None:
+    s = spec(egress="allowlist", egressRules=[rule(paths=paths)])
+    assert s.egress_rules[0].paths == tuple(paths)
+
+
+def test_an_https_rule_is_a_contract_the_backend_must_declare() -> None:
+    # The model holds it; admission asks the backend (egressRulesHttps, tests/unit/test_policy).
+    s = spec(egress="allowlist", egressRules=[rule(schemes=["http", "https"])])
+    assert [str(x) for x in s.egress_rules[0].schemes] == ["http", "https"]
+
+
+def test_egress_rules_combinations_are_refused() -> None:
+    with pytest.raises(ValidationError, match="only valid with egress allowlist"):
+        spec(egress="closed", egressRules=[rule()])
+    with pytest.raises(ValidationError, match="names a host more than once"):
+        spec(egress="allowlist", egressRules=[rule(), rule(methods=["POST"])])
+    with pytest.raises(ValidationError, match="list a host in one of them"):
+        spec(egress="allowlist", egressAllow=["api.example.com"], egressRules=[rule()])

@@ -473,3 +473,65 @@ def test_egress_host_rules_and_the_model_agree(host: str) -> None:
     # integration test (tests/integration/test_crd_agreement.py) runs it on the API server.
     plain = [r for r in rules(items) if "substring" not in r]
     assert all(evaluate(r, host) for r in plain) == (egress_host_problem(host) is None)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/*",
+        "/v1/*",
+        "/v1/models",
+        "/a/.well-known",
+        "/..a",
+        "/a%20b",
+        "/a/../b",
+        "/a/./b",
+        "/a/..;/b",
+        "/a/%2e%2e/b",
+        "/a/%2E",
+        "/a%2fb",
+        "/a%5Cb",
+        "/a*",
+        "/a/*/b",
+        "/a?x",
+        "/a\\b",
+        "a/b",
+    ],
+)
+def test_egress_rule_path_rules_and_the_model_agree(path: str) -> None:
+    import re
+
+    from sandbox_operator.contract.egressrules import PATH_PATTERN, egress_path_problem
+
+    node = spec_schema(SANDBOX_FILE)["properties"]["egressRules"]["items"]["properties"]["paths"]
+    items = node["items"]
+    crd_ok = re.search(items["pattern"], path) is not None and all(
+        evaluate(r, path) for r in rules(items)
+    )
+    model_ok = re.search(PATH_PATTERN, path) is not None and egress_path_problem(path) is None
+    assert crd_ok == model_ok
+
+
+@pytest.mark.parametrize(
+    ("entry", "ok"),
+    [
+        ({"host": "a.example", "schemes": ["http"], "methods": ["GET"]}, True),
+        ({"host": "a.example", "schemes": ["http"], "paths": ["/x"]}, True),
+        ({"host": "a.example", "schemes": ["http"]}, False),
+        ({"host": "a.example", "schemes": ["https"], "methods": ["GET"]}, True),
+        ({"host": "a.example", "schemes": ["http", "https"], "methods": ["GET"]}, True),
+    ],
+)
+def test_egress_rule_entry_rules_refuse_what_the_proxy_cannot_enforce(
+    entry: dict[str, Any], ok: bool
+) -> None:
+    node = spec_schema(SANDBOX_FILE)["properties"]["egressRules"]["items"]
+    assert all(evaluate(r, entry) for r in rules(node)) == ok
+
+
+def test_egress_rule_methods_refuse_connect() -> None:
+    node = spec_schema(SANDBOX_FILE)["properties"]["egressRules"]["items"]["properties"]
+    items = node["methods"]["items"]
+    assert [evaluate(r, "CONNECT") for r in rules(items)] == [False]
+    assert [evaluate(r, "GET") for r in rules(items)] == [True]

@@ -156,6 +156,23 @@ async def test_table_enforces_the_admitted_allowlist_not_the_live_spec() -> None
     assert await verdicts() == (denied, denied)
 
 
+async def test_table_holds_the_admitted_egress_rules() -> None:
+    # #38 item 2: the rules admission judged (status.admittedEgressRules) reach the proxy's
+    # table; schemes is the contract's, not the proxy's (it judges plain http only).
+    items = [sandbox("a", allow=("a.test",))]
+    rule = {"host": "api.test", "schemes": ["http"], "methods": ["GET"], "paths": ["/v1/*"]}
+    items[0]["status"]["admittedEgressRules"] = [rule]
+    c = controller(items, {"a": "10.244.0.7"})
+    await c.sync_once()
+    assert c.proxy is not None
+    entry = c.proxy.table.get("ns/a")
+    assert entry is not None
+    assert entry.check("api.test", 80, [80]) is DecisionReason.ALLOWED
+    [held] = entry.rules
+    assert str(held.host) == "api.test"
+    assert held.methods == frozenset({"GET"}) and held.paths == ("/v1/*",)
+
+
 async def test_events_folded_and_rate_limited() -> None:
     c = controller([sandbox("a")], {"a": "10.244.0.7"}, burst=2, interval=1000)
     await c.sync_once()

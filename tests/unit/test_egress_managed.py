@@ -130,6 +130,62 @@ def test_a_listen_port_equal_to_the_port_is_accepted() -> None:
 # ---- builders ----------------------------------------------------------------------------------
 
 
+def test_an_intercepting_proxy_gets_its_ca_key_and_the_sandboxes_only_the_certificate() -> None:
+    """#38 item 1: with interception the namespace's CA key is in the proxy's Secret, mounted in
+    the proxy's pod only; the ConfigMap carries the certificate and the bundle of the operator
+    image's roots and the CA (what sandbox pods mount)."""
+    import base64
+
+    intercepting = settings(config={"interception": {"enabled": True}})
+    ca = ep.ProxyCA("-----BEGIN CERTIFICATE-----\nCA\n", "KEY", "ROOTS\n")
+    objs = {o["kind"]: o for o in ep.build_objects("team-a", intercepting, None, ca)}
+    kinds = [o["kind"] for o in ep.build_objects("team-a", intercepting, None, ca)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
+                     "Deployment", "Service"]  # fmt: skip
+    secret = objs["Secret"]["data"]
+    assert base64.b64decode(secret["ca.key"]) == b"KEY"
+    data = objs["ConfigMap"]["data"]
+    assert data["ca.crt"] == ca.cert_pem and data["bundle.crt"] == "ROOTS\n" + ca.cert_pem
+    assert "KEY" not in json.dumps(objs["ConfigMap"])
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    assert {
+        "name": "ca",
+        "secret": {"secretName": "sandbox-egress-proxy", "defaultMode": 0o440},
+    } in pod["volumes"]
+    (container,) = pod["containers"]
+    assert container["command"][-2:] == ["--ca-dir", "/etc/sandbox-egress-proxy-ca"]
+    assert {"name": "ca", "mountPath": "/etc/sandbox-egress-proxy-ca", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    # A new CA rolls the proxy's pod (it must sign with the key of the certificate given out).
+    other = ep.ProxyCA("-----BEGIN CERTIFICATE-----\nOTHER\n", "KEY2", "ROOTS\n")
+    annotation = ep.CONFIG_CHECKSUM_ANNOTATION
+
+    def checksum(c: ep.ProxyCA) -> str:
+        deployment = ep.build_deployment("team-a", intercepting, c)
+        return str(deployment["spec"]["template"]["metadata"]["annotations"][annotation])
+
+    assert checksum(ca) != checksum(other)
+    # Without interception: no Secret, no CA, nothing mounted.
+    plain = ep.build_objects("team-a", settings(), None, None)
+    assert "Secret" not in [o["kind"] for o in plain]
+    assert "--ca-dir" not in json.dumps(plain)
+
+
+def test_a_backend_declaring_https_rules_needs_the_proxy_to_terminate_tls() -> None:
+    backend = dict(BACKEND)
+    backend["declarations"] = {**BACKEND["declarations"], "egressRules": True,
+                               "egressRulesHttps": True}  # fmt: skip
+    backend["egressProxy"] = {"managed": True}
+    with pytest.raises(ConfigurationError) as err:
+        parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [backend],
+                      "egressProxy": {"image": IMAGE}})  # fmt: skip
+    assert err.value.entry == "backends[0].declarations.egressRulesHttps"
+    parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [backend],
+                  "egressProxy": {"image": IMAGE,
+                                  "config": {"interception": {"enabled": True}}}})  # fmt: skip
+
+
 def test_every_object_is_named_labelled_and_in_the_namespace() -> None:
     objs = ep.build_objects("team-a", settings())
     assert [o["kind"] for o in objs] == [kind for _, kind, _, _ in ep.APPLIED]

@@ -309,6 +309,43 @@ def test_allowlist_goes_through_the_backends_egress_proxy_only():
     assert "HTTPS_PROXY" not in {e["name"] for e in closed_env}
 
 
+def test_an_intercepting_proxy_s_ca_is_mounted_read_only_and_trusted_never_its_key():
+    """#38 item 1: under a proxy that terminates TLS, an allowlisted pod mounts the CA's
+    certificate and the bundle (only those keys of the proxy's ConfigMap), read-only, and the
+    common TLS stacks are pointed at them; the Secret with the key is never mounted."""
+    from sandbox_operator.backends.egress_proxy import ProxyAddress
+    from sandbox_operator.config import EgressProxySettings
+
+    managed = backend().model_copy(update={"egress_proxy": EgressProxySettings(managed=True)})
+    req = request(egress=Egress.ALLOWLIST, egress_allow=("example.com",))
+    pod = build_pod(req, managed, ProxyAddress("10.96.12.34", 3129, intercepting=True))
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"):
+        assert env[var] == "/etc/sandbox-egress-ca/bundle.crt"
+    assert env["NODE_EXTRA_CA_CERTS"] == "/etc/sandbox-egress-ca/ca.crt"
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/sandbox-egress-ca"]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume == {
+        "name": mount["name"],
+        "configMap": {
+            "name": "sandbox-egress-proxy",
+            "items": [
+                {"key": "ca.crt", "path": "ca.crt"},
+                {"key": "bundle.crt", "path": "bundle.crt"},
+            ],
+            "optional": True,
+        },
+    }
+    assert not any("secret" in v for v in pod["spec"]["volumes"])
+    # Without interception (and for a closed pod) nothing of it.
+    plain = build_pod(req, managed, ProxyAddress("10.96.12.34", 3129))
+    assert "SSL_CERT_FILE" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    closed = build_pod(request(), managed, ProxyAddress("10.96.12.34", 3129, intercepting=True))
+    assert "SSL_CERT_FILE" not in {e["name"] for e in closed["spec"]["containers"][0]["env"]}
+
+
 def test_allowlist_with_the_managed_proxy_gets_its_service_address_as_a_number():
     """An allowlisted sandbox resolves no names: it is given the proxy Service's cluster IP, the
     address is recorded on the pod (recovery), and its only egress is the proxy pods' port."""

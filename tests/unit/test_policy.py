@@ -338,6 +338,33 @@ def test_egress_mismatch_is_refused_in_both_directions() -> None:
     check(only_allowlist, spec(egress="allowlist", egressAllow=["pypi.org"]))
 
 
+def test_egress_rules_need_a_backend_that_declares_them() -> None:
+    # #38 item 2: a backend whose egress hop judges hosts only would let every method and path
+    # through (or, as acas, drop the host): a spec with egressRules is refused there.
+    ruled = spec(
+        egress="allowlist",
+        egressRules=[{"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}],
+    )
+    hosts_only = silent(egress_modes={Egress.ALLOWLIST})
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(hosts_only, ruled)
+    assert exc.value.rules and not exc.value.host_forbids
+    assert "egressRules" in exc.value.message
+    check(hosts_only, spec(egress="allowlist", egressAllow=["pypi.org"]))
+    check(silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True), ruled)
+    # A rule naming https needs the hop to terminate TLS (#38 item 1): declared apart.
+    https = spec(
+        egress="allowlist",
+        egressRules=[{"host": "api.example.com", "schemes": ["https"], "methods": ["GET"]}],
+    )
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True), https)
+    assert exc.value.rules_https and "egressRulesHttps" in exc.value.message
+    check(
+        silent(egress_modes={Egress.ALLOWLIST}, egress_rules=True, egress_rules_https=True), https
+    )
+
+
 def test_unrestricted_needs_host_consent_and_a_declaring_backend() -> None:
     open_backend = silent(egress_modes=set(Egress))
     allow = HostPolicy(allow_unrestricted_egress=True)

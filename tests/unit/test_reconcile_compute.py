@@ -156,6 +156,19 @@ def test_admission_records_the_allowlist_it_judged() -> None:
     assert "admittedEgressAllow" not in admit_allowlist(sandbox()).fields
 
 
+def test_admission_records_the_egress_rules_it_judged_and_nothing_without_them() -> None:
+    # #38 item 2: the proxy enforces status.admittedEgressRules; a spec without rules records
+    # none (an older Sandbox's status stays as it was).
+    rule = {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"], "paths": ["/v1/*"]}
+    ruled = SandboxResourceSpec.model_validate({**ALLOWLIST_SPEC, "egressRules": [rule]})
+    assert compute.admitted_allow(ruled) == {
+        "admittedEgressAllow": ["pypi.org", "*.example.com"],
+        "admittedEgressRules": [rule],
+    }
+    plain = SandboxResourceSpec.model_validate(ALLOWLIST_SPEC)
+    assert "admittedEgressRules" not in compute.admitted_allow(plain)
+
+
 def test_an_admitted_allowlist_is_recorded_once_and_never_rewritten_from_the_spec() -> None:
     # Admitted before the field existed: recorded once from the spec.
     a = admit_allowlist(sandbox(ALLOWLIST_SPEC, admitted_status(NOW)))

@@ -65,6 +65,12 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
   # The proxy's identity and its configuration.
   verbs: [create, patch]
 - apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [sandbox-egress-proxy]
+  # The proxy's interception CA (config.egressProxy.config.interception): read once per
+  # namespace, then applied with the other objects. Only the proxy's pod mounts it.
+  verbs: [get, create, patch]
+- apiGroups: [""]
   resources: [services]
   resourceNames: [sandbox-egress-proxy]
   # The proxy's address; get: the check that the proxy is still at a sandbox's recorded address.

@@ -227,6 +227,10 @@ class AcasBackendConfig(ContractModel):
             raise ValueError(
                 "declarations.observesEgress: the acas backend produces no egress records"
             )
+        if self.declarations.egress_rules or self.declarations.egress_rules_https:
+            raise ValueError(
+                "declarations.egressRules: the service's egress policy names hosts only"
+            )
         return self
 
     def image_for(self, spec_image: str) -> str:

@@ -34,6 +34,7 @@ Builders are pure (tested without a cluster); :class:`ManagedEgressProxy` applie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from typing import Any
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import PoolRef, SandboxRef
+from sandbox_operator.backends.egress_proxy_ca import namespace_ca
 from sandbox_operator.backends.egress_proxy_objects import (
     APPLIED,
     APPLY_CONTENT_TYPE,
@@ -51,12 +53,15 @@ from sandbox_operator.backends.egress_proxy_objects import (
     CONFIG_FILE,
     CONTAINER_NAME,
     FIELD_MANAGER,
+    INTERCEPTION_APPLIED,
     PROXY_ADDRESS_ANNOTATION,
     PROXY_NAME,
     PROXY_ROLE_RULES,
     PROXY_UID,
     SERVICE_CHECK_SECONDS,
     ProxyAddress,
+    ProxyCA,
+    build_ca_secret,
     build_config_map,
     build_deployment,
     build_objects,
@@ -88,6 +93,7 @@ __all__ = [
     "CONTAINER_NAME",
     "ESCALATION_MARK",
     "FIELD_MANAGER",
+    "INTERCEPTION_APPLIED",
     "PROXY_ADDRESS_ANNOTATION",
     "PROXY_NAME",
     "PROXY_ROLE_RULES",
@@ -95,7 +101,9 @@ __all__ = [
     "SERVICE_CHECK_SECONDS",
     "ManagedEgressProxy",
     "ProxyAddress",
+    "ProxyCA",
     "ProxyError",
+    "build_ca_secret",
     "build_config_map",
     "build_deployment",
     "build_objects",
@@ -166,8 +174,12 @@ class ManagedEgressProxy:
         # with the recorded address would have the API server refuse the second (422: the IP is
         # allocated), which reads as a permanent loss. In turn, each sees the one before it.
         self._ensuring: dict[str, asyncio.Lock] = {}
+        # The interception CA per namespace, read (or made) once (egress_proxy_ca).
+        self._cas: dict[str, ProxyCA] = {}
 
     def _apply_call(self, kind: str) -> Callable[..., Any]:
+        if kind == "Secret":  # only while the proxy terminates TLS
+            return self._core.patch_namespaced_secret  # type: ignore[no-any-return]
         calls: dict[str, Callable[..., Any]] = {
             kubeobj.SERVICE_ACCOUNT_KIND: self._core.patch_namespaced_service_account,
             kubeobj.ROLE_KIND: self._rbac.patch_namespaced_role,
@@ -222,7 +234,13 @@ class ManagedEgressProxy:
         Service's address (see ``_ensure``). One at a time per namespace."""
         lock = self._ensuring.setdefault(namespace, asyncio.Lock())
         async with lock:
-            return await self._ensure(namespace, sandbox, want=want)
+            address = await self._ensure(namespace, sandbox, want=want)
+        return dataclasses.replace(address, intercepting=self.intercepting)
+
+    @property
+    def intercepting(self) -> bool:
+        """Whether the proxy terminates TLS for hosts whose rules name https (its CA trusted)."""
+        return self.settings.config.interception.enabled
 
     async def _ensure(
         self, namespace: str, sandbox: SandboxRef | PoolRef, *, want: ProxyAddress | None = None
@@ -258,7 +276,8 @@ class ManagedEgressProxy:
         ask = current or want
         own = sandbox_field_manager(sandbox)
         service: dict[str, Any] = {}
-        for obj in build_objects(namespace, self.settings, ask.ip if ask else None):
+        ca = await self._ca(namespace) if self.intercepting else None
+        for obj in build_objects(namespace, self.settings, ask.ip if ask else None, ca):
             try:
                 applied = await self._apply(with_owner(obj, sandbox), FIELD_MANAGER)
             except ProxyError as exc:
@@ -286,6 +305,23 @@ class ManagedEgressProxy:
         self._seen_service[namespace] = (time.monotonic(), service)
         self._namespaces.add(namespace)
         return address
+
+    async def _ca(self, namespace: str) -> ProxyCA:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ca = self._cas.get(namespace)
+        if ca is None:
+            try:
+                secret = await self._core.read_namespaced_secret(PROXY_NAME, namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise ProxyError(
+                        f"reading the egress proxy Secret {PROXY_NAME} failed (HTTP {exc.status})",
+                        permanent=exc.status in (401, 403),
+                    ) from None
+                secret = None
+            ca = self._cas[namespace] = namespace_ca(secret)
+        return ca
 
     def seen_address(self, namespace: str) -> ProxyAddress | None:
         """The namespace's proxy address as last seen (by ``ensure`` or the periodic look), if

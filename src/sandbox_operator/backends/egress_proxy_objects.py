@@ -5,12 +5,13 @@ without a cluster; :mod:`sandbox_operator.backends.egress_proxy` applies them.""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -19,13 +20,20 @@ from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import PoolRef, SandboxRef
 from sandbox_operator.backends.owners import owner_reference
-from sandbox_operator.egress.config import ManagedEgressProxySettings
+from sandbox_operator.egress.config import (
+    CA_BUNDLE_KEY,
+    CA_CERT_KEY,
+    CA_KEY_KEY,
+    ManagedEgressProxySettings,
+)
 
 PROXY_NAME = "sandbox-egress-proxy"
 COMPONENT = "egress-proxy"
 CONTAINER_NAME = "proxy"
 CONFIG_DIR = "/etc/sandbox-egress"
 CONFIG_FILE = "proxy.yaml"
+#: Where the proxy pod mounts its Secret (the interception CA's certificate and key).
+PROXY_CA_DIR = "/etc/sandbox-egress-proxy-ca"
 #: On each sandbox pod under a managed proxy: the ``ip:port`` it was given (for recovery).
 #: How often the operator looks at each namespace's proxy Service (one GET per namespace that has
 #: one, whatever the number of sandboxes in it): a Service that went away or changed address wakes
@@ -77,6 +85,9 @@ class ProxyAddress:
 
     ip: str
     port: int
+    #: The proxy terminates TLS for hosts whose rules name https: the pod mounts its CA's
+    #: certificate and is told to trust it (not part of the address, nor of its equality).
+    intercepting: bool = field(default=False, compare=False)
 
     @property
     def annotation(self) -> str:
@@ -168,19 +179,58 @@ def proxy_config_text(settings: ManagedEgressProxySettings) -> str:
     return yaml.safe_dump(data, sort_keys=True)
 
 
-def build_config_map(namespace: str, settings: ManagedEgressProxySettings) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProxyCA:
+    """The namespace's interception CA: the certificate the sandboxes trust, the key only the
+    proxy's pod mounts (from the Secret), and ``roots``: the public roots the sandboxes' bundle
+    keeps beside it (the operator image's)."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+    roots: str = field(default="", repr=False)
+
+
+def build_config_map(
+    namespace: str, settings: ManagedEgressProxySettings, ca: ProxyCA | None = None
+) -> dict[str, Any]:
+    """The proxy's config file; with ``ca`` also the CA's certificate and the bundle of public
+    roots and the CA (what sandbox pods mount, those two keys only)."""
+    data = {CONFIG_FILE: proxy_config_text(settings)}
+    if ca is not None:
+        data[CA_CERT_KEY] = ca.cert_pem
+        roots = ca.roots if not ca.roots or ca.roots.endswith("\n") else ca.roots + "\n"
+        data[CA_BUNDLE_KEY] = roots + ca.cert_pem
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _proxy_metadata(namespace),
-        "data": {CONFIG_FILE: proxy_config_text(settings)},
+        "data": data,
     }
 
 
-def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> dict[str, Any]:
-    """One proxy pod, hardened like a sandbox pod; a changed config file rolls it."""
-    checksum = hashlib.sha256(proxy_config_text(settings).encode()).hexdigest()
+def build_ca_secret(namespace: str, ca: ProxyCA) -> dict[str, Any]:
+    """The CA's key (and certificate) for the proxy's pod: the only pod that mounts it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _proxy_metadata(namespace),
+        "type": "Opaque",
+        "data": {
+            CA_CERT_KEY: base64.b64encode(ca.cert_pem.encode()).decode(),
+            CA_KEY_KEY: base64.b64encode(ca.key_pem.encode()).decode(),
+        },
+    }
+
+
+def build_deployment(
+    namespace: str, settings: ManagedEgressProxySettings, ca: ProxyCA | None = None
+) -> dict[str, Any]:
+    """One proxy pod, hardened like a sandbox pod; a changed config file (or a new CA: the pod
+    must sign with the key whose certificate the sandboxes are given) rolls it."""
+    rolled_by = proxy_config_text(settings) + (ca.cert_pem if ca is not None else "")
+    checksum = hashlib.sha256(rolled_by.encode()).hexdigest()
     labels = proxy_labels()
+    intercepting = settings.config.interception.enabled
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": settings.image,
@@ -195,6 +245,7 @@ def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> di
             namespace,
             "--kube-service",
             PROXY_NAME,
+            *(["--ca-dir", PROXY_CA_DIR] if intercepting else []),
         ],
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -243,6 +294,18 @@ def build_deployment(namespace: str, settings: ManagedEgressProxySettings) -> di
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": PROXY_NAME}}],
     }
+    if intercepting:
+        # The CA's key from the Secret (this pod only), and a private in-memory /tmp where each
+        # leaf's pair is written for the ssl module to load and removed at once.
+        container["volumeMounts"] += [
+            {"name": "ca", "mountPath": PROXY_CA_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ]
+        pod_spec["securityContext"]["fsGroup"] = PROXY_UID  # the key file's group
+        pod_spec["volumes"] += [
+            {"name": "ca", "secret": {"secretName": PROXY_NAME, "defaultMode": 0o440}},
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        ]
     if settings.runtime_class_name:
         pod_spec["runtimeClassName"] = settings.runtime_class_name
     if settings.node_selector:
@@ -292,16 +355,26 @@ def build_service(
     }
 
 
+#: Applied too (before the ConfigMap) while the proxy terminates TLS
+#: (``egressProxy.config.interception.enabled``): the Secret holding its CA.
+INTERCEPTION_APPLIED: tuple[tuple[str, str, str, str], ...] = (("v1", "Secret", "", "secrets"),)
+
+
 def build_objects(
-    namespace: str, settings: ManagedEgressProxySettings, cluster_ip: str | None = None
+    namespace: str,
+    settings: ManagedEgressProxySettings,
+    cluster_ip: str | None = None,
+    ca: ProxyCA | None = None,
 ) -> list[dict[str, Any]]:
-    """Every proxy object of a namespace, in :data:`APPLIED` order, without owners."""
+    """Every proxy object of a namespace, in :data:`APPLIED` order, without owners (the Secret
+    only with ``ca``: while the proxy terminates TLS)."""
     return [
         build_service_account(namespace),
         build_role(namespace),
         build_role_binding(namespace),
-        build_config_map(namespace, settings),
-        build_deployment(namespace, settings),
+        *([build_ca_secret(namespace, ca)] if ca is not None else []),
+        build_config_map(namespace, settings, ca),
+        build_deployment(namespace, settings, ca),
         build_service(namespace, settings, cluster_ip),
     ]
 

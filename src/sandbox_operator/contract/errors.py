@@ -229,7 +229,9 @@ class EgressNotEnforced(SandboxRefusal):
     """The backend does not enforce the spec's egress mode, or the host forbids ``unrestricted``.
 
     ``requested`` is the spec's mode; ``declared`` the backend's modes; ``host_forbids`` is True
-    when the refusal comes from the host policy not allowing unrestricted egress.
+    when the refusal comes from the host policy not allowing unrestricted egress; ``rules`` is
+    True when the mode is declared but the spec's ``egressRules`` are not (the backend does not
+    declare ``egressRules``, or ``rules_https``: not ``egressRulesHttps`` for a rule naming https).
     """
 
     reason = RefusalReason.EGRESS_NOT_ENFORCED
@@ -242,12 +244,28 @@ class EgressNotEnforced(SandboxRefusal):
         requested: Egress,
         declared: Iterable[Egress],
         host_forbids: bool = False,
+        rules: bool = False,
+        rules_https: bool = False,
     ) -> None:
         self.requested = requested
         self.declared = _sorted_by_definition(declared, Egress)
         self.host_forbids = host_forbids
+        self.rules = rules or rules_https
+        self.rules_https = rules_https
         declared_text = _names(self.declared, empty="no egress modes")
-        if host_forbids:
+        if rules_https:
+            detail = "egressRules for https are not enforced"
+            message = (
+                f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not judge "
+                "egressRules inside HTTPS (it does not declare egressRulesHttps)"
+            )
+        elif rules:
+            detail = "egressRules (methods and paths) are not enforced"
+            message = (
+                f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not judge "
+                "egressRules (methods and paths; it does not declare egressRules)"
+            )
+        elif host_forbids:
             detail = "unrestricted egress is not allowed by the host policy"
             message = (
                 f"backend {backend!r} will not serve kind {kind!r} with unrestricted egress: the "

@@ -64,6 +64,20 @@ class BackendDeclarations(ContractModel):
         default=False,
         description="Whether the backend records egress decisions; informational.",
     )
+    egress_rules: bool = Field(
+        default=False,
+        description=(
+            "Whether the backend's egress hop judges egressRules (methods and paths) on plain "
+            "http requests; silence refuses every spec with egressRules."
+        ),
+    )
+    egress_rules_https: bool = Field(
+        default=False,
+        description=(
+            "Whether it judges them inside HTTPS too (TLS terminated at the egress proxy, whose "
+            "CA the sandbox trusts); silence refuses every rule naming https."
+        ),
+    )
     persistent_storage: bool = Field(
         default=False,
         description=(

@@ -35,6 +35,7 @@ from .base import (
     TransferLimits,
 )
 from .egresshosts import EgressHost
+from .egressrules import EGRESS_RULES_MAX_ITEMS, EgressRule
 from .enums import (
     DEFAULT_CAPABILITIES,
     AccessMode,
@@ -137,7 +138,7 @@ IMAGE_PATTERN: Final = r"^[^\x00-\x20\x7f-\x9f\p{Z}]+$"
 KIND_PATTERN: Final = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 #: Spec fields left off the wire while empty or false (see :meth:`SandboxSpec.to_wire`).
-OMITTED_WHEN_UNSET: Final = ("labels", "outputs_named_at_call_time")
+OMITTED_WHEN_UNSET: Final = ("labels", "outputs_named_at_call_time", "egress_rules")
 
 
 class SandboxSpec(ContractModel):
@@ -193,6 +194,15 @@ class SandboxSpec(ContractModel):
         # A set in the CRD (x-kubernetes-list-type: set), so a duplicate is a 422 there too.
         json_schema_extra={"uniqueItems": True},
         description="Hosts reachable under egress allowlist; everything else is denied.",
+    )
+    egress_rules: tuple[EgressRule, ...] = Field(
+        default=(),
+        max_length=EGRESS_RULES_MAX_ITEMS,
+        description=(
+            "Hosts reachable under egress allowlist only with the methods and paths named "
+            "(judged by the egress proxy on each request); a host is in egressAllow or here, "
+            "not both."
+        ),
     )
     files_in: TransferLimits = Field(
         default=DEFAULT_TRANSFER_LIMITS,
@@ -289,6 +299,19 @@ class SandboxSpec(ContractModel):
             )
         if len(set(self.egress_allow)) != len(self.egress_allow):
             raise ValueError("egressAllow lists a host more than once")
+        if self.egress_rules and self.egress is not Egress.ALLOWLIST:
+            raise ValueError(
+                f"egressRules is only valid with egress allowlist (egress is {self.egress.value})"
+            )
+        ruled = [r.host for r in self.egress_rules]
+        if len(set(ruled)) != len(ruled):
+            raise ValueError("egressRules names a host more than once")
+        both = sorted(set(ruled) & set(self.egress_allow))
+        if both:
+            raise ValueError(
+                f"egressRules names {', '.join(both)}, which egressAllow lets through for every "
+                "method and path: list a host in one of them"
+            )
         if self.requires_os_family is OsFamily.POSIX and re.match(
             DRIVE_LETTER_PATTERN, self.work_dir
         ):

@@ -20,6 +20,7 @@ from .base import (
 )
 from .conditions import ConditionStatus
 from .egresshosts import EgressHost
+from .egressrules import EGRESS_RULES_MAX_ITEMS, EgressRule
 from .enums import Egress, IsolationScope, OsFamily
 from .hostpolicy import ScopePurge
 from .key import SandboxKey, check_key_part
@@ -330,6 +331,14 @@ class SandboxResourceStatus(ContractModel):
         description=(
             "The egressAllow hosts judged at admission (allowlist sandboxes only): what the "
             "egress proxy enforces, whatever the spec says later."
+        ),
+    )
+    admitted_egress_rules: tuple[EgressRule, ...] | None = Field(
+        default=None,
+        max_length=EGRESS_RULES_MAX_ITEMS,
+        description=(
+            "The egressRules judged at admission (allowlist sandboxes that have rules only): "
+            "what the egress proxy enforces, whatever the spec says later."
         ),
     )
     egress: EgressSummary | None = Field(

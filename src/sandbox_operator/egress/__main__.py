@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sandbox_operator.egress.config import ProxyConfig
+from sandbox_operator.egress.config import CA_CERT_KEY, CA_KEY_KEY, ProxyConfig
 from sandbox_operator.egress.decisions import DecisionSink, FanoutSink, JsonLinesSink
 from sandbox_operator.egress.identity import IdentityConflict
 from sandbox_operator.egress.proxy import EgressProxy
@@ -69,8 +69,22 @@ async def run(
     kube_namespace: str = "",
     summary_seconds: float = 5.0,
     kube_service: str = "",
+    ca_dir: Path | None = None,
 ) -> int:
     config = load_config(path)
+    interception = None
+    if config.interception.enabled:
+        if ca_dir is None:
+            log.error("interception.enabled needs --ca-dir (the CA's ca.crt and ca.key)")
+            return 2
+        from sandbox_operator.egress.interception import InterceptionCA
+
+        interception = InterceptionCA(
+            (ca_dir / CA_CERT_KEY).read_bytes(),
+            (ca_dir / CA_KEY_KEY).read_bytes(),
+            extra_upstream_roots=config.interception.extra_upstream_roots,
+        )
+        log.info("terminating TLS for hosts whose egress rules name https")
     sinks: list[DecisionSink] = [JsonLinesSink(sys.stdout)]
     controller = None
     if kube_namespace:
@@ -83,7 +97,7 @@ async def run(
             service=kube_service,
         )
         sinks.append(controller)
-    proxy = EgressProxy(config, sink=FanoutSink(sinks))
+    proxy = EgressProxy(config, sink=FanoutSink(sinks), interception=interception)
     host, port = await proxy.start()
     stop_controller = asyncio.Event()
     controller_task = None
@@ -158,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         "(status.egress.admitted) only once a connection through it reaches the proxy",
     )
     parser.add_argument(
+        "--ca-dir",
+        type=Path,
+        help="with interception.enabled: the directory holding the CA's ca.crt and ca.key",
+    )
+    parser.add_argument(
         "--summary-seconds",
         type=float,
         default=5.0,
@@ -182,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.kube_namespace,
                 args.summary_seconds,
                 args.kube_service,
+                args.ca_dir,
             )
         )
     except ConfigFileError as exc:

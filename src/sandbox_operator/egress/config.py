@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,7 +22,9 @@ from pydantic import (
 )
 
 from sandbox_operator.contract.base import ContractModel
+from sandbox_operator.contract.egressrules import EgressMethod, EgressPath
 from sandbox_operator.egress.hostmatch import HostPattern
+from sandbox_operator.egress.requestrules import RequestRule
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -112,15 +114,45 @@ class Limits(_Model):
     ] = 1024
 
 
+class SandboxRule(_Model):
+    """One host reachable only for some methods and paths (a Sandbox's admitted egressRules)."""
+
+    host: str
+    methods: tuple[EgressMethod, ...] | None = Field(default=None, min_length=1)
+    paths: tuple[EgressPath, ...] | None = Field(default=None, min_length=1)
+    #: ``http``: judged on plain requests; ``https``: judged inside TLS the proxy terminates
+    #: (only where it holds an interception CA; without one a CONNECT to the host is refused).
+    schemes: tuple[Literal["http", "https"], ...] = Field(default=("http",), min_length=1)
+
+    @field_validator("host")
+    @classmethod
+    def _parse_pattern(cls, value: str) -> str:
+        pattern = HostPattern.parse(value)
+        if pattern.port is not None:
+            raise ValueError("a rule's host has no port: it admits the proxy's allowedPorts")
+        return str(pattern)
+
+    def request_rule(self) -> RequestRule:
+        return RequestRule(
+            host=HostPattern.parse(self.host),
+            methods=frozenset(self.methods) if self.methods is not None else None,
+            paths=self.paths,
+            schemes=frozenset(self.schemes),
+        )
+
+
 class SandboxEgress(_Model):
     """One sandbox's identity and allowlist.
 
     ``allow`` entries are ``host``, ``*.domain`` or either with ``:port``. Without a port an
-    entry admits the proxy's ``allowed_ports``; with one it admits exactly that port.
+    entry admits the proxy's ``allowed_ports``; with one it admits exactly that port. ``rules``
+    name hosts reachable only for some methods and paths, on the ``allowed_ports``: a host a
+    rule names is judged by the rules alone (``requestrules``).
     """
 
     id: Annotated[str, Field(min_length=1, max_length=253)]
     allow: tuple[str, ...] = ()
+    rules: tuple[SandboxRule, ...] = ()
     source_ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = Field(
         default=(), alias="sourceIPs"
     )
@@ -135,6 +167,9 @@ class SandboxEgress(_Model):
     def patterns(self) -> tuple[HostPattern, ...]:
         return tuple(HostPattern.parse(v) for v in self.allow)
 
+    def request_rules(self) -> tuple[RequestRule, ...]:
+        return tuple(r.request_rule() for r in self.rules)
+
     @field_validator("token_sha256")
     @classmethod
     def _hex_digest(cls, value: str | None) -> str | None:
@@ -143,6 +178,35 @@ class SandboxEgress(_Model):
         value = value.lower()
         if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
             raise ValueError("tokenSHA256 must be 64 hex digits (the SHA-256 of the token)")
+        return value
+
+
+#: The interception CA's certificate in the proxy's ConfigMap (``ca.crt``; ``bundle.crt``: the
+#: operator image's public roots and the CA), mounted read-only in sandbox pods at
+#: ``CA_MOUNT_DIR``; its key in the proxy's Secret (``ca.key``), mounted in the proxy pod only.
+CA_CERT_KEY: Final = "ca.crt"
+CA_BUNDLE_KEY: Final = "bundle.crt"
+CA_KEY_KEY: Final = "ca.key"
+CA_MOUNT_DIR: Final = "/etc/sandbox-egress-ca"
+
+
+class Interception(_Model):
+    """TLS terminated at the proxy for hosts whose egressRules name https (egress/inspected.py).
+
+    ``enabled``: the proxy makes a CA at start (its key only in the proxy's memory) and, with
+    ``--kube-namespace``, publishes the CA's certificate in the ConfigMap the sandbox pods mount.
+    ``extraUpstreamRoots``: PEM certificates the proxy trusts for upstreams besides the system's
+    roots (a private CA of the platform's own services; tests).
+    """
+
+    enabled: bool = False
+    extra_upstream_roots: str | None = Field(default=None, alias="extraUpstreamRoots")
+
+    @field_validator("extra_upstream_roots")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is not None and "-----BEGIN CERTIFICATE-----" not in value:
+            raise ValueError("extraUpstreamRoots must hold PEM certificates")
         return value
 
 
@@ -166,6 +230,7 @@ class ProxyConfig(_Model):
     )
     limits: Limits = Limits()
     decision_buffer: Annotated[int, Field(ge=1, le=1_000_000, alias="decisionBuffer")] = 4096
+    interception: Interception = Interception()
     sandboxes: tuple[SandboxEgress, ...] = ()
 
     @model_validator(mode="after")

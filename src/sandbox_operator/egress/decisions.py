@@ -43,6 +43,20 @@ class DecisionReason(StrEnum):
     RESOLVE_FAILED = "ResolveFailed"
     CONNECT_FAILED = "ConnectFailed"
     CONNECT_TIMEOUT = "ConnectTimeout"
+    #: A request to a host with method or path rules (``egressRules``), refused by them.
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"
+    PATH_NOT_ALLOWED = "PathNotAllowed"
+    #: A CONNECT tunnel to a host whose rules do not cover https (or a proxy without an
+    #: interception CA): the proxy cannot see inside it.
+    NOT_INSPECTABLE = "TunnelNotInspectable"
+    #: A plain http:// request to a host whose rules cover https only.
+    SCHEME_NOT_ALLOWED = "SchemeNotAllowed"
+    #: Inside an intercepted tunnel: a request naming another host than the CONNECT did.
+    HOST_MISMATCH = "HostMismatch"
+    #: Inside an intercepted tunnel: the guest did not complete TLS with the proxy (e.g. it
+    #: does not trust the proxy's CA), or the upstream's certificate did not verify.
+    CLIENT_TLS_FAILED = "ClientTLSFailed"
+    UPSTREAM_TLS_FAILED = "UpstreamTLSFailed"
 
 
 VERDICT_OF: dict[DecisionReason, Verdict] = {
@@ -50,6 +64,7 @@ VERDICT_OF: dict[DecisionReason, Verdict] = {
     DecisionReason.RESOLVE_FAILED: Verdict.UNREACHABLE,
     DecisionReason.CONNECT_FAILED: Verdict.UNREACHABLE,
     DecisionReason.CONNECT_TIMEOUT: Verdict.UNREACHABLE,
+    DecisionReason.UPSTREAM_TLS_FAILED: Verdict.UNREACHABLE,
 }
 
 

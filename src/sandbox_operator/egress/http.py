@@ -131,8 +131,9 @@ def request_target(head: RequestHead) -> Target:
         raise BadRequest(f"bad host: {exc.why}") from None
 
 
-def upstream_head(head: RequestHead, target: Target) -> bytes:
-    """The origin-form request sent upstream: hop-by-hop headers dropped, Host from the URL."""
+def upstream_head(head: RequestHead, target: Target, default_port: int = 80) -> bytes:
+    """The origin-form request sent upstream: hop-by-hop headers dropped, Host from the URL
+    (with its port unless it is the scheme's ``default_port``)."""
     drop = set(HOP_BY_HOP) | {"host"}
     for key, value in head.headers:
         if key.lower() == "connection":
@@ -140,7 +141,7 @@ def upstream_head(head: RequestHead, target: Target) -> bytes:
     drop.discard("transfer-encoding")  # the body is passed through as is, framing included
     drop.discard("content-length")
     host = f"[{target.host}]" if ":" in target.host else target.host
-    if target.port != 80:
+    if target.port != default_port:
         host = f"{host}:{target.port}"
     lines = [f"{head.method} {target.origin_form} {head.version}", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in drop]

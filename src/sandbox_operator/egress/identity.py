@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sandbox_operator.egress.config import IdentityMode, SandboxEgress
 from sandbox_operator.egress.decisions import DecisionReason
 from sandbox_operator.egress.hostmatch import HostPattern
+from sandbox_operator.egress.requestrules import RequestRule
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -59,15 +60,19 @@ class SandboxEntry:
     patterns: tuple[HostPattern, ...]
     source_ips: frozenset[IPAddress]
     token_sha256: str | None
+    rules: tuple[RequestRule, ...] = ()
 
     @classmethod
     def from_config(cls, sb: SandboxEgress) -> SandboxEntry:
-        return cls(sb.id, sb.patterns(), frozenset(sb.source_ips), sb.token_sha256)
+        return cls(
+            sb.id, sb.patterns(), frozenset(sb.source_ips), sb.token_sha256, sb.request_rules()
+        )
 
     def check(self, host: str, port: int, allowed_ports: Iterable[int]) -> DecisionReason:
+        """Host and port only; a ruled host's requests are judged after (``requestrules``)."""
         ports = tuple(allowed_ports)
         host_seen = False
-        for pattern in self.patterns:
+        for pattern in self.patterns + tuple(r.host for r in self.rules):
             if pattern.matches(host, port, ports):
                 return DecisionReason.ALLOWED
             host_seen = host_seen or pattern.matches_host(host)

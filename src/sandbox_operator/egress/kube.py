@@ -192,6 +192,11 @@ class KubeEgressController:
             # What admission judged, never the live spec: an edit after admission (refused by
             # the CRD's transition rules, but older objects predate them) is not enforced.
             allow = (obj.get("status") or {}).get("admittedEgressAllow") or []
+            rules = [
+                {k: r[k] for k in ("host", "methods", "paths", "schemes") if k in r}
+                for r in (obj.get("status") or {}).get("admittedEgressRules") or []
+                if isinstance(r, dict)
+            ]
             try:
                 pod = await self.core.read_namespaced_pod(served["name"], self.namespace)
             except Exception:
@@ -201,7 +206,7 @@ class KubeEgressController:
                 continue
             self._uids[sandbox_id] = str(meta.get("uid", ""))
             out[sandbox_id] = SandboxEgress.model_validate(
-                {"id": sandbox_id, "allow": allow, "sourceIPs": [ip]}
+                {"id": sandbox_id, "allow": allow, "rules": rules, "sourceIPs": [ip]}
             )
         self._present = present
         self._ending = ending

@@ -8,13 +8,16 @@ decision record):
    -> 408 HeaderTimeout / 431 HeaderTooLarge / 400 BadRequest
 3. sandbox identified (source IP and/or Proxy-Authorization) -> 403 UnknownSandbox /
    407 ProxyAuthRequired / 403 IdentityMismatch; per-sandbox cap -> 503 TooManyConnections
-4. host and port on that sandbox's allowlist -> 403 HostNotAllowed / PortNotAllowed
+4. host and port on that sandbox's allowlist -> 403 HostNotAllowed / PortNotAllowed; for a host
+   with method and path rules (``requestrules``): a CONNECT -> 403 TunnelNotInspectable, a plain
+   request -> 403 MethodNotAllowed / PathNotAllowed, unclear body framing -> 400 BadRequest
 5. name resolved once -> 502 ResolveFailed
 6. addresses checked against the refused ranges -> 403 AddressRefused / MetadataAddressRefused
 7. connect by number to an address that passed -> 502 ConnectFailed / 504 ConnectTimeout
 8. ALLOW: tunnel (CONNECT) or forward one request with ``Connection: close``, then relay bytes
    until both sides finish, the connection is idle for ``idle_timeout_seconds`` or it has lasted
-   ``max_connection_seconds``.
+   ``max_connection_seconds``. To a ruled host only the judged request and its body go up
+   (``framing``): nothing the client sends after it reaches the upstream.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import ipaddress
 import itertools
 import logging
 import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from sandbox_operator.egress.addresses import (
     AddressPolicy,
@@ -45,6 +48,7 @@ from sandbox_operator.egress.decisions import (
     now_utc,
     verdict_of,
 )
+from sandbox_operator.egress.framing import Framing, copy_body
 from sandbox_operator.egress.http import (
     BadRequest,
     RequestHead,
@@ -55,6 +59,11 @@ from sandbox_operator.egress.http import (
     upstream_head,
 )
 from sandbox_operator.egress.identity import SandboxEntry, SandboxTable
+from sandbox_operator.egress.inspected import Conn, RuledRequests, Upstream
+from sandbox_operator.egress.requestrules import for_scheme, rules_for
+
+if TYPE_CHECKING:  # cryptography only where a CA is made (egress/__main__.py)
+    from sandbox_operator.egress.interception import InterceptionCA
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,12 @@ _STATUS: dict[DecisionReason, int] = {
     DecisionReason.RESOLVE_FAILED: 502,
     DecisionReason.CONNECT_FAILED: 502,
     DecisionReason.CONNECT_TIMEOUT: 504,
+    DecisionReason.METHOD_NOT_ALLOWED: 403,
+    DecisionReason.PATH_NOT_ALLOWED: 403,
+    DecisionReason.NOT_INSPECTABLE: 403,
+    DecisionReason.SCHEME_NOT_ALLOWED: 403,
+    DecisionReason.HOST_MISMATCH: 403,
+    DecisionReason.UPSTREAM_TLS_FAILED: 502,
 }
 
 _RELAY_CHUNK = 65536
@@ -80,15 +95,6 @@ _RELAY_CHUNK = 65536
 
 class _Idle(Exception):
     pass
-
-
-@dataclass(slots=True)
-class _Conn:
-    client: IPAddress | None
-    sandbox: str | None = None
-    method: str = ""
-    host: str = ""
-    port: int = 0
 
 
 def _peer_ip(writer: asyncio.StreamWriter) -> IPAddress | None:
@@ -116,6 +122,7 @@ class EgressProxy:
         *,
         sink: DecisionSink | None = None,
         resolver: Resolver | None = None,
+        interception: InterceptionCA | None = None,
     ) -> None:
         self.config = config
         self.table = SandboxTable(config.sandboxes)
@@ -129,6 +136,15 @@ class EgressProxy:
         self._active = 0
         self._active_by_sandbox: dict[str, int] = {}
         self._active_by_client: dict[str, int] = {}
+        # Without a CA a CONNECT to a ruled host is refused (TunnelNotInspectable).
+        self.ruled = RuledRequests(
+            emit=self._emit,
+            refuse=self._refuse,
+            relay=self._relay,
+            ca=interception,
+            header_timeout=lambda: self.config.limits.header_timeout_seconds,
+            connect_timeout=lambda: self.config.limits.connect_timeout_seconds,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -216,7 +232,7 @@ class EgressProxy:
 
     # ---- decisions -------------------------------------------------------------------------
 
-    def _emit(self, conn: _Conn, reason: DecisionReason, address: IPAddress | None = None) -> None:
+    def _emit(self, conn: Conn, reason: DecisionReason, address: IPAddress | None = None) -> None:
         decision = Decision(
             seq=next(self._seq),
             time=now_utc(),
@@ -237,7 +253,7 @@ class EgressProxy:
     async def _refuse(
         self,
         writer: asyncio.StreamWriter,
-        conn: _Conn,
+        conn: Conn,
         reason: DecisionReason,
         body: str,
         address: IPAddress | None = None,
@@ -259,7 +275,7 @@ class EgressProxy:
         assert task is not None
         self._tasks.add(task)
         self._active += 1
-        conn = _Conn(client=_peer_ip(writer))
+        conn = Conn(client=_peer_ip(writer))
         client_key = str(conn.client)
         self._active_by_client[client_key] = self._active_by_client.get(client_key, 0) + 1
         try:
@@ -286,7 +302,7 @@ class EgressProxy:
                     await writer.wait_closed()
 
     async def _handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Conn
     ) -> None:
         cfg = self.config
         limits = cfg.limits
@@ -367,7 +383,7 @@ class EgressProxy:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        conn: _Conn,
+        conn: Conn,
         head: RequestHead,
         target: Target,
         entry: SandboxEntry,
@@ -384,6 +400,19 @@ class EgressProxy:
                 writer, conn, verdict, f"{what} of {shown} is not on this sandbox's allowlist"
             )
             return
+        framing: Framing | None = None
+        rules = rules_for(entry.rules, target.host)
+        intercept = False
+        if rules and head.method == "CONNECT":
+            intercept = self.ruled.intercepts(rules)
+            if not intercept:
+                await self.ruled.refuse_tunnel(writer, conn, target)
+                return
+        elif rules:
+            judged = await self.ruled.judge(writer, conn, head, target, for_scheme(rules, "http"))
+            if judged is None:
+                return
+            head, framing = judged
 
         # 5. resolve once
         try:
@@ -443,14 +472,25 @@ class EgressProxy:
             return
         up_reader, up_writer = upstream
 
-        # 8. relay
-        self._emit(conn, DecisionReason.ALLOWED, used)
+        # 8. relay (or, for a ruled host over https, open the tunnel and judge inside)
         try:
+            if intercept:
+                await self.ruled.intercept(
+                    reader, writer, conn, target, rules, Upstream(up_reader, up_writer, used)
+                )
+                return
+            self._emit(conn, DecisionReason.ALLOWED, used)
             if head.method == "CONNECT":
                 writer.write(response(200))
             else:
                 up_writer.write(upstream_head(head, target))
-            await self._relay(reader, writer, up_reader, up_writer)
+            body = framing
+            if body is None:
+                await self._relay(reader, writer, up_reader, up_writer)
+            else:
+                await self._relay(
+                    reader, writer, up_reader, up_writer, lambda: copy_body(reader, up_writer, body)
+                )
         finally:
             up_writer.close()
             with contextlib.suppress(Exception):
@@ -463,7 +503,10 @@ class EgressProxy:
         a_writer: asyncio.StreamWriter,
         b_reader: asyncio.StreamReader,
         b_writer: asyncio.StreamWriter,
+        upward_only: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """Relay both ways; ``upward_only`` replaces the client-to-upstream copy (one judged
+        request's body, then nothing more)."""
         loop = asyncio.get_running_loop()
         idle = self.config.limits.idle_timeout_seconds
         last = [loop.time()]
@@ -488,7 +531,8 @@ class EgressProxy:
 
         # Client EOF is a half-close (the upstream may still answer); upstream EOF, an error or
         # idleness in either direction ends the whole relay.
-        upward = asyncio.create_task(copy(a_reader, b_writer))
+        up: Awaitable[None] = upward_only() if upward_only is not None else copy(a_reader, b_writer)
+        upward: asyncio.Task[None] = asyncio.ensure_future(up)
         downward = asyncio.create_task(copy(b_reader, a_writer))
         tasks = [upward, downward]
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import maf_sandbox as maf
 
 from sandbox_operator import contract
+from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.contract.published import PublishedBackend
 
 #: Capabilities the wrapper serves whenever the operator declares them.
@@ -75,18 +76,23 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     backend's file API cannot refuse them: :data:`RECLAIM_WITHHELD`). ``HOST_TOOLS`` brings
     maf's exec program channel, so maf's host tools run over our exec unchanged. ``SNAPSHOT`` is
     declared where the operator publishes that the backend resets (``resets``: a reset replaces
-    the pod by a never-used one, which is maf's ``Sandbox.reset``). Egress is
-    declared per mode, never per method or path (``egress_method_tokens`` empty).
-    ``observes_egress`` is True where the backend serves ``allowlist``: its egress proxy records
-    every decision for an allowlist sandbox, and the backend reports them
-    (``OperatorBackend.observe_egress``); a ``closed`` sandbox's attempts are dropped by its
-    NetworkPolicy, which records nothing, so no window of it is reported."""
+    the pod by a never-used one, which is maf's ``Sandbox.reset``). Egress is declared per mode;
+    ``EGRESS_METHODS`` and ``EGRESS_PATHS`` only where the backend's proxy judges rules on plain
+    http and inside HTTPS both (``egressRules`` and ``egressRulesHttps``: a maf rule names no
+    scheme), with :data:`EGRESS_METHOD_TOKENS`. ``observes_egress`` is True where the backend
+    serves ``allowlist``: its egress proxy records every decision for an allowlist sandbox, and
+    the backend reports them (``OperatorBackend.observe_egress``); a ``closed`` sandbox's
+    attempts are dropped by its NetworkPolicy, which records nothing, so no window of it is
+    reported."""
     published = backend.declarations
     caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
     if maf.Capability.FILES_DELETE in caps and backend.type in RECLAIMS:
         caps.add(maf.Capability.RECLAIM)
     if backend.resets:
         caps.add(maf.Capability.SNAPSHOT)
+    rules = published.egress_rules and published.egress_rules_https
+    if rules:
+        caps |= {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS}
     host_tools = maf.Capability.HOST_TOOLS in caps
     return maf.BackendDeclarations(
         capabilities=frozenset(caps),
@@ -97,28 +103,56 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
         os_families=frozenset(maf.OsFamily(f.value) for f in published.os_families),
         isolation_scopes=frozenset(maf.IsolationScope(s.value) for s in published.isolation_scopes),
         observes_egress=contract.Egress.ALLOWLIST in published.egress_modes,
-        egress_method_tokens=frozenset(),
+        egress_method_tokens=EGRESS_METHOD_TOKENS if rules else frozenset(),
         program_channels=(maf.ExecProgramChannel(),) if host_tools else (),
     )
 
 
-def _egress_host(entry: str | maf.EgressRule) -> str:
-    if isinstance(entry, str):
-        return entry
-    if entry.methods is not None or entry.paths is not None:
-        raise maf.SandboxCapabilityNotSupported(
-            f"egress rule {entry.host!r} names methods or paths; the operator enforces hosts only"
+#: The verbs the operator's proxy judges a maf rule on: maf's named methods but CONNECT (which
+#: opens a tunnel through the proxy and is refused in a rule); a finite set, so maf's router
+#: refuses a rule naming another token rather than the operator's admission.
+EGRESS_METHOD_TOKENS: frozenset[str] = frozenset(
+    m.value for m in maf.HttpMethod if m is not maf.HttpMethod.CONNECT
+)
+#: The capabilities a spec asks for by its rules, which become egressRules (and the backend's
+#: egressRules declarations), not ``requires``.
+_RULE_CAPABILITIES = frozenset({maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS})
+
+
+def _egress(
+    entries: tuple[str | maf.EgressRule, ...],
+) -> tuple[tuple[str, ...], tuple[EgressRule, ...]]:
+    """maf's allowlist as ``egressAllow`` hosts and ``egressRules``: a rule naming methods or
+    paths holds for any scheme in maf, so it becomes one judged on http and https."""
+    hosts: list[str] = []
+    rules: list[EgressRule] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            hosts.append(entry)
+            continue
+        if entry.authority is not None:
+            raise maf.SandboxAttachedIdentityNotPermitted(
+                f"egress rule {entry.host!r} attaches an authority; the operator attaches none"
+            )
+        if entry.methods is None and entry.paths is None:
+            hosts.append(entry.host)
+            continue
+        rules.append(
+            EgressRule.model_validate(
+                {
+                    "host": entry.host,
+                    "schemes": ["http", "https"],
+                    "methods": None if entry.methods is None else [str(m) for m in entry.methods],
+                    "paths": None if entry.paths is None else list(entry.paths),
+                }
+            )
         )
-    if entry.authority is not None:
-        raise maf.SandboxAttachedIdentityNotPermitted(
-            f"egress rule {entry.host!r} attaches an authority; the operator attaches none"
-        )
-    return entry.host
+    return tuple(hosts), tuple(rules)
 
 
 def _requires(spec: maf.SandboxSpec) -> frozenset[contract.Capability]:
     known = {c.value for c in contract.Capability}
-    required = spec.required_capabilities
+    required = spec.required_capabilities - _RULE_CAPABILITIES
     unknown = sorted(c.value for c in required if c.value not in known)
     if unknown:
         raise maf.SandboxCapabilityNotSupported(
@@ -150,6 +184,7 @@ def operator_spec(
     image = spec.image_id or spec.image or default_image
     if not image:
         raise ValueError(f"kind {spec.kind!r} names no image and the backend has no default")
+    hosts, rules = _egress(spec.egress_allow)
     min_isolation = spec.min_isolation
     if floor is not None and (min_isolation is None or _rank(floor) > _rank(min_isolation)):
         min_isolation = floor
@@ -159,7 +194,8 @@ def operator_spec(
         "requires": _requires(spec),
         "isolation_scope": contract.IsolationScope(spec.isolation_scope.value),
         "egress": contract.Egress(spec.egress.value),
-        "egress_allow": tuple(_egress_host(e) for e in spec.egress_allow),
+        "egress_allow": hosts,
+        "egress_rules": rules,
         "files_in": _contract_limits(spec.files_in),
         "files_out": _contract_limits(spec.files_out),
         "declared_outputs": tuple(_output(o) for o in spec.declared_outputs),

@@ -263,6 +263,22 @@ def check_backend(
         raise EgressNotEnforced(
             backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
         )
+    if spec.egress_rules and not declared.egress_rules:
+        raise EgressNotEnforced(
+            backend=name,
+            kind=kind,
+            requested=spec.egress,
+            declared=declared.egress_modes,
+            rules=True,
+        )
+    if not declared.egress_rules_https and any("https" in r.schemes for r in spec.egress_rules):
+        raise EgressNotEnforced(
+            backend=name,
+            kind=kind,
+            requested=spec.egress,
+            declared=declared.egress_modes,
+            rules_https=True,
+        )
 
     # 6. Isolation scope.
     if isolation_scope not in declared.isolation_scopes:

@@ -242,7 +242,10 @@ def admitted_allow(spec: SandboxResourceSpec) -> dict[str, Any]:
     which the egress proxy enforces from then on (never the live spec)."""
     if spec.egress is not Egress.ALLOWLIST:
         return {}
-    return {"admittedEgressAllow": list(spec.egress_allow)}
+    fields: dict[str, Any] = {"admittedEgressAllow": list(spec.egress_allow)}
+    if spec.egress_rules:  # absent without rules: what older Sandboxes' status holds
+        fields["admittedEgressRules"] = [r.to_wire() for r in spec.egress_rules]
+    return fields
 
 
 def _backfill_admitted_allow(

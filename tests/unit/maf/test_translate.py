@@ -142,13 +142,61 @@ def test_floor_raises_never_lowers() -> None:
     assert operator_spec(strong, floor=maf.Isolation.CONTAINER).min_isolation == "vm"
 
 
+def test_egress_methods_and_paths_are_declared_only_where_the_proxy_judges_them() -> None:
+    """#38 item 2: EGRESS_METHODS and EGRESS_PATHS only for a backend whose proxy judges rules on
+    plain http and inside HTTPS (a maf rule names no scheme), with a finite token set (CONNECT,
+    refused in a rule, is not among them)."""
+    hosts_only = declarations(published(RUNC).backends[0])
+    assert (
+        not {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS} & hosts_only.capabilities
+    )
+    assert hosts_only.egress_method_tokens == frozenset()
+    http_only = declarations(published({**RUNC, "declarations": {**RUNC["declarations"],
+                                        "egressRules": True}}).backends[0])  # fmt: skip
+    assert maf.Capability.EGRESS_METHODS not in http_only.capabilities
+    both = {**RUNC["declarations"], "egressRules": True, "egressRulesHttps": True}
+    got = declarations(published({**RUNC, "declarations": both}).backends[0])
+    assert {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS} <= got.capabilities
+    assert got.egress_method_tokens == {
+        "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"
+    }  # fmt: skip
+
+
+def test_a_maf_rule_becomes_an_egress_rule_on_both_schemes() -> None:
+    spec = _maf_spec(
+        egress=maf.Egress.ALLOWLIST,
+        egress_allow=(
+            "pypi.org",
+            maf.EgressRule(host="files.example.com"),
+            maf.EgressRule(host="api.example.com", methods=("GET", "POST"), paths=("/v1/*",)),
+            maf.EgressRule(host="*.example.org", paths=("/health",)),
+        ),
+    )
+    got = operator_spec(spec)
+    assert got.egress_allow == ("pypi.org", "files.example.com")
+    assert [r.to_wire() for r in got.egress_rules] == [
+        {"host": "api.example.com", "schemes": ["http", "https"], "methods": ["GET", "POST"],
+         "paths": ["/v1/*"]},
+        {"host": "*.example.org", "schemes": ["http", "https"], "paths": ["/health"]},
+    ]  # fmt: skip
+    assert contract.Capability.EXEC in got.requires  # the rules' capabilities are not requires
+
+
 def test_what_the_operator_cannot_enforce_is_refused() -> None:
     methods = _maf_spec(
         egress=maf.Egress.ALLOWLIST,
-        egress_allow=(maf.EgressRule(host="api.example.com", methods=("GET",)),),
+        egress_allow=(maf.EgressRule(host="api.example.com", methods=("CONNECT",)),),
     )
-    with pytest.raises(maf.SandboxCapabilityNotSupported):
+    with pytest.raises(ValueError, match="CONNECT"):
         operator_spec(methods)
+    # A path maf accepts but the proxy cannot judge one way (an encoded dot, a '..;' segment).
+    for path in ("/a/%2e%2e/b", "/a/..;/b"):
+        odd = _maf_spec(
+            egress=maf.Egress.ALLOWLIST,
+            egress_allow=(maf.EgressRule(host="api.example.com", paths=(path,)),),
+        )
+        with pytest.raises(ValueError, match="egressRules path"):
+            operator_spec(odd)
     with pytest.raises(ValueError, match="no image"):
         operator_spec(maf.SandboxSpec(kind="python"))
     assert operator_spec(maf.SandboxSpec(kind="python"), default_image="img").image == "img"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -216,6 +217,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
             return False
         annotations = kubeobj.meta(pod).get("annotations") or {}
         given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        if given is not None and self._proxy is not None:
+            given = dataclasses.replace(given, intercepting=self._proxy.intercepting)
         return self.confines_as_made(pod, spec, given)
 
     def warm_pool_pods(self) -> WarmPoolPods | None:

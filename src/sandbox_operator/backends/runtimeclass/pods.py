@@ -15,17 +15,24 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import EnsureRequest
 from sandbox_operator.backends.egress_proxy import (
     PROXY_ADDRESS_ANNOTATION,
+    PROXY_NAME,
     ProxyAddress,
     proxy_labels,
 )
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.backends.runtimeclass.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import Egress, SandboxSpec
-from sandbox_operator.egress.config import ManagedEgressProxySettings
+from sandbox_operator.egress.config import (
+    CA_BUNDLE_KEY,
+    CA_CERT_KEY,
+    CA_MOUNT_DIR,
+    ManagedEgressProxySettings,
+)
 
 CONTAINER_NAME = "sandbox"
 WORK_VOLUME = "work"
 TMP_VOLUME = "tmp"
+CA_VOLUME = "egress-ca"
 
 #: The kinds of what this backend creates per sandbox (spelled once, in ``kubeobj``).
 POD = kubeobj.POD_KIND
@@ -205,7 +212,7 @@ def pod_manifest(
         work_volume = {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": work_claim}}
     elif pod.work_dir_size_limit:
         work_volume["emptyDir"]["sizeLimit"] = pod.work_dir_size_limit
-    mounts = [{"name": WORK_VOLUME, "mountPath": work_dir}]
+    mounts: list[dict[str, Any]] = [{"name": WORK_VOLUME, "mountPath": work_dir}]
     volumes = [work_volume]
     if work_dir != "/tmp":
         mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
@@ -225,6 +232,19 @@ def pod_manifest(
             env.append({"name": var, "value": proxy_url})
         if proxy.no_proxy:
             env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
+        if proxy.managed and managed_proxy is not None and managed_proxy.intercepting:
+            env += proxy_ca_env()
+            mounts.append({"name": CA_VOLUME, "mountPath": CA_MOUNT_DIR, "readOnly": True})
+            # The proxy's ConfigMap, applied before any pod is given its address; only its CA
+            # keys are projected (not the proxy's configuration). Optional: never a pod stuck on
+            # a ConfigMap that is being re-applied.
+            items = [{"key": k, "path": k} for k in (CA_CERT_KEY, CA_BUNDLE_KEY)]
+            volumes.append(
+                {
+                    "name": CA_VOLUME,
+                    "configMap": {"name": PROXY_NAME, "items": items, "optional": True},
+                }
+            )
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -261,6 +281,18 @@ def pod_manifest(
         assert managed_proxy is not None
         metadata.setdefault("annotations", {})[PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
     return {"apiVersion": "v1", "kind": kubeobj.POD_KIND, "metadata": metadata, "spec": pod_spec}
+
+
+def proxy_ca_env() -> list[dict[str, str]]:
+    """How a guest is told to trust the intercepting proxy's CA: the common TLS stacks' variables
+    (OpenSSL and Python's ssl, requests, curl, git) name the bundle of the proxy image's roots
+    and the CA; Node.js adds the CA to its own roots. A program that reads none of them must be
+    pointed at ``/etc/sandbox-egress/bundle.crt`` itself (docs/egress-proxy.md)."""
+    bundle = f"{CA_MOUNT_DIR}/{CA_BUNDLE_KEY}"
+    names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+    env = [{"name": n, "value": bundle} for n in names]
+    env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{CA_MOUNT_DIR}/{CA_CERT_KEY}"})
+    return env
 
 
 def build_egress_policy(

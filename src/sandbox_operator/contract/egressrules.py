@@ -1,0 +1,158 @@
+"""What an ``egressRules`` entry may say: a host (the ``egressAllow`` rules), the HTTP methods and
+paths the egress proxy lets through to it, and the schemes those are judged on.
+
+Its own module because a rule is judged three ways, as the hosts are (``egresshosts``): the
+patterns and validators here, the CEL rules of the CRD (``crdrules.py``) and the proxy, which
+matches requests against the admitted rules (``sandbox_operator.egress.requestrules``). The
+meaning follows maf-sandbox's ``EgressRule``: a method is a verb in one canonical upper-case
+spelling, a path is exact or a ``/*`` prefix, and a rule the proxy cannot enforce is refused here,
+naming the field, rather than admitted and half-kept.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import AfterValidator, Field, model_validator
+
+from .base import ContractModel
+from .egresshosts import EgressHost
+
+#: Most rules a spec may hold, methods a rule may name and paths a rule may name.
+EGRESS_RULES_MAX_ITEMS: Final = 32
+EGRESS_METHODS_MAX_ITEMS: Final = 16
+EGRESS_PATHS_MAX_ITEMS: Final = 32
+EGRESS_PATH_MAX_LENGTH: Final = 1024
+METHOD_MAX_LENGTH: Final = 32
+
+#: An HTTP method token (RFC 9110 tchar) in upper case: a rule names a verb, not a spelling, so
+#: a lower-case letter is refused rather than folded (the proxy folds the request's case).
+METHOD_PATTERN: Final = r"^[!#$%&'*+.^_`|~0-9A-Z-]+$"
+#: Methods a rule cannot name: CONNECT is how a guest opens a tunnel through the proxy, never a
+#: request the proxy forwards to the origin, so no rule could be enforced on it.
+UNENFORCEABLE_METHODS: Final = ("CONNECT",)
+
+#: A rule path: an absolute path of RFC 3986 path characters (ASCII, no space, no ``?``, ``#``,
+#: ``[``, ``]`` or backslash), percent escapes well formed, optionally ending in ``*``. The ``*``
+#: is allowed only as the last segment (``/v1/*``), which :data:`WILDCARD_PATTERN` checks.
+PATH_PATTERN: Final = r"^/([!$&'()+,;=:@A-Za-z0-9._~/-]|%[0-9A-Fa-f]{2})*\*?$"
+#: A ``*`` anywhere but as the whole last segment.
+WILDCARD_PATTERN: Final = r"\*.|[^/]\*$"
+#: A ``.`` or ``..`` segment (also with ``;`` parameters, as some servers read ``..;``).
+DOT_SEGMENT_PATTERN: Final = r"(^|/)\.\.?(/|;|$)"
+#: Percent-encoded dots, slashes and backslashes: servers differ on whether they decode these
+#: before routing, so a rule naming one would mean different paths upstream and at the proxy.
+ENCODED_SEPARATOR_PATTERN: Final = r"%(2[eEfF]|5[cC])"
+
+
+class EgressScheme(StrEnum):
+    """How a guest reaches a ruled host through the proxy, so where a rule is judged."""
+
+    #: Plain ``http://`` requests in absolute form: the proxy reads every request head.
+    HTTP = "http"
+    #: HTTPS through a CONNECT tunnel: the proxy terminates TLS with its own CA's certificate
+    #: (which the guest trusts) to read the request, and re-originates verified TLS upstream.
+    #: Admission refuses it on a backend that does not declare ``egressRulesHttps``.
+    HTTPS = "https"
+
+
+def egress_path_problem(path: str) -> str | None:
+    """Why ``path`` may not be a rule's path, or None (the shape is the pattern's)."""
+    if re.search(WILDCARD_PATTERN, path):
+        return f"{path!r} has '*' other than as the whole last segment ('/prefix/*')"
+    if re.search(DOT_SEGMENT_PATTERN, path):
+        return f"{path!r} has a '.' or '..' segment"
+    if re.search(ENCODED_SEPARATOR_PATTERN, path):
+        return f"{path!r} has a percent-encoded dot, slash or backslash"
+    return None
+
+
+def _check_path(value: str) -> str:
+    problem = egress_path_problem(value)
+    if problem is not None:
+        raise ValueError(f"egressRules path {problem}")
+    return value
+
+
+def _check_method(value: str) -> str:
+    if value in UNENFORCEABLE_METHODS:
+        raise ValueError(
+            f"egressRules method {value} cannot be enforced: CONNECT opens a tunnel through the "
+            "proxy, it is never a request to the host"
+        )
+    return value
+
+
+EgressMethod = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=METHOD_MAX_LENGTH,
+        pattern=METHOD_PATTERN,
+        description="An HTTP method in upper case (GET, POST, a WebDAV verb); not CONNECT.",
+    ),
+    AfterValidator(_check_method),
+]
+
+EgressPath = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=EGRESS_PATH_MAX_LENGTH,
+        pattern=PATH_PATTERN,
+        description=(
+            "An exact path (/v1/models) or a prefix ending in '/*' (/v1/*: everything below "
+            "/v1/). No '.' or '..' segments, no percent-encoded dot, slash or backslash."
+        ),
+    ),
+    AfterValidator(_check_path),
+]
+
+
+class EgressRule(ContractModel):
+    """One host the allowlist reaches only for the named methods and paths."""
+
+    host: EgressHost = Field(description="The host, as an egressAllow entry names one.")
+    schemes: tuple[EgressScheme, ...] = Field(
+        min_length=1,
+        max_length=len(EgressScheme),
+        json_schema_extra={"uniqueItems": True},
+        description=(
+            "How the guest reaches the host, so where the proxy judges the rule: http (plain "
+            "requests), https (inside TLS the proxy terminates; the guest trusts its CA)."
+        ),
+    )
+    methods: tuple[EgressMethod, ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=EGRESS_METHODS_MAX_ITEMS,
+        json_schema_extra={"uniqueItems": True},
+        description="Methods let through; unset: every method.",
+    )
+    paths: tuple[EgressPath, ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=EGRESS_PATHS_MAX_ITEMS,
+        json_schema_extra={"uniqueItems": True},
+        description="Paths let through (the query is not part of it); unset: every path.",
+    )
+
+    @model_validator(mode="after")
+    def _enforceable(self) -> EgressRule:
+        if self.methods is None and self.paths is None:
+            raise ValueError(
+                f"egressRules entry for {self.host!r} names neither methods nor paths: list the "
+                "host in egressAllow instead"
+            )
+        for name, values in (
+            ("schemes", self.schemes),
+            ("methods", self.methods or ()),
+            ("paths", self.paths or ()),
+        ):
+            if len(set(values)) != len(values):
+                raise ValueError(
+                    f"egressRules entry for {self.host!r} lists one of its {name} twice"
+                )
+        return self
