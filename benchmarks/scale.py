@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/scale.py --sizes 100 --real-node
     .venv/bin/python benchmarks/scale.py --sizes '' --ceiling 1000   # the API server alone
     .venv/bin/python benchmarks/scale.py --cleanup          # remove what a killed run left
+    .venv/bin/python benchmarks/scale.py --sizes 1000 --idle-seconds 10 --agent-sandbox
 
 Needs the local cluster (``make cluster-up``) or ``$KUBECONFIG`` pointing at a cluster that has
 kwok's fake nodes and the ``kwok`` RuntimeClass. On the local cluster the script brings kwok up
@@ -31,7 +32,17 @@ One size N (fake nodes):
 * disposal of one scope: delete SandboxScope ``scope-0`` (N/10 Sandboxes), time until all of
   its Sandboxes are gone, and the API requests that took;
 * delete-all: every remaining scope and Sandbox deleted at once (concurrent DELETEs), time until
-  no Sandbox is left, and the API requests that took.
+  no Sandbox is left, and the API requests that took;
+* with ``--agent-sandbox``: kubernetes-sigs/agent-sandbox's controller side by side, in the same
+  run after the operator's legs. Its release (``AGENT_SANDBOX_VERSION``) is built once with
+  ``go install`` from its Go module into ~/.cache/sandbox-operator/bin/agent-sandbox-<version>/,
+  its Sandbox CRD applied from the module's source, and the controller started as a local
+  process with its defaults (leader election off, no metrics or probe port). N of its Sandboxes,
+  with the operator's pod spec (as the bare pods have it) as their pod template, in a namespace
+  of their own: all Ready, then all N deleted at once as above, time until none is left (its
+  Sandboxes carry no finalizer: their pods go afterwards, by owner reference and the garbage
+  collector; the time until the last pod is gone is a row too). The operator's delete-all
+  deletes the N - N/10 Sandboxes the scope disposal left, and 9 scopes.
 
 The table also gives the CPU each cluster process (hack/cluster.py's pid files: API server,
 etcd, scheduler, controller-manager, kwok, kube-router, ...) and this script spent in the create
@@ -602,7 +613,12 @@ async def create_namespaces(kube: Kube, names: list[str], run_id: str) -> None:
 
 
 async def apply_crds(kube: Kube) -> None:
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
+    await apply_crd_files(kube, sorted((ROOT / "crds").glob("*.yaml")))
+
+
+async def apply_crd_files(kube: Kube, paths: Iterable[Path]) -> None:
+    """Apply CRDs (server-side) and wait until each is Established."""
+    for path in paths:
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
         code, obj = await kube.request(
             "PATCH",
@@ -618,7 +634,7 @@ async def apply_crds(kube: Kube) -> None:
                 "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
             )
             conds = {
-                c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions", [])
+                c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []
             }
             if conds.get("Established") == "True":
                 break
@@ -842,6 +858,7 @@ class SizeResult:
     bare_ready: int = 0
     bare_ready_after_last: float = math.nan
     bare: Phase | None = None
+    agent: AgentSandboxResult | None = None  # --agent-sandbox: its controller, the same delete-all
     notes: list[str] = field(default_factory=list)
 
 
@@ -1004,6 +1021,10 @@ async def run_size(
         # -- the same N pods, bare: what the cluster spends without the operator's objects
         if template is not None:
             await bare_leg(kube, n, namespaces, template, tracker, probe, args, result)
+
+        # -- agent-sandbox's controller: N of its Sandboxes with the same pod spec, deleted at once
+        if args.agent_sandbox and template is not None:
+            result.agent = await agent_sandbox_leg(kube, n, template, args, kubeconfig, cleanup)
     except Exception:
         print(f"--- operator log (tail), {op.proc.log_path}:\n{op.proc.log()[-4000:]}")
         raise
@@ -1126,6 +1147,170 @@ async def strip_and_delete(kube: Kube, namespaces: list[str]) -> None:
         with contextlib.suppress(httpx.HTTPError):
             await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
     say(f"cleanup: namespace(s) {', '.join(namespaces)} deleted")
+
+
+# --------------------------------------------------------------------------------------------
+# kubernetes-sigs/agent-sandbox's controller, side by side (--agent-sandbox)
+
+#: The agent-sandbox release compared against, built from its Go module with `go install`.
+AGENT_SANDBOX_MODULE = "sigs.k8s.io/agent-sandbox"
+AGENT_SANDBOX_VERSION = "v1.0.1"
+AGENT_SANDBOX_BIN = (
+    LOCAL_STATE.parent
+    / "bin"
+    / f"agent-sandbox-{AGENT_SANDBOX_VERSION}"
+    / "agent-sandbox-controller"
+)
+AS_GROUP, AS_VERSION = "agents.x-k8s.io", "v1beta1"
+
+
+def agent_sandbox_build() -> tuple[Path, Path]:
+    """The agent-sandbox controller's binary and its Sandbox CRD: ``go install`` of the release
+    into the cache (once; minutes), the CRD from the module's source that ``go`` downloaded."""
+    env = {**os.environ, "GOBIN": str(AGENT_SANDBOX_BIN.parent), "GOFLAGS": "-buildvcs=false"}
+    ref = f"{AGENT_SANDBOX_MODULE}@{AGENT_SANDBOX_VERSION}"
+    if not AGENT_SANDBOX_BIN.exists():
+        say(f"agent-sandbox: go install {ref}/cmd/agent-sandbox-controller (once, minutes)")
+        AGENT_SANDBOX_BIN.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["go", "install", f"{AGENT_SANDBOX_MODULE}/cmd/agent-sandbox-controller@{AGENT_SANDBOX_VERSION}"],  # noqa: E501
+            env=env, check=True, timeout=1800, cwd=tempfile.gettempdir(),
+        )  # fmt: skip
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", ref],
+        env=env, check=True, timeout=600, capture_output=True, text=True,
+        cwd=tempfile.gettempdir(),
+    )  # fmt: skip
+    crd = Path(json.loads(out.stdout)["Dir"]) / "k8s" / "crds" / f"{AS_GROUP}_sandboxes.yaml"
+    return AGENT_SANDBOX_BIN, crd
+
+
+@dataclass
+class AgentSandboxResult:
+    """N of agent-sandbox's Sandboxes (the operator's pod spec as their pod template) made Ready
+    by its controller, then all deleted at once."""
+
+    n: int
+    ready: int = 0
+    ready_after_last: float = math.nan
+    gone: int = 0
+    seconds: float = math.nan  # the first DELETE until no Sandbox is left
+    pods_seconds: float = math.nan  # ... until no pod is left (the garbage collector's)
+    phase: Phase | None = None
+    note: str = ""
+
+
+def as_sandbox_body(name: str, template: dict[str, Any], run_id: str) -> dict[str, Any]:
+    spec = bare_pod(template, name)["spec"]
+    return {
+        "apiVersion": f"{AS_GROUP}/{AS_VERSION}",
+        "kind": "Sandbox",
+        "metadata": {"name": name, "labels": {RUN_LABEL: run_id}},
+        "spec": {"podTemplate": {"metadata": {}, "spec": spec}},
+    }
+
+
+async def agent_sandbox_leg(
+    kube: Kube,
+    n: int,
+    template: dict[str, Any],
+    args: argparse.Namespace,
+    kubeconfig: str,
+    cleanup: list[str],
+) -> AgentSandboxResult:
+    """The same delete-all with agent-sandbox's controller in place of the operator: its
+    Sandboxes carry no finalizer (their pods go by owner reference and the garbage collector),
+    so what is timed is the API server deleting them while the controller, the garbage
+    collector and kwok do their part. One namespace of its own, deleted at the end."""
+    result = AgentSandboxResult(n)
+    if isinstance(args.agent_sandbox, str):
+        result.note = args.agent_sandbox
+        return result
+    binary, crd = args.agent_sandbox
+    await apply_crd_files(kube, [crd])
+    run_id = f"as-{n}-{secrets.token_hex(3)}"
+    ns = f"t-bench-scale-{run_id}"
+    cleanup.append(ns)
+    await create_namespaces(kube, [ns], run_id)
+    tracker = Tracker([ns])
+    base = f"/apis/{AS_GROUP}/{AS_VERSION}/namespaces/{ns}/sandboxes"
+    watches = [
+        asyncio.create_task(kube.watch(base, tracker.on_sandbox)),
+        asyncio.create_task(kube.watch(f"/api/v1/namespaces/{ns}/pods", tracker.on_pod)),
+    ]
+    log_path = Path(tempfile.mkdtemp(prefix="bench-scale-as-")) / "controller.log"
+    log = log_path.open("wb")
+    # Its defaults but leader election (one replica) and the two ports (0: none).
+    proc = await asyncio.create_subprocess_exec(
+        str(binary), "--leader-elect=false", "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig},
+    )  # fmt: skip
+    names = [f"as-{i:05d}" for i in range(n)]
+    keys = [(ns, name) for name in names]
+    try:
+        probe = Probe(kube, proc.pid, None)
+        say(f"agent-sandbox: controller pid {proc.pid} (log {log_path}); creating {n} Sandboxes")
+        posted: list[float] = []
+
+        async def post(name: str) -> None:
+            posted.append(time.monotonic())
+            code, obj = await kube.request("POST", base, as_sandbox_body(name, template, run_id))
+            if code != 201:
+                result.note = f"POST {name}: HTTP {code} {str(obj)[:200]}"
+
+        await gather_limited(args.concurrency, [functools.partial(post, nm) for nm in names])
+        await wait_until(
+            f"agent-sandbox N={n} Ready",
+            lambda: sum(1 for b in tracker.of(keys) if b.ready) == n,
+            args.ready_timeout or 120 + 0.5 * n,
+            lambda: f"{sum(1 for b in tracker.of(keys) if b.ready)}/{n} Ready",
+        )
+        readies = [b.ready for b in tracker.of(keys) if b.ready]
+        result.ready = len(readies)
+        if posted and len(readies) == n:
+            result.ready_after_last = max(readies) - max(posted)
+        await wait_until(
+            "settle (no watch event for 3s)", lambda: time.monotonic() - tracker.last_event > 3, 30
+        )
+        say(f"agent-sandbox: deleting its {n} Sandboxes at once")
+        before = await probe.snap()
+        await delete_all(kube, [f"{base}/{nm}" for nm in names], args.concurrency)
+        done = await wait_until(
+            "agent-sandbox delete-all",
+            lambda: all(b.gone for b in tracker.of(keys)),
+            args.dispose_timeout or 120 + 0.2 * n,
+            lambda: f"{sum(1 for b in tracker.of(keys) if b.gone)}/{n} gone",
+        )
+        after = await probe.snap()
+        result.phase = Phase.between(before, after)
+        result.gone = sum(1 for b in tracker.of(keys) if b.gone)
+        result.seconds = (after.t - before.t) if done else math.nan
+        pods = [k for k in tracker.pods if k[0] == ns]
+        if pods and await wait_until(
+            "agent-sandbox pods gone",
+            lambda: all(tracker.pods[k].gone for k in pods),
+            120 + 0.2 * n,
+        ):
+            result.pods_seconds = max((tracker.pods[k].gone or 0.0) for k in pods) - before.t
+    except Exception:
+        print(f"--- agent-sandbox controller log (tail), {log_path}:")
+        print(log_path.read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        for w in watches:
+            w.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        log.close()
+        await strip_and_delete(kube, [ns])
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -1568,6 +1753,24 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
             lambda r: f"{r.rest_gone}/{r.rest_n}, {f(r.rest_seconds)}",
         ),
         row("delete-all: API requests op / all", lambda r: calls(r.rest)),
+        row(
+            "  agent-sandbox: all Ready after last create",
+            lambda r: (
+                f"{f(r.agent.ready_after_last)} ({r.agent.ready}/{r.agent.n})" if r.agent else "n/a"
+            ),
+        ),
+        row(
+            "  agent-sandbox: delete-all gone, time (s)",
+            lambda r: f"{r.agent.gone}/{r.agent.n}, {f(r.agent.seconds)}" if r.agent else "n/a",
+        ),
+        row(
+            "  agent-sandbox: ... its pods gone (s)",
+            lambda r: f(r.agent.pods_seconds) if r.agent else "n/a",
+        ),
+        row(
+            "  agent-sandbox: delete-all API requests, all",
+            lambda r: calls(r.agent.phase).split(" / ")[1] if r.agent and r.agent.phase else "n/a",
+        ),
     ]
     # CPU of the cluster's processes in the create phase: who the bottleneck is.
     names = sorted({k for r in results if r.create for k in r.create.cpu} - {"operator"})
@@ -1605,6 +1808,8 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
             out.append(f"  N={r.n} idle, API server's busiest (all clients): {top}")
         for note in r.notes:
             out.append(f"  N={r.n}: {note}")
+        if r.agent and r.agent.note:
+            out.append(f"  N={r.n} agent-sandbox: {r.agent.note}")
     return "\n".join(out)
 
 
@@ -1987,6 +2192,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-count", type=int, default=100, help="real-node idle sandboxes")
     p.add_argument("--real-timeout", type=float, default=600)
     p.add_argument("--cleanup", action="store_true", help="only delete what earlier runs left")
+    p.add_argument(
+        "--agent-sandbox", action="store_true",
+        help=f"also agent-sandbox's controller ({AGENT_SANDBOX_VERSION}) per size, side by side",
+    )  # fmt: skip
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
@@ -1998,6 +2207,14 @@ def main(argv: list[str] | None = None) -> int:
         args.runtimes = ["runc"]
     if args.cleanup:
         args.sizes, args.real_node, args.ceiling = [], False, 0
+        args.agent_sandbox = False
+    if args.agent_sandbox and args.sizes:
+        # (binary, CRD file), or why not: a note in the table instead of its rows.
+        try:
+            args.agent_sandbox = agent_sandbox_build()
+        except (OSError, subprocess.SubprocessError, KeyError, ValueError) as exc:
+            args.agent_sandbox = f"agent-sandbox not built: {type(exc).__name__}: {exc}"[:300]
+            say(args.agent_sandbox)
     flags = "" if args.cleanup else operator_run_flags()
     args.metrics_host = "--metrics-host" in flags
     args.metrics_flag = "--metrics-port" in flags
