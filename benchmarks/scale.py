@@ -212,7 +212,9 @@ def operator_counters(text: str) -> Counters:
         return Counters()
     kinds: Counter[str] = Counter()
     for labels, v in reqs:
-        kinds[f"{labels.get('verb', '?')} {labels.get('resource', '?')}"] += int(v)
+        code = labels.get("code", "")
+        code = "" if code.startswith("2") else f" {code}"  # failures apart (409, 404, 429, ...)
+        kinds[f"{labels.get('verb', '?')} {labels.get('resource', '?')}{code}"] += int(v)
     nbytes = m["sandbox_operator_api_response_bytes_total"]
     return Counters(sum(v for _, v in reqs), sum(v for _, v in nbytes) if nbytes else None, kinds)
 
@@ -852,6 +854,7 @@ class SizeResult:
     rest_n: int = 0
     rest_gone: int = 0
     rest_seconds: float = math.nan
+    rest_lat: list[float] = field(default_factory=list)  # each Sandbox gone, after the first DELETE
     rest: Phase | None = None
     ready_after_last: float = math.nan  # the last Ready, seconds after the last POST
     # The same N pods created bare (the operator's pod spec, no Sandbox), after the Sandboxes:
@@ -1017,6 +1020,7 @@ async def run_size(
         result.rest = Phase.between(before, after)
         result.rest_gone = sum(1 for b in tracker.of(rest) if b.gone)
         result.rest_seconds = (after.t - before.t) if done else math.nan
+        result.rest_lat = [b.gone - before.t for b in tracker.of(rest) if b.gone]
 
         # -- the same N pods, bare: what the cluster spends without the operator's objects
         if template is not None:
@@ -1196,6 +1200,7 @@ class AgentSandboxResult:
     gone: int = 0
     seconds: float = math.nan  # the first DELETE until no Sandbox is left
     pods_seconds: float = math.nan  # ... until no pod is left (the garbage collector's)
+    gone_lat: list[float] = field(default_factory=list)  # each gone, after the first DELETE
     phase: Phase | None = None
     note: str = ""
 
@@ -1286,6 +1291,7 @@ async def agent_sandbox_leg(
         result.phase = Phase.between(before, after)
         result.gone = sum(1 for b in tracker.of(keys) if b.gone)
         result.seconds = (after.t - before.t) if done else math.nan
+        result.gone_lat = [b.gone - before.t for b in tracker.of(keys) if b.gone]
         pods = [k for k in tracker.pods if k[0] == ns]
         if pods and await wait_until(
             "agent-sandbox pods gone",
@@ -1752,7 +1758,12 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
             "delete-all: Sandboxes gone, time (s)",
             lambda r: f"{r.rest_gone}/{r.rest_n}, {f(r.rest_seconds)}",
         ),
+        row("delete-all: gone after p50 / p90 / max (s)", lambda r: lat(r.rest_lat)),
         row("delete-all: API requests op / all", lambda r: calls(r.rest)),
+        row(
+            "delete-all: operator / API server / etcd CPU",
+            lambda r: f"{cpu(r.rest)} / {cpu(r.rest, 'kube-apiserver')} / {cpu(r.rest, 'etcd')}",
+        ),
         row(
             "  agent-sandbox: all Ready after last create",
             lambda r: (
@@ -1762,6 +1773,21 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
         row(
             "  agent-sandbox: delete-all gone, time (s)",
             lambda r: f"{r.agent.gone}/{r.agent.n}, {f(r.agent.seconds)}" if r.agent else "n/a",
+        ),
+        row(
+            "  agent-sandbox: gone after p50 / p90 / max (s)",
+            lambda r: lat(r.agent.gone_lat) if r.agent else "n/a",
+        ),
+        row(
+            "  agent-sandbox: controller / API server / etcd CPU",
+            lambda r: (
+                (
+                    f"{cpu(r.agent.phase)} / {cpu(r.agent.phase, 'kube-apiserver')} / "
+                    f"{cpu(r.agent.phase, 'etcd')}"
+                )
+                if r.agent
+                else "n/a"
+            ),
         ),
         row(
             "  agent-sandbox: ... its pods gone (s)",
@@ -1806,6 +1832,9 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
                 f"{k} {v / r.idle.seconds:.2f}/s" for k, v in r.idle.api.by_kind.most_common(4)
             )
             out.append(f"  N={r.n} idle, API server's busiest (all clients): {top}")
+        if r.rest and r.rest.op.by_kind:
+            top = ", ".join(f"{k} {v:,.0f}" for k, v in r.rest.op.by_kind.most_common(8))
+            out.append(f"  N={r.n} delete-all, operator's requests: {top}")
         for note in r.notes:
             out.append(f"  N={r.n}: {note}")
         if r.agent and r.agent.note:
