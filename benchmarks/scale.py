@@ -42,7 +42,8 @@ One size N (fake nodes):
   of their own: all Ready, then all N deleted at once as above, time until none is left (its
   Sandboxes carry no finalizer: their pods go afterwards, by owner reference and the garbage
   collector; the time until the last pod is gone is a row too). The operator's delete-all
-  deletes the N - N/10 Sandboxes the scope disposal left, and 9 scopes.
+  deletes the N - N/10 Sandboxes the scope disposal left, and 9 scopes. Its CRD
+  (``sandboxes.agents.x-k8s.io``, cluster-scoped) is left installed for the next run.
 
 The table also gives the CPU each cluster process (hack/cluster.py's pid files: API server,
 etcd, scheduler, controller-manager, kwok, kube-router, ...) and this script spent in the create
