@@ -44,7 +44,10 @@ def test_maf_benchmark_smoke(kubeconfig: str) -> None:
         assert rows.get(f"runc: {route}, cold", [])[:2] == ["2/2", "0/2"], tail
         assert rows.get(f"runc: {route}, warm", [])[:2] == ["2/2", "2/2"], tail
         assert rows[f"runc: {route}, cold"][3] == "0.0", tail
-        assert rows[f"runc: {route}, warm"][3] == "1.0", tail
+    # pool claims: the client's warm acquire claims once; maf's (no --seal here) may claim again
+    # when the router resets the pool pod it cannot vouch for
+    assert rows["runc: own client, warm"][3] == "1.0", tail
+    assert float(rows["runc: maf router, warm"][3].split()[0]) >= 1.0, tail
     # A maf call ending in a reset: one Sandbox, two pool claims at least (its acquire and its
     # reset; without --seal maf also resets the unfamiliar pool pod at acquire, a third claim
     # that may find the pool of two empty, so "from pool" is not asserted here).
