@@ -1,10 +1,13 @@
-"""maf-sandbox's route beside this project's own client: acquire -> first exec -> dispose through
+"""maf-sandbox's route beside this project's own client: acquire -> first exec -> cleanup through
 ``maf_sandbox.SandboxRouter`` over :class:`sandbox_operator.maf.OperatorBackend`, and the same
-sequence on :class:`sandbox_operator.client.SandboxClient`, cold and from a warm pool, on the real
-local node under runc and gVisor. Prints a table per run.
+sequence on :class:`sandbox_operator.client.SandboxClient`, cold and from a warm pool; a maf tool
+call whose cleanup is a reset; the client's reset alone; a conversation of ten maf tool calls,
+each ended by a reset; API writes per call. On the real local node under runc and gVisor. Prints
+three tables per run.
 
     .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
-    .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, ~1-2 min
+    .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, 3 calls, ~3 min
+    .venv-maf/bin/python benchmarks/maf.py --conversations 3 --calls 10  # the defaults
     .venv-maf/bin/python benchmarks/maf.py --fast-disposal  # pod.disposalGracePeriodSeconds: 0
     .venv-maf/bin/python benchmarks/maf.py --seal         # idle pool pods sealed (#36 item 2)
     .venv-maf/bin/python benchmarks/maf.py --cleanup      # remove what a killed run left
@@ -36,23 +39,44 @@ spec floor. One SandboxClient serves both routes (one connection pool, one watch
   the same Sandbox; ``wait=True`` because the adapter's dispose returns once the API server no
   longer has the Sandbox (maf's "landed"), and the client's own dispose returns after the DELETE.
 
-The maf spec: kind ``bench-warm`` or ``bench-cold``, image busybox, work dir /workspace, requires
-exec (nothing else; resources at the host's defaults). A SandboxWarmPool ``warm-<runtime>`` with
-``--pool-replicas`` (2) idle pods has the ``bench-warm`` spec as its template (the template
-fields of the very contract spec both routes send); ``bench-cold`` differs only in its kind, so
-no pool has its shape and its pod is created for it.
+The maf spec: kind ``bench-warm``, ``bench-cold`` or ``bench-conv``, image busybox, work dir
+/workspace, requires exec (nothing else; resources at the host's defaults). A SandboxWarmPool
+``warm-<runtime>`` with ``--pool-replicas`` (2) idle pods has the ``bench-warm`` spec as its
+template (the template fields of the very contract spec both routes send); ``bench-cold``
+differs only in its kind, so no pool has its shape and its pod is created for it;
+``bench-conv``, the conversations' kind, has a pool of its own, ``conv-<runtime>``, of
+``--conversation-pool`` (``--calls`` + 1: the first call's claim and one per reset) idle pods.
 
-Rounds: ``--count`` N rounds, each measuring maf cold, own cold, maf warm, own warm, in an order
-that rotates by one every round. Before every measurement the pool is full (``--pool-replicas``
-idle Ready pods, none starting: a refill is never part of a measurement), the previous Sandbox
-and its pod are gone, and no watch event came for 1 s. First ``--warmup`` (1) untimed cold
-round of each route: the adapter creates the conversation's SandboxScope once per process, and
-both routes open their first connections; a host pays that once, not per sandbox.
+Two more rows use a second router over the same adapter, ``min_cleanup=maf.Cleanup.RESET``
+(the adapter declares ``SNAPSHOT``, docs/reset.md), so a conversation-scoped call ends by a
+reset, not a disposal:
 
-Table (per runtime; times ``time.perf_counter`` around each awaited call, seconds, "p50 / p90",
+* **maf, reset**: one tool call as maf's tool wrapper makes it: ``router.enter_call`` and
+  ``router.acquire`` under that admission (timed together as ``acquire``; the admission does no
+  I/O), the first exec, ``router.finish_call`` (``cleanup``: the reset, which claims a pool pod
+  and, in the maf backend, prepares the storage base again). Kind ``bench-warm``: its acquire
+  claims from the pool too. A reset maf escalated to a disposal (a router observer counts them)
+  is a failed sample, not a slow reset. The Sandbox, still serving after it, is then disposed
+  of, untimed;
+* **own client, reset** (its own table): ``client.reset`` alone on a Ready Sandbox the client
+  acquired from the pool, untimed, with the pool full again before the reset; then the first
+  command in the new pod;
+* **conversation** (its own table, maf route only): ``--conversations`` (3) times, ``--calls``
+  (10) such tool calls on one new key of kind ``bench-conv``, timed from the first call's
+  admission to the last call's cleanup, its pool full before each conversation.
+
+Rounds: ``--count`` N rounds, each measuring maf cold, own cold, maf warm, own warm, maf reset,
+own reset, in an order that rotates by one every round; then the conversations. Before every
+measurement the pool is full (``--pool-replicas`` idle Ready pods, none starting: a refill is
+never part of a measurement), the previous Sandbox and its pod are gone, and no watch event came
+for 1 s. First ``--warmup`` (1) untimed cold round of each route and one maf reset call: the
+adapter creates the conversation's SandboxScope once per process, and both routes open their
+first connections; a host pays that once, not per sandbox.
+
+Tables (per runtime; times ``time.perf_counter`` around each awaited call, seconds, "p50 / p90",
 nearest rank):
 
-* ``done``: samples where acquire, exec (exit 0) and dispose all succeeded, of N;
+* ``done``: samples where every step succeeded (exec exit 0), of N;
 * ``from pool``: of those, Sandboxes whose status.servedFrom (as this script's watch saw it) is
   the pool (warm should be N/N, cold 0/N); for an acquire that created more than one, the last;
 * ``Sandboxes``: Sandbox objects created per acquire (mean; the watch counts the uids under the
@@ -61,16 +85,34 @@ nearest rank):
   ``freshly_created`` (one it cannot know is clean), and the time shows in ``acquire``;
 * ``acquire``: until the call returns a usable handle (Ready; for maf also the router's checks,
   the adapter's published-backend match and maf's storage-base check, which execs in the guest);
+* ``pool claims``: warm-pool claims per call (mean; the operator's
+  ``sandbox_operator_warm_pool_claims_total``), with those that found the pool empty and started
+  a pod instead ("+N empty"). Warm 1.0; maf's reset row 2.0 (its acquire and its reset); more on
+  maf without ``--seal`` (the router resets a pool pod it cannot vouch for before use);
 * ``first exec``: ``true`` in the work dir, the handle's first command from the caller;
-* ``dispose``: until the Sandbox is gone from the API server (its pod object is gone by then:
-  by default the kubelet has stopped it; with ``--fast-disposal``, the backend's
+* ``cleanup``: a disposal until the Sandbox is gone from the API server (its pod object is gone
+  by then: by default the kubelet has stopped it; with ``--fast-disposal``, the backend's
   ``pod.disposalGracePeriodSeconds: 0``, it may still be stopping its containers:
-  docs/disposal.md);
+  docs/disposal.md); on the reset row, maf's ``finish_call`` until the reset is done;
 * ``total``: the three added per sample;
-* ``maf / own``: the ratio of those p50s and of those p90s, per temperature.
+* ``writes op + client``: API writes per call (mean): the operator's, from its metrics port
+  (``sandbox_operator_api_requests_total`` under create, update, patch, delete and
+  deletecollection, kopf's own requests included, exec streams and access reviews not), and the
+  client's POST, PUT, PATCH and DELETE requests (a hook on its ``ApiClient``; its exec streams
+  not counted). Counted from before the first timed step until the pool has refilled what the
+  call claimed and the watch is quiet, so the refill's pod creation counts to the call; a reset
+  row's final disposal, untimed, does not;
+* ``maf / own``: the ratio of those p50s and of those p90s, per temperature; ``maf reset / own
+  warm``: the maf call that ends by a reset over the client's own warm claim that disposes.
+
+The conversation table gives ``conversation`` (the whole conversation's seconds) and, over all
+its calls, the same phases, pool claims and writes per call.
 
 Caveats: one operator, one node, shared with whatever else runs on the cluster (the last line
-gives this machine's load average during the run: measure on a quiet cluster). Ratios are per
+gives this machine's load average during the run: measure on a quiet cluster). A run from an
+older tree may apply CRDs without ``spec.resets`` meanwhile (the API server then prunes a reset's
+patch and the reset waits out its timeout): before every measurement the script checks and
+applies its own again, noted under the tables. Ratios are per
 runtime and per run; with N = 10 the p90 is the 9th of 10 samples. On the local node the totals
 fall close to whole seconds (the node reports pod starts and stops on a one-second beat, likely
 the kubelet's 1 s relist), so a difference under a second in one phase often moves the total by
