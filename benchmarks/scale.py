@@ -309,8 +309,20 @@ class Kube:
         params: dict[str, str] | None = None,
     ) -> None:
         """List, then watch from there until cancelled; re-list on 410 Gone. ``on_event(type,
-        object, monotonic time the event was read)``; the list's items arrive as ADDED."""
+        object, monotonic time the event was read)``; the list's items arrive as ADDED, and an
+        object a re-list no longer has (deleted while the watch was broken, e.g. while the API
+        server's storage re-initialised) as DELETED, with the last state seen of it."""
         rv = ""
+        known: dict[str, dict[str, Any]] = {}  # uid -> the last state seen
+
+        def seen(kind: str, obj: dict[str, Any], t: float) -> None:
+            uid = str((obj.get("metadata") or {}).get("uid", ""))
+            if kind == "DELETED":
+                known.pop(uid, None)
+            elif uid:
+                known[uid] = obj
+            on_event(kind, obj, t)
+
         while True:
             try:
                 if not rv:
@@ -318,8 +330,12 @@ class Kube:
                     if code != 200:
                         raise RuntimeError(f"list {path}: HTTP {code} {str(listing)[:300]}")
                     now = time.monotonic()
-                    for item in listing.get("items") or []:
-                        on_event("ADDED", item, now)
+                    items = listing.get("items") or []
+                    listed = {str((i.get("metadata") or {}).get("uid", "")) for i in items}
+                    for uid in [u for u in known if u not in listed]:
+                        seen("DELETED", known[uid], now)
+                    for item in items:
+                        seen("ADDED", item, now)
                     rv = listing["metadata"]["resourceVersion"]
                 query = dict(params or {})
                 query.update(
@@ -341,7 +357,7 @@ class Kube:
                             break
                         rv = obj.get("metadata", {}).get("resourceVersion") or rv
                         if kind != "BOOKMARK":
-                            on_event(kind, obj, time.monotonic())
+                            seen(kind, obj, time.monotonic())
             except asyncio.CancelledError:
                 raise
             except (httpx.HTTPError, json.JSONDecodeError, RuntimeError) as exc:
