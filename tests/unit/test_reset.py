@@ -255,3 +255,35 @@ def test_the_client_knows_the_crds_refusal_of_a_lower_count() -> None:
     from sandbox_operator.crdrules import SANDBOX_RESETS_RULE
 
     assert RESETS_ONLY_GROW in SANDBOX_RESETS_RULE["message"]
+
+
+class _Objects:
+    """What the client's reset uses of the namespace's objects: a read and the patch, answered
+    as an API server whose Sandbox CRD has no ``spec.resets`` answers (the field dropped)."""
+
+    namespace = "ns"
+
+    def __init__(self) -> None:
+        self.patched: list[int] = []
+
+    async def get_sandbox(self, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {}, "status": {}}
+
+    async def patch_resets(self, name: str, count: int) -> dict[str, Any]:
+        self.patched.append(count)
+        return {"metadata": {"name": name}, "spec": {}, "status": {}}
+
+
+async def test_a_crd_without_resets_is_refused_at_once_not_waited_out() -> None:
+    from typing import cast
+
+    from sandbox_operator.client.errors import SandboxNotResettable
+    from sandbox_operator.client.kube import SandboxObjects
+    from sandbox_operator.client.resets import Resets
+    from sandbox_operator.client.watching import Watches
+
+    objects = _Objects()
+    resets_ = Resets(cast(SandboxObjects, objects), cast(Watches, None))
+    with pytest.raises(SandboxNotResettable, match="predates reset"):
+        await resets_.reset("s", timeout=60)
+    assert objects.patched == [1]

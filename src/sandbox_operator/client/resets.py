@@ -70,6 +70,16 @@ class Resets:
             obj = await self.objects.get_sandbox(name)
             count = next_reset(obj)
             obj = await self.objects.patch_resets(name, count)
+        asked = (obj.get("spec") or {}).get("resets")
+        if not isinstance(asked, int) or asked < count:
+            # The API server dropped the field: its Sandbox CRD predates reset. Nothing was asked
+            # of the operator, and a wait would only run out.
+            raise SandboxNotResettable(
+                sandbox=name,
+                namespace=self.objects.namespace,
+                message="the cluster's Sandbox CRD has no spec.resets (it predates reset): "
+                "upgrade the CRDs (the chart's, or crds/) to reset sandboxes",
+            )
         plane = plane_of(sandbox)
         if plane is not None:
             await plane.drop()  # the old pod is gone: no use may reach for it

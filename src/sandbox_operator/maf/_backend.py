@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
@@ -55,6 +56,9 @@ from sandbox_operator.maf._translate import declarations, operator_spec
 log = logging.getLogger(__name__)
 
 DEFAULT_DISPOSE_TIMEOUT = 120.0
+
+#: How many reset instances a backend remembers as not handed out yet.
+PRISTINE_KEPT = 4096
 
 
 def _target(item: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -133,6 +137,8 @@ class OperatorBackend:
         self._scopes: set[tuple[str, str]] = set()
         #: where this backend's egress decisions go (``observe_egress``; None: nowhere)
         self._egress_report: maf.EgressReporter | None = None
+        #: instances a reset of this process put in place and no acquire has handed out since
+        self._pristine: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     async def connect(
@@ -253,14 +259,26 @@ class OperatorBackend:
             pod=served_by.get("name", ""),
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
             resets=maf.Capability.SNAPSHOT in self._declarations.capabilities,
+            on_reset=self._reset_made,
         )
         self._follow_egress(handle.name)
-        if not fresh:
+        pristine = sandbox.instance_id in self._pristine
+        self._pristine.pop(sandbox.instance_id, None)
+        if not fresh and not pristine:
             # The storage base is the pod's work directory, a volume mounted there when the pod
             # was made: on an instance nothing has used yet (a fresh one) it is that directory by
-            # construction. On a reused one, what ran may have put a link on its way: checked.
+            # construction, and so on one a reset of this process put in place and nothing has
+            # been handed since. On a reused one, what ran may have put a link on its way:
+            # checked.
             await sandbox.prepare()
         return sandbox
+
+    def _reset_made(self, instance_id: str) -> None:
+        """A reset through this backend put ``instance_id`` in place: its next acquire here hands
+        out a pod nothing has used (bounded: a reset never acquired again is forgotten)."""
+        self._pristine[instance_id] = None
+        while len(self._pristine) > PRISTINE_KEPT:
+            self._pristine.popitem(last=False)
 
     # -- egress observation (maf's ObservesEgress) -----------------------------------------
 

@@ -160,7 +160,8 @@ class OperatorSandbox:
     ``reclaims`` is False where the backend withholds ``RECLAIM`` (its data plane cannot refuse a
     link on the way): :meth:`reclaim` then raises ``NotImplementedError``, as maf's protocol asks.
     ``resets`` is True where the backend declares ``SNAPSHOT`` (the operator resets it):
-    :meth:`reset` raises ``NotImplementedError`` otherwise.
+    :meth:`reset` raises ``NotImplementedError`` otherwise; ``on_reset`` is told the new
+    instance id of each reset made.
     """
 
     def __init__(
@@ -177,6 +178,7 @@ class OperatorSandbox:
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         reclaims: bool = True,
         resets: bool = False,
+        on_reset: Callable[[str], None] | None = None,
     ) -> None:
         if not base.startswith("/") or posixpath.normpath(base) != base:
             raise ValueError("base must be an absolute, normalized guest path")
@@ -196,6 +198,7 @@ class OperatorSandbox:
         self.op_timeout = op_timeout
         self.reclaims = reclaims
         self.resets = resets
+        self._on_reset = on_reset
 
     def __repr__(self) -> str:
         return f"OperatorSandbox(name={self.name!r}, pod={self.pod!r}, base={self.base!r})"
@@ -557,6 +560,8 @@ class OperatorSandbox:
             obj = self.handle.resource or {}
             self._instance_id = sandbox_instance_id(obj)
             self.pod = str(((obj.get("status") or {}).get("servedBy") or {}).get("name", ""))
+        if self._on_reset is not None:
+            self._on_reset(self._instance_id)
 
 
 __all__ = ["OperatorSandbox"]

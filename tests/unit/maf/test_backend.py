@@ -104,6 +104,8 @@ class StandIn:
         self.scopes: dict[str, dict[str, Any]] = {}
         self.deleted_scopes: list[str] = []
         self.transport: LocalExecTransport = LocalExecTransport()
+        self.keep = False  # another acquire of a name returns the object it holds (resets kept)
+        self.resets: list[str] = []
 
     async def create_scope(
         self, *, scope: str, thread_id: str, name: str | None = None, **kw: Any
@@ -123,7 +125,8 @@ class StandIn:
         if self.fail is not None:
             raise self.fail
         name = f"sbx-{agent_dir}-{spec.kind}"
-        obj = sandbox_object(name, spec.kind, *self.serve)
+        held = self.objects.get(name) if self.keep else None
+        obj = held if held is not None else sandbox_object(name, spec.kind, *self.serve)
         if self.sealed is not None:
             obj["status"]["sealedUntilClaim"] = self.sealed
         if self.created:
@@ -132,6 +135,15 @@ class StandIn:
             os.makedirs(spec.work_dir, exist_ok=True)
         self.objects[name] = obj
         return Handle(name, obj, self.created, spec, self)
+
+    async def reset(self, sandbox: Any, *, timeout: float | None) -> None:  # noqa: ASYNC109
+        """The operator's reset as the client sees it: a new pod serves, status.resets up."""
+        obj = self.objects[sandbox.name]
+        count = int(obj["status"].get("resets", 0)) + 1
+        obj["status"]["resets"] = count
+        obj["status"]["servedBy"] = {"kind": "Pod", "name": f"{sandbox.name}-pod-{count}"}
+        sandbox.resource = obj
+        self.resets.append(sandbox.name)
 
     async def dispose(self, name: str, *, wait: bool = False, uid: str | None = None) -> None:
         if name in self.undeletable:
@@ -512,3 +524,27 @@ async def test_the_storage_base_is_checked_on_a_reused_instance_only(
     reused = await backend(client).acquire(KEY, spec)
     assert not reused.freshly_created and counting.commands
     assert exists(base)
+
+
+async def test_an_instance_this_backend_reset_is_handed_out_without_the_base_check(
+    spec: maf.SandboxSpec,
+) -> None:
+    """A reset puts a pod nothing has used in place: the next acquire here hands it out with
+    no storage-base command (its base is the pod's work-directory volume); once handed out, it
+    is a reused instance again and the acquire after checks."""
+    client = StandIn()
+    counting = CountingTransport()
+    client.transport, client.keep, client.created = counting, True, False
+    base = spec.work_dir
+    assert base is not None
+    os.makedirs(base, exist_ok=True)
+    ours = backend(client, doc=published({**RUNC, "resets": True}, GVISOR))
+    first = await ours.acquire(KEY, spec)
+    assert counting.commands  # reused: checked
+    counting.commands.clear()
+    await first.reset(timeout=10)
+    assert client.resets == [first.name] and counting.commands == []
+    again = await ours.acquire(KEY, spec)
+    assert again.instance_id == first.instance_id and counting.commands == []
+    await ours.acquire(KEY, spec)
+    assert counting.commands
