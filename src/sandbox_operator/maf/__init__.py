@@ -22,10 +22,17 @@ from sandbox_operator.maf._published import (
     select_backend,
 )
 from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
-from sandbox_operator.maf._translate import RECLAIM_WITHHELD, RECLAIMS, declarations, operator_spec
+from sandbox_operator.maf._translate import (
+    BASE_MOUNTED,
+    RECLAIM_WITHHELD,
+    RECLAIMS,
+    declarations,
+    operator_spec,
+)
 
 __all__ = [
     "ACQUIRE_ERRORS",
+    "BASE_MOUNTED",
     "RECLAIMS",
     "RECLAIM_WITHHELD",
     "BackendNotSelected",

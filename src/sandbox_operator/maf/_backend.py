@@ -50,7 +50,7 @@ from sandbox_operator.maf._errors import (
 )
 from sandbox_operator.maf._published import read_published, select_backend
 from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
-from sandbox_operator.maf._translate import declarations, operator_spec
+from sandbox_operator.maf._translate import BASE_MOUNTED, declarations, operator_spec
 
 #: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
 log = logging.getLogger(__name__)
@@ -123,6 +123,8 @@ class OperatorBackend:
         self.backend_name = chosen.name
         self._isolation = maf.Isolation(chosen.isolation)
         self._declarations = declarations(chosen)
+        #: whether the storage base is a volume mounted when the compute is made (BASE_MOUNTED)
+        self._base_mounted = chosen.type in BASE_MOUNTED
         #: under perSpec, a named backend raises every spec's floor to its rung
         self._floor = (
             self._isolation
@@ -264,12 +266,12 @@ class OperatorBackend:
         self._follow_egress(handle.name)
         pristine = sandbox.instance_id in self._pristine
         self._pristine.pop(sandbox.instance_id, None)
-        if not fresh and not pristine:
-            # The storage base is the pod's work directory, a volume mounted there when the pod
-            # was made: on an instance nothing has used yet (a fresh one) it is that directory by
-            # construction, and so on one a reset of this process put in place and nothing has
-            # been handed since. On a reused one, what ran may have put a link on its way:
-            # checked.
+        if not (self._base_mounted and (fresh or pristine)):
+            # On a runtime-class backend the storage base is the pod's work directory, a volume
+            # mounted there when the pod was made: on an instance nothing has used yet (a fresh
+            # one, or one a reset of this process put in place and nothing has been handed since)
+            # it is that directory by construction. On a reused one, what ran may have put a
+            # link on its way; on another backend (acas) nothing mounts it: checked.
             await sandbox.prepare()
         return sandbox
 

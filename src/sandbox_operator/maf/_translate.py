@@ -47,6 +47,11 @@ WITHHELD: dict[contract.Capability, str] = {
 #: ``pods/exec``), so the wrapper's ``reclaim`` meets maf's RECLAIM rule. Any other type is
 #: withheld RECLAIM, an unknown one included; :data:`RECLAIM_WITHHELD` says why for the known.
 RECLAIMS: frozenset[str] = frozenset({"runtimeClass"})
+#: Backend types whose storage base is a volume mounted at the work directory when the sandbox's
+#: compute is made (a runtime-class pod's ``workDir``): on an instance nothing has used, it is a
+#: real directory by construction, and the acquire's storage-base check (one exec) is skipped.
+#: Anything else (an ``acas`` sandbox's directories are the service's image) is always checked.
+BASE_MOUNTED: frozenset[str] = frozenset({"runtimeClass"})
 #: Why a known backend type is withheld RECLAIM even when it declares ``FILES_DELETE``.
 RECLAIM_WITHHELD: dict[str, str] = {
     "acas": (

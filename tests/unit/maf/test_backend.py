@@ -29,7 +29,7 @@ from sandbox_operator.maf import (
     sandbox_instance_id,
 )
 from tests.fixtures.faulty_transports import KillRefused, StreamDrops
-from tests.fixtures.maf_translate import GVISOR, RUNC, published
+from tests.fixtures.maf_translate import ACAS, GVISOR, RUNC, published
 
 
 def sandbox_object(name: str, kind: str, backend: str, served_from: str = "cold") -> dict[str, Any]:
@@ -548,3 +548,17 @@ async def test_an_instance_this_backend_reset_is_handed_out_without_the_base_che
     assert again.instance_id == first.instance_id and counting.commands == []
     await ours.acquire(KEY, spec)
     assert counting.commands
+
+
+async def test_an_acas_sandboxs_storage_base_is_checked_even_when_fresh(
+    spec: maf.SandboxSpec,
+) -> None:
+    """Nothing mounts an acas sandbox's base when the service makes it: a fresh acquire there
+    still runs the check (and makes a missing base)."""
+    client = StandIn()
+    counting = CountingTransport()
+    client.transport, client.serve = counting, ("acas", "cold")
+    base = spec.work_dir
+    assert base is not None
+    fresh = await backend(client, doc=published(ACAS)).acquire(KEY, spec)
+    assert fresh.freshly_created and counting.commands
