@@ -12,7 +12,7 @@ server, a client pointed at another namespace) swaps them for all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from kubernetes_asyncio import client as k8s
@@ -167,46 +167,50 @@ class SandboxObjects:
                 ) from None
             self.refuse(exc, f"apply {plural}")
 
-    async def patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
-        """Set ``spec.suspended`` (a merge patch: the acquirer's apply does not own it)."""
+    async def _edit_spec(
+        self,
+        name: str,
+        field: str,
+        value: Any,
+        *,
+        manager: str,
+        refused: Callable[[str], SandboxClientError],
+    ) -> Mapping[str, Any]:
+        """Merge-patch one spec field that edits own (``suspended``, ``resets``) as this client's
+        ``-<manager>`` field manager: the acquirer's apply does not own it. The API server's
+        refusal of the value (400, 422) raises ``refused(message)``."""
         try:
             return await self.patch(
                 SANDBOX_PLURAL,
                 name,
-                {"spec": {"suspended": value}},
-                manager=f"{self.field_manager}-suspend",
+                {"spec": {field: value}},
+                manager=f"{self.field_manager}-{manager}",
                 content_type=MERGE_PATCH,
             )
         except ApiException as exc:
             message = scrub(api_message(exc))
             if exc.status in (400, 422):
-                if value and "storage" in message:
-                    raise SandboxNotSuspendable(
-                        sandbox=name, namespace=self.namespace, message=message
-                    ) from None
-                raise SandboxSpecRejected(
-                    sandbox=name, namespace=self.namespace, message=message
-                ) from None
+                raise refused(message) from None
             self.refuse(exc, "patch sandboxes", self.no_sandbox(name))
 
+    async def patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
+        """Set ``spec.suspended``."""
+
+        def refused(message: str) -> SandboxClientError:
+            where = {"sandbox": name, "namespace": self.namespace, "message": message}
+            if value and "storage" in message:
+                return SandboxNotSuspendable(**where)
+            return SandboxSpecRejected(**where)
+
+        return await self._edit_spec(name, "suspended", value, manager="suspend", refused=refused)
+
     async def patch_resets(self, name: str, count: int) -> Mapping[str, Any]:
-        """Set ``spec.resets`` (a merge patch as this client's ``-reset`` field manager: the
-        acquirer's apply does not own it). The CRD refuses a lower count, or any with storage."""
-        try:
-            return await self.patch(
-                SANDBOX_PLURAL,
-                name,
-                {"spec": {"resets": count}},
-                manager=f"{self.field_manager}-reset",
-                content_type=MERGE_PATCH,
-            )
-        except ApiException as exc:
-            message = scrub(api_message(exc))
-            if exc.status in (400, 422):
-                raise SandboxNotResettable(
-                    sandbox=name, namespace=self.namespace, message=message
-                ) from None
-            self.refuse(exc, "patch sandboxes", self.no_sandbox(name))
+        """Set ``spec.resets``. The CRD refuses a lower count, or any with storage."""
+
+        def refused(message: str) -> SandboxClientError:
+            return SandboxNotResettable(sandbox=name, namespace=self.namespace, message=message)
+
+        return await self._edit_spec(name, "resets", count, manager="reset", refused=refused)
 
     async def annotate_activity(self, name: str, stamp: str) -> None:
         """Set the Sandbox's last-activity annotation (a merge patch, as this client's
