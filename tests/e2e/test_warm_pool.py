@@ -635,19 +635,24 @@ def test_an_idle_pool_pod_is_out_of_an_agents_exec_reach_until_claimed(
         wait_pool_ready(kit, "warm", 2)
         idle = sorted(p.metadata.name for p in idle_pods(kit, "warm"))
 
-        def plant(pod: str) -> Any:
+        def plant(pod: str, command: str = "echo planted > /workspace/planted; echo done") -> Any:
             return kubectl(
-                "exec", as_agent, "-n", kit.ns, pod, "--",
-                "/bin/sh", "-c", "echo planted > /workspace/planted; echo done", check=False,
+                "exec", as_agent, "-n", kit.ns, pod, "--", "/bin/sh", "-c", command, check=False,
             )  # fmt: skip
 
-        # The policies reach the API server's admission a moment after they are created.
+        # The policies reach the API server's admission a moment after they are created: wait
+        # with an exec that writes nothing (one let through before then plants nothing).
         refused = _wait(
-            lambda: (out := plant(idle[0])).returncode != 0 and "idle warm-pool pod" in out.stderr,
+            lambda: (
+                (out := plant(idle[0], "true")).returncode != 0
+                and "idle warm-pool pod" in out.stderr
+            ),
             30,
             "the agent's exec into an idle pool pod refused",
         )
         assert refused
+        out = plant(idle[0])
+        assert out.returncode != 0 and "idle warm-pool pod" in out.stderr, (out.stdout, out.stderr)
         out = plant(idle[1])
         assert out.returncode != 0 and "agents may not exec into an idle warm-pool pod" in (
             out.stderr
