@@ -6,7 +6,7 @@ each ended by a reset; API writes per call. On the real local node under runc an
 three tables per run.
 
     .venv-maf/bin/python benchmarks/maf.py [--runtimes runc,gvisor] [--count 10]
-    .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 2, 3 calls, ~3 min
+    .venv-maf/bin/python benchmarks/maf.py --smoke        # CI: runc, count 1, 3 calls, ~1 min
     .venv-maf/bin/python benchmarks/maf.py --conversations 3 --calls 10  # the defaults
     .venv-maf/bin/python benchmarks/maf.py --fast-disposal  # pod.disposalGracePeriodSeconds: 0
     .venv-maf/bin/python benchmarks/maf.py --seal         # idle pool pods sealed (#36 item 2)
@@ -1176,7 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the chart's seal on idle pool pods, checked by the operator (--pool-seal): maf's "
         "pool claims are then freshly created (docs/warm-pools.md)",
     )
-    p.add_argument("--smoke", action="store_true", help="CI: runc, count 2")
+    p.add_argument("--smoke", action="store_true", help="CI: runc, count 1, 3 calls")
     p.add_argument("--cleanup", action="store_true", help="only delete what earlier runs left")
     args = p.parse_args(argv)
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
@@ -1187,7 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.routes:
         p.error("--routes: maf, own or both")
     if args.smoke:
-        args.runtimes, args.count, args.conversations, args.calls = ["runc"], 2, 1, 3
+        args.runtimes, args.count, args.conversations, args.calls = ["runc"], 1, 1, 3
     args.conversation_pool = args.conversation_pool or args.calls + 1
     kubeconfig = os.environ.get("KUBECONFIG") or str(LOCAL_KUBECONFIG)
     os.environ["KUBECONFIG"] = kubeconfig

@@ -2,7 +2,7 @@
 
 The script runs with this interpreter (the maf tier's Python 3.12 venv: it imports maf-sandbox)
 against the cluster. Asserted: it completes, and every row of its three tables was measured:
-each of the two rounds gave one sample per row, every step succeeded, the warm samples were all
+its one round gave one sample per row, every step succeeded, the warm samples were all
 served from the pool and the cold ones were not, the client created one Sandbox per acquire, a
 maf call ending in a reset kept one Sandbox and claimed at least twice from the pool (its
 acquire and its reset), the client's reset put a pool pod in its place, API writes were counted
@@ -41,8 +41,8 @@ def test_maf_benchmark_smoke(kubeconfig: str) -> None:
     # The calls' table: done, from pool, Sandboxes per acquire, pool claims, then acquire /
     # first exec / cleanup / total as "p50 / p90", then writes "operator + client".
     for route in ("maf router", "own client"):
-        assert rows.get(f"runc: {route}, cold", [])[:2] == ["2/2", "0/2"], tail
-        assert rows.get(f"runc: {route}, warm", [])[:2] == ["2/2", "2/2"], tail
+        assert rows.get(f"runc: {route}, cold", [])[:2] == ["1/1", "0/1"], tail
+        assert rows.get(f"runc: {route}, warm", [])[:2] == ["1/1", "1/1"], tail
         assert rows[f"runc: {route}, cold"][3] == "0.0", tail
     # pool claims: the client's warm acquire claims once; maf's (no --seal here) may claim again
     # when the router resets the pool pod it cannot vouch for
@@ -52,7 +52,7 @@ def test_maf_benchmark_smoke(kubeconfig: str) -> None:
     # reset; without --seal maf also resets the unfamiliar pool pod at acquire, a third claim
     # that may find the pool of two empty, so "from pool" is not asserted here).
     reset_call = rows.get("runc: maf router, reset", [])
-    assert reset_call[0] == "2/2" and reset_call[2] == "1.0", tail
+    assert reset_call[0] == "1/1" and reset_call[2] == "1.0", tail
     assert float(reset_call[3].split()[0]) >= 2.0, tail
     for label in ("maf router", "own client"):
         for temp in ("cold", "warm", "reset"):
@@ -70,7 +70,7 @@ def test_maf_benchmark_smoke(kubeconfig: str) -> None:
         assert len(ratios) == 4 and all(r != "n/a" for r in ratios), tail
     # The reset alone: done, from pool, pool claims, reset / first exec / total, writes.
     reset = rows.get("runc: own client, reset", [])
-    assert reset[:3] == ["2/2", "2/2", "1.0"] and figures(reset[3:6]), tail
+    assert reset[:3] == ["1/1", "1/1", "1.0"] and figures(reset[3:6]), tail
     assert all(w > 0 for w in writes(reset[6])), tail
     # The conversation (3 calls in the smoke run): done, pool claims, conversation, the calls'
     # acquire / first exec / cleanup / total, writes per call.
