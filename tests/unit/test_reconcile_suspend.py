@@ -22,6 +22,8 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import BackendProfile, select_backend
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.lifecycle import judge
+from tests.fixtures import compute as compute_fixture
+from tests.fixtures.compute import rfc
 
 NOW = datetime(2099, 1, 1, 12, 0, 0, tzinfo=UTC)
 STORAGE = {"size": "1Gi"}
@@ -53,22 +55,8 @@ def config(floor: str = "hardened_container", storage: bool = True) -> Any:
     return parsed
 
 
-def rfc(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def sandbox(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None) -> Any:
-    return {
-        "metadata": {
-            "name": "a",
-            "namespace": "ns",
-            "uid": "u1",
-            "generation": 1,
-            "creationTimestamp": rfc(NOW - timedelta(seconds=100)),
-        },
-        "spec": spec or SPEC,
-        "status": status or {},
-    }
+    return compute_fixture.sandbox(spec or SPEC, status, age=100)
 
 
 def ready_status(**extra: Any) -> dict[str, Any]:
