@@ -73,7 +73,11 @@ class ExecTransport(Protocol):
 
     A failure to start the command raises :class:`DataPlaneError`; a stream lost once the
     command was started returns a result without an exit code and without either flag (the
-    data plane then kills the command's group and raises :class:`ExecStreamLost`)."""
+    data plane then kills the command's group and raises :class:`ExecStreamLost`).
+
+    ``header_wait`` > 0: an overflow reads on (keeping stderr alone) for at most that many
+    seconds until stderr holds a whole first line, the exec wrapper's pid, which a command
+    flooding stdout can overtake on its way from the node; its kill needs it."""
 
     async def run(
         self,
@@ -83,10 +87,14 @@ class ExecTransport(Protocol):
         timeout: float,
         max_output: int,
         stderr: bytearray | None = None,
+        header_wait: float = 0.0,
     ) -> RawResult: ...
 
     async def close(self) -> None: ...
 
+
+#: How long an exec over its budget reads on for the wrapper's pid line (as a stream does).
+_HEADER_WAIT = 5.0
 
 _HEADER = re.compile(rb"^SBX:pid:(\d+):(group|process)\n")
 _SIZE = re.compile(rb"SBX:size:(\d+)")
@@ -161,6 +169,7 @@ class ExecDataPlane:
                 timeout=req.timeout,
                 max_output=req.budget + 256,
                 stderr=arrived,
+                header_wait=_HEADER_WAIT,
             )
         except asyncio.CancelledError:
             # Closing the stream stops nothing in the sandbox: the command runs on unless its

@@ -32,6 +32,7 @@ class LocalExecTransport:
         timeout: float,
         max_output: int,
         stderr: bytearray | None = None,
+        header_wait: float = 0.0,
     ) -> RawResult:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -43,14 +44,24 @@ class LocalExecTransport:
         out = bytearray()
         err = stderr if stderr is not None else bytearray()
         overflow = asyncio.Event()
+        header = asyncio.Event()
 
         async def pump(stream: asyncio.StreamReader | None, buf: bytearray) -> None:
             assert stream is not None
             while chunk := await stream.read(65536):
+                if overflow.is_set():
+                    # Past the budget only stderr's first line is still wanted (header_wait);
+                    # the rest is drained unkept, as a remote transport drops its frames.
+                    if buf is err and not header.is_set():
+                        buf.extend(chunk)
+                        if b"\n" in err:
+                            header.set()
+                    continue
                 buf.extend(chunk)
+                if b"\n" in err:
+                    header.set()
                 if len(out) + len(err) > max_output:
                     overflow.set()
-                    return
 
         async def feed() -> None:
             if stdin and proc.stdin is not None:
@@ -88,6 +99,10 @@ class LocalExecTransport:
             waiter.cancel()
         if task in done:
             return RawResult(task.result(), bytes(out), bytes(err))
+        if overflow.is_set() and header_wait > 0 and not header.is_set():
+            # As a remote transport does: read on for the wrapper's pid line (see pod.py).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(header.wait(), header_wait)
         stop_reading()
         with contextlib.suppress(TimeoutError, ProcessLookupError):
             await asyncio.wait_for(proc.wait(), 5.0)

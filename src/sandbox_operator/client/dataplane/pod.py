@@ -8,8 +8,9 @@ container over the API server's ``pods/exec`` (kubernetes_asyncio websocket, bin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ class PodExecTransport:
         timeout: float,
         max_output: int,
         stderr: bytearray | None = None,
+        header_wait: float = 0.0,
     ) -> RawResult:
         api = CoreV1Api(self._ws)
         out = bytearray()
@@ -100,16 +102,8 @@ class PodExecTransport:
 
         async def _receive(ws: Any) -> None:
             nonlocal status, overflowed
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    data: bytes = msg.data
-                elif msg.type == aiohttp.WSMsgType.TEXT:
-                    data = msg.data.encode("utf-8")
-                else:
-                    break  # closed or failed: without a status, the command's end is unknown
-                if not data:
-                    continue
-                channel, payload = data[0], data[1:]
+            frames = _frames(ws)
+            async for channel, payload in frames:
                 if channel == _STDOUT:
                     out.extend(payload)
                 elif channel == _STDERR:
@@ -118,6 +112,8 @@ class PodExecTransport:
                     status += payload
                 if len(out) + len(err) > max_output:
                     overflowed = True
+                    if header_wait > 0 and b"\n" not in err:
+                        await _read_stderr_line(frames, err, header_wait)
                     return
 
         loop = asyncio.get_running_loop()
@@ -253,6 +249,35 @@ class PodExecChannel:
     async def close(self) -> None:
         if not self._ws.closed:
             await self._ws.close()
+
+
+async def _frames(ws: Any) -> AsyncIterator[tuple[int, bytes]]:
+    """A ``pods/exec`` websocket's frames as (channel, payload) until it closes or fails."""
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            data: bytes = msg.data
+        elif msg.type == aiohttp.WSMsgType.TEXT:
+            data = msg.data.encode("utf-8")
+        else:
+            return  # closed or failed: without a status, the command's end is unknown
+        if data:
+            yield data[0], data[1:]
+
+
+async def _read_stderr_line(
+    frames: AsyncIterator[tuple[int, bytes]], err: bytearray, wait: float
+) -> None:
+    """Read on past an overflow, keeping stderr alone, until stderr holds its first whole line
+    (the exec wrapper's pid), the stream ends, or ``wait`` seconds pass. stdout and stderr are
+    copied apart on the node, so a command that floods stdout can go over the budget before the
+    line the wrapper wrote first has arrived; without it the command could not be killed."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait):
+            async for channel, payload in frames:
+                if channel == _STDERR:
+                    err.extend(payload)
+                    if b"\n" in err:
+                        return
 
 
 async def _send_stdin(ws: Any, data: bytes) -> None:
