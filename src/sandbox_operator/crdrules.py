@@ -17,6 +17,7 @@ from sandbox_operator.contract.egresshosts import (
 from sandbox_operator.contract.egressrules import (
     DOT_SEGMENT_PATTERN,
     ENCODED_SEPARATOR_PATTERN,
+    RESERVED_HEADERS,
     UNENFORCEABLE_METHODS,
     WILDCARD_PATTERN,
 )
@@ -227,6 +228,20 @@ EGRESS_RULE_RULES: Final[list[Schema]] = [
     _rule(
         "has(self.methods) || has(self.paths)",
         "an egressRules entry names methods or paths (a plain host belongs in egressAllow)",
+    ),
+    _rule(
+        "!has(self.credential) || (self.schemes == ['https'] && !self.host.startsWith('*.'))",
+        "an egressRules credential needs schemes [https] only and an exact host",
+        field_path=".credential",
+    ),
+]
+_RESERVED_HEADER_LIST: Final = "[" + ", ".join(f"'{h}'" for h in RESERVED_HEADERS) + "]"
+#: An egressRules credential (``EgressCredential``; the patterns hold the characters).
+EGRESS_CREDENTIAL_RULES: Final[list[Schema]] = [
+    _rule(
+        f"!has(self.header) || !(self.header.lowerAscii() in {_RESERVED_HEADER_LIST})",
+        "an egressRules credential may not fill a hop-by-hop, framing or Host header",
+        field_path=".header",
     ),
 ]
 _UNENFORCEABLE_LIST: Final = "[" + ", ".join(f"'{m}'" for m in UNENFORCEABLE_METHODS) + "]"

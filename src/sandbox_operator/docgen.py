@@ -196,6 +196,8 @@ RBAC_PLACES: Final[Mapping[str, str]] = {
     "credential",
     "sandbox-operator.hostRules": "each of `hostRole.namespaces`",
     "sandbox-operator.sealRule": "cluster-wide, with `sealIdlePoolPods` (the default)",
+    "sandbox-operator.egressCredentialsRules": "each served namespace (all of them: a "
+    "ClusterRole); only with `egressCredentials.enabled` and `config.egressProxy`",
 }
 #: The template conditions, in words.
 RBAC_CONDITIONS: Final[Mapping[str, str]] = {
