@@ -226,8 +226,9 @@ EGRESS_HOST_RULES: Final[list[Schema]] = [
 #: One egressRules entry (``EgressRule._enforceable``).
 EGRESS_RULE_RULES: Final[list[Schema]] = [
     _rule(
-        "has(self.methods) || has(self.paths)",
-        "an egressRules entry names methods or paths (a plain host belongs in egressAllow)",
+        "has(self.methods) || has(self.paths) || has(self.credential)",
+        "an egressRules entry names methods, paths or a credential (a plain host belongs in "
+        "egressAllow)",
     ),
     _rule(
         "!has(self.credential) || (self.schemes == ['https'] && !self.host.startsWith('*.'))",

@@ -910,6 +910,9 @@ def test_a_credential_names_a_secret_for_one_exact_https_origin() -> None:
     assert (credential.header, credential.prefix) == ("Authorization", "Bearer ")
     wire = s.model_dump(mode="json", by_alias=True)["egressRules"][0]["credential"]
     assert wire == {**CREDENTIAL, "header": "Authorization", "prefix": "Bearer "}
+    # A credential alone (every method and path of the origin, with it) is a rule too.
+    alone = {"host": "api.example.com", "schemes": ["https"], "credential": CREDENTIAL}
+    assert spec(egress="allowlist", egressRules=[alone]).egress_rules[0].methods is None
 
 
 @pytest.mark.parametrize(

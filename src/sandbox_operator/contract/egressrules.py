@@ -216,10 +216,10 @@ class EgressRule(ContractModel):
 
     @model_validator(mode="after")
     def _enforceable(self) -> EgressRule:
-        if self.methods is None and self.paths is None:
+        if self.methods is None and self.paths is None and self.credential is None:
             raise ValueError(
-                f"egressRules entry for {self.host!r} names neither methods nor paths: list the "
-                "host in egressAllow instead"
+                f"egressRules entry for {self.host!r} names neither methods, paths nor a "
+                "credential: list the host in egressAllow instead"
             )
         for name, values in (
             ("schemes", self.schemes),
