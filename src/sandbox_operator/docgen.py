@@ -204,6 +204,7 @@ RBAC_CONDITIONS: Final[Mapping[str, str]] = {
     'kindIs "map" .Values.config.egressProxy': "only with `config.egressProxy` (a managed egress "
     "proxy)",
     ".Values.watchNamespaces": "only serving `watchNamespaces`",
+    ".Values.hostRole.credentialGrants": "only with `hostRole.credentialGrants`",
     "and .Values.peering.enabled .Values.watchNamespaces": "only with `peering.enabled`, serving "
     "`watchNamespaces`",
     "and .Values.peering.enabled (not .Values.watchNamespaces)": "only with `peering.enabled`, "

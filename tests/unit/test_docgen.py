@@ -230,6 +230,7 @@ def test_the_host_rbac_table_holds_what_the_chart_grants_the_maf_host(tmp_path: 
             "hostRole.namespaces": "{hosts}",
             "hostRole.subjects[0].kind": "ServiceAccount",
             "hostRole.subjects[0].name": "maf-host",
+            "hostRole.credentialGrants": "true",  # every optional rule on
         }
     )
     (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-host")]
