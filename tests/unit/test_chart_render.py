@@ -938,10 +938,7 @@ def test_egress_credentials_install_the_secret_check_and_keep_secrets_from_agent
     unreadable = next(v for v in policy["spec"]["variables"] if v["name"] == "unreadable")
     assert 'resource("secrets")' in unreadable["expression"]
     assert 'check("get").allowed()' in unreadable["expression"]
-    assert (
-        "spec.egressRules[].credential.secretName"
-        in policy["spec"]["validations"][0]["messageExpression"]
-    )
+    assert "spec.egressRules[].credential.secretName" in policy["spec"]["validations"][0]["message"]
     reader = next(o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"] == name)
     assert reader["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
