@@ -199,7 +199,13 @@ WORK_DIR_RULES: Final[list[Schema]] = [
     ),
 ]
 
-_METADATA_LIST: Final = "[" + ", ".join(f"'{h}'" for h in METADATA_HOSTS) + "]"
+
+def _cel_strings(values: tuple[str, ...]) -> str:
+    """A CEL list literal of ``values`` (plain tokens: no quotes to escape)."""
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+_METADATA_LIST: Final = _cel_strings(METADATA_HOSTS)
 
 #: The model's static egressAllow entry rules (``egress_host_problem``).
 EGRESS_HOST_RULES: Final[list[Schema]] = [
@@ -236,7 +242,7 @@ EGRESS_RULE_RULES: Final[list[Schema]] = [
         field_path=".credential",
     ),
 ]
-_RESERVED_HEADER_LIST: Final = "[" + ", ".join(f"'{h}'" for h in RESERVED_HEADERS) + "]"
+_RESERVED_HEADER_LIST: Final = _cel_strings(RESERVED_HEADERS)
 #: An egressRules credential (``EgressCredential``; the patterns hold the characters).
 EGRESS_CREDENTIAL_RULES: Final[list[Schema]] = [
     _rule(
@@ -245,7 +251,7 @@ EGRESS_CREDENTIAL_RULES: Final[list[Schema]] = [
         field_path=".header",
     ),
 ]
-_UNENFORCEABLE_LIST: Final = "[" + ", ".join(f"'{m}'" for m in UNENFORCEABLE_METHODS) + "]"
+_UNENFORCEABLE_LIST: Final = _cel_strings(UNENFORCEABLE_METHODS)
 #: One method of an egressRules entry (the pattern holds the token and its case).
 EGRESS_METHOD_RULES: Final[list[Schema]] = [
     _rule(
