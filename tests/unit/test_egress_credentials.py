@@ -124,6 +124,15 @@ async def test_a_guest_sent_header_of_that_name_is_replaced_not_merged(
     assert b"guest" not in recorder.seen and b"second" not in recorder.seen
 
 
+async def test_a_secret_made_from_a_file_loses_its_trailing_line_end_only(
+    recorder: TLSRecorder, records: list[Decision], ca: InterceptionCA
+) -> None:
+    async with make_proxy(recorder, records, ca, secrets(value=TOKEN + "\n")) as proxy:
+        status, _, _ = await get(proxy, ca, recorder)
+    assert status == 200
+    assert header_lines(recorder.seen, "Authorization") == [f"Authorization: Bearer {TOKEN}"]
+
+
 async def test_a_credential_fills_the_header_and_prefix_its_rule_names(
     recorder: TLSRecorder, records: list[Decision], ca: InterceptionCA
 ) -> None:

@@ -60,8 +60,9 @@ class CredentialSource(Protocol):
 
 
 def header_value(ref: CredentialRef, value: str) -> str:
-    """The header's value; refused when it could split or bend the request head."""
-    text = ref.prefix + value
+    """The header's value; refused when it could split or bend the request head. A value's
+    trailing line end (a Secret made from a file) is not part of the credential."""
+    text = ref.prefix + value.rstrip("\r\n")
     if not text or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text) or not text.isascii():
         raise CredentialUnavailable(
             DecisionReason.CREDENTIAL_UNUSABLE,
