@@ -19,6 +19,7 @@ pytest_plugins = (
             "tests.fixtures.operator",
             "tests.fixtures.reconcile",
             "tests.fixtures.egress_probe",
+            "tests.fixtures.egress_tls",
             "tests.fixtures.suspend",
             "tests.fixtures.acas_operator",
             "tests.fixtures.podenv",

@@ -119,6 +119,18 @@ class OperatorConfig(ContractModel):
                         "the operator's egress proxy does not terminate TLS: set "
                         "egressProxy.config.interception.enabled",
                     )
+                if backend.declarations.egress_credentials and not (
+                    intercepting
+                    and backend.declarations.egress_rules_https
+                    and self.egress_proxy.credentials_cluster_role
+                ):
+                    raise ConfigurationError(
+                        f"backends[{index}].declarations.egressCredentials",
+                        "credentials are attached inside TLS the proxy terminates, from Secrets "
+                        "it may read: declare egressRulesHttps and set "
+                        "egressProxy.config.interception.enabled and "
+                        "egressProxy.credentialsClusterRole (the chart: egressCredentials)",
+                    )
             return self
         for index, backend in enumerate(self.backends):
             proxy = getattr(backend, "egress_proxy", None)

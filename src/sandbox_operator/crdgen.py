@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from sandbox_operator.contract import resources as res
 from sandbox_operator.crdrules import (
     DECLARED_OUTPUTS_RULES,
+    EGRESS_CREDENTIAL_RULES,
     EGRESS_HOST_RULES,
     EGRESS_METHOD_RULES,
     EGRESS_PATH_RULES,
@@ -95,6 +96,7 @@ def _add_workload_rules(node: Schema) -> None:
         _add_rules(rule["properties"]["host"], EGRESS_HOST_RULES)
         _add_rules(rule["properties"]["methods"]["items"], EGRESS_METHOD_RULES)
         _add_rules(rule["properties"]["paths"]["items"], EGRESS_PATH_RULES)
+        _add_rules(rule["properties"]["credential"], EGRESS_CREDENTIAL_RULES)
     _add_rules(props["resources"], RESOURCES_RULES)
 
 

@@ -17,6 +17,7 @@ from sandbox_operator.contract.egresshosts import (
 from sandbox_operator.contract.egressrules import (
     DOT_SEGMENT_PATTERN,
     ENCODED_SEPARATOR_PATTERN,
+    RESERVED_HEADERS,
     UNENFORCEABLE_METHODS,
     WILDCARD_PATTERN,
 )
@@ -198,7 +199,13 @@ WORK_DIR_RULES: Final[list[Schema]] = [
     ),
 ]
 
-_METADATA_LIST: Final = "[" + ", ".join(f"'{h}'" for h in METADATA_HOSTS) + "]"
+
+def _cel_strings(values: tuple[str, ...]) -> str:
+    """A CEL list literal of ``values`` (plain tokens: no quotes to escape)."""
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+_METADATA_LIST: Final = _cel_strings(METADATA_HOSTS)
 
 #: The model's static egressAllow entry rules (``egress_host_problem``).
 EGRESS_HOST_RULES: Final[list[Schema]] = [
@@ -225,11 +232,26 @@ EGRESS_HOST_RULES: Final[list[Schema]] = [
 #: One egressRules entry (``EgressRule._enforceable``).
 EGRESS_RULE_RULES: Final[list[Schema]] = [
     _rule(
-        "has(self.methods) || has(self.paths)",
-        "an egressRules entry names methods or paths (a plain host belongs in egressAllow)",
+        "has(self.methods) || has(self.paths) || has(self.credential)",
+        "an egressRules entry names methods, paths or a credential (a plain host belongs in "
+        "egressAllow)",
+    ),
+    _rule(
+        "!has(self.credential) || (self.schemes == ['https'] && !self.host.startsWith('*.'))",
+        "an egressRules credential needs schemes [https] only and an exact host",
+        field_path=".credential",
     ),
 ]
-_UNENFORCEABLE_LIST: Final = "[" + ", ".join(f"'{m}'" for m in UNENFORCEABLE_METHODS) + "]"
+_RESERVED_HEADER_LIST: Final = _cel_strings(RESERVED_HEADERS)
+#: An egressRules credential (``EgressCredential``; the patterns hold the characters).
+EGRESS_CREDENTIAL_RULES: Final[list[Schema]] = [
+    _rule(
+        f"!has(self.header) || !(self.header.lowerAscii() in {_RESERVED_HEADER_LIST})",
+        "an egressRules credential may not fill a hop-by-hop, framing or Host header",
+        field_path=".header",
+    ),
+]
+_UNENFORCEABLE_LIST: Final = _cel_strings(UNENFORCEABLE_METHODS)
 #: One method of an egressRules entry (the pattern holds the token and its case).
 EGRESS_METHOD_RULES: Final[list[Schema]] = [
     _rule(

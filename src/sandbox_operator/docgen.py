@@ -196,12 +196,15 @@ RBAC_PLACES: Final[Mapping[str, str]] = {
     "credential",
     "sandbox-operator.hostRules": "each of `hostRole.namespaces`",
     "sandbox-operator.sealRule": "cluster-wide, with `sealIdlePoolPods` (the default)",
+    "sandbox-operator.egressCredentialsRules": "each served namespace (all of them: a "
+    "ClusterRole); only with `egressCredentials.enabled` and `config.egressProxy`",
 }
 #: The template conditions, in words.
 RBAC_CONDITIONS: Final[Mapping[str, str]] = {
     'kindIs "map" .Values.config.egressProxy': "only with `config.egressProxy` (a managed egress "
     "proxy)",
     ".Values.watchNamespaces": "only serving `watchNamespaces`",
+    ".Values.hostRole.credentialGrants": "only with `hostRole.credentialGrants`",
     "and .Values.peering.enabled .Values.watchNamespaces": "only with `peering.enabled`, serving "
     "`watchNamespaces`",
     "and .Values.peering.enabled (not .Values.watchNamespaces)": "only with `peering.enabled`, "

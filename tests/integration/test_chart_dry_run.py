@@ -1,8 +1,9 @@
 """The Helm chart's rendering against a real API server: a server-side dry run of `helm template`
-output, with the chart's defaults and with the local values plus the agent Role, RuntimeClasses
-and two replicas, is accepted (every object, including the agent Role and the
-ValidatingAdmissionPolicy whose CEL the API server type-checks). Nothing is installed and no pod
-runs: the install itself is tests/e2e/test_chart_install.py."""
+output, with the chart's defaults and with the local values plus the agent Role, RuntimeClasses,
+two replicas and the egress credentials' policy and ClusterRole, is accepted (every object,
+including the agent Role and the ValidatingAdmissionPolicies whose CEL the API server
+type-checks). Nothing is installed and no pod runs: the install itself is
+tests/e2e/test_chart_install.py."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def test_rendered_chart_passes_server_side_dry_run(
             "runtimeClasses.create=true",
             "--set",
             "replicaCount=2",
+            "--set",
+            "egressCredentials.enabled=true",  # its policy's CEL (the authorizer) type-checked
         ],
     ):
         rendered = run_helm(

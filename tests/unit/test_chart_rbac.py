@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sandbox_operator.backends import egress_proxy
+from sandbox_operator.backends.egress_proxy_objects import CREDENTIALS_BINDING
 from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from sandbox_operator.reconcile import access
 from tests.fixtures.chart import ROOT, acas_values, by_kind, managed_proxy_values, template
@@ -540,3 +542,34 @@ def test_the_seal_policies_are_read_by_name(cluster_wide: bool) -> None:
         }
     off = named_grants(template({**values, "sealIdlePoolPods": "false"}))
     assert not [k for k in off if k[1] in names]
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["all-namespaces", "namespaced"])
+def test_egress_credentials_grant_the_operator_bind_not_the_secrets(
+    cluster_wide: bool, tmp_path: Path
+) -> None:
+    """(#38 item 3) With egressCredentials.enabled the operator may write the proxy's credentials
+    RoleBinding (by its one name) and bind the chart's Secrets reader ClusterRole (by its name):
+    it never holds get on Secrets beyond the proxy's own CA Secret."""
+    values = {} if cluster_wide else {"watchNamespaces": "{team-a,team-b}"}
+    values |= {"sealIdlePoolPods": "false", "egressCredentials.enabled": "true"}
+    objs = template(values, values_files=[managed_proxy_values(tmp_path)])
+    kind = "ClusterRole" if cluster_wide else "Role"
+    named = named_grants(objs)
+    reader = "so-sandbox-operator-egress-credentials"
+    assert named[(kind, CREDENTIALS_BINDING)] == {
+        ("rbac.authorization.k8s.io", "rolebindings", "create"),
+        ("rbac.authorization.k8s.io", "rolebindings", "patch"),
+    }
+    assert named[(kind, reader)] == {("rbac.authorization.k8s.io", "clusterroles", "bind")}
+    operator = [
+        r for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
+        if role["metadata"]["name"] != reader for r in role["rules"]
+    ]  # fmt: skip
+    secrets = [r for r in operator if "secrets" in r["resources"]]
+    assert all(r.get("resourceNames") == [egress_proxy.PROXY_NAME] for r in secrets), secrets
+    # The binding the operator writes names that ClusterRole (the config the chart renders).
+    config = yaml.safe_load(
+        next(o for o in objs if o["kind"] == "ConfigMap")["data"]["config.yaml"]
+    )
+    assert config["egressProxy"]["credentialsClusterRole"] == reader

@@ -20,6 +20,7 @@ from tests.fixtures.chart import (
     CHART,
     KUBE_VERSION,
     by_kind,
+    managed_proxy_values,
     one,
     run_helm,
     set_args,
@@ -909,3 +910,45 @@ def test_idle_pool_pods_are_sealed_by_default_against_all_but_the_operator() -> 
             {"key": "sandbox-operator.dev/served-by", "operator": "DoesNotExist"}
         ]
     assert not _seal(template({"sealIdlePoolPods": "false"}))
+
+
+def test_egress_credentials_install_the_secret_check_and_keep_secrets_from_agents(
+    tmp_path: Path,
+) -> None:
+    """(#38 item 3) With egressCredentials.enabled: the admission policy asking the authorizer
+    whether the requester may get each named Secret, the Secrets reader the operator binds to
+    the proxy, the operator's config naming it; and still no Secrets for the agents or the host."""
+    subjects = {
+        f"{role}.{key}": value
+        for role in ("agentRole", "hostRole")
+        for key, value in {
+            "create": "true",
+            "namespaces": "{agents}",
+            "subjects[0].kind": "ServiceAccount",
+            "subjects[0].name": "agent",
+            "subjects[0].namespace": "agents",
+        }.items()
+    }
+    values = {**subjects, "egressCredentials.enabled": "true"}
+    objs = template(values, values_files=[managed_proxy_values(tmp_path)])
+    name = "so-sandbox-operator-egress-credentials"
+    policy = next(
+        o for o in by_kind(objs, "ValidatingAdmissionPolicy") if o["metadata"]["name"] == name
+    )
+    unreadable = next(v for v in policy["spec"]["variables"] if v["name"] == "unreadable")
+    assert 'resource("secrets")' in unreadable["expression"]
+    assert 'check("get").allowed()' in unreadable["expression"]
+    assert "spec.egressRules[].credential.secretName" in policy["spec"]["validations"][0]["message"]
+    reader = next(o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"] == name)
+    assert reader["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    assert config["egressProxy"]["credentialsClusterRole"] == name
+    theirs = [
+        r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith(("-agent", "-host"))
+    ]
+    assert len(theirs) == 2
+    assert not any("secrets" in rule["resources"] for role in theirs for rule in role["rules"])
+    assert "egress-credentials" not in str(template(subjects))
+    assert "egressCredentials.enabled needs config.egressProxy" in template_error(
+        {"egressCredentials.enabled": "true"}
+    )

@@ -896,3 +896,61 @@ def test_egress_rules_combinations_are_refused() -> None:
         spec(egress="allowlist", egressRules=[rule(), rule(methods=["POST"])])
     with pytest.raises(ValidationError, match="list a host in one of them"):
         spec(egress="allowlist", egressAllow=["api.example.com"], egressRules=[rule()])
+
+
+CREDENTIAL = {"secretName": "api-token", "key": "token"}
+
+
+def test_a_credential_names_a_secret_for_one_exact_https_origin() -> None:
+    # #38 item 3: a reference only (the value stays in the Secret), with the header it fills.
+    s = spec(egress="allowlist", egressRules=[rule(schemes=["https"], credential=CREDENTIAL)])
+    credential = s.egress_rules[0].credential
+    assert credential is not None
+    assert (credential.secret_name, credential.key) == ("api-token", "token")
+    assert (credential.header, credential.prefix) == ("Authorization", "Bearer ")
+    wire = s.model_dump(mode="json", by_alias=True)["egressRules"][0]["credential"]
+    assert wire == {**CREDENTIAL, "header": "Authorization", "prefix": "Bearer "}
+    # A credential alone (every method and path of the origin, with it) is a rule too.
+    alone = {"host": "api.example.com", "schemes": ["https"], "credential": CREDENTIAL}
+    assert spec(egress="allowlist", egressRules=[alone]).egress_rules[0].methods is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "loc", "needle"),
+    [
+        (rule(schemes=["http"], credential=CREDENTIAL), "egressRules.0", "schemes [https] only"),
+        (rule(schemes=["http", "https"], credential=CREDENTIAL), "egressRules.0", "[https]"),
+        (
+            rule(host="*.example.com", schemes=["https"], credential=CREDENTIAL),
+            "egressRules.0",
+            "exact host",
+        ),
+        (
+            rule(schemes=["https"], credential={**CREDENTIAL, "header": "Host"}),
+            "egressRules.0.credential.header",
+            "the proxy's own",
+        ),
+        (
+            rule(schemes=["https"], credential={**CREDENTIAL, "prefix": "Bearer\r\nX: "}),
+            "egressRules.0.credential.prefix",
+            "pattern",
+        ),
+        (
+            rule(schemes=["https"], credential={**CREDENTIAL, "secretName": "Bad_Name"}),
+            "egressRules.0.credential.secretName",
+            "pattern",
+        ),
+        (
+            rule(schemes=["https"], credential={"secretName": "s"}),
+            "egressRules.0.credential.key",
+            "required",
+        ),
+    ],
+)
+def test_a_credential_the_proxy_cannot_attach_safely_is_refused_naming_the_field(
+    entry: dict[str, object], loc: str, needle: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        spec(egress="allowlist", egressRules=[entry])
+    assert loc in error_locs(exc)
+    assert needle in error_text(exc)

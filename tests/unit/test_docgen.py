@@ -192,10 +192,12 @@ def test_the_rbac_table_holds_every_rule_the_chart_renders(tmp_path: Path) -> No
     files = [managed_proxy_values(tmp_path), acas_values(tmp_path, secret)]
     rendered: set[tuple[str, str, str, str]] = set()
     for values in ({}, {"watchNamespaces": "{team-a}"}):
-        objs = template(values, values_files=files)
+        objs = template({**values, "egressCredentials.enabled": "true"}, values_files=files)
         roles = by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
+        # Not the operator's: the agents' Role, and the Secrets reader it binds to the proxy.
+        theirs = ("agent", "egress-credentials")
         rendered |= _grants(
-            [rule for role in roles if "agent" not in role["metadata"]["name"]
+            [rule for role in roles if not any(t in role["metadata"]["name"] for t in theirs)
              for rule in role["rules"]]
         )  # fmt: skip
     read = _grants(
@@ -214,6 +216,7 @@ def test_the_rbac_table_holds_every_rule_the_chart_renders(tmp_path: Path) -> No
         "<credential.secretName>": "acas-sp",
         "<connect>": "so-sandbox-operator-sealed-pool-pods",
         "<update>": "so-sandbox-operator-sealed-pool-pods-update",
+        "<role>": "so-sandbox-operator-egress-credentials",
     }
     assert {(*g[:3], names.get(g[3], g[3])) for g in read} == rendered
 
@@ -227,6 +230,7 @@ def test_the_host_rbac_table_holds_what_the_chart_grants_the_maf_host(tmp_path: 
             "hostRole.namespaces": "{hosts}",
             "hostRole.subjects[0].kind": "ServiceAccount",
             "hostRole.subjects[0].name": "maf-host",
+            "hostRole.credentialGrants": "true",  # every optional rule on
         }
     )
     (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-host")]

@@ -11,11 +11,9 @@ it should not, and each refusal to be a decision with its reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -27,78 +25,24 @@ from sandbox_operator.egress import (
     EgressProxy,
     ProxyConfig,
     SandboxEgress,
-    StaticResolver,
     Verdict,
 )
 from sandbox_operator.egress.interception import InterceptionCA
 from sandbox_operator.testing.egress import (
     SelfSignedCert,
-    make_self_signed_cert,
     open_from,
     read_reply_head,
 )
-
-SB = "127.0.0.2"
-HOSTS = ("api.test", "other.test", "plain.test", "http-only.test")
-RESOLVER = StaticResolver({n: ["127.0.0.1"] for n in HOSTS})
-
-
-@dataclass
-class TLSRecorder:
-    """An HTTPS upstream (its own certificate) answering 200 once per connection, keeping every
-    decrypted byte."""
-
-    port: int = 0
-    received: list[bytes] = field(default_factory=list)
-
-    @property
-    def seen(self) -> bytes:
-        return b"".join(self.received)
-
-
-@pytest.fixture(scope="module")
-def upstream_cert(tmp_path_factory: pytest.TempPathFactory) -> SelfSignedCert:
-    return make_self_signed_cert(tmp_path_factory.mktemp("upstream"), HOSTS)
-
-
-@pytest.fixture
-async def recorder(upstream_cert: SelfSignedCert) -> AsyncIterator[TLSRecorder]:
-    rec = TLSRecorder()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            while True:
-                try:
-                    async with asyncio.timeout(0.3):
-                        data = await reader.read(65536)
-                except TimeoutError:
-                    break
-                if not data:
-                    break
-                rec.received.append(data)
-            if rec.received:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-                await writer.drain()
-        writer.close()
-
-    ctx = upstream_cert.server_context()
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
-    rec.port = server.sockets[0].getsockname()[1]
-    yield rec
-    server.close()
-    await server.wait_closed()
-
-
-@pytest.fixture
-async def records() -> list[Decision]:
-    return []
-
-
-@pytest.fixture
-def ca(upstream_cert: SelfSignedCert) -> InterceptionCA:
-    return InterceptionCA(extra_upstream_roots=upstream_cert.cert.read_text())
-
+from tests.fixtures.egress_tls import (
+    RESOLVER,
+    SB,
+    TLSRecorder,
+    guest_context,
+    https,
+    proxy_config,
+    req,
+    tunnel,
+)
 
 RULES = [
     {"host": "api.test", "schemes": ["https"], "methods": ["GET"], "paths": ["/v1/*"]},
@@ -118,16 +62,7 @@ def make_proxy(
         rules=rules,  # type: ignore[arg-type]
         sourceIPs=(ipaddress.ip_address(SB),),  # type: ignore[call-arg]
     )
-    config = ProxyConfig.model_validate(
-        {
-            "listenHost": "127.0.0.1",
-            "listenPort": 0,
-            "allowedPorts": [recorder.port],
-            "admittedNetworks": ["127.0.0.1/32"],
-            "limits": {"headerTimeoutSeconds": 2, "connectTimeoutSeconds": 2},
-            "sandboxes": [sandbox],
-        }
-    )
+    config = ProxyConfig.model_validate(proxy_config(recorder.port, sandbox))
     return EgressProxy(
         config, sink=CallbackSink(records.append), resolver=RESOLVER, interception=ca
     )
@@ -141,55 +76,6 @@ async def proxy(
     await p.start()
     yield p
     await p.stop()
-
-
-def guest_context(ca: InterceptionCA, alpn: list[str] | None = None) -> ssl.SSLContext:
-    """What a guest that trusts the mounted CA certificate (and nothing else) uses."""
-    ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
-    if alpn is not None:
-        ctx.set_alpn_protocols(alpn)
-    return ctx
-
-
-@dataclass
-class Tunnel:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    async def exchange(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        self.writer.write(raw)
-        await self.writer.drain()
-        async with asyncio.timeout(10):
-            status, headers = await read_reply_head(self.reader)
-            body = await self.reader.read()
-        self.writer.close()
-        return status, headers, body
-
-
-async def tunnel(
-    proxy: EgressProxy, host: str, port: int, ctx: ssl.SSLContext | None
-) -> tuple[int, dict[str, str], Tunnel]:
-    reader, writer = await open_from("127.0.0.1", proxy.port, SB)
-    writer.write(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
-    await writer.drain()
-    status, headers = await read_reply_head(reader)
-    if status == 200 and ctx is not None:
-        await writer.start_tls(ctx, server_hostname=host)
-    return status, headers, Tunnel(reader, writer)
-
-
-def req(method: str, path: str, host: str, *extra: str) -> bytes:
-    return (
-        "\r\n".join([f"{method} {path} HTTP/1.1", f"Host: {host}", *extra]) + "\r\n\r\n"
-    ).encode()
-
-
-async def https(
-    proxy: EgressProxy, ca: InterceptionCA, port: int, raw: bytes, host: str = "api.test"
-) -> tuple[int, dict[str, str], bytes]:
-    status, _, t = await tunnel(proxy, host, port, guest_context(ca))
-    assert status == 200
-    return await t.exchange(raw)
 
 
 # ---- the CA ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends import egress_proxy as ep
 from sandbox_operator.backends.base import SandboxRef
+from sandbox_operator.backends.egress_proxy_objects import CREDENTIALS_BINDING
 from sandbox_operator.config import ManagedEgressProxySettings, parse_config
 from sandbox_operator.contract import API_VERSION, ConfigurationError
 from sandbox_operator.egress.config import ProxyConfig
@@ -184,6 +185,35 @@ def test_a_backend_declaring_https_rules_needs_the_proxy_to_terminate_tls() -> N
     parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [backend],
                   "egressProxy": {"image": IMAGE,
                                   "config": {"interception": {"enabled": True}}}})  # fmt: skip
+
+
+def test_a_backend_declaring_credentials_needs_https_rules_on_an_intercepting_proxy() -> None:
+    # #38 item 3: credentials are attached inside TLS the proxy terminates, nowhere else.
+    backend = dict(BACKEND)
+    backend["declarations"] = {**BACKEND["declarations"], "egressRules": True,
+                               "egressCredentials": True}  # fmt: skip
+    backend["egressProxy"] = {"managed": True}
+    reader = {"credentialsClusterRole": "so-sandbox-operator-egress-credentials"}
+    intercepting = {"image": IMAGE, "config": {"interception": {"enabled": True}}}
+    for proxy, https in ((intercepting, False), ({**intercepting, **reader}, False),
+                         (intercepting, True), ({"image": IMAGE, **reader}, True)):  # fmt: skip
+        backend["declarations"]["egressRulesHttps"] = https
+        with pytest.raises(ConfigurationError) as err:
+            parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [backend],
+                          "egressProxy": proxy})  # fmt: skip
+        assert err.value.entry.startswith("backends[0].declarations.egress")
+    backend["declarations"]["egressRulesHttps"] = True
+    config, _ = parse_config({"hostPolicy": {"minIsolation": "container"}, "backends": [backend],
+                           "egressProxy": {**intercepting, **reader}})  # fmt: skip
+    # The proxy's ServiceAccount is bound to that ClusterRole, by the operator, in its namespace.
+    assert config.egress_proxy is not None
+    objs = ep.build_objects("team-a", config.egress_proxy)
+    (binding,) = [o for o in objs if o["metadata"]["name"] == CREDENTIALS_BINDING]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": reader["credentialsClusterRole"]}  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ep.PROXY_NAME,
+                                    "namespace": "team-a"}]  # fmt: skip
+    assert CREDENTIALS_BINDING not in json.dumps(ep.build_objects("team-a", settings()))
 
 
 def test_every_object_is_named_labelled_and_in_the_namespace() -> None:

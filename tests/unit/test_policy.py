@@ -365,6 +365,21 @@ def test_egress_rules_need_a_backend_that_declares_them() -> None:
     )
 
 
+def test_a_credential_needs_a_backend_whose_hop_attaches_it() -> None:
+    # #38 item 3: a backend that judges https rules but does not attach credentials would send
+    # the request without the header (or, worse, leave it to the guest): refused at admission.
+    rule = {"host": "api.example.com", "schemes": ["https"], "methods": ["GET"]}
+    credential = {"secretName": "api-token", "key": "token"}
+    attached = spec(egress="allowlist", egressRules=[{**rule, "credential": credential}])
+    https = dict(egress_modes={Egress.ALLOWLIST}, egress_rules=True, egress_rules_https=True)
+    with pytest.raises(EgressNotEnforced) as exc:
+        check(silent(**https), attached)
+    assert exc.value.credentials and exc.value.rules and not exc.value.rules_https
+    assert "egressCredentials" in exc.value.message
+    check(silent(**https), spec(egress="allowlist", egressRules=[rule]))
+    check(silent(**https, egress_credentials=True), attached)
+
+
 def test_unrestricted_needs_host_consent_and_a_declaring_backend() -> None:
     open_backend = silent(egress_modes=set(Egress))
     allow = HostPolicy(allow_unrestricted_egress=True)

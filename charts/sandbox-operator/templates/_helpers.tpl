@@ -59,6 +59,9 @@ runs the operator's own image unless it names another one.
 {{- if not $config.egressProxy.imagePullPolicy }}
 {{- $_ := set $config.egressProxy "imagePullPolicy" .Values.image.pullPolicy }}
 {{- end }}
+{{- if .Values.egressCredentials.enabled }}
+{{- $_ := set $config.egressProxy "credentialsClusterRole" (printf "%s-egress-credentials" (include "sandbox-operator.fullname" .)) }}
+{{- end }}
 {{- end }}
 {{- toYaml $config }}
 {{- end }}

@@ -26,4 +26,12 @@ this file (`make docs`) as the operator's is from _rbac_rules.tpl: a comment ins
   # The backends the operator publishes in each namespace it serves, read by
   # OperatorBackend.connect.
   verbs: [get]
+{{- if .Values.hostRole.credentialGrants }}
+- apiGroups: [""]
+  resources: [secrets]
+  # With a maf CredentialGateway: each sandbox's grant, written (server-side apply) into a Secret
+  # the Sandbox owns; get: the egressCredentials policy admits a Sandbox naming a Secret only from
+  # a requester that may get it. RBAC cannot name Secrets not made yet: the namespace's Secrets.
+  verbs: [create, patch, get]
+{{- end }}
 {{- end }}

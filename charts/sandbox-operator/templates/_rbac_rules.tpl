@@ -90,6 +90,9 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
   # The proxy's Role lets it patch Events (folded repeats); RBAC lets the operator create that
   # Role only if it holds every permission in it itself.
   verbs: [patch]
+{{- if .Values.egressCredentials.enabled }}
+{{ include "sandbox-operator.egressCredentialsRules" (dict "role" (printf "%s-egress-credentials" (include "sandbox-operator.fullname" .))) }}
+{{- end }}
 {{- end }}
 {{- if .Values.watchNamespaces }}
 {{ include "sandbox-operator.publishedRule" . }}
@@ -130,6 +133,25 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
 {{- if .Values.sealIdlePoolPods }}
 {{ include "sandbox-operator.sealRule" (dict "connect" (printf "%s-sealed-pool-pods" (include "sandbox-operator.fullname" .)) "update" (printf "%s-sealed-pool-pods-update" (include "sandbox-operator.fullname" .))) }}
 {{- end }}
+{{- end }}
+
+{{/*
+Credentials at the egress hop (templates/egress-credentials.yaml), with egressCredentials.enabled
+beside config.egressProxy; context: the Secrets reader ClusterRole's name (role).
+*/}}
+{{- define "sandbox-operator.egressCredentialsRules" -}}
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  resourceNames: [sandbox-egress-proxy-credentials]
+  # Binds the proxy's ServiceAccount to the Secrets reader ClusterRole in its namespace, so the
+  # proxy reads the Secrets egressRules credentials name (docs/egress-credentials.md).
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  resourceNames: [{{ .role }}]
+  # The chart's <fullname>-egress-credentials (get on Secrets). bind: RBAC lets the operator bind
+  # it without holding what it grants, so the operator never reads those Secrets; the proxy does.
+  verbs: [bind]
 {{- end }}
 
 {{/*

@@ -227,7 +227,8 @@ class AcasBackendConfig(ContractModel):
             raise ValueError(
                 "declarations.observesEgress: the acas backend produces no egress records"
             )
-        if self.declarations.egress_rules or self.declarations.egress_rules_https:
+        declared = self.declarations
+        if declared.egress_rules or declared.egress_rules_https or declared.egress_credentials:
             raise ValueError(
                 "declarations.egressRules: the service's egress policy names hosts only"
             )

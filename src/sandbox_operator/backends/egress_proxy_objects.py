@@ -173,6 +173,29 @@ def build_role_binding(namespace: str) -> dict[str, Any]:
     }
 
 
+#: The RoleBinding giving the proxy's ServiceAccount ``egressProxy.credentialsClusterRole`` (get
+#: on Secrets) in its namespace, so it reads the Secrets egressRules credentials name. Binding a
+#: ClusterRole needs ``bind`` on it (the chart grants that by name), not holding what it grants:
+#: the operator itself never reads those Secrets.
+CREDENTIALS_BINDING = f"{PROXY_NAME}-credentials"
+
+
+def build_credentials_binding(namespace: str, cluster_role: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kubeobj.ROLE_BINDING_KIND,
+        "metadata": {**_proxy_metadata(namespace), "name": CREDENTIALS_BINDING},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": cluster_role,
+        },
+        "subjects": [
+            {"kind": kubeobj.SERVICE_ACCOUNT_KIND, "name": PROXY_NAME, "namespace": namespace}
+        ],
+    }
+
+
 def proxy_config_text(settings: ManagedEgressProxySettings) -> str:
     """The proxy's config file: ``egressProxy.config`` on ``egressProxy.port``, no sandboxes."""
     data = settings.proxy_config().model_dump(mode="json", by_alias=True)
@@ -367,11 +390,14 @@ def build_objects(
     ca: ProxyCA | None = None,
 ) -> list[dict[str, Any]]:
     """Every proxy object of a namespace, in :data:`APPLIED` order, without owners (the Secret
-    only with ``ca``: while the proxy terminates TLS)."""
+    only with ``ca``: while the proxy terminates TLS; the credentials RoleBinding only with
+    ``credentialsClusterRole``)."""
+    role = settings.credentials_cluster_role
     return [
         build_service_account(namespace),
         build_role(namespace),
         build_role_binding(namespace),
+        *([build_credentials_binding(namespace, role)] if role else []),
         *([build_ca_secret(namespace, ca)] if ca is not None else []),
         build_config_map(namespace, settings, ca),
         build_deployment(namespace, settings, ca),

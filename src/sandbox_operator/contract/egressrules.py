@@ -6,7 +6,8 @@ patterns and validators here, the CEL rules of the CRD (``crdrules.py``) and the
 matches requests against the admitted rules (``sandbox_operator.egress.requestrules``). The
 meaning follows maf-sandbox's ``EgressRule``: a method is a verb in one canonical upper-case
 spelling, a path is exact or a ``/*`` prefix, and a rule the proxy cannot enforce is refused here,
-naming the field, rather than admitted and half-kept.
+naming the field, rather than admitted and half-kept. A rule for one exact HTTPS origin may name a
+credential (``EgressCredential``) the proxy attaches (docs/egress-credentials.md).
 """
 
 from __future__ import annotations
@@ -111,6 +112,73 @@ EgressPath = Annotated[
 ]
 
 
+#: A Kubernetes Secret's name (DNS-1123 subdomain) and a key of its data.
+SECRET_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN: Final = r"^[-._a-zA-Z0-9]+$"
+#: An HTTP header name (RFC 9110 token).
+HEADER_PATTERN: Final = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+#: Hop-by-hop headers (RFC 9110 7.6.1, and the proxies' own): the egress proxy drops them.
+HOP_BY_HOP_HEADERS: Final = (
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+)
+#: Headers a credential may not fill: the proxy owns the hop's framing, the host and the
+#: connection, so a credential there would change which request is sent, not who sends it.
+RESERVED_HEADERS: Final = ("host", *HOP_BY_HOP_HEADERS, "transfer-encoding", "content-length")
+#: What may precede the value in the header: printable ASCII (no CR, LF or other control).
+PREFIX_PATTERN: Final = r"^[ -~]*$"
+PREFIX_MAX_LENGTH: Final = 64
+
+
+def _check_header(value: str) -> str:
+    if value.lower() in RESERVED_HEADERS:
+        raise ValueError(f"egressRules credential header {value!r} is the proxy's own")
+    return value
+
+
+class EgressCredential(ContractModel):
+    """A credential the egress proxy attaches to the requests of one exact HTTPS origin.
+
+    A reference only: the value stays in the Secret, which the proxy reads; the guest never
+    holds it. Who may name a Secret is the host's decision, checked at admission (the chart's
+    ValidatingAdmissionPolicy asks whether the Sandbox's creator may ``get`` it).
+    """
+
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_NAME_PATTERN,
+        description="A Secret in the Sandbox's namespace; its creator must be able to get it.",
+    )
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="The key of the Secret's data holding the value.",
+    )
+    header: Annotated[
+        str,
+        Field(min_length=1, max_length=64, pattern=HEADER_PATTERN),
+        AfterValidator(_check_header),
+    ] = Field(
+        default="Authorization",
+        description="The header the proxy fills (a header of that name the guest sent is "
+        "replaced); not a hop-by-hop, framing or Host header.",
+    )
+    prefix: str = Field(
+        default="Bearer ",
+        max_length=PREFIX_MAX_LENGTH,
+        pattern=PREFIX_PATTERN,
+        description="What precedes the value in the header ('Bearer ' by default).",
+    )
+
+
 class EgressRule(ContractModel):
     """One host the allowlist reaches only for the named methods and paths."""
 
@@ -138,13 +206,20 @@ class EgressRule(ContractModel):
         json_schema_extra={"uniqueItems": True},
         description="Paths let through (the query is not part of it); unset: every path.",
     )
+    credential: EgressCredential | None = Field(
+        default=None,
+        description=(
+            "A credential the egress proxy attaches to this host's requests after the rule let "
+            "them through (schemes [https] and an exact host only). The guest never sees it."
+        ),
+    )
 
     @model_validator(mode="after")
     def _enforceable(self) -> EgressRule:
-        if self.methods is None and self.paths is None:
+        if self.methods is None and self.paths is None and self.credential is None:
             raise ValueError(
-                f"egressRules entry for {self.host!r} names neither methods nor paths: list the "
-                "host in egressAllow instead"
+                f"egressRules entry for {self.host!r} names neither methods, paths nor a "
+                "credential: list the host in egressAllow instead"
             )
         for name, values in (
             ("schemes", self.schemes),
@@ -155,4 +230,12 @@ class EgressRule(ContractModel):
                 raise ValueError(
                     f"egressRules entry for {self.host!r} lists one of its {name} twice"
                 )
+        if self.credential is not None and (
+            self.schemes != (EgressScheme.HTTPS,) or self.host.startswith("*.")
+        ):
+            raise ValueError(
+                f"egressRules entry for {self.host!r} names a credential: it needs schemes "
+                "[https] only and an exact host (a credential goes to one HTTPS origin, inside "
+                "TLS the proxy terminates)"
+            )
         return self

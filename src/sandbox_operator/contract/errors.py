@@ -231,7 +231,9 @@ class EgressNotEnforced(SandboxRefusal):
     ``requested`` is the spec's mode; ``declared`` the backend's modes; ``host_forbids`` is True
     when the refusal comes from the host policy not allowing unrestricted egress; ``rules`` is
     True when the mode is declared but the spec's ``egressRules`` are not (the backend does not
-    declare ``egressRules``, or ``rules_https``: not ``egressRulesHttps`` for a rule naming https).
+    declare ``egressRules``, or ``rules_https``: not ``egressRulesHttps`` for a rule naming https);
+    ``credentials`` is True when a rule names a credential and the backend does not declare
+    ``egressCredentials``.
     """
 
     reason = RefusalReason.EGRESS_NOT_ENFORCED
@@ -246,14 +248,22 @@ class EgressNotEnforced(SandboxRefusal):
         host_forbids: bool = False,
         rules: bool = False,
         rules_https: bool = False,
+        credentials: bool = False,
     ) -> None:
         self.requested = requested
         self.declared = _sorted_by_definition(declared, Egress)
         self.host_forbids = host_forbids
-        self.rules = rules or rules_https
+        self.rules = rules or rules_https or credentials
         self.rules_https = rules_https
+        self.credentials = credentials
         declared_text = _names(self.declared, empty="no egress modes")
-        if rules_https:
+        if credentials:
+            detail = "egressRules credentials are not attached"
+            message = (
+                f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not attach "
+                "egressRules credentials (it does not declare egressCredentials)"
+            )
+        elif rules_https:
             detail = "egressRules for https are not enforced"
             message = (
                 f"backend {backend!r} cannot serve kind {kind!r}: its egress hop does not judge "

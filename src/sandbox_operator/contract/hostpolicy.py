@@ -78,6 +78,13 @@ class BackendDeclarations(ContractModel):
             "CA the sandbox trusts); silence refuses every rule naming https."
         ),
     )
+    egress_credentials: bool = Field(
+        default=False,
+        description=(
+            "Whether its egress hop attaches an egressRules credential (a Secret's value as a "
+            "header) to the requests of one HTTPS origin; silence refuses every rule naming one."
+        ),
+    )
     persistent_storage: bool = Field(
         default=False,
         description=(

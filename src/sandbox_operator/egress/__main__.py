@@ -97,7 +97,15 @@ async def run(
             service=kube_service,
         )
         sinks.append(controller)
-    proxy = EgressProxy(config, sink=FanoutSink(sinks), interception=interception)
+    credentials = None
+    if controller is not None:
+        from sandbox_operator.egress.credentials import SecretCredentials
+
+        # Read on demand, only the Secrets the admitted credentials name (credentials.py).
+        credentials = SecretCredentials(controller.core.read_namespaced_secret)
+    proxy = EgressProxy(
+        config, sink=FanoutSink(sinks), interception=interception, credentials=credentials
+    )
     host, port = await proxy.start()
     stop_controller = asyncio.Event()
     controller_task = None

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from sandbox_operator.contract.base import ContractModel
-from sandbox_operator.contract.egressrules import EgressMethod, EgressPath
+from sandbox_operator.contract.egressrules import EgressCredential, EgressMethod, EgressPath
+from sandbox_operator.egress.credentials import CredentialRef
 from sandbox_operator.egress.hostmatch import HostPattern
 from sandbox_operator.egress.requestrules import RequestRule
 
@@ -123,6 +124,15 @@ class SandboxRule(_Model):
     #: ``http``: judged on plain requests; ``https``: judged inside TLS the proxy terminates
     #: (only where it holds an interception CA; without one a CONNECT to the host is refused).
     schemes: tuple[Literal["http", "https"], ...] = Field(default=("http",), min_length=1)
+    #: A Secret's value the proxy attaches as a header to the https requests this rule admits
+    #: (``credentials.py``); only a reference, as admission judged it.
+    credential: EgressCredential | None = None
+
+    @model_validator(mode="after")
+    def _credential_for_one_origin(self) -> SandboxRule:
+        if self.credential is not None and (self.schemes != ("https",) or "*" in self.host):
+            raise ValueError("a rule's credential needs schemes [https] only and an exact host")
+        return self
 
     @field_validator("host")
     @classmethod
@@ -138,6 +148,11 @@ class SandboxRule(_Model):
             methods=frozenset(self.methods) if self.methods is not None else None,
             paths=self.paths,
             schemes=frozenset(self.schemes),
+            credential=(
+                CredentialRef(c.secret_name, c.key, c.header, c.prefix)
+                if (c := self.credential) is not None
+                else None
+            ),
         )
 
 
@@ -318,6 +333,16 @@ class ManagedEgressProxySettings(ContractModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
     host_aliases: tuple[HostAlias, ...] = ()
+    credentials_cluster_role: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="A ClusterRole granting get on Secrets, which the operator binds to the "
+        "proxy's ServiceAccount in each proxy namespace (RoleBinding "
+        "sandbox-egress-proxy-credentials) so the proxy can read the Secrets egressRules "
+        "credentials name; the chart makes it with egressCredentials.enabled. Null: the proxy "
+        "reads no Secret.",
+    )
     config: ProxyConfig = Field(default_factory=ProxyConfig)
 
     @field_validator("config")

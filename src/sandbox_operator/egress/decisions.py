@@ -57,6 +57,14 @@ class DecisionReason(StrEnum):
     #: does not trust the proxy's CA), or the upstream's certificate did not verify.
     CLIENT_TLS_FAILED = "ClientTLSFailed"
     UPSTREAM_TLS_FAILED = "UpstreamTLSFailed"
+    #: Inside an intercepted tunnel, a request its rules let through whose credential
+    #: (``egressRules[].credential``) cannot be attached: it is refused, never sent without it.
+    #: The Secret or its key does not exist; its expiry annotation has passed; the proxy could
+    #: not read it (forbidden, the API unreachable); its value cannot be a header value.
+    CREDENTIAL_MISSING = "CredentialMissing"
+    CREDENTIAL_EXPIRED = "CredentialExpired"
+    CREDENTIAL_UNREADABLE = "CredentialUnreadable"
+    CREDENTIAL_UNUSABLE = "CredentialUnusable"
 
 
 VERDICT_OF: dict[DecisionReason, Verdict] = {

@@ -9,23 +9,13 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from sandbox_operator.contract.egressrules import HOP_BY_HOP_HEADERS
 from sandbox_operator.egress.hostmatch import InvalidHost, split_host_port
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _VERSION = re.compile(r"^HTTP/1\.[01]$")
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "proxy-connection",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-    }
-)
+HOP_BY_HOP = frozenset(HOP_BY_HOP_HEADERS)
 
 STATUS_TEXT = {
     200: "Connection established",
@@ -131,10 +121,18 @@ def request_target(head: RequestHead) -> Target:
         raise BadRequest(f"bad host: {exc.why}") from None
 
 
-def upstream_head(head: RequestHead, target: Target, default_port: int = 80) -> bytes:
+def upstream_head(
+    head: RequestHead,
+    target: Target,
+    default_port: int = 80,
+    attach: tuple[str, str] | None = None,
+) -> bytes:
     """The origin-form request sent upstream: hop-by-hop headers dropped, Host from the URL
-    (with its port unless it is the scheme's ``default_port``)."""
+    (with its port unless it is the scheme's ``default_port``), and ``attach`` (a credential's
+    header and value) in place of every header of its name the client sent."""
     drop = set(HOP_BY_HOP) | {"host"}
+    if attach is not None:
+        drop.add(attach[0].lower())
     for key, value in head.headers:
         if key.lower() == "connection":
             drop.update(tok.strip().lower() for tok in value.split(",") if tok.strip())
@@ -145,6 +143,8 @@ def upstream_head(head: RequestHead, target: Target, default_port: int = 80) -> 
         host = f"{host}:{target.port}"
     lines = [f"{head.method} {target.origin_form} {head.version}", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in drop]
+    if attach is not None:
+        lines.append(f"{attach[0]}: {attach[1]}")
     lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 

@@ -17,12 +17,19 @@ checks and the one-record-per-connection rule stay its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sandbox_operator.egress.addresses import IPAddress
+from sandbox_operator.egress.credentials import (
+    CredentialSource,
+    CredentialUnavailable,
+    NoCredentials,
+    header_value,
+)
 from sandbox_operator.egress.decisions import DecisionReason
 from sandbox_operator.egress.framing import Framing, body_framing, copy_body
 from sandbox_operator.egress.hostmatch import InvalidHost, split_host_port
@@ -34,10 +41,18 @@ from sandbox_operator.egress.http import (
     response,
     upstream_head,
 )
-from sandbox_operator.egress.requestrules import RequestRule, canonical_method, for_scheme, judge
+from sandbox_operator.egress.requestrules import (
+    RequestRule,
+    canonical_method,
+    credential_for,
+    for_scheme,
+    judge,
+)
 
 if TYPE_CHECKING:  # cryptography only where a CA is made (egress/__main__.py)
     from sandbox_operator.egress.interception import InterceptionCA
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -84,8 +99,10 @@ class RuledRequests:
         ca: InterceptionCA | None,
         header_timeout: Callable[[], float],
         connect_timeout: Callable[[], float],
+        credentials: CredentialSource | None = None,
     ) -> None:
         self._emit = emit
+        self._credentials: CredentialSource = credentials or NoCredentials()
         self._refuse = refuse
         self._relay = relay
         self.ca = ca
@@ -139,6 +156,35 @@ class RuledRequests:
             await self._refuse(writer, conn, DecisionReason.BAD_REQUEST, exc.why)
             return None
         return replace(head, method=method), framing
+
+    async def _attach(
+        self,
+        writer: asyncio.StreamWriter,
+        conn: Conn,
+        head: RequestHead,
+        inner: Target,
+        rules: tuple[RequestRule, ...],
+    ) -> tuple[bool, tuple[str, str] | None]:
+        """Whether the allowed request goes on, and the credential header it carries (None when
+        its rule names none). A credential that cannot be attached fails closed: refused and
+        recorded, (False, None)."""
+        ref = credential_for(rules, head.method, inner.origin_form)
+        if ref is None:
+            return True, None
+        namespace = (conn.sandbox or "").partition("/")[0]
+        try:
+            value = await self._credentials.value(namespace, ref)
+            return True, (ref.header, header_value(ref, value))
+        except CredentialUnavailable as exc:
+            log.warning("sandbox %s: credential not attached: %s", conn.sandbox, exc.why)
+            await self._refuse(
+                writer,
+                conn,
+                exc.reason,
+                f"{inner.host}:{inner.port}'s credential cannot be attached, so the request "
+                "was not sent",
+            )
+            return False, None
 
     async def _inner_head(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Conn
@@ -215,6 +261,9 @@ class RuledRequests:
         if judged is None:
             return
         head, framing = judged
+        sent, attach = await self._attach(writer, conn, head, inner, for_scheme(rules, "https"))
+        if not sent:
+            return
         try:
             async with asyncio.timeout(self._connect_timeout()):
                 await upstream.writer.start_tls(
@@ -229,7 +278,7 @@ class RuledRequests:
             )
             return
         self._emit(conn, DecisionReason.ALLOWED, upstream.address)
-        upstream.writer.write(upstream_head(head, inner, default_port=443))
+        upstream.writer.write(upstream_head(head, inner, default_port=443, attach=attach))
         await self._relay(
             reader,
             writer,

@@ -193,7 +193,7 @@ class KubeEgressController:
             # the CRD's transition rules, but older objects predate them) is not enforced.
             allow = (obj.get("status") or {}).get("admittedEgressAllow") or []
             rules = [
-                {k: r[k] for k in ("host", "methods", "paths", "schemes") if k in r}
+                {k: r[k] for k in ("host", "methods", "paths", "schemes", "credential") if k in r}
                 for r in (obj.get("status") or {}).get("admittedEgressRules") or []
                 if isinstance(r, dict)
             ]

@@ -39,6 +39,7 @@ from sandbox_operator.egress.addresses import (
     SystemResolver,
 )
 from sandbox_operator.egress.config import ProxyConfig, SandboxEgress
+from sandbox_operator.egress.credentials import CredentialSource
 from sandbox_operator.egress.decisions import (
     Decision,
     DecisionReason,
@@ -88,6 +89,10 @@ _STATUS: dict[DecisionReason, int] = {
     DecisionReason.SCHEME_NOT_ALLOWED: 403,
     DecisionReason.HOST_MISMATCH: 403,
     DecisionReason.UPSTREAM_TLS_FAILED: 502,
+    DecisionReason.CREDENTIAL_MISSING: 403,
+    DecisionReason.CREDENTIAL_EXPIRED: 403,
+    DecisionReason.CREDENTIAL_UNREADABLE: 403,
+    DecisionReason.CREDENTIAL_UNUSABLE: 403,
 }
 
 _RELAY_CHUNK = 65536
@@ -123,6 +128,7 @@ class EgressProxy:
         sink: DecisionSink | None = None,
         resolver: Resolver | None = None,
         interception: InterceptionCA | None = None,
+        credentials: CredentialSource | None = None,
     ) -> None:
         self.config = config
         self.table = SandboxTable(config.sandboxes)
@@ -144,6 +150,7 @@ class EgressProxy:
             ca=interception,
             header_timeout=lambda: self.config.limits.header_timeout_seconds,
             connect_timeout=lambda: self.config.limits.connect_timeout_seconds,
+            credentials=credentials,
         )
 
     # ---- lifecycle -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sandbox_operator.egress.credentials import CredentialRef
 from sandbox_operator.egress.decisions import DecisionReason
 from sandbox_operator.egress.hostmatch import HostPattern
 
@@ -35,6 +36,7 @@ class RequestRule:
     methods: frozenset[str] | None  # upper case; None: every method
     paths: tuple[str, ...] | None  # exact, or a "/*" prefix; None: every path
     schemes: frozenset[str] = frozenset({"http"})  # "http": plain requests; "https": intercepted
+    credential: CredentialRef | None = None  # attached to the https requests this rule lets through
 
     def allows_method(self, method: str) -> bool:
         return self.methods is None or method in self.methods
@@ -91,3 +93,15 @@ def judge(rules: tuple[RequestRule, ...], method: str, origin_form: str) -> Deci
     if any(r.allows_method(method) and r.allows_path(path) for r in rules):
         return DecisionReason.ALLOWED
     return DecisionReason.PATH_NOT_ALLOWED
+
+
+def credential_for(
+    rules: tuple[RequestRule, ...], method: str, origin_form: str
+) -> CredentialRef | None:
+    """The credential of a rule that lets this (allowed) request through, or None: a credential
+    goes only with the requests its own rule admits, never with one another rule let through."""
+    path = request_path(origin_form)
+    for rule in rules:
+        if rule.credential is not None and rule.allows_method(method) and rule.allows_path(path):
+            return rule.credential
+    return None

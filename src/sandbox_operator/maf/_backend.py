@@ -27,6 +27,7 @@ from typing import Any, Self
 import aiohttp
 import maf_sandbox as maf
 from kubernetes_asyncio.client.exceptions import ApiException
+from maf_sandbox.credentials import CredentialGateway, GatewayLease
 
 from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
@@ -41,6 +42,7 @@ from sandbox_operator.contract import (
     Selection,
 )
 from sandbox_operator.contract.published import PublishedBackends
+from sandbox_operator.maf import _grants as grants
 from sandbox_operator.maf._egress import EgressRelay
 from sandbox_operator.maf._errors import (
     NEEDS_DISPOSAL,
@@ -116,13 +118,18 @@ class OperatorBackend:
         acquire_timeout: float | None = None,
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
         agent_service_accounts: Sequence[str] = (),
+        credential_gateway: CredentialGateway | None = None,
     ) -> None:
         self.client = client
         self.published = published
         chosen = select_backend(published, backend)
         self.backend_name = chosen.name
         self._isolation = maf.Isolation(chosen.isolation)
-        self._declarations = declarations(chosen)
+        #: issues the grants an ``EgressRule(authority=)`` attaches (``_grants``); None: none
+        self.credential_gateway = credential_gateway
+        self._declarations = declarations(
+            chosen, grants.attached_identity(credential_gateway, attaches=True)
+        )
         #: whether the storage base is a volume mounted when the compute is made (BASE_MOUNTED)
         self._base_mounted = chosen.type in BASE_MOUNTED
         #: under perSpec, a named backend raises every spec's floor to its rung
@@ -153,6 +160,7 @@ class OperatorBackend:
         dispose_timeout: float = DEFAULT_DISPOSE_TIMEOUT,
         published_namespace: str | None = None,
         agent_service_accounts: Sequence[str] = (),
+        credential_gateway: CredentialGateway | None = None,
     ) -> Self:
         """Read what the operator publishes in ``client.namespace`` (every operator publishes it
         in each namespace it serves; ``published_namespace`` reads another's) and stand for
@@ -166,6 +174,7 @@ class OperatorBackend:
             acquire_timeout=acquire_timeout,
             dispose_timeout=dispose_timeout,
             agent_service_accounts=agent_service_accounts,
+            credential_gateway=credential_gateway,
         )
 
     @property
@@ -199,7 +208,14 @@ class OperatorBackend:
 
     async def acquire(self, key: maf.SandboxKey, spec: maf.SandboxSpec) -> OperatorSandbox:
         """Get or create the sandbox of ``(key, spec.kind)`` and wait until it is Ready."""
-        ours = operator_spec(spec, floor=self._floor, default_image=self.default_image)
+        attaching = maf.Capability.ATTACHED_IDENTITY in self._declarations.capabilities
+        lease = grants.start(self.credential_gateway if attaching else None, key, spec)
+        ours = operator_spec(
+            spec,
+            floor=self._floor,
+            default_image=self.default_image,
+            grant_secret=grants.grant_secret_name(key, spec.kind) if lease else None,
+        )
 
         async def once() -> Any:
             return await self.client.acquire(
@@ -238,6 +254,9 @@ class OperatorBackend:
                 + ("it was disposed" if failure is None else f"its disposal failed: {failure}"),
                 reason="BackendMismatch",
             )
+        instance_id = sandbox_instance_id(obj)
+        if lease is not None:
+            await self._install_grant(handle, obj, lease, key, spec, instance_id)
         # A new instance is a trusted baseline when its pod was made for it, or claimed from a
         # pool whose pods the operator saw sealed from their creation to the claim (no identity
         # but the operator's could reach it first: reconcile/seal.py, docs/warm-pools.md).
@@ -256,7 +275,7 @@ class OperatorBackend:
             handle,
             spec,
             base=ours.work_dir,
-            instance_id=sandbox_instance_id(obj),
+            instance_id=instance_id,
             freshly_created=fresh,
             pod=served_by.get("name", ""),
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
@@ -274,6 +293,40 @@ class OperatorBackend:
             # link on its way; on another backend (acas) nothing mounts it: checked.
             await sandbox.prepare()
         return sandbox
+
+    async def _install_grant(
+        self,
+        handle: Any,
+        obj: dict[str, Any],
+        lease: GatewayLease,
+        key: maf.SandboxKey,
+        spec: maf.SandboxSpec,
+        instance_id: str,
+    ) -> None:
+        """The gateway's grant for this instance, in the Secret the Sandbox owns; a grant that
+        cannot be installed disposes the sandbox and refuses (its requests would be refused)."""
+        assert self.credential_gateway is not None
+        try:
+            await grants.install(
+                grants.secret_applier(self.client.api),
+                self.credential_gateway,
+                lease,
+                key,
+                spec,
+                obj,
+                instance_id,
+            )
+        except (ValueError, ApiException) as exc:
+            await handle.close()
+            _, failure = await self._delete_and_wait(
+                [(handle.name, kubeobj.meta(obj).get("uid") or None)]
+            )
+            why = str(exc) if isinstance(exc, ValueError) else f"HTTP {exc.status}"
+            raise maf.SandboxAttachedIdentityNotPermitted(
+                f"the credential grant for {handle.namespace}/{handle.name} was not installed "
+                f"({why}); the sandbox "
+                + ("was disposed" if failure is None else f"could not be disposed: {failure}")
+            ) from None
 
     def _reset_made(self, instance_id: str) -> None:
         """A reset through this backend put ``instance_id`` in place: its next acquire here hands

@@ -20,6 +20,7 @@ import maf_sandbox as maf
 from sandbox_operator import contract
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.contract.published import PublishedBackend
+from sandbox_operator.maf._grants import grant_key
 
 #: Capabilities the wrapper serves whenever the operator declares them.
 _SERVED = frozenset(
@@ -72,7 +73,9 @@ def _limits(limits: contract.TransferLimits) -> maf.TransferLimits:
     )
 
 
-def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
+def declarations(
+    backend: PublishedBackend, attached: maf.AttachedIdentity = maf.NO_ATTACHED_IDENTITY
+) -> maf.BackendDeclarations:
     """maf's declarations of one published operator backend.
 
     ``RECLAIM`` is declared with ``FILES_DELETE`` only for a backend type in :data:`RECLAIMS`:
@@ -88,7 +91,9 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     serves ``allowlist``: its egress proxy records every decision for an allowlist sandbox, and
     the backend reports them (``OperatorBackend.observe_egress``); a ``closed`` sandbox's
     attempts are dropped by its NetworkPolicy, which records nothing, so no window of it is
-    reported."""
+    reported. ``ATTACHED_IDENTITY`` with ``attached`` only where the backend's proxy judges rules
+    inside HTTPS and attaches credentials (``egressCredentials``), and the host gave a gateway
+    (``_grants.attached_identity``)."""
     published = backend.declarations
     caps = {maf.Capability(c.value) for c in published.capabilities if c in _SERVED}
     if maf.Capability.FILES_DELETE in caps and backend.type in RECLAIMS:
@@ -98,6 +103,10 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
     rules = published.egress_rules and published.egress_rules_https
     if rules:
         caps |= {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS}
+    if not (rules and published.egress_credentials):
+        attached = maf.NO_ATTACHED_IDENTITY
+    if attached != maf.NO_ATTACHED_IDENTITY:
+        caps.add(maf.Capability.ATTACHED_IDENTITY)
     host_tools = maf.Capability.HOST_TOOLS in caps
     return maf.BackendDeclarations(
         capabilities=frozenset(caps),
@@ -110,6 +119,7 @@ def declarations(backend: PublishedBackend) -> maf.BackendDeclarations:
         observes_egress=contract.Egress.ALLOWLIST in published.egress_modes,
         egress_method_tokens=EGRESS_METHOD_TOKENS if rules else frozenset(),
         program_channels=(maf.ExecProgramChannel(),) if host_tools else (),
+        attached_identity=attached,
     )
 
 
@@ -121,14 +131,18 @@ EGRESS_METHOD_TOKENS: frozenset[str] = frozenset(
 )
 #: The capabilities a spec asks for by its rules, which become egressRules (and the backend's
 #: egressRules declarations), not ``requires``.
-_RULE_CAPABILITIES = frozenset({maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS})
+_RULE_CAPABILITIES = frozenset(
+    {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS, maf.Capability.ATTACHED_IDENTITY}
+)
 
 
 def _egress(
-    entries: tuple[str | maf.EgressRule, ...],
+    entries: tuple[str | maf.EgressRule, ...], grant_secret: str | None = None
 ) -> tuple[tuple[str, ...], tuple[EgressRule, ...]]:
     """maf's allowlist as ``egressAllow`` hosts and ``egressRules``: a rule naming methods or
-    paths holds for any scheme in maf, so it becomes one judged on http and https."""
+    paths holds for any scheme in maf, so it becomes one judged on http and https. A rule with an
+    ``authority`` becomes an https rule whose credential is its audience's key in
+    ``grant_secret`` (the Secret the backend installs the gateway's grant in: ``_grants``)."""
     hosts: list[str] = []
     rules: list[EgressRule] = []
     for entry in entries:
@@ -136,9 +150,12 @@ def _egress(
             hosts.append(entry)
             continue
         if entry.authority is not None:
-            raise maf.SandboxAttachedIdentityNotPermitted(
-                f"egress rule {entry.host!r} attaches an authority; the operator attaches none"
-            )
+            if grant_secret is None:
+                raise maf.SandboxAttachedIdentityNotPermitted(
+                    f"egress rule {entry.host!r} attaches an authority; this backend attaches none"
+                )
+            rules.append(_authority_rule(entry, grant_secret))
+            continue
         if entry.methods is None and entry.paths is None:
             hosts.append(entry.host)
             continue
@@ -153,6 +170,19 @@ def _egress(
             )
         )
     return tuple(hosts), tuple(rules)
+
+
+def _authority_rule(entry: maf.EgressRule, grant_secret: str) -> EgressRule:
+    assert entry.authority is not None
+    return EgressRule.model_validate(
+        {
+            "host": entry.host,
+            "schemes": ["https"],
+            "methods": None if entry.methods is None else [str(m) for m in entry.methods],
+            "paths": None if entry.paths is None else list(entry.paths),
+            "credential": {"secretName": grant_secret, "key": grant_key(entry.authority)},
+        }
+    )
 
 
 def _requires(spec: maf.SandboxSpec) -> frozenset[contract.Capability]:
@@ -181,6 +211,7 @@ def operator_spec(
     *,
     floor: maf.Isolation | None = None,
     default_image: str | None = None,
+    grant_secret: str | None = None,
 ) -> contract.SandboxSpec:
     """The contract spec a maf spec asks for. ``floor`` raises ``min_isolation`` (never lowers
     it); ``image_id`` (a pinned reference) wins over ``image``, and ``default_image`` serves a
@@ -189,7 +220,7 @@ def operator_spec(
     image = spec.image_id or spec.image or default_image
     if not image:
         raise ValueError(f"kind {spec.kind!r} names no image and the backend has no default")
-    hosts, rules = _egress(spec.egress_allow)
+    hosts, rules = _egress(spec.egress_allow, grant_secret)
     min_isolation = spec.min_isolation
     if floor is not None and (min_isolation is None or _rank(floor) > _rank(min_isolation)):
         min_isolation = floor

@@ -263,22 +263,23 @@ def check_backend(
         raise EgressNotEnforced(
             backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
         )
-    if spec.egress_rules and not declared.egress_rules:
-        raise EgressNotEnforced(
-            backend=name,
-            kind=kind,
-            requested=spec.egress,
-            declared=declared.egress_modes,
-            rules=True,
-        )
-    if not declared.egress_rules_https and any("https" in r.schemes for r in spec.egress_rules):
-        raise EgressNotEnforced(
-            backend=name,
-            kind=kind,
-            requested=spec.egress,
-            declared=declared.egress_modes,
-            rules_https=True,
-        )
+    # What the rules ask of the hop beyond hosts, each declared apart (refused with its flag).
+    unenforced = {
+        "rules": bool(spec.egress_rules) and not declared.egress_rules,
+        "rules_https": not declared.egress_rules_https
+        and any("https" in r.schemes for r in spec.egress_rules),
+        "credentials": not declared.egress_credentials
+        and any(r.credential for r in spec.egress_rules),
+    }
+    for flag, refused in unenforced.items():
+        if refused:
+            raise EgressNotEnforced(
+                backend=name,
+                kind=kind,
+                requested=spec.egress,
+                declared=declared.egress_modes,
+                **{flag: True},
+            )
 
     # 6. Isolation scope.
     if isolation_scope not in declared.isolation_scopes:

@@ -86,16 +86,21 @@ def serve_http_in_thread(
     host: str = "0.0.0.0",
     tls: ssl.SSLContext | None = None,
     backlog: int = 512,
+    seen: list[list[tuple[str, str]]] | None = None,
 ) -> Iterator[int]:
     """A blocking HTTP(S) server answering every GET with ``body``, in a thread; yields its port.
 
     For "outside" hosts that pods reach: it runs beside the tests' event loops (and outside any),
     on every address of this machine by default. ``backlog`` lets hundreds of tunnels connect at
-    once; handler threads are daemons, so a held connection never blocks shutdown.
+    once; handler threads are daemons, so a held connection never blocks shutdown. ``seen``
+    collects each request's headers as received (what the egress hop added, for one), never
+    echoed back.
     """
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if seen is not None:
+                seen.append(list(self.headers.items()))
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

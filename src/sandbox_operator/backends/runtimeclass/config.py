@@ -192,12 +192,13 @@ class RuntimeClassBackendConfig(ContractModel):
                 "declarations.observesEgress needs egressProxy {managed: true}: only the "
                 "operator's proxy records egress decisions"
             )
-        if (declared.egress_rules or declared.egress_rules_https) and not (
-            self.egress_proxy is not None and self.egress_proxy.managed
-        ):
+        if (
+            declared.egress_rules or declared.egress_rules_https or declared.egress_credentials
+        ) and not (self.egress_proxy is not None and self.egress_proxy.managed):
             raise ValueError(
-                "declarations.egressRules and egressRulesHttps need egressProxy {managed: true}: "
-                "only the operator's proxy judges methods and paths"
+                "declarations.egressRules, egressRulesHttps and egressCredentials need "
+                "egressProxy {managed: true}: only the operator's proxy judges methods and paths "
+                "and attaches credentials"
             )
         return self
 
