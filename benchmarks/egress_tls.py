@@ -81,14 +81,13 @@ else:
     ctx = ssl.create_default_context(cadata=ca)
 proxy = os.environ.get("HTTPS_PROXY", "").split("://", 1)[-1].rstrip("/")
 
-def head(s):
-    data = b""
-    while b"\r\n\r\n" not in data:
-        c = s.recv(65536)
-        if not c:
-            raise RuntimeError("closed before the head: %r" % data[:200])
-        data += c
-    return int(data.split(b" ", 2)[1]), data
+def answer(s):
+    # the status of the HTTP head arriving on s (read to its blank line), and the reader
+    reader = s.makefile("rb")
+    first = reader.readline()
+    while reader.readline() not in (b"\r\n", b""):
+        pass
+    return int(first.split()[1]), reader
 
 def once():
     t0 = time.perf_counter()
@@ -99,7 +98,8 @@ def once():
         raw = socket.create_connection((ph, int(pp)), timeout=10)
         target = "%s:%d" % (host, port)
         raw.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
-        status, data = head(raw)
+        status, reader = answer(raw)
+        reader.close()
         if status != 200:
             raise RuntimeError("CONNECT answered %d" % status)
     t1 = time.perf_counter()
@@ -107,14 +107,12 @@ def once():
     t2 = time.perf_counter()
     get = "GET / HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n" % (name, port)
     s.sendall(get.encode())
-    status, data = head(s)
-    while True:
-        try:
-            c = s.recv(65536)
-        except ssl.SSLError:
-            break
-        if not c:
-            break
+    status, reader = answer(s)
+    try:
+        reader.read()
+    except ssl.SSLError:  # an end without close_notify
+        pass
+    reader.close()
     t3 = time.perf_counter()
     s.close()
     if status != 200:
