@@ -36,26 +36,26 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.fixtures.cluster import LOCAL_KUBECONFIG, TEST_NAMESPACE_LABELS  # noqa: E402
+from tests.fixtures.cluster import LOCAL_KUBECONFIG  # noqa: E402
 from tests.fixtures.egress_probe import Outside, node_address, unrestricted_pod  # noqa: E402
-from tests.fixtures.egress_proxy import PROXY_SELECTOR, config_with_managed_proxy  # noqa: E402
+from tests.fixtures.egress_proxy import (  # noqa: E402
+    PROXY_SELECTOR,
+    bench_namespace,
+    config_with_managed_proxy,
+)
 from tests.fixtures.node import exec_in  # noqa: E402
-from tests.fixtures.operator import PYTHON, Kit, OperatorProcess, build_operator_image  # noqa: E402
+from tests.fixtures.operator import PYTHON, build_operator_image  # noqa: E402
 
 from sandbox_operator.testing.egress import serve_http_in_thread  # noqa: E402
 
@@ -251,27 +251,9 @@ def run(
     api: client.ApiClient, runtime: str, image: str, outside: Outside, n: int, concurrency: int
 ) -> None:
     core = client.CoreV1Api(api)
-    kit = Kit(client.CustomObjectsApi(api), core, f"bench-egress-{runtime}-{uuid.uuid4().hex[:6]}")
-    ns = kit.ns
-    core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=TEST_NAMESPACE_LABELS))
-    )
-    tmp = Path(tempfile.mkdtemp(prefix=f"egress-cluster-{runtime}-"))
-    operator: OperatorProcess | None = None
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                core.read_namespaced_service_account("default", ns)
-                break
-            except ApiException as exc:
-                if exc.status != 404 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        cfg = tmp / "operator.yaml"
-        cfg.write_text(yaml.safe_dump(config_with_managed_proxy(runtime, image, outside)))
-        kubeconfig = os.environ.get("KUBECONFIG") or str(LOCAL_KUBECONFIG)
-        operator = OperatorProcess(cfg, ns, tmp / "operator.log", kubeconfig).start()
+    config = config_with_managed_proxy(runtime, image, outside)
+    with bench_namespace(api, f"bench-egress-{runtime}", config) as kit:
+        ns = kit.ns
         kit.scope()
         kit.sandbox(
             "bench", image=PYTHON, requires=["exec"], egress="allowlist",
@@ -301,24 +283,6 @@ def run(
             print("  " + memory(api, core, ns, sbx, port, concurrency), flush=True)
         except Exception as exc:  # a figure, not a test: say what failed and go on
             print(f"  proxy pod memory: not measured ({type(exc).__name__}: {exc})", flush=True)
-    except Exception:
-        if operator is not None:
-            print(f"--- operator log:\n{operator.log()[-5000:]}", file=sys.stderr)
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            for plural in ("sandboxscopes", "sandboxes"):
-                for o in kit.list(plural):
-                    kit.delete(o["metadata"]["name"], plural)
-            end = time.monotonic() + 60
-            while time.monotonic() < end and (kit.list("sandboxes") or kit.list("sandboxscopes")):
-                time.sleep(0.5)
-        if operator is not None:
-            operator.stop()
-        with contextlib.suppress(Exception):
-            kit.strip_finalizers()
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(ns, propagation_policy="Background")
 
 
 def main() -> None:

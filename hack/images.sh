@@ -8,7 +8,8 @@
 # Images:
 #   sandbox-operator.dev/pause:1    a tiny static pause binary compiled here (the pod sandbox image)
 #   sandbox-operator.dev/busybox:1  busybox-static with its applets linked into /bin
-#   sandbox-operator.dev/python:1   a minimal Debian rootfs with python3, dash, coreutils, tar
+#   sandbox-operator.dev/python:1   a minimal Debian rootfs with python3, dash, coreutils, tar, curl
+#                                   (curl: maf-sandbox's egress suites run it in the guest)
 #
 # Each archive is cached under $CACHE/images keyed by a hash of its recipe: this script, the image
 # name and the candidate versions of the Debian packages it is made of. A changed recipe or a
@@ -20,7 +21,7 @@ IMAGES="$CACHE/images"
 CONTAINERD_ADDRESS="${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}"
 SELF="$(readlink -f "$0")"
 REGISTRY="sandbox-operator.dev"
-PY_PACKAGES=(python3 dash coreutils tar gzip findutils grep sed bash)
+PY_PACKAGES=(python3 dash coreutils tar gzip findutils grep sed bash curl)
 
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }

@@ -93,3 +93,20 @@ def test_suspend_benchmark_smoke(kubeconfig: str) -> None:
     ):
         assert rows.get(row, "").endswith("(n=2)"), out[-4000:]
     assert rows.get("file kept across suspend") == "2/2", out[-4000:]
+
+
+def test_egress_tls_benchmark_smoke(kubeconfig: str) -> None:
+    """benchmarks/egress_tls.py --smoke (runc, one round of 5 timed HTTPS requests per path: no
+    proxy, a CONNECT tunnel, intercepted): it completes, each path has its 5 samples and a
+    proxy CPU figure (the benchmark itself fails on any answer but 200). No figure is asserted."""
+    proc, out = run_smoke("egress_tls.py", kubeconfig, timeout=600)
+    labels = ("no proxy (", "CONNECT tunnel (", "intercepted (")
+    rows = {
+        label: line.rsplit(")", 1)[1].split()
+        for line in proc.stdout.splitlines()
+        for label in labels
+        if line.startswith(label)
+    }
+    assert set(rows) == set(labels), out[-4000:]
+    # p50, p90, overhead, connect, tls, request, proxy CPU per request, samples
+    assert all(len(v) == 8 and v[-1] == "5" for v in rows.values()), out[-4000:]

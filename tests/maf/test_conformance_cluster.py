@@ -180,14 +180,6 @@ async def test_egress_closed_reaches_nothing(
         await router.dispose(key)
 
 
-def test_egress_allowlist_suite() -> None:
-    pytest.skip(
-        "maf's EGRESS suite runs the guest's curl against an allowlisted host: the python image "
-        "carries no curl (hack/images.sh PY_PACKAGES) and this tier's backends declare egress "
-        "'closed' only; the allowlist path is covered by tests/e2e/test_egress_allowlist.py"
-    )
-
-
 async def test_nothing_left_behind(
     served: Served, backend: OperatorBackend, router: maf.SandboxRouter, key: maf.SandboxKey
 ) -> None:

@@ -1,172 +1,161 @@
-"""maf's method rules through ``maf_sandbox.SandboxRouter`` over
-:class:`~sandbox_operator.maf.OperatorBackend` (#38 items 1 and 2), on runc, with the egress proxy
-the operator runs terminating TLS: maf's own ``assert_egress_methods_conformance`` (a GET-only rule
-lets GET through and refuses POST to the same HTTPS host, against an all-methods control), and a
-path rule. The guests have no curl (issue #38 item 6), so the subjects ask with the guest's
-``python3`` and its default TLS context (which reads SSL_CERT_FILE, the bundle the pod was given).
-The upstream is an HTTPS server on this machine answering GET and POST, its certificate from a
-test CA the proxy is told to trust.
+"""maf-sandbox's own egress suites through ``maf_sandbox.SandboxRouter`` over
+:class:`~sandbox_operator.maf.OperatorBackend` (#38 item 6), on runc and gVisor, with the egress
+proxy the operator runs terminating TLS for a host with method and path rules:
+
+- ``assert_egress_conformance`` for an allowlist whose one HTTPS host has a GET-only rule below
+  ``/ok/`` (allowed: a GET there; denied: a host off the allowlist, which answers 2xx when
+  reached), and again for a plain allowlisted host (no rule, no interception);
+- ``assert_egress_methods_conformance``: that GET-only rule lets GET through and refuses POST,
+  against an all-methods control sandbox that reaches the same URL with POST;
+- the path rule: a GET outside ``/ok/`` (also spelled with percent-encoded dots) is refused, each
+  refusal carrying the proxy's reason.
+
+Every request is the guest's own ``curl`` (maf's harness; the python image carries it,
+hack/images.sh), trusting the proxy's CA through ``CURL_CA_BUNDLE`` and finding the proxy through
+``https_proxy``/``http_proxy``, as the pod was given them. The upstreams are on this machine
+(tests/fixtures/egress_upstream.py says why not in a pod). One operator per runtime serves the
+module (``served`` below overrides the tier's).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import http.server
-import ssl
-import threading
-import uuid
+import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import maf_sandbox as maf
 import pytest
+from kubernetes import client
 from maf_sandbox import conformance
-from tests.fixtures.egress_probe import Outside
-from tests.fixtures.egress_proxy import config_with_managed_proxy
-from tests.fixtures.operator import PYTHON
+from tests.fixtures.egress_probe import node_address
+from tests.fixtures.egress_upstream import (
+    DENIED,
+    PLAIN,
+    RULED,
+    Upstreams,
+    intercepting_config,
+    upstreams,
+)
+from tests.fixtures.maf_cluster import RUNTIMES, Served, serving
 
-from sandbox_operator.client import SandboxClient
-from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from sandbox_operator.maf import OperatorBackend
-from sandbox_operator.testing.egress import make_self_signed_cert
 
 pytestmark = [pytest.mark.e2e]
 
-HOST = "api.wild.test"  # mapped to the node's address by the proxy's hostAliases
+#: The guest's working directory for every request (the spec's work dir, maf's default).
+BASE = "/maf-sandbox/work"
 
-#: In the guest: argv METHOD URL; exit 0 and "2xx" when the request completed with 2xx.
-REACH = r"""
-import sys, urllib.request
-method, url = sys.argv[1], sys.argv[2]
-req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-try:
-    with urllib.request.urlopen(req, timeout=15) as r:
-        print("2xx" if 200 <= r.status < 300 else r.status)
-except Exception as exc:
-    print(type(exc).__name__, getattr(exc, "code", ""), getattr(exc, "headers", {}) and
-          exc.headers.get("X-Egress-Reason"))
+#: In the guest: one curl per argument pair (METHOD URL); one line each, the status and the
+#: proxy's X-Egress-Reason (empty where there is none).
+REASONS = r"""
+while [ $# -gt 0 ]; do
+  head=$(curl -s -o /dev/null -D - --max-time 20 -X "$1" "$2" | tr -d '\r')
+  status=$(printf '%s\n' "$head" | sed -n 's/^HTTP[^ ]* \([0-9]*\).*/\1/p' | tail -n 1)
+  reason=$(printf '%s\n' "$head" | sed -n 's/^[Xx]-[Ee]gress-[Rr]eason: *//p' | tail -n 1)
+  echo "$status $reason"
+  shift 2
+done
 """
 
 
-class PythonHttpSubject:
-    """maf's ``EgressMethodsSubject`` over the guest's python3 (maf's own one needs curl)."""
-
-    def __init__(self, sandbox: maf.Sandbox, capabilities: frozenset[maf.Capability]) -> None:
-        self.sandbox = sandbox
-        self.capabilities = capabilities
-        self.last = ""
-
-    async def http_reaches(self, method: str, url: str, *, timeout: float) -> bool:  # noqa: ASYNC109 (maf's protocol)
-        result = await self.sandbox.exec(
-            ["python3", "-I", "-c", REACH, method, url], working_directory=".", timeout=timeout
-        )
-        self.last = result.stdout.strip() + result.stderr.strip()[-300:]
-        return result.exit_code == 0 and result.stdout.strip() == "2xx"
+@pytest.fixture(scope="module")
+def up(core_v1: client.CoreV1Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
+    """Both upstreams; the plain one checked to answer 2xx from here (bypassing the proxy): maf's
+    requirement of a denied URL, so its deny probe passing means the proxy refused it."""
+    with upstreams(node_address(core_v1), tmp_path_factory.mktemp("upstreams")) as servers:
+        plain = f"http://{servers.outside.address}:{servers.outside.port}/"
+        with urllib.request.urlopen(plain, timeout=10) as answer:
+            assert answer.status == 200
+        yield servers
 
 
-@contextlib.contextmanager
-def https_upstream(tmp: Path) -> Iterator[tuple[int, str]]:
-    """An HTTPS server on every address of this machine answering GET and POST with 200;
-    (port, its certificate PEM)."""
-    cert = make_self_signed_cert(tmp, (HOST,))
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _ok(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        do_GET = do_POST = _ok
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    server.daemon_threads = True
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert.cert, cert.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield int(server.server_address[1]), cert.cert.read_text()
-    finally:
-        server.shutdown()
-
-
-async def test_maf_method_and_path_rules_through_the_operators_tls_hop(
-    crds: None,
-    kit,
-    start_operator,
-    core_v1,
+@pytest.fixture(scope="module", params=["gvisor", "runc"])
+def served(
+    request: pytest.FixtureRequest,
     kubeconfig: str,
-    outside: Outside,
+    crds: None,
+    core_v1: client.CoreV1Api,
+    custom_objects: client.CustomObjectsApi,
     operator_image: tuple[str, str],
-    tmp_path: Path,
+    up: Upstreams,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    """A namespace served by an operator whose only backend is ``runc`` or ``gvisor``, with the
+    managed proxy intercepting TLS (the tier's ``served`` declares egress ``closed`` only)."""
+    runtime: str = request.param
+    image = ":".join(operator_image)
+    with serving(
+        runtime,
+        lambda _ns: intercepting_config(runtime, image, up),
+        kubeconfig=kubeconfig,
+        core_v1=core_v1,
+        custom_objects=custom_objects,
+        tmp=tmp_path_factory.mktemp(f"maf-egress-{runtime}"),
+        isolation=RUNTIMES[runtime],
+    ) as served:
+        yield served
+
+
+def allowlist(kind: str, *allow: str | maf.EgressRule) -> maf.SandboxSpec:
+    return maf.SandboxSpec(
+        kind=kind,
+        requires=frozenset({maf.Capability.EXEC}),
+        egress=maf.Egress.ALLOWLIST,
+        egress_allow=allow,
+    )
+
+
+async def reasons(sandbox: maf.Sandbox, *requests: tuple[str, str]) -> list[str]:
+    """``"<status> <X-Egress-Reason>"`` for each (method, url) the guest's curl sends."""
+    argv = [item for pair in requests for item in pair]
+    result = await sandbox.exec(
+        ["sh", "-c", REASONS, "reasons", *argv], working_directory=BASE, timeout=120
+    )
+    assert result.exit_code == 0, result
+    return [line.strip() for line in result.stdout.splitlines()]
+
+
+async def test_maf_egress_suites_with_method_and_path_rules(
+    served: Served,
+    backend: OperatorBackend,
+    router: maf.SandboxRouter,
+    key: maf.SandboxKey,
+    up: Upstreams,
 ) -> None:
-    with https_upstream(tmp_path) as (port, upstream_pem):
-        config = config_with_managed_proxy("runc", ":".join(operator_image), outside, (port,))
-        (entry,) = config["backends"]
-        entry["declarations"] = dict(entry["declarations"], egressRules=True, egressRulesHttps=True)
-        config["egressProxy"]["config"]["interception"] = {
-            "enabled": True,
-            "extraUpstreamRoots": upstream_pem,
-        }
-        start_operator(config)
-        for _ in range(200):  # the operator publishes its backends at start
-            with contextlib.suppress(Exception):
-                core_v1.read_namespaced_config_map(PUBLISHED_CONFIGMAP, kit.ns)
-                break
-            await asyncio.sleep(0.3)
-        client = await SandboxClient.from_kubeconfig(kit.ns, kubeconfig=kubeconfig)
-        try:
-            backend = await OperatorBackend.connect(client, backend="runc", default_image=PYTHON)
-            declared = backend.declarations
-            assert {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS} <= (
-                declared.capabilities
-            ), declared
-            router = maf.SandboxRouter([backend], min_isolation=maf.Isolation.CONTAINER)
-            key = maf.SandboxKey("maf-tier", f"thread-{uuid.uuid4().hex[:8]}", "agent")
+    declared = backend.declarations
+    caps = declared.capabilities
+    assert {maf.Capability.EGRESS_METHODS, maf.Capability.EGRESS_PATHS} <= caps, declared
+    assert maf.Egress.ALLOWLIST in declared.egress_modes, declared
+    denied_url = f"http://{DENIED}:{up.outside.port}/"  # the plain upstream (`up` checked it)
 
-            def spec(kind: str, rule: maf.EgressRule) -> maf.SandboxSpec:
-                return maf.SandboxSpec(
-                    kind=kind,
-                    requires=frozenset({maf.Capability.EXEC}),
-                    egress=maf.Egress.ALLOWLIST,
-                    egress_allow=(rule,),
-                )
-
-            caps = declared.capabilities
-            try:
-                scoped = PythonHttpSubject(
-                    await router.acquire(
-                        key, spec("scoped", maf.EgressRule(HOST, methods=("GET",)))
-                    ),
-                    caps,
-                )
-                control = PythonHttpSubject(
-                    await router.acquire(key, spec("control", maf.EgressRule(HOST, paths=("/*",)))),
-                    caps,
-                )
-                url = f"https://{HOST}:{port}/ok"
-                results = await conformance.run_egress_methods_probes(
-                    scoped, control, allowed_url=url
-                )
-                assert all(r.passed for r in results), (results, scoped.last, control.last)
-
-                paths = PythonHttpSubject(
-                    await router.acquire(key, spec("paths", maf.EgressRule(HOST, paths=("/ok",)))),
-                    caps,
-                )
-                assert await paths.http_reaches("GET", url, timeout=30), paths.last
-                assert not await paths.http_reaches("GET", f"{url}/../no", timeout=30)
-                assert not await paths.http_reaches("GET", f"https://{HOST}:{port}/no", timeout=30)
-                assert "PathNotAllowed" in paths.last, paths.last
-            finally:
-                await router.dispose(key)
-        finally:
-            await client.close()
+    ruled = f"https://{RULED}:{up.tls_port}"
+    try:
+        scoped = await router.acquire(
+            key,
+            allowlist("scoped", maf.EgressRule(RULED, methods=("GET",), paths=("/ok/*",)), PLAIN),
+        )
+        control = await router.acquire(
+            key, allowlist("control", maf.EgressRule(RULED, paths=("/*",)))
+        )
+        subject = conformance.PosixGuestSubject(scoped, BASE, caps, exec_timeout=60)
+        # The HTTPS host with rules (intercepted), then the plain host (no interception).
+        await conformance.assert_egress_conformance(
+            subject, allowed_url=f"{ruled}/ok/x", denied_url=denied_url
+        )
+        await conformance.assert_egress_conformance(
+            subject, allowed_url=f"http://{PLAIN}:{up.outside.port}/", denied_url=denied_url
+        )
+        await conformance.assert_egress_methods_conformance(
+            conformance.ExecEgressMethodsSubject(scoped, caps, BASE),
+            conformance.ExecEgressMethodsSubject(control, caps, BASE),
+            allowed_url=f"{ruled}/ok/x",
+        )
+        got = await reasons(
+            scoped,
+            ("GET", f"{ruled}/ok/x"),
+            ("POST", f"{ruled}/ok/x"),
+            ("GET", f"{ruled}/no"),
+            ("GET", f"{ruled}/ok/%2e%2e/no"),
+        )
+        assert got == ["200", "403 MethodNotAllowed", "403 PathNotAllowed", "403 PathNotAllowed"]
+    finally:
+        await router.dispose(key)

@@ -5,6 +5,8 @@ claims `closed` but reaches a server."""
 from __future__ import annotations
 
 import shutil
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,7 +15,12 @@ from sandbox_operator.conformance.egress import check_egress
 from sandbox_operator.contract import Capability
 from sandbox_operator.egress import EgressProxy, StaticResolver
 from sandbox_operator.egress.probe import ProbeTarget
-from sandbox_operator.testing.egress import LocalServer, loopback_proxy_config, start_http_server
+from sandbox_operator.testing.egress import (
+    LocalServer,
+    loopback_proxy_config,
+    serve_http_in_thread,
+    start_http_server,
+)
 from sandbox_operator.testing.fakes import local_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3")
@@ -78,3 +85,22 @@ async def test_allowlist_through_the_real_proxy(upstream: LocalServer) -> None:
         "denied_refused_with_403",
     ], report.failures
     assert report.failed == ["direct_route_blocked"]
+
+
+def test_serve_http_in_thread_answers_the_methods_it_is_given() -> None:
+    """The test kit's threaded server: GET only by default (POST gets 501), and POST with its
+    body read when asked (an origin a method rule's test needs)."""
+
+    def status(port: int, method: str) -> int:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"x" * 10, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as answer:
+                assert answer.read() == b"body"
+                return int(answer.status)
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    with serve_http_in_thread(b"body", host="127.0.0.1") as port:
+        assert (status(port, "GET"), status(port, "POST")) == (200, 501)
+    with serve_http_in_thread(b"body", host="127.0.0.1", methods=("GET", "POST")) as port:
+        assert (status(port, "GET"), status(port, "POST"), status(port, "PUT")) == (200, 200, 501)

@@ -87,33 +87,44 @@ def serve_http_in_thread(
     tls: ssl.SSLContext | None = None,
     backlog: int = 512,
     seen: list[list[tuple[str, str]]] | None = None,
+    methods: tuple[str, ...] = ("GET",),
 ) -> Iterator[int]:
-    """A blocking HTTP(S) server answering every GET with ``body``, in a thread; yields its port.
+    """A blocking HTTP(S) server answering each of ``methods`` (GET by default; any other gets
+    501) with 200 and ``body``, in a thread; yields its port.
 
     For "outside" hosts that pods reach: it runs beside the tests' event loops (and outside any),
     on every address of this machine by default. ``backlog`` lets hundreds of tunnels connect at
-    once; handler threads are daemons, so a held connection never blocks shutdown. ``seen``
-    collects each request's headers as received (what the egress hop added, for one), never
-    echoed back.
+    once; handler threads are daemons, so a held connection never blocks shutdown. A request's
+    own body (``Content-Length``) is read and dropped. ``methods=("GET", "POST")`` serves an
+    origin that accepts POST, which a method rule's test needs (or a 405 would pass for the
+    proxy's refusal). ``seen`` collects each request's headers as received (what the egress
+    hop added, for one), never echoed back.
     """
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if seen is not None:
-                seen.append(list(self.headers.items()))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        if seen is not None:
+            seen.append(list(handler.headers.items()))
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length:
+            handler.rfile.read(length)
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def quiet(handler: http.server.BaseHTTPRequestHandler, *args: object) -> None:
+        pass
+
+    members: dict[str, object] = {f"do_{method.upper()}": answer for method in methods}
+    handler = type(
+        "Handler", (http.server.BaseHTTPRequestHandler,), members | {"log_message": quiet}
+    )
 
     class Server(http.server.ThreadingHTTPServer):
         request_queue_size = backlog
         daemon_threads = True
 
-    server = Server((host, 0), Handler)
+    server = Server((host, 0), handler)
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
