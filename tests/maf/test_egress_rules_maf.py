@@ -19,7 +19,10 @@ module (``served`` below overrides the tier's).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import urllib.request
+import uuid
 from collections.abc import Iterator
 
 import maf_sandbox as maf
@@ -159,3 +162,59 @@ async def test_maf_egress_suites_with_method_and_path_rules(
         assert got == ["200", "403 MethodNotAllowed", "403 PathNotAllowed", "403 PathNotAllowed"]
     finally:
         await router.dispose(key)
+
+
+class EgressRecorder(maf.SandboxObserver):
+    """A host's observer keeping the egress events it is given."""
+
+    def __init__(self, wanted: int) -> None:
+        self.events: list[maf.EgressObserved] = []
+        self.wanted = wanted
+        self.enough = asyncio.Event()
+
+    def decisions(self) -> list[maf.EgressDecision]:
+        return [d for event in self.events for d in event.decisions]
+
+    def egress_observed(self, event: maf.EgressObserved) -> None:
+        self.events.append(event)
+        if len(self.decisions()) >= self.wanted:
+            self.enough.set()
+
+
+async def test_the_proxys_decisions_reach_mafs_observer_in_order(
+    served: Served, backend: OperatorBackend, up: Upstreams
+) -> None:
+    """#38 item 4 on the cluster: a router with an observer receives, as ``EgressObserved``,
+    every decision the proxy recorded for the Sandbox it served, in the order the guest made
+    the requests (one record per connection), and nothing marked truncated."""
+    assert backend.declarations.observes_egress
+    recorder = EgressRecorder(wanted=4)
+    router = maf.SandboxRouter([backend], min_isolation=served.isolation, observer=recorder)
+    key = maf.SandboxKey("maf-tier", f"observed-{uuid.uuid4().hex[:8]}", "agent")
+    ruled = f"https://{RULED}:{up.tls_port}"
+    try:
+        sandbox = await router.acquire(
+            key, allowlist("observed", maf.EgressRule(RULED, methods=("GET",), paths=("/ok/*",)))
+        )
+        got = await reasons(
+            sandbox,
+            ("GET", f"{ruled}/ok/x"),
+            ("POST", f"{ruled}/ok/x"),
+            ("GET", f"{ruled}/no"),
+            ("GET", f"http://{DENIED}:{up.outside.port}/"),
+        )
+        assert [line.split()[0] for line in got] == ["200", "403", "403", "403"], got
+    finally:
+        await router.dispose(key)
+    expected = [
+        maf.EgressDecision("ALLOW", RULED, up.tls_port),
+        maf.EgressDecision("DENY", RULED, up.tls_port),
+        maf.EgressDecision("DENY", RULED, up.tls_port),
+        maf.EgressDecision("DENY", DENIED, up.outside.port),
+    ]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(recorder.enough.wait(), 30)
+    assert recorder.decisions() == expected, recorder.events
+    assert {event.key for event in recorder.events} == {key}
+    assert {event.backend for event in recorder.events} == {backend.backend_name}
+    assert not any(event.truncated for event in recorder.events), recorder.events
