@@ -137,6 +137,7 @@ class Admission:
     key: SandboxKey | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)  # status fields to set
     decided_now: bool = False  # a new admission (or refusal), not one recorded earlier
+    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message), posted once written
 
 
 def admit(

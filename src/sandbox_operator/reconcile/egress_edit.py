@@ -1,0 +1,157 @@
+"""Egress edits on a live Sandbox (docs/egress.md, "Editing egress on a live Sandbox"), as pure
+functions: whether ``spec.egressAllow`` / ``spec.egressRules`` differ from what is enforced, the
+judgement of the difference, and what the status and an Event say of it.
+
+Its own module because an edit is its own decision beside admission and the plan: the sandbox
+was admitted once and keeps its backend, floor and pod; only its allowlist is judged again, by
+the policy's egress check (``policy.check_egress``) against the backend serving it, with the
+host's policy of now. The egress proxy enforces ``status.admittedEgressAllow`` and
+``admittedEgressRules``, never the live spec, so a refused edit changes nothing it enforces:
+the last accepted egress stays in force, and ``status.egressPolicy`` says which generation that
+is, or why the latest was refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox_operator.contract import (
+    ConditionReason,
+    Egress,
+    SandboxRefusal,
+    SandboxResourceSpec,
+)
+from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.policy import BackendProfile, check_egress
+from sandbox_operator.reconcile.conditions import now_rfc3339
+
+R = ConditionReason
+
+
+@dataclass(frozen=True)
+class EgressEdit:
+    """What the pass writes for the sandbox's egress (``fields``, status fields in their wire
+    spelling) and the Events it posts once that write is made: ``(type, reason, message)``."""
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    events: tuple[tuple[str, str, str], ...] = ()
+
+
+def _hosts(value: object) -> frozenset[str]:
+    return frozenset(str(h) for h in value) if isinstance(value, Sequence) else frozenset()
+
+
+def _rules(value: object) -> dict[str, dict[str, Any]] | None:
+    """Rules by host in one spelling (their wire form), so an order or default-only difference
+    is no edit; None when what status holds does not parse (then it is replaced)."""
+    if not isinstance(value, Sequence):
+        return {}
+    try:
+        parsed = [EgressRule.model_validate(r) for r in value]
+    except ValidationError:
+        return None
+    return {r.host: r.to_wire() for r in parsed}
+
+
+def _describe(allow: frozenset[str], rules: Mapping[str, Any]) -> str:
+    hosts = ", ".join(sorted(allow)) or "none"
+    ruled = ", ".join(sorted(rules)) or "none"
+    return f"egressAllow [{hosts}], egressRules for [{ruled}]"
+
+
+def egress_edit(
+    spec: SandboxResourceSpec,
+    status: Mapping[str, Any],
+    admitted: Mapping[str, Any],
+    *,
+    generation: int,
+    backend: BackendProfile | None,
+    follows_edits: bool,
+    allow_unrestricted: bool,
+    now: datetime,
+) -> EgressEdit:
+    """The egress record of an admitted sandbox for this pass.
+
+    ``admitted``: the status fields this pass's admission sets (a new admission records the
+    spec's lists itself); ``generation``: the Sandbox's ``metadata.generation``; ``backend``: the
+    profile of the backend serving it (None: no longer configured); ``follows_edits``: whether
+    its driver enforces an edit on a live sandbox (``backends.base.follows_egress_edits``).
+
+    Same lists as enforced: at most the record is written once (a new admission, a Sandbox from
+    before edits, or the spec back at what is enforced after a refused edit). Other lists: the
+    edit is judged; accepted, they become the admitted lists with ``egressPolicy.generation``
+    and ``appliedAt`` (and an ``EgressEdited`` Event); refused, the admitted lists stay and
+    ``egressPolicy`` names the refused generation and why (and an ``EgressEditRefused`` Event).
+    A generation already refused is not judged again; a later one (any spec edit) is, so a
+    host policy or backend that changed since can let it through.
+    """
+    if spec.egress is not Egress.ALLOWLIST:
+        return EgressEdit()
+    old_allow = admitted.get("admittedEgressAllow", status.get("admittedEgressAllow"))
+    if old_allow is None:
+        return EgressEdit()  # not recorded yet (the admission's own write records it)
+    raw_rules = admitted.get("admittedEgressRules", status.get("admittedEgressRules"))
+    record = status.get("egressPolicy")
+    record = dict(record) if isinstance(record, Mapping) else {}
+    new_allow = frozenset(spec.egress_allow)
+    new_rules = {r.host: r.to_wire() for r in spec.egress_rules}
+    # Cheap first (every pass of every allowlist sandbox asks): the lists exactly as written.
+    same_rules = (raw_rules or []) == list(new_rules.values()) or _rules(raw_rules) == new_rules
+    # This pass's admission records the spec's lists itself (a new admission, a resume judged
+    # afresh): they are this generation's.
+    fresh = "admittedEgressAllow" in admitted and record.get("generation") != generation
+    if _hosts(old_allow) == new_allow and same_rules:
+        if record and record.get("refusedGeneration") is None and not fresh:
+            return EgressEdit()
+        kept = {k: v for k, v in record.items() if k in ("generation", "appliedAt")}
+        first = {"generation": generation, "appliedAt": now_rfc3339(now)}
+        return EgressEdit({"egressPolicy": first if fresh or not kept else kept})
+    if record.get("refusedGeneration") == generation:
+        return EgressEdit()
+    problem = _refusal(spec, backend, follows_edits, allow_unrestricted)
+    if problem is not None:
+        reason, message = problem
+        refused = {**record, "refusedGeneration": generation, "refusedReason": reason}
+        refused["refused"] = message
+        refused.setdefault("generation", 0)
+        text = (
+            f"egress edit of generation {generation} refused ({reason}): {message}; the egress "
+            f"of generation {refused['generation']} stays enforced"
+        )
+        return EgressEdit(
+            {"egressPolicy": refused}, (("Warning", R.EGRESS_EDIT_REFUSED.value, text),)
+        )
+    fields: dict[str, Any] = {
+        "admittedEgressAllow": list(spec.egress_allow),
+        # Removed (None) when the edit leaves no rules: what a Sandbox admitted without holds.
+        "admittedEgressRules": [r.to_wire() for r in spec.egress_rules] or None,
+        "egressPolicy": {"generation": generation, "appliedAt": now_rfc3339(now)},
+    }
+    text = f"egress of generation {generation} admitted: {_describe(new_allow, new_rules)}"
+    return EgressEdit(fields, (("Normal", R.EGRESS_EDITED.value, text),))
+
+
+def _refusal(
+    spec: SandboxResourceSpec,
+    backend: BackendProfile | None,
+    follows_edits: bool,
+    allow_unrestricted: bool,
+) -> tuple[str, str] | None:
+    """Why the serving backend cannot take the edited egress ((reason, message)), or None."""
+    if backend is None or not follows_edits:
+        name = backend.name if backend is not None else "serving the sandbox"
+        return (
+            R.EGRESS_EDIT_NOT_SUPPORTED.value,
+            f"backend {name} cannot change the egress of a running sandbox; create a new "
+            "Sandbox with the egress wanted",
+        )
+    try:
+        check_egress(backend, spec.sandbox_spec(), allow_unrestricted=allow_unrestricted)
+    except SandboxRefusal as refusal:
+        return refusal.reason.value, refusal.message
+    return None
