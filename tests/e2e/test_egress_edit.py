@@ -38,7 +38,8 @@ for url in sys.argv[1:]:
 """
 
 #: Runs in the sandbox, in the background: opens a CONNECT tunnel to argv[1] and holds it idle,
-#: writing "open <status line>" and, when the tunnel ends, "closed" to argv[2].
+#: writing "open <status line>" and, when the tunnel ends, "closed" to argv[2] (in the work
+#: directory: the root filesystem is read-only).
 TUNNEL_SCRIPT = r"""
 import os, socket, sys
 host, port = os.environ["HTTP_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
@@ -85,23 +86,23 @@ def test_an_edit_widens_and_narrows_a_running_sandbox(
 
         # A tunnel to allowed.test, open and idle while the allowlist is narrowed.
         exec_in(core_v1, kit.ns, pod, "sh", "-c",
-                f"python3 -I -c '{TUNNEL_SCRIPT}' allowed.test:{outside.port} /tmp/tunnel "
+                f"python3 -I -c '{TUNNEL_SCRIPT}' allowed.test:{outside.port} /workspace/tunnel "
                 "</dev/null >/dev/null 2>&1 &")  # fmt: skip
         state = ""
         deadline = time.monotonic() + 30
         while "open" not in state and time.monotonic() < deadline:
-            state = exec_in(core_v1, kit.ns, pod, "sh", "-c", "cat /tmp/tunnel 2>/dev/null")
+            state = exec_in(core_v1, kit.ns, pod, "sh", "-c", "cat /workspace/tunnel 2>/dev/null")
             time.sleep(0.3)
         assert state.startswith("open HTTP/1.1 200"), state
         time.sleep(1)
-        assert "closed" not in exec_in(core_v1, kit.ns, pod, "cat", "/tmp/tunnel")
+        assert "closed" not in exec_in(core_v1, kit.ns, pod, "cat", "/workspace/tunnel")
 
         # Narrowing: allowed.test is refused on the next request, and its open tunnel is closed.
         c.edit_egress("edited", allow=["denied.test"], timeout=60)
         assert get(allowed, denied) == [(403, "HostNotAllowed", False), (200, "", True)]
         deadline = time.monotonic() + 10
         while "closed" not in state and time.monotonic() < deadline:
-            state = exec_in(core_v1, kit.ns, pod, "cat", "/tmp/tunnel")
+            state = exec_in(core_v1, kit.ns, pod, "cat", "/workspace/tunnel")
             time.sleep(0.3)
         assert "closed" in state, state
 

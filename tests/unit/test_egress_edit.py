@@ -182,12 +182,25 @@ def test_the_record_is_written_with_the_admission_and_once_for_older_sandboxes()
     # A resume judged afresh records its generation, the lists being the spec's.
     resumed = judge(spec(), ENFORCED, generation=9, admitted=fresh)
     assert resumed.fields["egressPolicy"]["generation"] == 9
-    # Not an allowlist, or not admitted yet: nothing.
+    # Not an allowlist: nothing.
     closed = SandboxResourceSpec.model_validate(
         {"scopeRef": "c", "agentDir": "a", "kind": "shell", "image": "busybox"}
     )
     assert not judge(closed, ENFORCED).fields
-    assert not judge(spec(), {}).fields
+
+
+def test_an_admitted_sandbox_without_lists_in_status_has_the_specs_judged_never_taken() -> None:
+    # Its status lost (or never had) the admitted lists: the proxy enforces nothing for it, and
+    # the spec's lists are an edit from none: judged, so rules its backend does not judge stay
+    # out.
+    refused = judge(spec(rules=(RULE,)), {}, generation=4, profile=backend(rules=False))
+    assert (
+        "admittedEgressAllow" not in refused.fields and "admittedEgressRules" not in refused.fields
+    )
+    assert refused.fields["egressPolicy"]["refusedReason"] == "EgressNotEnforced"
+    accepted = judge(spec(), {}, generation=4)
+    assert accepted.fields["admittedEgressAllow"] == ["pypi.org"]
+    assert accepted.fields["egressPolicy"]["generation"] == 4
 
 
 # ---- the proxy: the generation it enforces, and open connections --------------------------

@@ -92,9 +92,10 @@ def egress_edit(
     """
     if spec.egress is not Egress.ALLOWLIST:
         return EgressEdit()
+    # None: an admitted Sandbox whose status holds no lists (admitted before they were recorded,
+    # or they were removed): the proxy enforces nothing for it, and the spec's lists are judged
+    # as an edit from none, never taken as they are.
     old_allow = admitted.get("admittedEgressAllow", status.get("admittedEgressAllow"))
-    if old_allow is None:
-        return EgressEdit()  # not recorded yet (the admission's own write records it)
     raw_rules = admitted.get("admittedEgressRules", status.get("admittedEgressRules"))
     record = status.get("egressPolicy")
     record = dict(record) if isinstance(record, Mapping) else {}
