@@ -113,12 +113,14 @@ async def test_the_operator_admits_a_widening_and_refuses_rules_it_cannot_enforc
     patch_spec(kit, "w", {"egressAllow": ["a.example.com", "b.example.com"]})
     status = wait_status(kit, "w", lambda s: s["egressPolicy"]["generation"] == 2)
     assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]
-    assert "refusedGeneration" not in status["egressPolicy"]
+    assert "egressEditRefused" not in status
 
     # Rules this backend does not judge: refused by the operator, the old lists kept.
     patch_spec(kit, "w", {"egressRules": [RULE]})
-    status = wait_status(kit, "w", lambda s: s["egressPolicy"].get("refusedGeneration") == 3)
-    assert status["egressPolicy"]["refusedReason"] == "EgressNotEnforced"
+    status = wait_status(
+        kit, "w", lambda s: (s.get("egressEditRefused") or {}).get("generation") == 3
+    )
+    assert status["egressEditRefused"]["reason"] == "EgressNotEnforced"
     assert status["egressPolicy"]["generation"] == 2
     assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]
     assert "admittedEgressRules" not in status
@@ -135,6 +137,6 @@ async def test_the_operator_admits_a_widening_and_refuses_rules_it_cannot_enforc
     assert refused.value.reason == "Invalid" and "spec.egressAllow[1]" in refused.value.message
     # Back to no rules: the refusal is cleared, the lists enforced all along stay.
     await aclient.edit_egress("w", rules=[], timeout=60)
-    status = wait_status(kit, "w", lambda s: "refusedGeneration" not in s["egressPolicy"])
+    status = wait_status(kit, "w", lambda s: "egressEditRefused" not in s)
     assert status["egressPolicy"]["generation"] == 2
     assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]

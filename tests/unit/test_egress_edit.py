@@ -125,6 +125,7 @@ def test_a_widening_is_admitted_with_its_generation_and_an_event() -> None:
         {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}
     ]
     assert edit.fields["egressPolicy"] == {"generation": 3, "appliedAt": "2099-01-01T12:00:00Z"}
+    assert edit.fields["egressEditRefused"] is None
     [(type_, reason, message)] = edit.events
     assert (type_, reason) == ("Normal", ConditionReason.EGRESS_EDITED)
     assert "generation 3" in message and "files.example.com" in message
@@ -141,35 +142,34 @@ def test_a_narrowing_removes_the_rules_and_hosts_it_drops() -> None:
 
 def test_a_widening_the_backend_cannot_enforce_is_refused_and_the_old_lists_stay() -> None:
     edit = judge(spec(rules=(HTTPS_RULE,)), ENFORCED, generation=4)
-    assert "admittedEgressAllow" not in edit.fields
-    assert "admittedEgressRules" not in edit.fields
-    record = edit.fields["egressPolicy"]
-    assert record["generation"] == 1  # the egress enforced stays that of generation 1
-    assert record["refusedGeneration"] == 4
-    assert record["refusedReason"] == "EgressNotEnforced"
-    assert "HTTPS" in record["refused"]
+    # The admitted lists and the record of the egress in force are not touched.
+    assert set(edit.fields) == {"egressEditRefused"}
+    refused = edit.fields["egressEditRefused"]
+    assert refused["generation"] == 4 and refused["reason"] == "EgressNotEnforced"
+    assert "HTTPS" in refused["message"]
     [(type_, reason, message)] = edit.events
     assert (type_, reason) == ("Warning", ConditionReason.EGRESS_EDIT_REFUSED)
     assert "generation 1 stays enforced" in message
-    SandboxResourceStatus.model_validate({"egressPolicy": record})
+    SandboxResourceStatus.model_validate({"egressEditRefused": refused})
     # Judged once per generation: the next pass of the same generation writes nothing.
-    refused = {**ENFORCED, "egressPolicy": record}
-    assert not judge(spec(rules=(HTTPS_RULE,)), refused, generation=4).fields
+    after = {**ENFORCED, "egressEditRefused": refused}
+    assert not judge(spec(rules=(HTTPS_RULE,)), after, generation=4).fields
     # A later generation is judged again, against a backend that may judge it now.
-    later = judge(spec(rules=(HTTPS_RULE,)), refused, generation=5, profile=backend(https=True))
+    later = judge(spec(rules=(HTTPS_RULE,)), after, generation=5, profile=backend(https=True))
     assert later.fields["egressPolicy"] == {"generation": 5, "appliedAt": "2099-01-01T12:00:00Z"}
-    # The spec set back to what is enforced clears the refusal, keeping the generation.
-    back = judge(spec(), refused, generation=6)
-    assert back.fields["egressPolicy"] == ENFORCED["egressPolicy"]
+    assert later.fields["egressEditRefused"] is None  # removed in the same write
+    # The spec set back to what is enforced removes the refusal, the record kept.
+    back = judge(spec(), after, generation=6)
+    assert back.fields == {"egressEditRefused": None}
     assert not back.events
 
 
 def test_a_backend_that_cannot_follow_an_edit_refuses_it() -> None:
     edit = judge(spec(("pypi.org", "more.example.com")), ENFORCED, follows=False)
-    assert edit.fields["egressPolicy"]["refusedReason"] == "EgressEditNotSupported"
-    assert "admittedEgressAllow" not in edit.fields
+    assert set(edit.fields) == {"egressEditRefused"}
+    assert edit.fields["egressEditRefused"]["reason"] == "EgressEditNotSupported"
     gone = judge(spec(("pypi.org", "more.example.com")), ENFORCED, gone=True)
-    assert gone.fields["egressPolicy"]["refusedReason"] == "EgressEditNotSupported"
+    assert gone.fields["egressEditRefused"]["reason"] == "EgressEditNotSupported"
 
 
 def test_the_record_is_written_with_the_admission_and_once_for_older_sandboxes() -> None:
@@ -194,10 +194,8 @@ def test_an_admitted_sandbox_without_lists_in_status_has_the_specs_judged_never_
     # the spec's lists are an edit from none: judged, so rules its backend does not judge stay
     # out.
     refused = judge(spec(rules=(RULE,)), {}, generation=4, profile=backend(rules=False))
-    assert (
-        "admittedEgressAllow" not in refused.fields and "admittedEgressRules" not in refused.fields
-    )
-    assert refused.fields["egressPolicy"]["refusedReason"] == "EgressNotEnforced"
+    assert set(refused.fields) == {"egressEditRefused"}
+    assert refused.fields["egressEditRefused"]["reason"] == "EgressNotEnforced"
     accepted = judge(spec(), {}, generation=4)
     assert accepted.fields["admittedEgressAllow"] == ["pypi.org"]
     assert accepted.fields["egressPolicy"]["generation"] == 4
@@ -342,11 +340,10 @@ def test_the_client_waits_for_the_operator_and_then_the_proxy() -> None:
     )
     refused = {
         **before,
-        "egressPolicy": {
-            "generation": 1,
-            "refusedGeneration": 2,
-            "refusedReason": "EgressNotEnforced",
-            "refused": "no https rules here",
+        "egressEditRefused": {
+            "generation": 2,
+            "reason": "EgressNotEnforced",
+            "message": "no https rules here",
         },
     }
     assert edit_state(_obj(wanted, refused), 2) == (
@@ -356,3 +353,14 @@ def test_the_client_waits_for_the_operator_and_then_the_proxy() -> None:
     )
     # A refusal of an older generation does not answer a newer edit.
     assert edit_state(_obj(wanted, refused), 3)[0] == "pending"
+
+
+def test_the_views_keep_what_an_egress_edit_pass_reads() -> None:
+    """The operator's passes read a Sandbox from its views: lists or a record the view dropped
+    would make every pass see an edit from none (judged again, written again) and lose the
+    generation a refusal keeps."""
+    from sandbox_operator.reconcile.views import slim_sandbox
+
+    kept = {**ENFORCED, "admittedEgressRules": [RULE], "egressEditRefused": {"generation": 2}}
+    slim = slim_sandbox({"metadata": {"name": "a", "namespace": "ns"}, "status": kept})
+    assert {k: slim["status"].get(k) for k in kept} == kept

@@ -268,7 +268,7 @@ class EgressEditable(Protocol):
     """A driver whose egress hop enforces what a Sandbox's status admits and follows it while
     the sandbox runs, so an egress edit (``spec.egressAllow``, ``spec.egressRules``) the operator
     accepts reaches it without a new pod. A driver without it leaves such an edit refused
-    (``status.egressPolicy.refused``), its sandboxes keeping the egress they started with."""
+    (``status.egressEditRefused``), its sandboxes keeping the egress they started with."""
 
     @property
     def follows_egress_edits(self) -> bool: ...

@@ -319,7 +319,7 @@ CONDITION_ERRORS: Mapping[ConditionReason, type[SandboxAcquireError] | None] = {
 }
 
 #: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, Events' and
-#: ``status.egressPolicy``'s.
+#: ``status.egressEditRefused``'s.
 NOT_SANDBOX_REASONS: frozenset[str] = frozenset(
     {
         ConditionReason.FILLING,

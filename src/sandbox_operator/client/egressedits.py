@@ -5,7 +5,7 @@ An edit is a merge patch of those two fields as this client's ``-egress`` field 
 refuses what it refuses at creation (a metadata host, an IP literal, a host in both lists: a 422
 naming the field); the operator then judges the edit against the backend serving the sandbox and
 either admits it (``status.admittedEgressAllow`` / ``admittedEgressRules``, ``status.egressPolicy``)
-or refuses it (``status.egressPolicy.refused``), the egress in force before staying so. The edit
+or refuses it (``status.egressEditRefused``), the egress in force before staying so. The edit
 is in force once the egress proxy reports it enforces that generation
 (``status.egress.policyGeneration``), which is what :meth:`EgressEdits.edit` waits for.
 """
@@ -52,9 +52,10 @@ def edit_state(obj: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
     status = obj.get("status") or {}
     spec = obj.get("spec") or {}
     policy = status.get("egressPolicy") or {}
-    refused_at = policy.get("refusedGeneration")
+    refusal = status.get("egressEditRefused") or {}
+    refused_at = refusal.get("generation")
     if isinstance(refused_at, int) and refused_at >= generation:
-        return "refused", str(policy.get("refusedReason") or ""), str(policy.get("refused") or "")
+        return "refused", str(refusal.get("reason") or ""), str(refusal.get("message") or "")
     admitted = set(status.get("admittedEgressAllow") or ())
     if admitted != set(spec.get("egressAllow") or ()) or _rules(
         status.get("admittedEgressRules")

@@ -77,7 +77,7 @@ from sandbox_operator.client.errorbase import scrub as scrub
 class SandboxEgressEditRefused(SandboxClientError, ValueError):
     """An edit of the Sandbox's egress (``egressAllow``, ``egressRules``) was refused: by the
     API server (``reason`` ``Invalid``: the CRD's rules, the message naming the field, e.g.
-    ``spec.egressAllow[1]``) or by the operator (``reason`` from ``status.egressPolicy``:
+    ``spec.egressAllow[1]``) or by the operator (``reason`` from ``status.egressEditRefused``:
     ``EgressNotEnforced``, ``EgressEditNotSupported``). The egress in force before stays so."""
 
     sandbox: str

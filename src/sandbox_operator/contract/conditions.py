@@ -71,7 +71,7 @@ class ConditionReason(StrEnum):
     POOL_UNSUPPORTED = "PoolUnsupported"
     # A Sandbox served cold although a warm pool for its spec exists (an Event, not a condition).
     POOL_EXHAUSTED = "PoolExhausted"
-    # Egress edits on a live Sandbox (Events; status.egressPolicy says the same).
+    # Egress edits on a live Sandbox (Events; status.egressPolicy and egressEditRefused too).
     EGRESS_EDITED = "EgressEdited"
     EGRESS_EDIT_REFUSED = "EgressEditRefused"
     # Why an edit was refused when no admission check refused it: the backend cannot follow one.
@@ -284,12 +284,12 @@ REASON_DOCS: Mapping[ConditionReason, ReasonDoc] = {
     ),
     ConditionReason.EGRESS_EDIT_REFUSED: ReasonDoc(
         "a Warning Event on a Sandbox (no condition)",
-        "an egress edit was refused (`status.egressPolicy.refused` says why); the egress "
+        "an egress edit was refused (`status.egressEditRefused` says why); the egress "
         "admitted before stays enforced",
         "—",
     ),
     ConditionReason.EGRESS_EDIT_NOT_SUPPORTED: ReasonDoc(
-        "`status.egressPolicy.refusedReason` of a Sandbox",
+        "`status.egressEditRefused.reason` of a Sandbox",
         "its backend cannot enforce an egress edit on a live sandbox (the acas backend, a "
         "runtimeClass backend with an external proxy): the edit is refused",
         "—",

@@ -20,7 +20,7 @@ from .base import (
 )
 from .conditions import ConditionStatus
 from .egresshosts import EgressHost
-from .egresspolicy import EgressPolicyStatus
+from .egresspolicy import EgressEditRefusal, EgressPolicyStatus
 from .egressrules import EGRESS_RULES_MAX_ITEMS, EgressRule
 from .enums import Egress, IsolationScope, OsFamily
 from .hostpolicy import ScopePurge
@@ -352,8 +352,10 @@ class SandboxResourceStatus(ContractModel):
         ),
     )
     egress_policy: EgressPolicyStatus | None = Field(
-        default=None,
-        description="Which egress edit is admitted (and when), or why the last one was refused.",
+        default=None, description="Which generation's egress is admitted, and when."
+    )
+    egress_edit_refused: EgressEditRefusal | None = Field(
+        default=None, description="Why the latest egress edit was refused; unset otherwise."
     )
     egress: EgressSummary | None = Field(
         default=None,

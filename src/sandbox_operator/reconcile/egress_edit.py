@@ -7,8 +7,8 @@ was admitted once and keeps its backend, floor and pod; only its allowlist is ju
 the policy's egress check (``policy.check_egress``) against the backend serving it, with the
 host's policy of now. The egress proxy enforces ``status.admittedEgressAllow`` and
 ``admittedEgressRules``, never the live spec, so a refused edit changes nothing it enforces:
-the last accepted egress stays in force, and ``status.egressPolicy`` says which generation that
-is, or why the latest was refused.
+the last accepted egress stays in force: ``status.egressPolicy`` says which generation that is,
+``status.egressEditRefused`` why the latest edit was refused.
 """
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ def egress_edit(
     its driver enforces an edit on a live sandbox (``backends.base.follows_egress_edits``).
 
     Same lists as enforced: at most the record is written once (a new admission, a Sandbox from
-    before edits, or the spec back at what is enforced after a refused edit). Other lists: the
-    edit is judged; accepted, they become the admitted lists with ``egressPolicy.generation``
-    and ``appliedAt`` (and an ``EgressEdited`` Event); refused, the admitted lists stay and
-    ``egressPolicy`` names the refused generation and why (and an ``EgressEditRefused`` Event).
+    before edits, or the spec back at what is enforced after a refused edit: the refusal goes).
+    Other lists: the edit is judged; accepted, they become the admitted lists with
+    ``egressPolicy.generation`` and ``appliedAt`` (and an ``EgressEdited`` Event); refused, the
+    admitted lists stay and ``egressEditRefused`` names the generation and why (and an
+    ``EgressEditRefused`` Event).
     A generation already refused is not judged again; a later one (any spec edit) is, so a
     host policy or backend that changed since can let it through.
     """
@@ -99,6 +100,8 @@ def egress_edit(
     raw_rules = admitted.get("admittedEgressRules", status.get("admittedEgressRules"))
     record = status.get("egressPolicy")
     record = dict(record) if isinstance(record, Mapping) else {}
+    refusal = status.get("egressEditRefused")
+    refused_at = refusal.get("generation") if isinstance(refusal, Mapping) else None
     new_allow = frozenset(spec.egress_allow)
     new_rules = {r.host: r.to_wire() for r in spec.egress_rules}
     # Cheap first (every pass of every allowlist sandbox asks): the lists exactly as written.
@@ -106,32 +109,33 @@ def egress_edit(
     # This pass's admission records the spec's lists itself (a new admission, a resume judged
     # afresh): they are this generation's.
     fresh = "admittedEgressAllow" in admitted and record.get("generation") != generation
-    if _hosts(old_allow) == new_allow and same_rules:
-        if record and record.get("refusedGeneration") is None and not fresh:
-            return EgressEdit()
-        kept = {k: v for k, v in record.items() if k in ("generation", "appliedAt")}
-        first = {"generation": generation, "appliedAt": now_rfc3339(now)}
-        return EgressEdit({"egressPolicy": first if fresh or not kept else kept})
-    if record.get("refusedGeneration") == generation:
+    if old_allow is not None and _hosts(old_allow) == new_allow and same_rules:
+        fields: dict[str, Any] = {}
+        if fresh or not record:
+            fields["egressPolicy"] = {"generation": generation, "appliedAt": now_rfc3339(now)}
+        if refusal is not None:
+            fields["egressEditRefused"] = None  # back at what is enforced: nothing refused
+        return EgressEdit(fields)
+    if refused_at == generation:
         return EgressEdit()
     problem = _refusal(spec, backend, follows_edits, allow_unrestricted)
     if problem is not None:
         reason, message = problem
-        refused = {**record, "refusedGeneration": generation, "refusedReason": reason}
-        refused["refused"] = message
-        refused.setdefault("generation", 0)
+        kept = record.get("generation", 0)
         text = (
             f"egress edit of generation {generation} refused ({reason}): {message}; the egress "
-            f"of generation {refused['generation']} stays enforced"
+            f"of generation {kept} stays enforced"
         )
+        refused = {"generation": generation, "reason": reason, "message": message}
         return EgressEdit(
-            {"egressPolicy": refused}, (("Warning", R.EGRESS_EDIT_REFUSED.value, text),)
+            {"egressEditRefused": refused}, (("Warning", R.EGRESS_EDIT_REFUSED.value, text),)
         )
-    fields: dict[str, Any] = {
+    fields = {
         "admittedEgressAllow": list(spec.egress_allow),
         # Removed (None) when the edit leaves no rules: what a Sandbox admitted without holds.
         "admittedEgressRules": [r.to_wire() for r in spec.egress_rules] or None,
         "egressPolicy": {"generation": generation, "appliedAt": now_rfc3339(now)},
+        "egressEditRefused": None,
     }
     text = f"egress of generation {generation} admitted: {_describe(new_allow, new_rules)}"
     return EgressEdit(fields, (("Normal", R.EGRESS_EDITED.value, text),))
