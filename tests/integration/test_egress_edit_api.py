@@ -10,7 +10,6 @@ whatever the pod does (tests/fixtures/nodeless.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -93,15 +92,8 @@ def managed_off_node() -> dict[str, Any]:
     return config
 
 
-@pytest.fixture
-async def aclient(kubeconfig: str, kit: Kit) -> AsyncIterator[SandboxClient]:
-    c = await SandboxClient.from_kubeconfig(kit.ns, kubeconfig=kubeconfig)
-    yield c
-    await c.close()
-
-
 async def test_the_operator_admits_a_widening_and_refuses_rules_it_cannot_enforce(
-    kit: Kit, start_operator: Any, aclient: SandboxClient
+    kit: Kit, start_operator: Any, kubeconfig: str
 ) -> None:
     start_operator(managed_off_node())
     kit.scope()
@@ -129,14 +121,17 @@ async def test_the_operator_admits_a_widening_and_refuses_rules_it_cannot_enforc
     assert reasons.get("EgressEditRefused") == "Warning", reasons
 
     # The client: the operator's refusal and the API server's, each typed.
-    with pytest.raises(SandboxEgressEditRefused) as refused:
-        await aclient.edit_egress("w", rules=[{**RULE, "host": "other.example.com"}], timeout=60)
-    assert refused.value.reason == "EgressNotEnforced"
-    with pytest.raises(SandboxEgressEditRefused) as refused:
-        await aclient.edit_egress("w", allow=["a.example.com", "169.254.169.254"], timeout=60)
-    assert refused.value.reason == "Invalid" and "spec.egressAllow[1]" in refused.value.message
-    # Back to no rules: the refusal is cleared, the lists enforced all along stay.
-    await aclient.edit_egress("w", rules=[], timeout=60)
-    status = wait_status(kit, "w", lambda s: "egressEditRefused" not in s)
-    assert status["egressPolicy"]["generation"] == 2
-    assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]
+    async with await SandboxClient.from_kubeconfig(kit.ns, kubeconfig=kubeconfig) as aclient:
+        with pytest.raises(SandboxEgressEditRefused) as refused:
+            await aclient.edit_egress(
+                "w", rules=[{**RULE, "host": "other.example.com"}], timeout=60
+            )
+        assert refused.value.reason == "EgressNotEnforced"
+        with pytest.raises(SandboxEgressEditRefused) as refused:
+            await aclient.edit_egress("w", allow=["a.example.com", "169.254.169.254"], timeout=60)
+        assert refused.value.reason == "Invalid" and "spec.egressAllow[1]" in refused.value.message
+        # Back to no rules: the refusal is cleared, the lists enforced all along stay.
+        await aclient.edit_egress("w", rules=[], timeout=60)
+        status = wait_status(kit, "w", lambda s: "egressEditRefused" not in s)
+        assert status["egressPolicy"]["generation"] == 2
+        assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]
