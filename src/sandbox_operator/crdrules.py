@@ -127,10 +127,14 @@ SANDBOX_SPEC_RULES: Final[list[Schema]] = [
 SANDBOX_IMMUTABLE_FIELDS: Final = ("scopeRef", "agentDir", "callId")
 
 #: Sandbox spec fields that may change after creation: the lifetime (extending a TTL or an idle
-#: timeout is judged on the next pass), suspended (suspend and resume) and resets (a reset, a
-#: counter that only grows: :data:`SANDBOX_RESETS_RULE`). Every other field decided the
-#: admission or shapes the pod.
-SANDBOX_MUTABLE_FIELDS: Final = frozenset({"lifetime", "suspended", "resets"})
+#: timeout is judged on the next pass), suspended (suspend and resume), resets (a reset, a
+#: counter that only grows: :data:`SANDBOX_RESETS_RULE`) and the allowlist, egressAllow and
+#: egressRules (an egress edit: each entry's rules and the spec's egress rules above still hold,
+#: and the operator judges the edit against the serving backend before the proxy enforces it;
+#: the egress mode stays fixed). Every other field decided the admission or shapes the pod.
+SANDBOX_MUTABLE_FIELDS: Final = frozenset(
+    {"lifetime", "suspended", "resets", "egressAllow", "egressRules"}
+)
 
 #: A transition rule on the spec object: spec.resets never goes down (nor away once set), so a
 #: reset asked for is never undone by an older write and status.resets can say which one the
@@ -150,8 +154,8 @@ def _fixed_after_creation(field: str) -> Schema:
         f"has(self.{field}) == has(oldSelf.{field}) && "
         f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
         f"{field} cannot change after creation: the sandbox was admitted and started with the "
-        "spec it was created with; create a new Sandbox instead (only lifetime, suspended "
-        "and resets may be edited)",
+        "spec it was created with; create a new Sandbox instead (only lifetime, suspended, "
+        "resets, egressAllow and egressRules may be edited)",
         field_path=f".{field}",
     )
 

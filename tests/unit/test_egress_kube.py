@@ -758,3 +758,35 @@ def test_summary_seconds_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         egress_main(["--config", str(cfg), "--kube-namespace", "ns", "--summary-seconds", "0"])
     assert exc.value.code == 2
+
+
+async def test_an_accepted_egress_edit_is_enforced_and_reported_with_its_generation() -> None:
+    """#38 item 5: the operator accepts an edit by writing the admitted lists and
+    status.egressPolicy.generation; the proxy enforces the new lists at its next sync (a watch
+    event) and reports that generation at once, also when only the generation moved."""
+    clock = Clock()
+    items = [sandbox("a", allow=("a.test",))]
+    items[0]["status"]["egressPolicy"] = {"generation": 1}
+    c = controller(items, {"a": "10.244.0.7"}, summary_interval=5.0, clock=clock)
+    await c.sync_once()
+    await c.flush_summaries()
+    assert egress_of(patches(c)[-1])["policyGeneration"] == 1
+    # Accepted: a narrowing to b.test, at generation 2.
+    items[0]["status"]["admittedEgressAllow"] = ["b.test"]
+    items[0]["status"]["egressPolicy"] = {"generation": 2}
+    await c.sync_once()
+    await c.flush_summaries()  # within the interval: a re-admission does not wait
+    assert len(patches(c)) == 2 and egress_of(patches(c)[-1])["policyGeneration"] == 2
+    assert c.proxy is not None
+    entry = c.proxy.table.get("ns/a")
+    assert entry is not None
+    assert entry.check("a.test", 443, [443]) is DecisionReason.HOST_NOT_ALLOWED
+    assert entry.check("b.test", 443, [443]) is DecisionReason.ALLOWED
+    # The same lists under a newer generation: nothing to change, but said at once.
+    items[0]["status"]["egressPolicy"] = {"generation": 3}
+    await c.sync_once()
+    await c.flush_summaries()
+    assert len(patches(c)) == 3 and egress_of(patches(c)[-1])["policyGeneration"] == 3
+    await c.sync_once()  # nothing moved: nothing written
+    await c.flush_summaries()
+    assert len(patches(c)) == 3

@@ -169,11 +169,13 @@ def test_admission_records_the_egress_rules_it_judged_and_nothing_without_them()
     assert "admittedEgressRules" not in compute.admitted_allow(plain)
 
 
-def test_an_admitted_allowlist_is_recorded_once_and_never_rewritten_from_the_spec() -> None:
-    # Admitted before the field existed: recorded once from the spec.
+def test_a_recalled_admission_never_rewrites_the_allowlist_from_the_spec() -> None:
+    # Admitted, its lists not in status (from before they were recorded, or removed): the
+    # admission does not take the spec's lists as they are; the egress edit judges them
+    # (tests/unit/test_egress_edit.py).
     a = admit_allowlist(sandbox(ALLOWLIST_SPEC, admitted_status(NOW)))
-    assert not a.decided_now and a.fields == {"admittedEgressAllow": ["pypi.org", "*.example.com"]}
-    # Recorded already: a later spec (an edit the CRD would refuse) changes nothing.
+    assert not a.decided_now and a.fields == {}
+    # Recorded already: a later spec (an edit) changes nothing here either.
     status = {**admitted_status(NOW), "admittedEgressAllow": ["pypi.org"]}
     edited = {**ALLOWLIST_SPEC, "egressAllow": ["evil.example"]}
     assert admit_allowlist(sandbox(edited, status)).fields == {}

@@ -264,6 +264,22 @@ def resets(driver: object) -> TypeGuard[Resettable]:
 
 
 @runtime_checkable
+class EgressEditable(Protocol):
+    """A driver whose egress hop enforces what a Sandbox's status admits and follows it while
+    the sandbox runs, so an egress edit (``spec.egressAllow``, ``spec.egressRules``) the operator
+    accepts reaches it without a new pod. A driver without it leaves such an edit refused
+    (``status.egressEditRefused``), its sandboxes keeping the egress they started with."""
+
+    @property
+    def follows_egress_edits(self) -> bool: ...
+
+
+def follows_egress_edits(driver: object) -> bool:
+    """Whether ``driver`` enforces egress edits on live sandboxes."""
+    return isinstance(driver, EgressEditable) and driver.follows_egress_edits
+
+
+@runtime_checkable
 class WatchedDisposal(Protocol):
     """A driver whose objects the operator watches: disposal is requested without waiting,
     and the watch event of each deletion brings the operator back to confirm it landed (a

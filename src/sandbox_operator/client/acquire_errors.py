@@ -318,7 +318,8 @@ CONDITION_ERRORS: Mapping[ConditionReason, type[SandboxAcquireError] | None] = {
     ConditionReason.PURGE_INCOMPLETE: SandboxGone,
 }
 
-#: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, and Events'.
+#: Reasons a Sandbox's conditions never carry: a SandboxWarmPool's, Events' and
+#: ``status.egressEditRefused``'s.
 NOT_SANDBOX_REASONS: frozenset[str] = frozenset(
     {
         ConditionReason.FILLING,
@@ -326,6 +327,9 @@ NOT_SANDBOX_REASONS: frozenset[str] = frozenset(
         ConditionReason.POOL_UNSUPPORTED,
         ConditionReason.POOL_EXHAUSTED,
         ConditionReason.ACCESS_NOT_GRANTED,
+        ConditionReason.EGRESS_EDITED,
+        ConditionReason.EGRESS_EDIT_REFUSED,
+        ConditionReason.EGRESS_EDIT_NOT_SUPPORTED,
     }
 )
 

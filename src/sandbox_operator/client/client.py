@@ -44,6 +44,7 @@ from sandbox_operator.client.acquire import Acquisitions, CarriesHostTools
 from sandbox_operator.client.dataplane import DataPlane, DataPlaneFactory
 from sandbox_operator.client.disposal import Disposals
 from sandbox_operator.client.egress import EgressFeed
+from sandbox_operator.client.egressedits import EgressEdits
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import SandboxObserver, ToolCallContext, tool_call
 from sandbox_operator.client.planes import DataPlanes
@@ -60,6 +61,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
     ScopePurge,
 )
+from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -102,6 +104,8 @@ class SandboxClient:
         self.suspensions = Suspensions(self.objects, self.watches)
         #: reset: a Sandbox's pod replaced by a never-used one
         self.resets = Resets(self.objects, self.watches)
+        #: egress edits: a running Sandbox's allowlist and rules narrowed or widened
+        self.egress_edits = EgressEdits(self.objects, self.watches)
         #: create a SandboxScope and wait until it is Ready
         self.scopes = Scopes(self.objects, self.watches)
         #: egress delivery per Sandbox (name, uid), and the one watch that pushes it
@@ -326,6 +330,28 @@ class SandboxClient:
         ``default_timeout``). docs/reset.md."""
         deadline = timeout if timeout is not None else self.default_timeout
         await self.resets.reset(sandbox, timeout=deadline)
+
+    async def edit_egress(
+        self,
+        sandbox: Sandbox | str,
+        *,
+        allow: Sequence[str] | None = None,
+        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Narrow or widen a running Sandbox's egress (by handle or name): ``allow`` replaces
+        ``spec.egressAllow``, ``rules`` replaces ``spec.egressRules`` (None: left as it is; an
+        empty list: none). The egress mode stays. Returns once the operator admitted the edit
+        and the egress proxy enforces it: the next connection is judged by it, and connections
+        it no longer allows are closed.
+
+        Raises :class:`SandboxEgressEditRefused` when the API server refuses the lists
+        (``reason`` ``Invalid``, the message naming the field) or the operator does (its
+        ``reason``, e.g. ``EgressNotEnforced``); the egress in force stays so. Raises
+        :class:`SandboxNotReadyInTime` after ``timeout`` (default: the client's
+        ``default_timeout``). docs/egress.md, "Editing egress on a live Sandbox"."""
+        deadline = timeout if timeout is not None else self.default_timeout
+        await self.egress_edits.edit(sandbox, allow=allow, rules=rules, timeout=deadline)
 
     async def touch(self, name: str) -> None:
         """Stamp the Sandbox's last-activity annotation (the operator's idle timeout counts from

@@ -25,6 +25,7 @@ The whole tree; every class is written out (nothing is generated, nothing is loo
     │   └── SandboxNotReadyInTime       (the client's own deadline)
     ├── SandboxNotSuspendable (ValueError), SandboxNotSuspendedInTime (TimeoutError)
     ├── SandboxNotResettable (ValueError)
+    ├── SandboxEgressEditRefused (ValueError)    reason, message
     ├── SandboxForbidden (PermissionError), SandboxScopeNotReady
     ├── CapabilityNotRequired (PermissionError), PathRefused (ValueError)
     ├── SandboxFileNotFound (FileNotFoundError)
@@ -70,6 +71,29 @@ from sandbox_operator.client.errorbase import scrub as scrub
 
 # --------------------------------------------------------------------------------------------
 # Suspend and RBAC
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class SandboxEgressEditRefused(SandboxClientError, ValueError):
+    """An edit of the Sandbox's egress (``egressAllow``, ``egressRules``) was refused: by the
+    API server (``reason`` ``Invalid``: the CRD's rules, the message naming the field, e.g.
+    ``spec.egressAllow[1]``) or by the operator (``reason`` from ``status.egressEditRefused``:
+    ``EgressNotEnforced``, ``EgressEditNotSupported``). The egress in force before stays so."""
+
+    sandbox: str
+    namespace: str
+    reason: str
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.message = scrub(self.message)
+        super().__post_init__()
+
+    def _message(self) -> str:
+        return (
+            f"egress edit of sandbox {self.namespace}/{self.sandbox} refused ({self.reason}): "
+            f"{self.message}"
+        )
 
 
 @dataclass(eq=False, repr=False, kw_only=True)

@@ -167,23 +167,22 @@ class SandboxObjects:
                 ) from None
             self.refuse(exc, f"apply {plural}")
 
-    async def _edit_spec(
+    async def edit_spec(
         self,
         name: str,
-        field: str,
-        value: Any,
+        fields: Mapping[str, Any],
         *,
         manager: str,
         refused: Callable[[str], SandboxClientError],
     ) -> Mapping[str, Any]:
-        """Merge-patch one spec field that edits own (``suspended``, ``resets``) as this client's
-        ``-<manager>`` field manager: the acquirer's apply does not own it. The API server's
-        refusal of the value (400, 422) raises ``refused(message)``."""
+        """Merge-patch spec fields an edit sets (``suspended``, ``resets``, the egress lists) as
+        this client's ``-<manager>`` field manager. The API server's refusal of the values (400,
+        422) raises ``refused(message)``."""
         try:
             return await self.patch(
                 SANDBOX_PLURAL,
                 name,
-                {"spec": {field: value}},
+                {"spec": dict(fields)},
                 manager=f"{self.field_manager}-{manager}",
                 content_type=MERGE_PATCH,
             )
@@ -202,7 +201,7 @@ class SandboxObjects:
                 return SandboxNotSuspendable(**where)
             return SandboxSpecRejected(**where)
 
-        return await self._edit_spec(name, "suspended", value, manager="suspend", refused=refused)
+        return await self.edit_spec(name, {"suspended": value}, manager="suspend", refused=refused)
 
     async def patch_resets(self, name: str, count: int) -> Mapping[str, Any]:
         """Set ``spec.resets``. The CRD refuses a lower count, or any with storage."""
@@ -210,7 +209,7 @@ class SandboxObjects:
         def refused(message: str) -> SandboxClientError:
             return SandboxNotResettable(sandbox=name, namespace=self.namespace, message=message)
 
-        return await self._edit_spec(name, "resets", count, manager="reset", refused=refused)
+        return await self.edit_spec(name, {"resets": count}, manager="reset", refused=refused)
 
     async def annotate_activity(self, name: str, stamp: str) -> None:
         """Set the Sandbox's last-activity annotation (a merge patch, as this client's

@@ -11,14 +11,13 @@ data plane. Transfer caps come from the spec's ``filesIn``/``filesOut`` and refu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shlex
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from sandbox_operator import kubeobj
+from sandbox_operator.client.activity import ActivityReport
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
     DataPlane,
@@ -61,6 +60,7 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxSpec,
 )
+from sandbox_operator.contract.egressrules import EgressRule
 
 log = logging.getLogger(__name__)
 
@@ -88,38 +88,14 @@ class SuspendsSandboxes(Protocol):
 
     async def reset(self, sandbox: Sandbox, *, timeout: float | None) -> None: ...  # noqa: ASYNC109
 
-
-class _ActivityReport:
-    """A handle's use, reported to ``report`` in the background and at most every ``interval``
-    seconds: the operator's idle timeout counts from the last report."""
-
-    def __init__(self, report: Callable[[], Awaitable[None]] | None, interval: float) -> None:
-        self._report = report
-        self._interval = interval
-        self._last = float("-inf")
-        self._task: asyncio.Task[None] | None = None
-
-    def __call__(self) -> None:
-        if self._report is None:
-            return
-        now = time.monotonic()
-        if now - self._last < self._interval:
-            return
-        if self._task is not None and not self._task.done():
-            return
-        self._last = now
-        self._task = asyncio.ensure_future(self._send(self._report))
-
-    @staticmethod
-    async def _send(report: Callable[[], Awaitable[None]]) -> None:
-        with contextlib.suppress(Exception):
-            await report()
-
-    async def settle(self) -> None:
-        """Give a report in flight a few seconds to land (a closing handle's last use)."""
-        if self._task is not None and not self._task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+    async def edit_egress(
+        self,
+        sandbox: Sandbox,
+        *,
+        allow: Sequence[str] | None,
+        rules: Sequence[EgressRule | Mapping[str, Any]] | None,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> None: ...
 
 
 class Sandbox:
@@ -160,7 +136,7 @@ class Sandbox:
         self.key = key
         self.scope_ref = scope_ref
         # Who hears of its use, and who suspends it.
-        self._activity = _ActivityReport(on_activity, activity_interval)
+        self._activity = ActivityReport(on_activity, activity_interval)
         self.observer = observer
         self._effective_state = effective_state
         self._lifecycle = lifecycle
@@ -557,6 +533,21 @@ class Sandbox:
         if self.unclean is not None:
             raise SandboxUnclean(sandbox=self.name, reason=self.unclean)
         await self._lifecycle_for("reset").reset(self, timeout=timeout)
+
+    async def edit_egress(
+        self,
+        *,
+        allow: Sequence[str] | None = None,
+        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Narrow or widen this sandbox's egress allowlist (``allow``) and method and path rules
+        (``rules``); None leaves one as it is. Returns once the edit is in force (see
+        ``SandboxClient.edit_egress``); raises :class:`SandboxEgressEditRefused` when it is
+        refused, the egress in force staying so."""
+        await self._lifecycle_for("edit_egress").edit_egress(
+            self, allow=allow, rules=rules, timeout=timeout
+        )
 
     # -- outputs --------------------------------------------------------------------------
 

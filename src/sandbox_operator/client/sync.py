@@ -33,6 +33,7 @@ from sandbox_operator.client.dataplane.streaming import (
 from sandbox_operator.client.observer import EffectiveState, SandboxObserver, ToolCallContext
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import SandboxSpec
+from sandbox_operator.contract.egressrules import EgressRule
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -223,6 +224,7 @@ class SyncSandbox(_Twin[Sandbox]):
     suspend = _blocking(Sandbox.suspend)
     resume = _blocking(Sandbox.resume)
     reset = _blocking(Sandbox.reset)
+    edit_egress = _blocking(Sandbox.edit_egress)
     close = _blocking(Sandbox.close)
 
 
@@ -335,6 +337,16 @@ class SyncSandboxClient(_Twin[SandboxClient]):
 
     def reset(self, sandbox: _AnySandbox, *, timeout: float | None = None) -> None:
         self._run(self.aio.reset(_aio(sandbox), timeout=timeout))
+
+    def edit_egress(
+        self,
+        sandbox: _AnySandbox,
+        *,
+        allow: Sequence[str] | None = None,
+        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._run(self.aio.edit_egress(_aio(sandbox), allow=allow, rules=rules, timeout=timeout))
 
     @contextlib.contextmanager
     def sandbox_for_call(

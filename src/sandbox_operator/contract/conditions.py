@@ -71,6 +71,11 @@ class ConditionReason(StrEnum):
     POOL_UNSUPPORTED = "PoolUnsupported"
     # A Sandbox served cold although a warm pool for its spec exists (an Event, not a condition).
     POOL_EXHAUSTED = "PoolExhausted"
+    # Egress edits on a live Sandbox (Events; status.egressPolicy and egressEditRefused too).
+    EGRESS_EDITED = "EgressEdited"
+    EGRESS_EDIT_REFUSED = "EgressEditRefused"
+    # Why an edit was refused when no admission check refused it: the backend cannot follow one.
+    EGRESS_EDIT_NOT_SUPPORTED = "EgressEditNotSupported"
 
 
 class ReasonDoc(NamedTuple):
@@ -268,6 +273,25 @@ REASON_DOCS: Mapping[ConditionReason, ReasonDoc] = {
     ConditionReason.POOL_EXHAUSTED: ReasonDoc(
         "an Event on a Sandbox (no condition)",
         "a warm pool of its shape had no idle Ready pod: it starts cold",
+        "—",
+    ),
+    ConditionReason.EGRESS_EDITED: ReasonDoc(
+        "an Event on a Sandbox (no condition)",
+        "an edit of `egressAllow` / `egressRules` was accepted: `status.admittedEgressAllow` "
+        "and `status.egressPolicy` now hold it, and the egress proxy enforces it "
+        "([egress.md](egress.md#editing-egress-on-a-live-sandbox))",
+        "—",
+    ),
+    ConditionReason.EGRESS_EDIT_REFUSED: ReasonDoc(
+        "a Warning Event on a Sandbox (no condition)",
+        "an egress edit was refused (`status.egressEditRefused` says why); the egress "
+        "admitted before stays enforced",
+        "—",
+    ),
+    ConditionReason.EGRESS_EDIT_NOT_SUPPORTED: ReasonDoc(
+        "`status.egressEditRefused.reason` of a Sandbox",
+        "its backend cannot enforce an egress edit on a live sandbox (the acas backend, a "
+        "runtimeClass backend with an external proxy): the edit is refused",
         "—",
     ),
 }

@@ -20,6 +20,7 @@ from .base import (
 )
 from .conditions import ConditionStatus
 from .egresshosts import EgressHost
+from .egresspolicy import EgressEditRefusal, EgressPolicyStatus
 from .egressrules import EGRESS_RULES_MAX_ITEMS, EgressRule
 from .enums import Egress, IsolationScope, OsFamily
 from .hostpolicy import ScopePurge
@@ -183,6 +184,14 @@ class EgressSummary(ContractModel):
             "totals and `recent` hold every decision it made for the sandbox since `since`."
         ),
     )
+    policy_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "status.egressPolicy.generation of the allowlist the proxy enforces since `admitted` "
+            "(an egress edit is in force once this reaches its generation)."
+        ),
+    )
 
 
 class SandboxResourceSpec(SandboxSpec):
@@ -214,7 +223,8 @@ class SandboxResourceSpec(SandboxSpec):
         description=(
             "true: stop the sandbox's compute and keep its work volume, NetworkPolicy and "
             "identity (needs storage); false again, or the client's next use, resumes it. "
-            "One of the three fields (with lifetime and resets) that may change after creation."
+            "One of the spec fields (with lifetime, resets, egressAllow and egressRules) that may "
+            "change after creation."
         ),
     )
     resets: int = Field(
@@ -329,17 +339,23 @@ class SandboxResourceStatus(ContractModel):
         default=None,
         max_length=EGRESS_ALLOW_MAX_ITEMS,
         description=(
-            "The egressAllow hosts judged at admission (allowlist sandboxes only): what the "
-            "egress proxy enforces, whatever the spec says later."
+            "The egressAllow hosts judged at admission, or at the last egress edit accepted "
+            "(allowlist sandboxes only): what the egress proxy enforces (status.egressPolicy)."
         ),
     )
     admitted_egress_rules: tuple[EgressRule, ...] | None = Field(
         default=None,
         max_length=EGRESS_RULES_MAX_ITEMS,
         description=(
-            "The egressRules judged at admission (allowlist sandboxes that have rules only): "
-            "what the egress proxy enforces, whatever the spec says later."
+            "The egressRules judged at admission, or at the last egress edit accepted "
+            "(allowlist sandboxes that have rules only): what the egress proxy enforces."
         ),
+    )
+    egress_policy: EgressPolicyStatus | None = Field(
+        default=None, description="Which generation's egress is admitted, and when."
+    )
+    egress_edit_refused: EgressEditRefusal | None = Field(
+        default=None, description="Why the latest egress edit was refused; unset otherwise."
     )
     egress: EgressSummary | None = Field(
         default=None,

@@ -13,7 +13,10 @@ made final: nothing is attributed to it afterwards.
 
 Admission is reported at once: when a sandbox enters the table (or re-enters it with another pod
 IP, another allowlist, as another Sandbox object, or in a new proxy process), its summary gets
-``admitted`` and is written without waiting for the interval.
+``admitted`` and is written without waiting for the interval, with ``policyGeneration``, the
+``status.egressPolicy.generation`` whose allowlist it enforces: an egress edit the operator
+accepted is in force from that write on (and the proxy closes the open connections the edit no
+longer allows: ``EgressProxy.upsert_sandbox``).
 The operator keeps the Sandbox's Ready condition False until ``admitted`` is there, so Ready
 means "the proxy serves it" and the first request does not meet 403 ``UnknownSandbox``.
 Given its Service's name (``service``), a starting proxy reports admissions only once a TCP
@@ -91,6 +94,9 @@ class KubeEgressController:
         self.syncs = 0
         self._applied: dict[str, SandboxEgress] = {}
         self._applied_uids: dict[str, str] = {}  # the Sandbox object each entry was admitted as
+        # status.egressPolicy.generation per sandbox: wanted, and what each admission enforced
+        self._generations: dict[str, int | None] = {}
+        self._applied_generations: dict[str, int | None] = {}
         self._uids: dict[str, str] = {}
         # ``clock`` paces the Event budgets and summary intervals (tests step it). The API is
         # reached through methods of this object, so a test may replace ``core`` and ``custom``.
@@ -147,7 +153,8 @@ class KubeEgressController:
         return self.summaries.started
 
     def _admit(self, sandbox_id: str) -> None:
-        self.summaries.admit(sandbox_id, self._uids.get(sandbox_id, ""))
+        generation = self._applied_generations.get(sandbox_id)
+        self.summaries.admit(sandbox_id, self._uids.get(sandbox_id, ""), generation)
 
     async def _post_event(self, body: dict[str, Any]) -> object:
         create: Any = self.core.create_namespaced_event  # takes the plain body too
@@ -189,9 +196,12 @@ class KubeEgressController:
             if served.get("kind") != kubeobj.POD_KIND or not served.get("name"):
                 continue
             sandbox_id = f"{self.namespace}/{meta.get('name')}"
-            # What admission judged, never the live spec: an edit after admission (refused by
-            # the CRD's transition rules, but older objects predate them) is not enforced.
-            allow = (obj.get("status") or {}).get("admittedEgressAllow") or []
+            # What the operator judged (at admission, or an egress edit it accepted), never the
+            # live spec: an edit it refused, or has not judged yet, is not enforced.
+            status = obj.get("status") or {}
+            allow = status.get("admittedEgressAllow") or []
+            policy = status.get("egressPolicy") or {}
+            generation = policy.get("generation") if isinstance(policy, dict) else None
             rules = [
                 {k: r[k] for k in ("host", "methods", "paths", "schemes", "credential") if k in r}
                 for r in (obj.get("status") or {}).get("admittedEgressRules") or []
@@ -205,6 +215,7 @@ class KubeEgressController:
             if not ip or (pod.metadata.deletion_timestamp is not None):
                 continue
             self._uids[sandbox_id] = str(meta.get("uid", ""))
+            self._generations[sandbox_id] = generation if isinstance(generation, int) else None
             out[sandbox_id] = SandboxEgress.model_validate(
                 {"id": sandbox_id, "allow": allow, "rules": rules, "sourceIPs": [ip]}
             )
@@ -222,16 +233,23 @@ class KubeEgressController:
             self.proxy.remove_sandbox(sandbox_id)
             del self._applied[sandbox_id]
             self._applied_uids.pop(sandbox_id, None)
+            self._applied_generations.pop(sandbox_id, None)
             self._uids.pop(sandbox_id, None)
             self._unannounced.discard(sandbox_id)
             log.info("sandbox %s removed", sandbox_id)
         for sandbox_id, entry in want.items():
             uid = self._uids.get(sandbox_id, "")
+            generation = self._generations.get(sandbox_id)
             if (
                 self._applied.get(sandbox_id) == entry
                 and self._applied_uids.get(sandbox_id) == uid
                 and self.proxy.table.get(sandbox_id)
             ):
+                if self._applied_generations.get(sandbox_id) != generation:
+                    # The same lists under a newer egress generation: enforced already, said so.
+                    self._applied_generations[sandbox_id] = generation
+                    if self.reachable:
+                        self._admit(sandbox_id)
                 continue
             try:
                 self.proxy.upsert_sandbox(entry)
@@ -240,6 +258,7 @@ class KubeEgressController:
                 continue
             self._applied[sandbox_id] = entry
             self._applied_uids[sandbox_id] = uid
+            self._applied_generations[sandbox_id] = generation
             if self.reachable:
                 self._admit(sandbox_id)
             else:

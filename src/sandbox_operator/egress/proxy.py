@@ -61,7 +61,8 @@ from sandbox_operator.egress.http import (
 )
 from sandbox_operator.egress.identity import SandboxEntry, SandboxTable
 from sandbox_operator.egress.inspected import Conn, RuledRequests, Upstream
-from sandbox_operator.egress.requestrules import for_scheme, rules_for
+from sandbox_operator.egress.opened import OpenConnection, OpenConnections
+from sandbox_operator.egress.requestrules import RequestRule, for_scheme, rules_for
 
 if TYPE_CHECKING:  # cryptography only where a CA is made (egress/__main__.py)
     from sandbox_operator.egress.interception import InterceptionCA
@@ -142,6 +143,7 @@ class EgressProxy:
         self._active = 0
         self._active_by_sandbox: dict[str, int] = {}
         self._active_by_client: dict[str, int] = {}
+        self.opened = OpenConnections()  # past the allowlist: closed when an edit disallows
         # Without a CA a CONNECT to a ruled host is refused (TunnelNotInspectable).
         self.ruled = RuledRequests(
             emit=self._emit,
@@ -203,6 +205,14 @@ class EgressProxy:
             {"identity": self.config.identity, "sandboxes": [sandbox]}
         )  # the same per-sandbox checks as a config file gets
         self.table.upsert(sandbox)
+        entry = self.table.get(sandbox.id)
+        closing = self.opened.disallowed(entry, self.config.allowed_ports) if entry else []
+        for conn in closing:  # a narrowed allowlist: what it no longer allows ends now
+            conn.task.cancel()
+        if closing:
+            log.info(
+                "sandbox %s: %d connections closed by its new allowlist", sandbox.id, len(closing)
+            )
 
     def remove_sandbox(self, sandbox_id: str, *, forget_counts: bool = True) -> bool:
         """Forget a sandbox; new connections from its IP are refused (UnknownSandbox).
@@ -396,7 +406,6 @@ class EgressProxy:
         entry: SandboxEntry,
     ) -> None:
         cfg = self.config
-        limits = cfg.limits
         shown = f"{target.host}:{target.port}"
 
         # 4. allowlist
@@ -407,8 +416,29 @@ class EgressProxy:
                 writer, conn, verdict, f"{what} of {shown} is not on this sandbox's allowlist"
             )
             return
-        framing: Framing | None = None
         rules = rules_for(entry.rules, target.host)
+        task = asyncio.current_task()
+        assert task is not None
+        opened = OpenConnection(task, target.host, target.port, rules)
+        self.opened.add(entry.id, opened)
+        try:
+            await self._serve_allowed((reader, writer), conn, (head, target), rules)
+        finally:
+            self.opened.discard(entry.id, opened)
+
+    async def _serve_allowed(
+        self,
+        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        conn: Conn,
+        request: tuple[RequestHead, Target],
+        rules: tuple[RequestRule, ...],
+    ) -> None:
+        """Steps 4 (a ruled host's request) to 8 for a host the sandbox's allowlist names (its
+        connection registered in ``opened`` meanwhile)."""
+        (reader, writer), (head, target) = streams, request
+        limits = self.config.limits
+        shown = f"{target.host}:{target.port}"
+        framing: Framing | None = None
         intercept = False
         if rules and head.method == "CONNECT":
             intercept = self.ruled.intercepts(rules)

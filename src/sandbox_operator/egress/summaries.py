@@ -14,7 +14,9 @@ running total at that decision), so a reader that saw up to n and now sees m kno
 m - n - 1 decisions scrolled out of ``recent`` unseen. A Sandbox being deleted gets ``final``,
 written at once: nothing is attributed to it afterwards, so that write holds every decision this
 process made for it. An admission is written at once too (``admitted``): the operator keeps the
-Sandbox's Ready condition False until it is there.
+Sandbox's Ready condition False until it is there. So is a re-admission for an egress edit, with
+``policyGeneration``, the ``status.egressPolicy.generation`` enforced from then on: a client that
+edited the egress waits for it.
 
 Its own module because what a summary says, and when it is written, is a rule of its own apart
 from which sandboxes the proxy serves (``kube.py``). Counts live here, not in
@@ -51,6 +53,7 @@ class _Summary:
     written: int = 0  # the version last stored
     next_write: float = 0.0  # monotonic time before which it is not written again
     admitted: datetime | None = None  # when this process last admitted the sandbox
+    policy_generation: int | None = None  # status.egressPolicy.generation it then enforced
     urgent: bool = False  # an admission or the final state not written yet: do not wait
     final: bool = False  # the Sandbox is being deleted: no longer served, nothing more counted
 
@@ -99,10 +102,12 @@ class EgressSummaries:
             summary = self._summaries[sandbox_id] = _Summary(uid=uid)
         return summary
 
-    def admit(self, sandbox_id: str, uid: str) -> None:
-        """Record that this process (re-)admitted the sandbox; written at the next flush."""
+    def admit(self, sandbox_id: str, uid: str, generation: int | None = None) -> None:
+        """Record that this process (re-)admitted the sandbox, enforcing the egress of
+        ``generation`` (``status.egressPolicy.generation``); written at the next flush."""
         summary = self._summary(sandbox_id, uid)
         summary.admitted = datetime.now(UTC)
+        summary.policy_generation = generation
         summary.version += 1
         summary.urgent = True
 
@@ -150,6 +155,8 @@ class EgressSummaries:
         }
         if summary.admitted is not None:
             out["admitted"] = _timestamp(summary.admitted, millis=True)
+        if summary.policy_generation is not None:
+            out["policyGeneration"] = summary.policy_generation
         if summary.final:
             out["final"] = True
         return out

@@ -195,6 +195,48 @@ def _transfer_excesses(spec: SandboxSpec, ceiling: TransferLimits) -> list[Trans
     return excesses
 
 
+def check_egress(backend: BackendProfile, spec: SandboxSpec, *, allow_unrestricted: bool) -> None:
+    """Raise :class:`EgressNotEnforced` unless ``backend`` enforces ``spec``'s egress: the mode
+    (``unrestricted`` only where the host allows it), and its ``egressRules`` (and those judged
+    inside HTTPS) only where the backend declares it judges them.
+
+    Step 5 of :func:`check_backend`, and alone the judgement of an egress edit on a live Sandbox
+    (docs/egress.md, "Editing egress on a live Sandbox"): the edit is judged against the backend
+    that serves the sandbox, with the host's policy of now; the floor, capabilities and the rest
+    of the admission were decided when it started and are not asked again.
+    """
+    name, kind, declared = backend.name, spec.kind, backend.declarations
+    if spec.egress is Egress.UNRESTRICTED and not allow_unrestricted:
+        raise EgressNotEnforced(
+            backend=name,
+            kind=kind,
+            requested=spec.egress,
+            declared=declared.egress_modes,
+            host_forbids=True,
+        )
+    if spec.egress not in declared.egress_modes:
+        raise EgressNotEnforced(
+            backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
+        )
+    # What the rules ask of the hop beyond hosts, each declared apart (refused with its flag).
+    unenforced = {
+        "rules": bool(spec.egress_rules) and not declared.egress_rules,
+        "rules_https": not declared.egress_rules_https
+        and any("https" in r.schemes for r in spec.egress_rules),
+        "credentials": not declared.egress_credentials
+        and any(r.credential for r in spec.egress_rules),
+    }
+    for flag, refused in unenforced.items():
+        if refused:
+            raise EgressNotEnforced(
+                backend=name,
+                kind=kind,
+                requested=spec.egress,
+                declared=declared.egress_modes,
+                **{flag: True},
+            )
+
+
 def check_backend(
     backend: BackendProfile,
     spec: SandboxSpec,
@@ -250,36 +292,8 @@ def check_backend(
         raise TransferLimitsNotPermitted(backend=name, kind=kind, excesses=excesses)
 
     # 5. Egress: the host may forbid unrestricted outright; otherwise the backend must declare
-    #    the exact mode (stricter or looser both refuse).
-    if spec.egress is Egress.UNRESTRICTED and not allow_unrestricted:
-        raise EgressNotEnforced(
-            backend=name,
-            kind=kind,
-            requested=spec.egress,
-            declared=declared.egress_modes,
-            host_forbids=True,
-        )
-    if spec.egress not in declared.egress_modes:
-        raise EgressNotEnforced(
-            backend=name, kind=kind, requested=spec.egress, declared=declared.egress_modes
-        )
-    # What the rules ask of the hop beyond hosts, each declared apart (refused with its flag).
-    unenforced = {
-        "rules": bool(spec.egress_rules) and not declared.egress_rules,
-        "rules_https": not declared.egress_rules_https
-        and any("https" in r.schemes for r in spec.egress_rules),
-        "credentials": not declared.egress_credentials
-        and any(r.credential for r in spec.egress_rules),
-    }
-    for flag, refused in unenforced.items():
-        if refused:
-            raise EgressNotEnforced(
-                backend=name,
-                kind=kind,
-                requested=spec.egress,
-                declared=declared.egress_modes,
-                **{flag: True},
-            )
+    #    the exact mode (stricter or looser both refuse), and the rules it judges.
+    check_egress(backend, spec, allow_unrestricted=allow_unrestricted)
 
     # 6. Isolation scope.
     if isolation_scope not in declared.isolation_scopes:

@@ -137,6 +137,7 @@ class Admission:
     key: SandboxKey | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)  # status fields to set
     decided_now: bool = False  # a new admission (or refusal), not one recorded earlier
+    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message), posted once written
 
 
 def admit(
@@ -167,7 +168,6 @@ def admit(
             str(status["backend"]),
             isolation_scope,
             key,
-            fields=_backfill_admitted_allow(spec, status),
         )
     if scope.spec is None:
         return Admission(False, scope.reason, scope.problem, decided_now=True)
@@ -246,16 +246,6 @@ def admitted_allow(spec: SandboxResourceSpec) -> dict[str, Any]:
     if spec.egress_rules:  # absent without rules: what older Sandboxes' status holds
         fields["admittedEgressRules"] = [r.to_wire() for r in spec.egress_rules]
     return fields
-
-
-def _backfill_admitted_allow(
-    spec: SandboxResourceSpec, status: Mapping[str, Any]
-) -> dict[str, Any]:
-    """An allowlist Sandbox admitted before ``admittedEgressAllow`` existed gets it recorded
-    once, from its spec (immutable since its CRD carried the transition rules)."""
-    if "admittedEgressAllow" in status:
-        return {}
-    return admitted_allow(spec)
 
 
 # ---- suspension ------------------------------------------------------------------------------

@@ -33,18 +33,20 @@ from sandbox_operator.backends.base import (
     StartupError,
     TransientError,
     WatchedDisposal,
+    follows_egress_edits,
     resets,
     suspends,
 )
 from sandbox_operator.config import profiles
 from sandbox_operator.contract import (
     ConditionReason,
+    Egress,
     SandboxKey,
     SandboxResourceSpec,
 )
 from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import resolve_spec
-from sandbox_operator.reconcile import compute, reset
+from sandbox_operator.reconcile import compute, egress_edit, reset
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import (
     dispose_into,
@@ -216,6 +218,7 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         seen = replace(seen, obj=fresh)
         obj, draft = fresh, Draft(fresh)
     if rejudge:
+        admission = _egress_edit(rt, seen, admission, rt.drivers.get(str(admission.backend)))
         return Step.write(obj, draft, compute.resume_plan(obj, admission, now=now), admission)
     return await _serve(rt, seen, draft, admission)
 
@@ -226,12 +229,14 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
     obj, spec, now = seen.obj, seen.spec, seen.now
     namespace, _, uid = seen.ident
     assert admission.backend is not None
-    driver = rt.drivers[admission.backend]
+    backend = admission.backend
+    driver = rt.drivers[backend]
+    admission = _egress_edit(rt, seen, admission, driver)
     wanted = reset.reset_wanted(spec, obj.get("status") or {})
     if wanted is not None:
         if not resets(driver):
             admission = replace(
-                admission, fields={**admission.fields, **reset.reset_refused(admission.backend)}
+                admission, fields={**admission.fields, **reset.reset_refused(backend)}
             )
         else:
             return await _reset(rt, seen, draft, admission, driver, wanted)
@@ -270,6 +275,31 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
             return created
         plan, observation = created
     return await _report(rt, obj, draft, plan, admission, observation)
+
+
+def _egress_edit(
+    rt: Runtime, seen: _Seen, admission: compute.Admission, driver: object
+) -> compute.Admission:
+    """The admission with what an egress edit (``egress_edit``) writes, and its Event."""
+    if seen.spec.egress is not Egress.ALLOWLIST:
+        return admission
+    profile = next(
+        (p for p in profiles(rt.config, rt.unavailable) if p.name == admission.backend), None
+    )
+    edit = egress_edit.egress_edit(
+        seen.spec,
+        seen.obj.get("status") or {},
+        admission.fields,
+        generation=int(kubeobj.meta(seen.obj).get("generation") or 0),
+        backend=profile,
+        follows_edits=follows_egress_edits(driver),
+        allow_unrestricted=rt.config.host_policy.allow_unrestricted_egress,
+        now=seen.now,
+    )
+    if not edit.fields:
+        return admission
+    fields = {**admission.fields, **edit.fields}
+    return replace(admission, fields=fields, events=admission.events + edit.events)
 
 
 async def _reset(

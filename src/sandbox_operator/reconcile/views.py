@@ -85,6 +85,12 @@ _SANDBOX_STATUS = (
     "resets",
     "resetAt",
     "resetRefused",
+    # Egress edits (allowlist sandboxes only): what the proxy enforces, compared with the spec
+    # on each pass, and which generation it is (reconcile/egress_edit.py).
+    "admittedEgressAllow",
+    "admittedEgressRules",
+    "egressPolicy",
+    "egressEditRefused",
 )
 _SCOPE_STATUS = ("conditions", "observedGeneration", "sandboxCount", "lastPurge", "lastPurgeTime")
 _POOL_STATUS = (

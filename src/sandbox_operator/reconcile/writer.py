@@ -66,6 +66,9 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
     if written:
         rt.status_written[key] = time.monotonic()
         _count(obj, draft, step.admission, was_ready, was_admitted_reason)
+        # What the written fields record (an egress edit) is told once, after it is recorded.
+        for type_, what, message in step.admission.events if step.admission else ():
+            await rt.kube.post_event(obj, type_=type_, reason=what, message=message)
     return requeue
 
 

@@ -469,6 +469,13 @@ class RuntimeClassDriver(RuntimeClassObjects):
             )
         return await self.ensure(request)
 
+    @property
+    def follows_egress_edits(self) -> bool:
+        """Under its managed proxy only: that proxy enforces what the Sandbox's status admits
+        (``admittedEgressAllow``) and follows it by a watch; an external proxy is someone
+        else's, and nothing says it reads the status."""
+        return self._proxy is not None
+
     # ---- reset (spec.resets): the pod goes at once, a never-used one takes its place -----------
 
     @property

@@ -1,0 +1,149 @@
+"""Egress edits: a running Sandbox's allowlist (``spec.egressAllow``) and method and path rules
+(``spec.egressRules``) narrowed or widened (docs/egress.md, "Editing egress on a live Sandbox").
+
+An edit is a merge patch of those two fields as this client's ``-egress`` field manager. The CRD
+refuses what it refuses at creation (a metadata host, an IP literal, a host in both lists: a 422
+naming the field); the operator then judges the edit against the backend serving the sandbox and
+either admits it (``status.admittedEgressAllow`` / ``admittedEgressRules``, ``status.egressPolicy``)
+or refuses it (``status.egressEditRefused``), the egress in force before staying so. The edit
+is in force once the egress proxy reports it enforces that generation
+(``status.egress.policyGeneration``), which is what :meth:`EgressEdits.edit` waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox_operator import kubeobj
+from sandbox_operator.client.errors import (
+    SandboxEgressEditRefused,
+    SandboxGone,
+    SandboxNotReadyInTime,
+)
+from sandbox_operator.client.kube import SandboxObjects
+from sandbox_operator.client.sandbox import Sandbox
+from sandbox_operator.client.status import effective_state
+from sandbox_operator.client.watching import Watches
+from sandbox_operator.contract import SANDBOX_PLURAL
+from sandbox_operator.contract.egressrules import EgressRule
+
+#: ``reason`` of an edit the API server refused (the CRD's rules).
+INVALID = "Invalid"
+
+
+def _rules(value: object) -> dict[str, Any] | None:
+    """Rules by host in one spelling; None when they do not parse."""
+    if not isinstance(value, Sequence):
+        return {}
+    try:
+        return {r.host: r.to_wire() for r in (EgressRule.model_validate(v) for v in value)}
+    except ValidationError:
+        return None
+
+
+def edit_state(obj: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
+    """Where the edit made at ``generation`` stands: ("done" | "pending" | "refused", reason,
+    message). Done once the admitted lists are the spec's and the egress proxy, where one reports
+    (``status.egress``), enforces the generation they were admitted at."""
+    status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
+    policy = status.get("egressPolicy") or {}
+    refusal = status.get("egressEditRefused") or {}
+    refused_at = refusal.get("generation")
+    if isinstance(refused_at, int) and refused_at >= generation:
+        return "refused", str(refusal.get("reason") or ""), str(refusal.get("message") or "")
+    admitted = set(status.get("admittedEgressAllow") or ())
+    if admitted != set(spec.get("egressAllow") or ()) or _rules(
+        status.get("admittedEgressRules")
+    ) != _rules(spec.get("egressRules")):
+        return "pending", "", "the operator has not admitted the edit yet"
+    proxy = status.get("egress")
+    enforced = proxy.get("policyGeneration") if isinstance(proxy, Mapping) else None
+    wanted = policy.get("generation")
+    if isinstance(proxy, Mapping) and (
+        not isinstance(enforced, int) or not isinstance(wanted, int) or enforced < wanted
+    ):
+        return "pending", "", "the egress proxy does not enforce the edit yet"
+    return "done", "", ""
+
+
+class EgressEdits:
+    """Edit the egress of Sandboxes of one namespace (see the module)."""
+
+    def __init__(self, objects: SandboxObjects, watches: Watches) -> None:
+        self.objects = objects
+        self.watches = watches
+
+    async def edit(
+        self,
+        sandbox: Sandbox | str,
+        *,
+        allow: Sequence[str] | None,
+        rules: Sequence[EgressRule | Mapping[str, Any]] | None,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Mapping[str, Any]:
+        """:meth:`SandboxClient.edit_egress <sandbox_operator.client.SandboxClient.edit_egress>`,
+        with ``timeout`` in seconds; returns the Sandbox as it is once the edit is in force."""
+        name = sandbox if isinstance(sandbox, str) else sandbox.name
+        fields: dict[str, Any] = {}
+        if allow is not None:
+            fields["egressAllow"] = list(allow)
+        if rules is not None:
+            wire = [EgressRule.model_validate(r).to_wire() for r in rules]
+            fields["egressRules"] = wire or None  # none: removed, as a Sandbox without rules is
+
+        def refused(message: str) -> SandboxEgressEditRefused:
+            return SandboxEgressEditRefused(
+                sandbox=name, namespace=self.objects.namespace, reason=INVALID, message=message
+            )
+
+        obj = await self.objects.edit_spec(name, fields, manager="egress", refused=refused)
+        generation = int(kubeobj.meta(obj).get("generation") or 0)
+        try:
+            async with asyncio.timeout(timeout):
+                obj = await self._until_done(name, obj, generation)
+        except TimeoutError:
+            raise SandboxNotReadyInTime(
+                sandbox=name,
+                namespace=self.objects.namespace,
+                timeout=timeout,
+                last_reason=edit_state(obj, generation)[2],
+            ) from None
+        if isinstance(sandbox, Sandbox):
+            sandbox.resource = obj
+            old = sandbox.effective_state
+            if old is not None:  # its egress_allow: the hosts admitted now
+                sandbox.effective_state = effective_state(
+                    obj, sandbox.spec, host_tools=old.host_tools, call=old.call
+                )
+        return obj
+
+    async def _until_done(
+        self, name: str, obj: Mapping[str, Any], generation: int
+    ) -> Mapping[str, Any]:
+        while True:
+            state, reason, message = edit_state(obj, generation)
+            if state == "done":
+                return obj
+            if state == "refused":
+                raise SandboxEgressEditRefused(
+                    sandbox=name, namespace=self.objects.namespace, reason=reason, message=message
+                )
+            event = await self.watches.next_event(
+                SANDBOX_PLURAL, name, kubeobj.meta(obj).get("resourceVersion")
+            )
+            if event is None:  # relist
+                obj = await self.objects.get(SANDBOX_PLURAL, name)
+                continue
+            kind, obj = event
+            if kind == "DELETED" or kubeobj.meta(obj).get("deletionTimestamp"):
+                raise SandboxGone(
+                    sandbox=name,
+                    namespace=self.objects.namespace,
+                    reason="Deleted",
+                    message="the Sandbox was deleted while its egress edit was awaited",
+                )
