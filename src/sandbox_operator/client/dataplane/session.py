@@ -204,14 +204,28 @@ class _Session:
         self.next_id += 1
         self.pending[cid] = command
         frame = launcher.run_frame(cid, list(argv), stdin)
+        # Shielded: a caller cancelled mid-frame must not leave half a frame on the stream, which
+        # would make every later frame of the session unreadable to the launcher.
+        sending = asyncio.ensure_future(self._send(frame))
         try:
-            async with self._send_lock:
-                await self.channel.send_stdin(frame)
-        except DataPlaneError:
+            sent = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            self.pending.pop(cid, None)  # as a cancelled plain exec: its kill has no pid yet
+            raise
+        if not sent:
             self.pending.pop(cid, None)
-            self._die()
-            raise _NotSent from None
+            raise _NotSent
         return cid
+
+    async def _send(self, frame: bytes) -> bool:
+        """Send one whole frame; False (and the session dropped) when the stream is gone."""
+        async with self._send_lock:
+            try:
+                await self.channel.send_stdin(frame)
+            except DataPlaneError:
+                self._die()
+                return False
+        return True
 
     def done(self, cid: int) -> None:
         """The caller stopped waiting for ``cid``; a retired session closes once idle."""
