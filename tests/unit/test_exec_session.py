@@ -234,3 +234,17 @@ async def test_a_session_past_its_age_is_replaced(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert session.opened == 3
     await data_plane.close()
+
+
+async def test_the_launcher_stands_in_for_the_wrappers_outer_script(tmp_path: Path) -> None:
+    """The command leads a session and a group of its own, started by the launcher itself: no
+    outer ``sh`` and no ``setsid`` (or ``python3``) process per command in between."""
+    direct = Recording()
+    data_plane, session = plane(direct)
+    script = 'read -r l < /proc/$$/stat; set -- ${l##*") "}; echo "$$ $2 $3 $4"'
+    result = await data_plane.exec(["sh", "-c", script], cwd=str(tmp_path), timeout=10)
+    pid, parent, group, sid = (int(x) for x in result.stdout.split())
+    assert group == pid and sid == pid
+    assert session._session is not None
+    assert parent == session._session.channel._proc.pid  # type: ignore[attr-defined]
+    await data_plane.close()

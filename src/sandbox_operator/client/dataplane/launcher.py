@@ -15,7 +15,10 @@ Frames, both ways: one kind byte, the command's number (u32, big endian), the pa
 (u32) and the payload.
 
 * client -> guest ``R``: u32 length of the argv (JSON list of strings), the argv, then the
-  command's stdin bytes (none: ``/dev/null``).
+  command's stdin bytes (none: ``/dev/null``). ``S``: the same, the child started in a session
+  (so a process group) of its own, as ``setsid`` would: the launcher standing in for the exec
+  wrapper's outer script, whose ``setsid`` (or, without it, a ``python3`` started per command
+  only to call ``os.setsid``) would cost a process or an interpreter per command.
 * guest -> client ``O`` / ``E``: a chunk of the command's stdout / stderr; ``X``: its exit code
   (ASCII decimal; a child ended by a signal is 128 + the signal, as a shell reports it);
   ``F``: the argv could not be started (a short reason).
@@ -28,10 +31,13 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
+
+from sandbox_operator.client.dataplane import scripts
 
 #: kind byte, command number, payload length
 HEAD = struct.Struct(">cII")
-RUN, STDOUT, STDERR, EXIT, FAILED = b"R", b"O", b"E", b"X", b"F"
+RUN, RUN_SESSION, STDOUT, STDERR, EXIT, FAILED = b"R", b"S", b"O", b"E", b"X", b"F"
 #: The launcher's first line: it runs and speaks these frames.
 BANNER = b"SBXL1\n"
 #: What a guest without ``python3`` answers instead.
@@ -71,13 +77,14 @@ def feed(pipe, data):
     except OSError:
         pass
 
-def run(cid, argv, data):
+def run(cid, argv, data, alone):
     try:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if data else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            start_new_session=alone,
         )
     except OSError as exc:
         send(b"F", cid, (exc.strerror or "cannot start").encode()[:200])
@@ -112,12 +119,13 @@ def main():
             payload = read(n)
         except EOFError:
             return
-        if kind != b"R" or n < 4:
+        if kind not in (b"R", b"S") or n < 4:
             return
         (m,) = struct.unpack(">I", payload[:4])
         argv = json.loads(payload[4 : 4 + m])
         data = payload[4 + m :]
-        threading.Thread(target=run, args=(cid, argv, data), daemon=True).start()
+        args = (cid, argv, data, kind == b"S")
+        threading.Thread(target=run, args=args, daemon=True).start()
 
 main()
 """
@@ -128,8 +136,19 @@ def launch_argv() -> list[str]:
     return ["sh", "-c", START, "sbx", SOURCE]
 
 
-def run_frame(cid: int, argv: list[str], stdin: bytes) -> bytes:
-    """The ``R`` frame of command ``cid``."""
+def run_frame(cid: int, argv: list[str], stdin: bytes, *, new_session: bool = False) -> bytes:
+    """The ``R`` (``new_session``: ``S``) frame of command ``cid``."""
     encoded = json.dumps(argv).encode()
     payload = struct.pack(">I", len(encoded)) + encoded + stdin
-    return HEAD.pack(RUN, cid, len(payload)) + payload
+    return HEAD.pack(RUN_SESSION if new_session else RUN, cid, len(payload)) + payload
+
+
+def as_launched(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """What the launcher runs for ``argv``, and whether in a session of its own: the exec
+    wrapper (:data:`~.scripts.EXEC_OUTER` then its inner script and arguments) becomes its inner
+    script alone, announcing ``group``, started by the launcher as the outer script's ``setsid``
+    would start it; any other argv runs as given."""
+    args = list(argv)
+    if len(args) >= 5 and args[:3] == ["sh", "-c", scripts.EXEC_OUTER]:
+        return ["sh", "-c", args[4], "sbx", "group", *args[5:]], True
+    return args, False
