@@ -100,6 +100,16 @@ async def test_commands_run_through_one_session_with_the_plain_semantics(tmp_pat
     big = os.urandom(300_000)
     echoed = await data_plane.exec(["cat"], cwd=str(tmp_path), stdin=big, timeout=10)
     assert echoed.stdout == big and echoed.exit_code == 0
+    (tmp_path / "plain.sh").write_text("echo no shebang\n")
+    (tmp_path / "plain.sh").chmod(0o755)
+    script = await data_plane.exec(["./plain.sh"], cwd=str(tmp_path), timeout=10)
+    assert script.stdout == b"no shebang\n"  # run by sh, as the wrapper's exec would
+    missing = await data_plane.exec(["no-such-command"], cwd=str(tmp_path), timeout=10)
+    assert missing.exit_code == 127
+    made = await data_plane.exec(
+        ["pwd"], cwd=str(tmp_path / "a" / "b"), create_cwd=True, timeout=10
+    )
+    assert made.stdout == str(tmp_path / "a" / "b").encode() + b"\n"
     with pytest.raises(ExecSetupError) as refused:
         await data_plane.exec(["true"], cwd=str(tmp_path / "none"), timeout=10)
     assert refused.value.what == "cwd"

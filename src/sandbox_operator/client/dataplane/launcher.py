@@ -3,22 +3,29 @@ speak. Its own module because it is guest text (a Python program sent as an argu
 ``pods/exec`` that opens the session), not client code: it runs as whatever the container runs
 as, with the authority any command of that container has and nothing more.
 
-What it does is deliberately little: it reads "run this argv with these stdin bytes" frames from
-its stdin, starts each argv as a child of its own (the argv is the exec wrapper of
-:mod:`.scripts`, which makes the process group, announces its pid, changes directory and
-exports the environment, exactly as over a plain ``pods/exec``), and writes the child's stdout
-and stderr back as they come, then its exit code, each in a frame naming the command. Timeouts,
-the output budget and kills are the client's: it stops reading and kills the group over a fresh
-``pods/exec``, never through this program (docs/exec-session.md says why).
+What it does is deliberately little: it reads "run this" frames from its stdin and starts each
+command as a child of its own, then writes the child's stdout and stderr back as they come and
+its exit code, each in a frame naming the command. Timeouts, the output budget and kills are the
+client's: it stops reading and kills the group over a fresh ``pods/exec``, never through this
+program (docs/exec-session.md says why).
+
+For the exec wrapper (:data:`~.scripts.EXEC_OUTER` with :data:`~.scripts.EXEC_INNER`), the
+launcher does the wrapper's work itself, so a command costs one ``exec`` in the guest, not three
+(the outer ``sh``, its ``setsid`` or a ``python3`` for ``os.setsid``, the inner ``sh``; on gVisor
+each costs 10-20 ms): it starts the argv in a session (so a process group) of its own, writes the
+pid line first on stderr (``SBX:pid:<pid>:group``), creates the cwd when asked (as ``mkdir -p``,
+errors ignored), starts the argv in it (refused: the pid line with pid 0, ``SBX:err:cwd``, exit
+125, as the inner script answers), with the environment added, stdin bytes then EOF (or
+``/dev/null``). An argv that cannot be executed directly (not found, not executable, a script
+without ``#!``) is started as ``sh -c 'exec "$@"'`` instead, so the shell's own answer (127, 126,
+running the script) is the same as over the wrapper.
 
 Frames, both ways: one kind byte, the command's number (u32, big endian), the payload's length
 (u32) and the payload.
 
-* client -> guest ``R``: u32 length of the argv (JSON list of strings), the argv, then the
-  command's stdin bytes (none: ``/dev/null``). ``S``: the same, the child started in a session
-  (so a process group) of its own, as ``setsid`` would: the launcher standing in for the exec
-  wrapper's outer script, whose ``setsid`` (or, without it, a ``python3`` started per command
-  only to call ``os.setsid``) would cost a process or an interpreter per command.
+* client -> guest ``R``: u32 length of a JSON argv, the argv, then the command's stdin bytes
+  (none: ``/dev/null``), run as given. ``W``: the same with a JSON object instead of the argv:
+  the exec wrapper's ``argv``, ``cwd``, ``mkdir`` and ``env`` (``NAME=value`` strings).
 * guest -> client ``O`` / ``E``: a chunk of the command's stdout / stderr; ``X``: its exit code
   (ASCII decimal; a child ended by a signal is 128 + the signal, as a shell reports it);
   ``F``: the argv could not be started (a short reason).
@@ -37,7 +44,7 @@ from sandbox_operator.client.dataplane import scripts
 
 #: kind byte, command number, payload length
 HEAD = struct.Struct(">cII")
-RUN, RUN_SESSION, STDOUT, STDERR, EXIT, FAILED = b"R", b"S", b"O", b"E", b"X", b"F"
+RUN, WRAPPED, STDOUT, STDERR, EXIT, FAILED = b"R", b"W", b"O", b"E", b"X", b"F"
 #: The launcher's first line: it runs and speaks these frames.
 BANNER = b"SBXL1\n"
 #: What a guest without ``python3`` answers instead.
@@ -77,17 +84,50 @@ def feed(pipe, data):
     except OSError:
         pass
 
-def run(cid, argv, data, alone):
+def spawn(argv, job, data):
+    env = None
+    if job.get("env"):
+        env = dict(os.environ)
+        for pair in job["env"]:
+            name, _, value = pair.partition("=")
+            env[name] = value
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if data else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=job.get("cwd"),
+        env=env,
+        start_new_session=bool(job),
+    )
+
+def start(cid, job, argv, data):
+    if not job:
+        return spawn(argv, job, data)
+    cwd = job["cwd"]
+    if job.get("mkdir") and not os.path.isdir(cwd):
+        try:
+            os.makedirs(cwd)
+        except OSError:
+            pass
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if data else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=alone,
-        )
+        proc = spawn(argv, job, data)
+    except OSError as exc:
+        if exc.filename == cwd and argv[0] != cwd:
+            send(b"E", cid, b"SBX:pid:0:group\nSBX:err:cwd\n")
+            send(b"X", cid, b"125")
+            return None
+        proc = spawn(["sh", "-c", 'exec "$@"', "sbx"] + argv, job, data)
+    send(b"E", cid, b"SBX:pid:%d:group\n" % proc.pid)
+    return proc
+
+def run(cid, job, argv, data):
+    try:
+        proc = start(cid, job, argv, data)
     except OSError as exc:
         send(b"F", cid, (exc.strerror or "cannot start").encode()[:200])
+        return
+    if proc is None:
         return
     workers = [
         threading.Thread(target=pump, args=(cid, b"O", proc.stdout.fileno()), daemon=True),
@@ -119,12 +159,13 @@ def main():
             payload = read(n)
         except EOFError:
             return
-        if kind not in (b"R", b"S") or n < 4:
+        if kind not in (b"R", b"W") or n < 4:
             return
         (m,) = struct.unpack(">I", payload[:4])
-        argv = json.loads(payload[4 : 4 + m])
-        data = payload[4 + m :]
-        args = (cid, argv, data, kind == b"S")
+        spec = json.loads(payload[4 : 4 + m])
+        job = spec if kind == b"W" else {}
+        argv = spec["argv"] if kind == b"W" else spec
+        args = (cid, job, argv, payload[4 + m :])
         threading.Thread(target=run, args=args, daemon=True).start()
 
 main()
@@ -136,19 +177,24 @@ def launch_argv() -> list[str]:
     return ["sh", "-c", START, "sbx", SOURCE]
 
 
-def run_frame(cid: int, argv: list[str], stdin: bytes, *, new_session: bool = False) -> bytes:
-    """The ``R`` (``new_session``: ``S``) frame of command ``cid``."""
-    encoded = json.dumps(argv).encode()
+def run_frame(cid: int, argv: Sequence[str], stdin: bytes) -> bytes:
+    """The frame of command ``cid``: ``W`` for the exec wrapper (see the module), else ``R``."""
+    job = wrapped(argv)
+    encoded = json.dumps(job if job is not None else list(argv)).encode()
     payload = struct.pack(">I", len(encoded)) + encoded + stdin
-    return HEAD.pack(RUN_SESSION if new_session else RUN, cid, len(payload)) + payload
+    return HEAD.pack(RUN if job is None else WRAPPED, cid, len(payload)) + payload
 
 
-def as_launched(argv: Sequence[str]) -> tuple[list[str], bool]:
-    """What the launcher runs for ``argv``, and whether in a session of its own: the exec
-    wrapper (:data:`~.scripts.EXEC_OUTER` then its inner script and arguments) becomes its inner
-    script alone, announcing ``group``, started by the launcher as the outer script's ``setsid``
-    would start it; any other argv runs as given."""
+def wrapped(argv: Sequence[str]) -> dict[str, object] | None:
+    """The exec wrapper's arguments (:meth:`~.execplane.ExecDataPlane.exec` builds them:
+    ``sh -c EXEC_OUTER sbx EXEC_INNER mk cwd nin ne env... argv...``) as the launcher's job;
+    None for any other argv."""
     args = list(argv)
-    if len(args) >= 5 and args[:3] == ["sh", "-c", scripts.EXEC_OUTER]:
-        return ["sh", "-c", args[4], "sbx", "group", *args[5:]], True
-    return args, False
+    head = ["sh", "-c", scripts.EXEC_OUTER, "sbx", scripts.EXEC_INNER]
+    if len(args) < 10 or args[:5] != head or not args[8].isdigit():
+        return None
+    count = int(args[8])
+    command = args[9 + count :]
+    if not command:
+        return None
+    return {"argv": command, "cwd": args[6], "mkdir": args[5] == "1", "env": args[9 : 9 + count]}

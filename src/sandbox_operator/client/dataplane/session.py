@@ -203,8 +203,7 @@ class _Session:
         cid = self.next_id
         self.next_id += 1
         self.pending[cid] = command
-        launched, alone = launcher.as_launched(argv)
-        frame = launcher.run_frame(cid, launched, stdin, new_session=alone)
+        frame = launcher.run_frame(cid, argv, stdin)
         # Shielded: a caller cancelled mid-frame must not leave half a frame on the stream, which
         # would make every later frame of the session unreadable to the launcher.
         sending = asyncio.ensure_future(self._send(frame))
