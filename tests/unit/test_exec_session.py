@@ -23,7 +23,7 @@ from sandbox_operator.client import (
     OutputBudgetExceeded,
     Sandbox,
 )
-from sandbox_operator.client.dataplane import scripts
+from sandbox_operator.client.dataplane import launcher, scripts
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane
 from sandbox_operator.client.dataplane.session import SessionExecTransport
 from sandbox_operator.client.unclean import unclean_reason
@@ -257,4 +257,18 @@ async def test_the_launcher_stands_in_for_the_wrappers_outer_script(tmp_path: Pa
     assert group == pid and sid == pid
     assert session._session is not None
     assert parent == session._session.channel._proc.pid  # type: ignore[attr-defined]
+    await data_plane.close()
+
+
+async def test_a_launcher_slower_than_a_commands_deadline_is_not_given_up(tmp_path: Path) -> None:
+    """The first command's short timeout ends while the launcher starts: that command times out
+    (nothing was sent), but the handle keeps trying sessions rather than falling back for good."""
+    slow = ["sh", "-c", 'sleep 1; exec python3 -I -c "$1"', "sbx", launcher.SOURCE]
+    direct = Recording()
+    data_plane, session = plane(direct, launch=slow)
+    with pytest.raises(ExecTimeout):
+        await data_plane.exec(["true"], cwd=str(tmp_path), timeout=0.3)
+    assert not session.unavailable
+    assert (await data_plane.exec(["echo", "ok"], cwd=str(tmp_path), timeout=10)).stdout == b"ok\n"
+    assert session.opened == 1 and not session.unavailable
     await data_plane.close()

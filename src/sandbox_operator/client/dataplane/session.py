@@ -132,7 +132,8 @@ class _Session:
 
     @classmethod
     async def open(cls, opener: StreamTransport, timeout: float) -> _Session | None:
-        """Open a session; None when the guest cannot run the launcher (no banner)."""
+        """Open a session; None when the guest cannot run the launcher (it said so, or ended,
+        or wrote something else); :class:`TimeoutError` when no banner came in ``timeout``."""
         loop = asyncio.get_running_loop()
         channel = await opener.open(launcher.launch_argv(), stdin=True, tty=False)
         buf = bytearray()
@@ -144,8 +145,6 @@ class _Session:
                         break
                     if item.stream == "stdout":
                         buf.extend(item.data)
-        except TimeoutError:
-            pass
         except BaseException:
             await channel.close()
             raise
@@ -279,11 +278,16 @@ class SessionExecTransport:
                 return session
             if self.unavailable:
                 return None
-            wait = min(self.open_timeout, max(deadline - loop.time(), 0.001))
+            left = max(deadline - loop.time(), 0.001)
             opener: StreamTransport = self.direct
             if self._launch is not None:
                 opener = _Launch(self.direct, self._launch)
-            session = await _Session.open(opener, wait)
+            try:
+                session = await _Session.open(opener, min(self.open_timeout, left))
+            except TimeoutError:
+                if left < self.open_timeout:
+                    raise  # the command's own deadline, not the launcher's: try again next time
+                session = None
             if session is None:
                 self.unavailable = True
                 return None
