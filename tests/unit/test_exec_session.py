@@ -29,7 +29,7 @@ from sandbox_operator.client.dataplane.session import SessionExecTransport
 from sandbox_operator.client.unclean import unclean_reason
 from sandbox_operator.conformance import check_sandbox
 from sandbox_operator.contract import Capability, SandboxSpec
-from tests.fixtures.launchers import Recording, liar
+from tests.fixtures.launchers import Recording, SlowSends, liar
 
 
 def plane(direct: Recording, **kw: object) -> tuple[ExecDataPlane, SessionExecTransport]:
@@ -271,4 +271,23 @@ async def test_a_launcher_slower_than_a_commands_deadline_is_not_given_up(tmp_pa
     assert not session.unavailable
     assert (await data_plane.exec(["echo", "ok"], cwd=str(tmp_path), timeout=10)).stdout == b"ok\n"
     assert session.opened == 1 and not session.unavailable
+    await data_plane.close()
+
+
+async def test_a_command_cancelled_mid_frame_leaves_the_session_readable(tmp_path: Path) -> None:
+    """Its frame still goes out whole: half of one would make the launcher read the next
+    command's frame as the rest of it, and every later command of the session would be lost."""
+    direct = SlowSends()
+    data_plane, session = plane(direct)
+    assert (await data_plane.exec(["true"], cwd=str(tmp_path), timeout=10)).exit_code == 0
+    call = asyncio.ensure_future(
+        data_plane.exec(["cat"], cwd=str(tmp_path), stdin=os.urandom(1 << 20), timeout=10)
+    )
+    await asyncio.sleep(0.05)  # a few pieces of its 16 are out
+    call.cancel()
+    with pytest.raises(ExecCancelled):
+        await call
+    result = await data_plane.exec(["echo", "still"], cwd=str(tmp_path), timeout=10)
+    assert result.stdout == b"still\n"
+    assert session.opened == 1
     await data_plane.close()
