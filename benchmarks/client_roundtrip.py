@@ -1,7 +1,12 @@
 """Client round trips on the local cluster, per backend (runc, gVisor): acquire -> Ready (cold),
 exec round trip, and write/read throughput for 1 KiB and 8 MiB files. Prints medians.
 
+Then ``exec(["true"])`` on one python-image Sandbox through a plain ``pods/exec`` per command and
+through an exec session (docs/exec-session.md), alternating, side by side: p50, p90 and their
+ratio (``session_open_s``: the session's first command, which opens it).
+
     .venv/bin/python benchmarks/client_roundtrip.py [--iterations 5] [--backends runc,gvisor]
+    .venv/bin/python benchmarks/client_roundtrip.py --smoke     # one of each, a few samples
 
 Needs the local cluster (`make cluster-up`) with the CRDs applied; it creates a namespace of its
 own, runs the operator as a subprocess pinned to each backend in turn, and deletes the namespace.
@@ -27,7 +32,12 @@ from typing import Any
 
 import yaml
 
-from sandbox_operator.client import SandboxClient
+from sandbox_operator.client import (
+    Sandbox,
+    SandboxClient,
+    SessionExecTransport,
+    pod_session_factory,
+)
 from sandbox_operator.contract import Capability, SandboxSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +63,9 @@ SPEC = SandboxSpec.model_validate(
         },
     }
 )
+
+
+SPEC_PY = SPEC.model_copy(update={"image": "sandbox-operator.dev/python:1", "kind": "bench-py"})
 
 
 def operator_config(backend: str) -> dict[str, Any]:
@@ -117,11 +130,41 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
     return time.perf_counter() - start
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+async def bench_session(plain: Sandbox, session: Sandbox, samples: int) -> dict[str, float]:
+    """``exec(["true"])`` on one Sandbox, plain and through a session, alternating."""
+    opened = await timed(lambda: session.exec(["true"]))
+    plane = getattr(session.dataplane, "inner", session.dataplane)  # under the handle's ServedPlane
+    transport = getattr(plane, "transport", None)
+    if not isinstance(transport, SessionExecTransport) or transport.unavailable:
+        raise RuntimeError("the exec session did not open: nothing to compare")
+    times: dict[str, list[float]] = {"plain": [], "session": []}
+    for _ in range(samples):
+        times["plain"].append(await timed(lambda: plain.exec(["true"])))
+        times["session"].append(await timed(lambda: session.exec(["true"])))
+    out = {"session_open_s": opened}
+    for way, values in times.items():
+        out[f"true_{way}_p50_ms"] = 1000 * quantile(values, 0.5)
+        out[f"true_{way}_p90_ms"] = 1000 * quantile(values, 0.9)
+    out["true_p50_ratio"] = out["true_plain_p50_ms"] / out["true_session_p50_ms"]
+    out["true_p90_ratio"] = out["true_plain_p90_ms"] / out["true_session_p90_ms"]
+    return out
+
+
 async def bench_backend(
-    backend: str, namespace: str, kubeconfig: str, iterations: int
+    backend: str, namespace: str, kubeconfig: str, iterations: int, samples: int = 50
 ) -> dict[str, float]:
     client = await SandboxClient.from_kubeconfig(namespace, kubeconfig=kubeconfig)
+    sessions = await SandboxClient.from_kubeconfig(
+        namespace, kubeconfig=kubeconfig, dataplanes={"Pod": pod_session_factory}
+    )
     results: dict[str, list[float]] = {}
+    figures: dict[str, float] = {}
     try:
         scope = await client.create_scope(
             scope="bench", thread_id=f"{backend}-{secrets.token_hex(3)}"
@@ -149,20 +192,29 @@ async def bench_backend(
             results.setdefault("write_8MiB_MiBps", []).append(8 / t)
             t = await timed(lambda: sb.read_file("big.bin"))
             results.setdefault("read_8MiB_MiBps", []).append(8 / t)
+        plain = await client.acquire(scope, f"bench/{backend}/py", SPEC_PY, timeout=300)
+        session = await sessions.acquire(scope, f"bench/{backend}/py", SPEC_PY, timeout=300)
+        assert session.name == plain.name  # one Sandbox, two ways in
+        figures = await bench_session(plain, session, samples)
         await client.delete_scope(scope, wait=True, timeout=180)
     finally:
+        await sessions.close()
         await client.close()
-    return {name: statistics.median(values) for name, values in results.items()}
+    return {name: statistics.median(values) for name, values in results.items()} | figures
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--backends", default="runc,gvisor")
+    parser.add_argument("--samples", type=int, default=50, help="exec(true) samples per way")
+    parser.add_argument("--smoke", action="store_true", help="one of each, 5 samples (CI)")
     parser.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG", str(DEFAULT_KUBECONFIG))
     )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.iterations, args.samples = 1, 5
     # t-*, labelled served-by like the test suite's: on the local cluster `make up`'s release
     # serves every other namespace, and a second operator there would fight this script's.
     namespace = f"t-bench-client-{secrets.token_hex(3)}"
@@ -183,7 +235,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         for backend in args.backends.split(","):
             with running_operator(backend, namespace, args.kubeconfig):
                 all_results[backend] = asyncio.run(
-                    bench_backend(backend, namespace, args.kubeconfig, args.iterations)
+                    bench_backend(
+                        backend, namespace, args.kubeconfig, args.iterations, args.samples
+                    )
                 )
     finally:
         subprocess.run(

@@ -1,7 +1,7 @@
 """The client against the real operator on the local cluster: acquire/dispose, races, call
 scope, namespace confinement, and the conformance suites on operator-made sandboxes under runc
-and gVisor. Refusals and a scope deleted under a waiting acquire need no node:
-tests/integration/test_client_api.py."""
+and gVisor (through an exec session). Refusals and a scope deleted under a waiting acquire need
+no node: tests/integration/test_client_api.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from sandbox_operator import naming
 from sandbox_operator.client import (
     SandboxClient,
     SandboxForbidden,
+    SessionExecTransport,
     SyncSandboxClient,
+    pod_session_factory,
 )
 from sandbox_operator.conformance import check_call_scope, check_sandbox
 from sandbox_operator.contract import Capability, SandboxKey, SandboxSpec
@@ -136,15 +138,26 @@ async def test_sandbox_for_call_isolated_and_deleted(
 
 @pytest.mark.parametrize("backend", ["runc", "gvisor"])
 async def test_conformance_on_operator_sandboxes(
-    aclient: SandboxClient, operator: Any, backend: str
+    aclient: SandboxClient, operator: Any, backend: str, kubeconfig: str, namespace: str
 ) -> None:
+    """Through an exec session (#39 item 2, docs/exec-session.md): the client's opt-in data
+    plane, on the operator's hardened pods (the plain one runs every other test here)."""
     operator(local_config(selection="fixed", pinned=backend))
     scope_ref = await aclient.create_scope(scope="tenant-a", thread_id=f"conf-{backend}")
-    sb = await aclient.acquire(scope_ref, "agents/conformance", spec(PYTHON))
-    reports = await check_sandbox(sb)
-    failures = {r.suite: r.failures for r in reports if r.failures}
-    assert not failures, failures
-    assert (await sb.run_code("print(6 * 7)")).stdout == b"42\n"
+    sessions = await SandboxClient.from_kubeconfig(
+        namespace, kubeconfig=kubeconfig, dataplanes={"Pod": pod_session_factory}
+    )
+    try:
+        sb = await sessions.acquire(scope_ref, "agents/conformance", spec(PYTHON), timeout=180)
+        reports = await check_sandbox(sb)
+        failures = {r.suite: r.failures for r in reports if r.failures}
+        assert not failures, failures
+        assert (await sb.run_code("print(6 * 7)")).stdout == b"42\n"
+        transport = getattr(getattr(sb.dataplane, "inner", None), "transport", None)
+        assert isinstance(transport, SessionExecTransport)
+        assert transport.opened >= 1 and not transport.unavailable
+    finally:
+        await sessions.close()
 
 
 def test_sync_client(kubeconfig: str, namespace: str, operator: Any) -> None:

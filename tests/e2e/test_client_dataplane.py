@@ -1,10 +1,13 @@
 """The pod data plane (pods/exec through the API server) on plain pods, no operator: every
 conformance suite on runc and gVisor, with the busybox and the python images, and the
-host_tools suite (the client's channel over exec + files) on both with the python image."""
+host_tools suite (the client's channel over exec + files) on both with the python image; the
+same suites through an exec session (docs/exec-session.md) with the python image, a launcher its
+guest kills mid-command, and the busybox image falling back to plain pods/exec."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -12,7 +15,14 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from sandbox_operator.client import ExecCancelled, Sandbox, SandboxClient, pod_dataplane
+from sandbox_operator.client import (
+    ExecCancelled,
+    ExecStreamLost,
+    Sandbox,
+    SandboxClient,
+    SessionExecTransport,
+    pod_dataplane,
+)
 from sandbox_operator.conformance import check_call_scope, check_host_tools, check_sandbox
 from sandbox_operator.contract import Capability, SandboxSpec
 from tests.fixtures.pods import plain_pod
@@ -96,6 +106,40 @@ async def test_conformance_on_plain_pods(
 
 
 @pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
+async def test_conformance_through_an_exec_session(
+    aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
+) -> None:
+    """#39 item 2: every suite through one exec session (8 MiB each way too); then the guest
+    kills its own launcher mid-command: that command's stream is lost, its group (a background
+    child too) killed over a fresh pods/exec, the sandbox clean, and the next command reopens
+    the session."""
+    pod = make_pod(f"session-{runtime_class}", runtime_class, PYTHON)
+    plane = pod_dataplane(aclient.ws_api, aclient.namespace, pod, session=True)
+    transport = plane.transport
+    assert isinstance(transport, SessionExecTransport)
+    sb = Sandbox(spec(PYTHON), plane, name=pod)
+    reports = await check_sandbox(sb)
+    failures = {r.suite: r.failures for r in reports if r.failures}
+    assert not failures, failures
+    data = os.urandom(8 * 1024 * 1024)
+    await sb.write_file("big.bin", data)
+    assert await sb.read_file("big.bin") == data
+    assert transport.opened >= 1 and not transport.unavailable
+    opened = transport.opened
+    # The launcher starts the wrapper's inner script itself: $PPID is the launcher.
+    script = "(sleep 2; touch child) & kill -9 $PPID; sleep 2; touch late"
+    with pytest.raises(ExecStreamLost) as lost:
+        await sb.exec(script, timeout=60)
+    assert lost.value.kill_delivered and lost.value.kill_reach == "group"
+    assert sb.unclean is None
+    assert (await sb.exec(["echo", "again"])).stdout == b"again\n"
+    assert transport.opened == opened + 1
+    await asyncio.sleep(3)  # past both writes' time
+    assert not await sb.exists("late") and not await sb.exists("child")
+    await plane.close()
+
+
+@pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])
 async def test_host_tools_conformance_on_plain_pods(
     aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
 ) -> None:
@@ -128,13 +172,18 @@ async def test_call_scope_between_two_pods(
 async def test_large_binary_round_trip(
     aclient: SandboxClient, make_pod: Callable[[str, str, str], str], runtime_class: str
 ) -> None:
-    import os
-
-    sb = handle(aclient, make_pod(f"big-{runtime_class}", runtime_class, BUSYBOX), BUSYBOX)
+    pod = make_pod(f"big-{runtime_class}", runtime_class, BUSYBOX)
+    sb = handle(aclient, pod, BUSYBOX)
     data = os.urandom(8 * 1024 * 1024)
     await sb.write_file("big.bin", data)
     assert (await sb.stat("big.bin")).size == len(data)
     assert await sb.read_file("big.bin") == data
+    # No python3 in busybox: an exec session falls back to plain pods/exec (#39 item 2).
+    fallback = pod_dataplane(aclient.ws_api, aclient.namespace, pod, session=True)
+    assert (await fallback.exec(["true"], cwd="/", timeout=60)).exit_code == 0
+    assert isinstance(fallback.transport, SessionExecTransport)
+    assert fallback.transport.unavailable and fallback.transport.opened == 0
+    await fallback.close()
 
 
 @pytest.mark.parametrize("runtime_class", ["runc", "gvisor"])

@@ -44,9 +44,9 @@ def test_benchmark_runs(kubeconfig: str, crds: None) -> None:
         import client_roundtrip
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    results = client_roundtrip.main(
-        ["--iterations", "1", "--backends", "runc", "--kubeconfig", kubeconfig]
-    )
+    results = client_roundtrip.main(["--smoke", "--backends", "runc", "--kubeconfig", kubeconfig])
     assert set(results) == {"runc"}
     assert results["runc"]["acquire_ready_s"] > 0
     assert results["runc"]["read_8MiB_MiBps"] > 0
+    # exec(["true"]) plain and through an exec session, side by side (no figure asserted)
+    assert results["runc"]["true_plain_p50_ms"] > 0 and results["runc"]["true_session_p50_ms"] > 0

@@ -15,8 +15,10 @@ from sandbox_operator.client.dataplane import (
     LocalExecTransport,
     OutputChunk,
     PodExecTransport,
+    SessionExecTransport,
     local_dataplane,
     pod_dataplane,
+    pod_session_factory,
 )
 from sandbox_operator.client.errors import (
     PATH_RULES,
@@ -196,6 +198,7 @@ __all__ = [
     "SandboxTransferLimitsNotPermitted",
     "SandboxUnclean",
     "ScopeDisposed",
+    "SessionExecTransport",
     "SinkRequired",
     "StoreFileRead",
     "SyncSandbox",
@@ -217,6 +220,7 @@ __all__ = [
     "make_file_system_sink",
     "notify",
     "pod_dataplane",
+    "pod_session_factory",
     "refusal_error_for",
     "tool_call",
     "validate_artifact_name",

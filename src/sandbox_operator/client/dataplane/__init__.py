@@ -11,6 +11,8 @@ One protocol, several implementations, all owned by the client and handed to it
   then :class:`ExitStatus`), its stdin while it runs, a terminal; over a :class:`StreamTransport`.
 * :mod:`.pod` -- :class:`PodExecTransport` over the API server's ``pods/exec``; the default for
   ``servedBy.kind: Pod``.
+* :mod:`.session` -- :class:`SessionExecTransport`: buffered commands through one long-lived
+  exec stream to a launcher in the guest (:mod:`.launcher`), opt-in (:func:`pod_session_factory`).
 * :mod:`.local` -- :class:`LocalExecTransport`: local processes, no isolation (tests only).
 * :mod:`.acas` -- :class:`~.acas.AcasDataPlane` for ACA sandboxes; import it from there
   (``acas_dataplanes``): it is not imported here, so the base client never loads the ACA API client.
@@ -30,6 +32,7 @@ from sandbox_operator.client.dataplane.pod import (
     _exit_code,
     pod_dataplane,
     pod_factory,
+    pod_session_factory,
 )
 from sandbox_operator.client.dataplane.protocol import (
     DEFAULT_OUTPUT_BUDGET,
@@ -43,6 +46,7 @@ from sandbox_operator.client.dataplane.protocol import (
     FileStat,
     check_exec_request,
 )
+from sandbox_operator.client.dataplane.session import SessionExecTransport
 from sandbox_operator.client.dataplane.streaming import (
     ExecStream,
     ExitStatus,
@@ -71,6 +75,7 @@ __all__ = [
     "PodExecTransport",
     "PodTarget",
     "RawResult",
+    "SessionExecTransport",
     "StreamItem",
     "StreamTransport",
     "StreamingPlane",
@@ -81,4 +86,5 @@ __all__ = [
     "local_dataplane",
     "pod_dataplane",
     "pod_factory",
+    "pod_session_factory",
 ]

@@ -130,7 +130,11 @@ def _size(text: str) -> int | None:
 
 
 class ExecDataPlane:
-    """A :class:`~.protocol.DataPlane` built on an :class:`ExecTransport` alone."""
+    """A :class:`~.protocol.DataPlane` built on an :class:`ExecTransport` alone.
+
+    ``kill_transport`` (default: ``transport``) is what kills go over: a transport that runs
+    commands through something in the guest (an exec session, :mod:`.session`) hands its kills
+    to a plain exec, so a guest that lies or dies cannot stop one (docs/exec-session.md)."""
 
     def __init__(
         self,
@@ -138,8 +142,10 @@ class ExecDataPlane:
         *,
         op_timeout: float = 60.0,
         bytes_per_second: float = 1024 * 1024,
+        kill_transport: ExecTransport | None = None,
     ) -> None:
         self.transport = transport
+        self.kill_transport = kill_transport if kill_transport is not None else transport
         self.op_timeout = op_timeout
         self.bytes_per_second = bytes_per_second
 
@@ -260,7 +266,7 @@ class ExecDataPlane:
             return False, "nothing"
         script = scripts.KILL_SESSION if reach == "session" else scripts.KILL
         try:
-            raw = await self.transport.run(
+            raw = await self.kill_transport.run(
                 [*script, str(pid)],
                 stdin=None,
                 timeout=self.op_timeout,

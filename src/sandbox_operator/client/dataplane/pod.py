@@ -19,6 +19,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from sandbox_operator.client.dataplane.execplane import ExecDataPlane, RawResult
 from sandbox_operator.client.dataplane.protocol import DataPlane
+from sandbox_operator.client.dataplane.session import SessionExecTransport
 from sandbox_operator.client.dataplane.streaming import ExitStatus, OutputChunk
 from sandbox_operator.client.errors import (
     DataPlaneError,
@@ -303,17 +304,33 @@ def _exit_code(status: bytes) -> int | None:
 
 
 def pod_dataplane(
-    ws_api_client: Any, namespace: str, pod: str, container: str | None = None
+    ws_api_client: Any,
+    namespace: str,
+    pod: str,
+    container: str | None = None,
+    *,
+    session: bool = False,
 ) -> ExecDataPlane:
-    """A data plane into one pod's container over ``pods/exec``."""
-    return ExecDataPlane(PodExecTransport(ws_api_client, PodTarget(namespace, pod, container)))
+    """A data plane into one pod's container over ``pods/exec``; ``session``: buffered commands
+    and file operations through one exec session (:mod:`.session`, docs/exec-session.md), kills
+    and streams over plain ``pods/exec``."""
+    direct = PodExecTransport(ws_api_client, PodTarget(namespace, pod, container))
+    if not session:
+        return ExecDataPlane(direct)
+    return ExecDataPlane(SessionExecTransport(direct), kill_transport=direct)
 
 
-def pod_factory(client: Any, obj: Mapping[str, Any]) -> DataPlane:
+def pod_factory(client: Any, obj: Mapping[str, Any], *, session: bool = False) -> DataPlane:
     """The data plane of a Sandbox served by a pod (``servedBy.kind: Pod``) in the client's own
     namespace, over the client's websocket API client (``client.ws_api``)."""
     served = (obj.get("status") or {}).get("servedBy") or {}
     namespace = served.get("namespace") or obj["metadata"]["namespace"]
     if namespace != client.namespace:
         raise DataPlaneError("the sandbox is served from another namespace")
-    return pod_dataplane(client.ws_api, namespace, served["name"])
+    return pod_dataplane(client.ws_api, namespace, served["name"], session=session)
+
+
+def pod_session_factory(client: Any, obj: Mapping[str, Any]) -> DataPlane:
+    """:func:`pod_factory` with an exec session per handle (opt-in:
+    ``SandboxClient(dataplanes={"Pod": pod_session_factory})``, docs/exec-session.md)."""
+    return pod_factory(client, obj, session=True)
