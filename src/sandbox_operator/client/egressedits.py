@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from sandbox_operator import kubeobj
-from sandbox_operator.client.errors import (
-    SandboxEgressEditRefused,
+from sandbox_operator.client.acquire_errors import (
+    SandboxAcquireError,
     SandboxGone,
     SandboxNotReadyInTime,
 )
+from sandbox_operator.client.errors import SandboxEgressEditRefused
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
-from sandbox_operator.client.status import effective_state
+from sandbox_operator.client.status import Verdict, effective_state
 from sandbox_operator.client.watching import Watches
-from sandbox_operator.contract import SANDBOX_PLURAL
 from sandbox_operator.contract.egressrules import EgressRule
 
 #: ``reason`` of an edit the API server refused (the CRD's rules).
@@ -71,6 +72,21 @@ def edit_state(obj: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
     return "done", "", ""
 
 
+@dataclass(frozen=True)
+class EgressEditAt:
+    """The wait of the edit made at ``generation`` (:func:`edit_state`), as the client's watches
+    wait for any goal (:meth:`~sandbox_operator.client.watching.Watches.until_goal`). A pending
+    edit's reason is what it still waits for, which a timeout reports."""
+
+    generation: int
+
+    def verdict(self, obj: Mapping[str, Any]) -> Verdict:
+        state, reason, message = edit_state(obj, self.generation)
+        if state == "pending":
+            return "pending", message, message
+        return ("ready" if state == "done" else "terminal"), reason, message
+
+
 class EgressEdits:
     """Edit the egress of Sandboxes of one namespace (see the module)."""
 
@@ -103,15 +119,25 @@ class EgressEdits:
 
         obj = await self.objects.edit_spec(name, fields, manager="egress", refused=refused)
         generation = int(kubeobj.meta(obj).get("generation") or 0)
+        last = {"reason": ""}
         try:
             async with asyncio.timeout(timeout):
-                obj = await self._until_done(name, obj, generation)
+                obj = await self.watches.until_goal(name, obj, last, goal=EgressEditAt(generation))
         except TimeoutError:
             raise SandboxNotReadyInTime(
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=edit_state(obj, generation)[2],
+                last_reason=last["reason"],
+            ) from None
+        except SandboxGone:
+            raise
+        except SandboxAcquireError as exc:  # the edit's verdict "terminal": the refusal
+            raise SandboxEgressEditRefused(
+                sandbox=name,
+                namespace=self.objects.namespace,
+                reason=exc.reason,
+                message=exc.message,
             ) from None
         if isinstance(sandbox, Sandbox):
             sandbox.resource = obj
@@ -121,29 +147,3 @@ class EgressEdits:
                     obj, sandbox.spec, host_tools=old.host_tools, call=old.call
                 )
         return obj
-
-    async def _until_done(
-        self, name: str, obj: Mapping[str, Any], generation: int
-    ) -> Mapping[str, Any]:
-        while True:
-            state, reason, message = edit_state(obj, generation)
-            if state == "done":
-                return obj
-            if state == "refused":
-                raise SandboxEgressEditRefused(
-                    sandbox=name, namespace=self.objects.namespace, reason=reason, message=message
-                )
-            event = await self.watches.next_event(
-                SANDBOX_PLURAL, name, kubeobj.meta(obj).get("resourceVersion")
-            )
-            if event is None:  # relist
-                obj = await self.objects.get(SANDBOX_PLURAL, name)
-                continue
-            kind, obj = event
-            if kind == "DELETED" or kubeobj.meta(obj).get("deletionTimestamp"):
-                raise SandboxGone(
-                    sandbox=name,
-                    namespace=self.objects.namespace,
-                    reason="Deleted",
-                    message="the Sandbox was deleted while its egress edit was awaited",
-                )

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -69,14 +69,23 @@ class ResetTo:
 #: ``status`` reason of a reset refused (``status.resetRefused``), as a wait reports it.
 RESET_REFUSED = "ResetRefused"
 
+#: A wait's verdict on an object: ("ready" | "pending" | "terminal", reason, message).
+Verdict = tuple[str, str, str]
+
+
+class JudgedGoal(Protocol):
+    """A wait whose goal another module judges (an egress edit's,
+    :class:`~sandbox_operator.client.egressedits.EgressEditAt`): its verdict on each version of
+    the object, "ready" once reached."""
+
+    def verdict(self, obj: Mapping[str, Any]) -> Verdict: ...
+
+
 #: What a wait is for: ``ready`` (acquire: Suspended is terminal), ``resumed`` (a wait that
 #: resumed the sandbox: Suspended is on its way back unless the spec says suspended again),
 #: ``suspended`` (a suspend: done once the operator reports Suspended for the current spec),
-#: or a reset (:class:`ResetTo`).
-Goal = Literal["ready", "resumed", "suspended"] | ResetTo
-
-#: A wait's verdict on an object: ("ready" | "pending" | "terminal", reason, message).
-Verdict = tuple[str, str, str]
+#: a reset (:class:`ResetTo`), or a goal judged elsewhere (:class:`JudgedGoal`).
+Goal = Literal["ready", "resumed", "suspended"] | ResetTo | JudgedGoal
 
 _EMPTY = SandboxResourceStatus()
 #: What a condition without ``lastTransitionTime`` is read with (the client never reads it).
@@ -266,6 +275,8 @@ def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
     suspended = ConditionReason.SUSPENDED.value
     if isinstance(goal, ResetTo):
         return _evaluate_reset(obj, goal.count)
+    if not isinstance(goal, str):
+        return goal.verdict(obj)
     if goal == "suspended":
         if _suspended_now(obj):
             return "ready", suspended, ""
