@@ -209,16 +209,22 @@ exit $?
 """
 
 #: Kills every process of the session led by ``$1`` (read from ``/proc/<pid>/stat``), exits 0
-#: when one was signalled, :data:`KILL_GONE` when none is left, 1 when a kill failed.
+#: when one was signalled, :data:`KILL_GONE` when none is left, 1 when a kill failed. The scan
+#: is repeated (at most 5 times) while it still finds one: a listing of ``/proc`` taken while
+#: the session's processes fork and exit can miss one (seen on gVisor: a job ran on).
 KILL_SESSION = (
     "sh",
     "-c",
-    r"""s=$1; hit=0; bad=0
-for d in /proc/[0-9]*; do
-  read -r l < "$d/stat" 2>/dev/null || continue
-  set -- ${l##*') '}
-  [ "$4" = "$s" ] || continue
-  if kill -9 "${d#/proc/}" 2>/dev/null; then hit=1; elif [ -d "$d" ]; then bad=1; fi
+    r"""s=$1; hit=0; bad=0; pass=0
+while [ "$pass" -lt 5 ]; do
+  pass=$((pass + 1)); found=0
+  for d in /proc/[0-9]*; do
+    read -r l < "$d/stat" 2>/dev/null || continue
+    set -- ${l##*') '}
+    [ "$4" = "$s" ] || continue
+    if kill -9 "${d#/proc/}" 2>/dev/null; then hit=1; found=1; elif [ -d "$d" ]; then bad=1; fi
+  done
+  [ "$found" = 1 ] || break
 done
 [ "$bad" = 1 ] && exit 1
 [ "$hit" = 1 ] && exit 0
