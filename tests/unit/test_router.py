@@ -333,3 +333,24 @@ async def test_a_resume_that_cannot_be_asked_answers_at_once_and_a_slow_one_in_t
     status, body = await kit.get(f"/{NS}/{NAME}/web/")  # asked again, never Ready: bounded
     assert (status, body["reason"]) == (503, "NotReadyInTime")
     assert len(kit.resumes.asked) == 2
+
+
+def test_a_conversations_role_grants_its_agents_exactly_the_routers_question() -> None:
+    """The conversation boundary (docs/concepts.md): the Role the operator writes for a scope's
+    agents allows the router's SubjectAccessReview on the scope's own Sandboxes only."""
+    from sandbox_operator.reconcile import access
+    from sandbox_operator.router.reviews import access_review_spec
+
+    scope = {"metadata": {"name": "conv", "namespace": NS, "uid": "u"}}
+    role = access.role_manifest(scope, access.wanted_access(["agent"], [NAME]))
+    asked = access_review_spec(Identity("system:serviceaccount:team-a:agent"), NS, NAME)
+    attrs = asked["resourceAttributes"]
+    resource = f"{attrs['resource']}/{attrs['subresource']}"
+    granting = [
+        r
+        for r in role["rules"]
+        if attrs["group"] in r["apiGroups"]
+        and resource in r["resources"]
+        and attrs["verb"] in r["verbs"]
+    ]
+    assert [r.get("resourceNames") for r in granting] == [[NAME]]
