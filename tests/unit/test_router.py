@@ -354,3 +354,43 @@ def test_a_conversations_role_grants_its_agents_exactly_the_routers_question() -
         and attrs["verb"] in r["verbs"]
     ]
     assert [r.get("resourceNames") for r in granting] == [[NAME]]
+
+
+class _Custom:
+    """CustomObjectsApi's patch, recorded."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, dict[str, Any], str]] = []
+
+    async def patch_namespaced_custom_object(self, *args: Any, **kw: Any) -> None:
+        _group, _version, namespace, _plural, name, body = args
+        self.patches.append((namespace, name, body, kw["_content_type"]))
+
+
+def _kube() -> tuple[Any, _Custom]:
+    from kubernetes_asyncio import client as k8s
+
+    from sandbox_operator.router.kube import KubeSandboxes
+
+    kube = KubeSandboxes(k8s.ApiClient(), View(), (NS,))
+    custom = _Custom()
+    kube._custom = custom
+    return kube, custom
+
+
+async def test_a_resume_is_asked_as_the_client_asks_it() -> None:
+    """Suspended by the spec: spec.suspended false; by idling: a last-activity stamp after the
+    suspension (whole seconds), even when this clock is behind the operator's."""
+    from sandbox_operator.router.view import sandbox_entry
+
+    kube, custom = _kube()
+    by_spec = sandbox_entry(sandbox_obj(1, ready=False, suspendedBy="spec", spec_suspended=True))
+    await kube.resume(NS, NAME, by_spec)
+    future = "2999-01-01T00:00:00Z"
+    by_idle = sandbox_entry(sandbox_obj(1, ready=False, suspendedBy="idle", suspendedAt=future))
+    await kube.resume(NS, NAME, by_idle)
+    (_, _, spec_body, kind), (_, _, idle_body, _) = custom.patches
+    assert spec_body == {"spec": {"suspended": False}}
+    assert kind == "application/merge-patch+json"
+    stamp = idle_body["metadata"]["annotations"]["sandbox-operator.dev/last-activity"]
+    assert stamp == "2999-01-01T00:00:01Z"
