@@ -16,7 +16,7 @@ from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.contract import ConditionReason, ConditionType
+from sandbox_operator.contract import SANDBOX_KIND, ConditionReason, ConditionType
 from sandbox_operator.contract.ports import SandboxPort
 
 Key = tuple[str, str]
@@ -108,7 +108,7 @@ def sandbox_entry(obj: Mapping[str, Any]) -> SandboxEntry:
         suspended_by=status.get("suspendedBy"),
         suspended_at=status.get("suspendedAt"),
         spec_suspended=bool(spec.get("suspended")),
-        pod=served.get("name") if served.get("kind") == "Pod" else None,
+        pod=served.get("name") if served.get("kind") == kubeobj.POD_KIND else None,
     )
 
 
@@ -116,7 +116,7 @@ def pod_entry(obj: Mapping[str, Any]) -> PodEntry:
     meta = kubeobj.meta(obj)
     status = obj.get("status") or {}
     ready = _condition(status, "Ready").get("status") == "True"
-    owners = [o for o in meta.get("ownerReferences") or () if o.get("kind") == "Sandbox"]
+    owners = [o for o in meta.get("ownerReferences") or () if o.get("kind") == SANDBOX_KIND]
     return PodEntry(
         ip=status.get("podIP"),
         ready=ready and status.get("phase") == "Running",
