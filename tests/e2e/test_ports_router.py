@@ -79,7 +79,7 @@ def test_a_declared_port_is_reached_through_the_router_and_wakes_its_sandbox(
     caller, stranger = _identities(core_v1, kit.ns)
     kit.scope()
     kit.sandbox("web", ports=[{"name": "web", "port": 8080}], storage=STORAGE)
-    obj = kit.wait_condition("web", reasons=("Running",), status="True", timeout=120)
+    obj = kit.wait_condition("web", status="True", timeout=120)
     (port,) = obj["status"]["ports"]
     assert port == {
         "name": "web",
