@@ -1,9 +1,10 @@
 """Ports through the router on the real node (docs/ports.md), runc: one Sandbox serving HTTP on a
 declared port (busybox httpd, started by the pod's own command so it serves again after a
-resume), with its URL in status.ports; reached through the router by an identity granted
-``connect`` on ``sandboxes/ports``, refused (403) to one without it and (401) to anonymous and
-forged tokens, 404 on an undeclared port; then suspended, and woken by the next request, which
-it answers.
+resume), with its URL in status.ports; reached through the router by its conversation's agent
+(granted ``connect`` on ``sandboxes/ports`` of its conversation's Sandboxes by the Role the
+operator writes for the SandboxScope), refused (403) to another conversation's agent and (401)
+to anonymous and forged tokens, 404 on an undeclared port; then suspended, and woken by the next
+request, which it answers.
 
 The router runs on this machine (tests/fixtures/router.py), not as the chart's pod: the image
 on the node is main's. So the NetworkPolicy admitting the router is not what this test shows
@@ -36,21 +37,11 @@ SERVE = (
 BASE_URL = "https://sandboxes.example.test"
 
 
-def _identities(core: client.CoreV1Api, ns: str) -> tuple[str, str]:
-    """Two ServiceAccounts' tokens: one granted connect on sandboxes/ports, one not."""
-    rbac = client.RbacAuthorizationV1Api(core.api_client)
+def _agents(core: client.CoreV1Api, ns: str) -> tuple[str, str]:
+    """Two agents' tokens (ServiceAccounts with nothing granted of their own): each is bound to a
+    conversation by its SandboxScope, and the operator's Role for it is all it holds."""
     for sa in ("caller", "stranger"):
         core.create_namespaced_service_account(ns, {"metadata": {"name": sa}})
-    rule = {"apiGroups": [GROUP], "resources": ["sandboxes/ports"], "verbs": ["connect"]}
-    rbac.create_namespaced_role(ns, {"metadata": {"name": "ports"}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        ns,
-        {
-            "metadata": {"name": "ports"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ports"},
-            "subjects": [{"kind": "ServiceAccount", "name": "caller", "namespace": ns}],
-        },
-    )
     return token(core, ns, "caller"), token(core, ns, "stranger")
 
 
@@ -76,8 +67,9 @@ def test_a_declared_port_is_reached_through_the_router_and_wakes_its_sandbox(
     cfg["backends"][0]["pod"]["keepAliveCommand"] = ["/bin/sh", "-c", SERVE]
     cfg["router"] = {"baseUrl": BASE_URL}
     start_operator(cfg)
-    caller, stranger = _identities(core_v1, kit.ns)
-    kit.scope()
+    caller, stranger = _agents(core_v1, kit.ns)
+    kit.scope(agentServiceAccounts=["caller"])
+    kit.scope("other", thread_id="thread-2", agentServiceAccounts=["stranger"])
     kit.sandbox("web", ports=[{"name": "web", "port": 8080}], storage=STORAGE)
     obj = kit.wait_condition("web", status="True", timeout=120)
     (port,) = obj["status"]["ports"]
@@ -88,7 +80,8 @@ def test_a_declared_port_is_reached_through_the_router_and_wakes_its_sandbox(
         "url": f"{BASE_URL}/{kit.ns}/web/web/",
     }
     path = f"/{kit.ns}/web/web/index.html"
-    with running_router(kubeconfig, kit.ns, tmp_path, wakeTimeoutSeconds=120) as router:
+    settings = {"wakeTimeoutSeconds": 120, "reviewCacheSeconds": 1}
+    with running_router(kubeconfig, kit.ns, tmp_path, **settings) as router:
         try:
             _check(kit, router, path, caller, stranger)
         except BaseException:
@@ -97,9 +90,10 @@ def test_a_declared_port_is_reached_through_the_router_and_wakes_its_sandbox(
 
 
 def _check(kit: Kit, router: RouterProcess, path: str, caller: str, stranger: str) -> None:
-    # httpd may still be starting when the Sandbox is Ready: a 502 until it listens.
+    # httpd may still be starting when the Sandbox is Ready (502 until it listens), and the
+    # conversation's Role may not name the Sandbox yet (403 until the operator writes it).
     status, body = _until(
-        "the page", 30, lambda: (a := router.request(path, caller))[0] != 502 and a
+        "the page", 60, lambda: (a := router.request(path, caller))[0] not in (403, 502) and a
     )
     assert (status, body.strip()) == (200, "served-through-the-router")
     assert router.request(path, stranger)[0] == 403
