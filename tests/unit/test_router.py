@@ -182,7 +182,8 @@ async def kit() -> AsyncIterator[Kit]:
 
 async def test_an_authorized_request_reaches_the_declared_port_without_the_token(kit: Kit) -> None:
     status, _ = await kit.get(
-        f"/{NS}/{NAME}/web/api/x?q=1", extra="X-Forwarded-For: 10.0.0.9\r\nX-Other: kept\r\n"
+        f"/{NS}/{NAME}/web/api/x?q=1",
+        extra="X-Forwarded-For: 10.0.0.9\r\nX-Other: kept\r\nConnection: keep-alive\r\n",
     )
     assert status == 200
     (head,) = kit.upstream.heads
@@ -191,6 +192,9 @@ async def test_an_authorized_request_reaches_the_declared_port_without_the_token
     assert f"Host: 127.0.0.1:{kit.upstream.port}" in lines
     assert f"X-Forwarded-Prefix: /{NS}/{NAME}/web" in lines
     assert "X-Other: kept" in lines
+    # One request per connection: the pod closes after its answer, so a kept-alive caller's next
+    # request comes through the router's judgement again.
+    assert "Connection: close" in lines and "Connection: keep-alive" not in lines
     assert GOOD not in head and "authorization" not in head.lower()
     assert "10.0.0.9" not in head and "Host: router" not in head
     # By number as well as by name; and traffic stamped once per interval.

@@ -110,8 +110,14 @@ def parse_head(text: str) -> RequestHead:
 
 def upstream_head(head: RequestHead, target: str, address: str, prefix: str) -> bytes:
     """The head sent to the pod: its own target and Host, the caller's token and forwarding
-    claims dropped, the route's prefix in ``X-Forwarded-Prefix``."""
+    claims dropped, the route's prefix in ``X-Forwarded-Prefix``. A request that is no upgrade
+    asks the pod to close after its answer (``Connection: close``), so the caller's next request
+    comes on a new connection, through the router's judgement and rewrite again."""
+    upgrade = head.upgrade()
+    dropped = _DROPPED if upgrade else _DROPPED | {"connection", "keep-alive"}
     lines = [f"{head.method} {target} HTTP/1.1", f"Host: {address}"]
-    lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in _DROPPED]
+    lines += [f"{k}: {v}" for k, v in head.headers if k.lower() not in dropped]
+    if not upgrade:
+        lines.append("Connection: close")
     lines.append(f"X-Forwarded-Prefix: {prefix}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
