@@ -96,12 +96,29 @@ class OperatorSettings(ContractModel):
     )
 
 
+class RouterSettings(ContractModel):
+    """The ports router the chart installs (docs/ports.md): only its external address is the
+    operator's business, to show each declared port's URL in the Sandbox's status."""
+
+    base_url: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$",
+        description="The router's external base URL, e.g. https://sandboxes.example.com (no "
+        "query or fragment); a port's URL is <baseUrl>/<namespace>/<sandbox>/<port>/.",
+    )
+
+
 class OperatorConfig(ContractModel):
     """The whole configuration file."""
 
     host_policy: HostPolicy = Field(default_factory=HostPolicy)
     backends: tuple[BackendConfig, ...] = Field(min_length=1)
     operator: OperatorSettings = Field(default_factory=OperatorSettings)
+    router: RouterSettings | None = Field(
+        default=None,
+        description="The ports router, when the chart installs one (router.enabled).",
+    )
     egress_proxy: ManagedEgressProxySettings | None = Field(
         default=None,
         description="The egress proxy the operator runs per namespace, for backends whose "

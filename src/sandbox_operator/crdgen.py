@@ -30,6 +30,7 @@ from sandbox_operator.crdrules import (
     LIFETIME_RULES,
     POOL_PRINTER_COLUMNS,
     POOL_TEMPLATE_RULES,
+    PORTS_RULES,
     RELATIVE_PATH_RULES,
     RESOURCES_RULES,
     SANDBOX_IMMUTABLE_FIELDS,
@@ -98,6 +99,8 @@ def _add_workload_rules(node: Schema) -> None:
         _add_rules(rule["properties"]["paths"]["items"], EGRESS_PATH_RULES)
         _add_rules(rule["properties"]["credential"], EGRESS_CREDENTIAL_RULES)
     _add_rules(props["resources"], RESOURCES_RULES)
+    if "ports" in props:  # not in a pool template: pool pods serve no ports (docs/ports.md)
+        _add_rules(props["ports"], PORTS_RULES)
 
 
 def _clean_description(text: str) -> str:

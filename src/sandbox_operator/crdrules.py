@@ -303,6 +303,18 @@ DECLARED_OUTPUTS_RULES: Final[list[Schema]] = [
     )
 ]
 
+#: A spec's ports: names and numbers unique (``ports_problem``).
+PORTS_RULES: Final[list[Schema]] = [
+    _rule(
+        "self.all(p, self.exists_one(q, q.name == p.name))",
+        "ports declares a name more than once",
+    ),
+    _rule(
+        "self.all(p, self.exists_one(q, q.port == p.port))",
+        "ports declares a port number more than once",
+    ),
+]
+
 #: The one rule a spec's ``labels`` keys meet (the values' length is the map's own schema): the
 #: same bound the model holds them to, since a structural schema cannot constrain a map's keys.
 LABELS_RULES: Final[list[Schema]] = [

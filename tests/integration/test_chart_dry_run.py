@@ -1,8 +1,8 @@
 """The Helm chart's rendering against a real API server: a server-side dry run of `helm template`
 output, with the chart's defaults and with the local values plus the agent Role, RuntimeClasses,
-two replicas and the egress credentials' policy and ClusterRole, is accepted (every object,
-including the agent Role and the ValidatingAdmissionPolicies whose CEL the API server
-type-checks). Nothing is installed and no pod runs: the install itself is
+two replicas, the egress credentials' policy and ClusterRole and the ports router, is accepted
+(every object, including the agent Role and the ValidatingAdmissionPolicies whose CEL the API
+server type-checks). Nothing is installed and no pod runs: the install itself is
 tests/e2e/test_chart_install.py."""
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def test_rendered_chart_passes_server_side_dry_run(
             "replicaCount=2",
             "--set",
             "egressCredentials.enabled=true",  # its policy's CEL (the authorizer) type-checked
+            "--set",
+            "router.enabled=true",  # the ports router: its RBAC and its NetworkPolicy's named ports
         ],
     ):
         rendered = run_helm(

@@ -31,10 +31,11 @@ from sandbox_operator.reconcile import access
 from tests.fixtures.chart import ROOT, acas_values, by_kind, managed_proxy_values, template
 
 SRC = ROOT / "src" / "sandbox_operator"
-# The operator process: everything but the client library, its conformance suites and the egress
-# proxy, and the maf-sandbox backend over the client (none of them is run by the operator and
-# none holds operator credentials).
-EXCLUDED = ("client", "conformance", "egress", "maf")
+# The operator process: everything but the client library, its conformance suites, the egress
+# proxy and the ports router (programs of their own, with their own Roles: the router's is
+# checked in tests/unit/test_chart_router.py), and the maf-sandbox backend over the client (none
+# of them is run by the operator and none holds operator credentials).
+EXCLUDED = ("client", "conformance", "egress", "maf", "router")
 #: The module publishing the backends ConfigMap (granted by name: test_published_configmap_...).
 PUBLISHER = Path("reconcile/publish.py")
 

@@ -760,9 +760,9 @@ async def test_a_bound_scope_grants_its_agents_its_sandboxes_by_name_writing_onl
     world,
 ):
     """(#25 item 2) A SandboxScope listing agentServiceAccounts gets a Role (get/list/watch/use on
-    itself, reads of its Sandboxes by name) and a RoleBinding to those ServiceAccounts, owned by
-    the scope; rewritten only when a Sandbox it does not name yet appears (a cleanup writes
-    nothing); a scope that binds no agent gets none."""
+    itself, reads of its Sandboxes and connect on their ports by name) and a RoleBinding to those
+    ServiceAccounts, owned by the scope; rewritten only when a Sandbox it does not name yet
+    appears (a cleanup writes nothing); a scope that binds no agent gets none."""
     rt, kube, _ = world
     scope = kube.objs[("sandboxscopes", "conv")]
     scope["spec"]["agentServiceAccounts"] = ["agent-a"]
@@ -776,6 +776,7 @@ async def test_a_bound_scope_grants_its_agents_its_sandboxes_by_name_writing_onl
     assert _rules(role) == {
         "sandboxscopes": (["conv"], ["get", "list", "watch", "use"]),
         "sandboxes": (["a"], ["get", "list", "watch"]),
+        "sandboxes/ports": (["a"], ["connect"]),  # the ports router's question (docs/ports.md)
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "agent-a", "namespace": NS}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

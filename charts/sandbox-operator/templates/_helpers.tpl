@@ -63,7 +63,17 @@ runs the operator's own image unless it names another one.
 {{- $_ := set $config.egressProxy "credentialsClusterRole" (printf "%s-egress-credentials" (include "sandbox-operator.fullname" .)) }}
 {{- end }}
 {{- end }}
+{{- if .Values.router.enabled }}
+{{- $_ := set $config "router" (dict "baseUrl" (include "sandbox-operator.routerUrl" .)) }}
+{{- end }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/*
+The router's external base URL: router.baseUrl, else its in-cluster Service's.
+*/}}
+{{- define "sandbox-operator.routerUrl" -}}
+{{- .Values.router.baseUrl | default (printf "http://%s-router.%s.svc" (include "sandbox-operator.fullname" .) .Release.Namespace) }}
 {{- end }}
 
 {{/*

@@ -19,6 +19,12 @@ under it) is that rule's "why" there; a comment at the start of a line is for re
   # agentServiceAccounts (reconcile/access.py), and RBAC lets it grant only what it holds.
   verbs: [get, list, watch, patch, use]
 - apiGroups: [sandbox-operator.dev]
+  resources: [sandboxes/ports]
+  # connect: the ports router's verb (docs/ports.md); the operator grants it on a conversation's
+  # Sandboxes, by name, to the scope's agentServiceAccounts (reconcile/access.py), and RBAC lets
+  # it grant only what it holds. The operator itself never connects.
+  verbs: [connect]
+- apiGroups: [sandbox-operator.dev]
   resources: [sandboxwarmpools]
   # kopf: its watch, and its patches.
   verbs: [list, watch, patch]

@@ -53,6 +53,7 @@ from .hostpolicy import BackendDeclarations, DisposalFailure, HostPolicy, Resour
 from .key import SandboxKey
 from .models import Lifetime, SandboxSpec, Storage
 from .outputs import DeclaredOutput
+from .ports import PortProtocol, SandboxPort
 from .quantities import (
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_RESOURCE_REQUESTS,
@@ -144,6 +145,7 @@ __all__ = [
     "NoBackendCanServe",
     "OsFamily",
     "OsFamilyNotSupported",
+    "PortProtocol",
     "RefusalReason",
     "ResourceExcess",
     "ResourceList",
@@ -151,6 +153,7 @@ __all__ = [
     "ResourceRequirements",
     "ResourcesExceedCeiling",
     "SandboxKey",
+    "SandboxPort",
     "SandboxRefusal",
     "SandboxResourceSpec",
     "SandboxResourceStatus",

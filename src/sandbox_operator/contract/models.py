@@ -46,6 +46,7 @@ from .enums import (
     OsFamily,
 )
 from .outputs import DeclaredOutput
+from .ports import PORTS_MAX_ITEMS, SandboxPort, ports_problem
 from .quantities import (
     DEFAULT_RESOURCE_CEILING,
     DEFAULT_RESOURCE_LIMITS,
@@ -138,7 +139,7 @@ IMAGE_PATTERN: Final = r"^[^\x00-\x20\x7f-\x9f\p{Z}]+$"
 KIND_PATTERN: Final = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 
 #: Spec fields left off the wire while empty or false (see :meth:`SandboxSpec.to_wire`).
-OMITTED_WHEN_UNSET: Final = ("labels", "outputs_named_at_call_time", "egress_rules")
+OMITTED_WHEN_UNSET: Final = ("labels", "outputs_named_at_call_time", "egress_rules", "ports")
 
 
 class SandboxSpec(ContractModel):
@@ -258,6 +259,16 @@ class SandboxSpec(ContractModel):
         ),
     )
 
+    ports: tuple[SandboxPort, ...] = Field(
+        default=(),
+        max_length=PORTS_MAX_ITEMS,
+        description=(
+            "Ports the workload serves, reachable only through the operator's router by callers "
+            "the Kubernetes API authorizes (docs/ports.md); names and numbers unique. Fixed after "
+            "creation."
+        ),
+    )
+
     def to_wire(self) -> dict[str, Any]:
         """The camelCase wire form, without the fields added after Sandboxes existed
         (:data:`OMITTED_WHEN_UNSET`) while they say nothing: a Sandbox created before a field
@@ -312,6 +323,9 @@ class SandboxSpec(ContractModel):
                 f"egressRules names {', '.join(both)}, which egressAllow lets through for every "
                 "method and path: list a host in one of them"
             )
+        ports = ports_problem(self.ports)
+        if ports is not None:
+            raise ValueError(ports)
         if self.requires_os_family is OsFamily.POSIX and re.match(
             DRIVE_LETTER_PATTERN, self.work_dir
         ):

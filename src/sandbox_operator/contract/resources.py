@@ -26,6 +26,7 @@ from .enums import Egress, IsolationScope, OsFamily
 from .hostpolicy import ScopePurge
 from .key import SandboxKey, check_key_part
 from .models import SandboxSpec
+from .ports import PORTS_MAX_ITEMS, PortStatus
 from .quantities import ResourceRequirements
 
 GROUP: Final = "sandbox-operator.dev"
@@ -388,6 +389,14 @@ class SandboxResourceStatus(ContractModel):
         ),
     )
     reset_at: datetime | None = Field(default=None, description="When the sandbox was last reset.")
+    ports: tuple[PortStatus, ...] | None = Field(
+        default=None,
+        max_length=PORTS_MAX_ITEMS,
+        description=(
+            "spec.ports with each http port's URL through the router (docs/ports.md); unset "
+            "when the spec declares none."
+        ),
+    )
     reset_refused: str | None = Field(
         default=None,
         max_length=1024,

@@ -14,6 +14,9 @@ conversation. What the cluster enforces for them (docs/concepts.md, "The convers
   ``sandbox-operator.dev/scope-ref`` annotation). The Role made here grants ``use`` on this scope
   alone. ``use`` is no built-in verb: it means nothing to the API server but what the policies
   ask of it.
+* **Ports** are the router's (docs/ports.md): it asks a SubjectAccessReview for ``connect`` on
+  ``sandboxes/ports`` of the Sandbox a request names. The Role made here grants it on this
+  scope's Sandboxes, by name, as the reads.
 
 The Role and the RoleBinding are owned by the SandboxScope (garbage-collected with it) and written
 with server-side apply only when what they should say differs from what this process last wrote:
@@ -31,6 +34,12 @@ from typing import Any, Final
 
 from sandbox_operator import kubeobj
 from sandbox_operator.contract import API_VERSION, GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL
+
+#: The router's question on a Sandbox (sandbox_operator.router.reviews asks it; the router's
+#: package sits beside the operator's, so the words are repeated, and a unit test holds them
+#: equal).
+PORTS_RESOURCE: Final = f"{SANDBOX_PLURAL}/ports"
+PORTS_VERB: Final = "connect"
 
 #: The verb the conversation-boundary policies ask for on ``sandboxscopes/<scopeRef>``.
 USE_VERB: Final = "use"
@@ -77,7 +86,8 @@ def _owner(scope: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[str, Any]:
-    """The scope's Role: get and use on the scope, reads of its Sandboxes by name."""
+    """The scope's Role: get and use on the scope, reads of its Sandboxes and connect on their
+    ports, by name."""
     meta = kubeobj.meta(scope)
     name = str(meta["name"])
     rules: list[dict[str, Any]] = [
@@ -95,6 +105,14 @@ def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[
                 "resources": [SANDBOX_PLURAL],
                 "resourceNames": sorted(access.sandboxes),
                 "verbs": ["get", "list", "watch"],
+            }
+        )
+        rules.append(
+            {
+                "apiGroups": [GROUP],
+                "resources": [PORTS_RESOURCE],
+                "resourceNames": sorted(access.sandboxes),
+                "verbs": [PORTS_VERB],
             }
         )
     return {

@@ -47,6 +47,7 @@ from sandbox_operator.contract import (
     parse_isolation,
     refusal_condition_reason,
 )
+from sandbox_operator.contract.ports import port_statuses
 from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import BackendProfile, admit_request, effective_floor
 from sandbox_operator.reconcile import conditions as cnd
@@ -235,6 +236,16 @@ def admit(
         },
         decided_now=True,
     )
+
+
+def port_fields(
+    spec: SandboxResourceSpec, namespace: str, name: str, router_url: str | None
+) -> dict[str, Any]:
+    """``status.ports``: each declared port and, once a router is configured, its URL (nothing
+    for a spec without ports)."""
+    if not spec.ports:
+        return {}
+    return {"ports": [p.to_wire() for p in port_statuses(spec.ports, router_url, namespace, name)]}
 
 
 def admitted_allow(spec: SandboxResourceSpec) -> dict[str, Any]:

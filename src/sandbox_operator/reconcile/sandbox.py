@@ -208,6 +208,15 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         # nothing was made for it, so it needs no finalizer, and it holds no key.
         plan = (compute.refused_resume_plan if rejudge else compute.refusal_plan)(admission)
         return Step.write(obj, draft, plan, admission)
+    router = rt.config.router
+    ns, name, _ = seen.ident
+    admission = replace(
+        admission,
+        fields={
+            **admission.fields,
+            **compute.port_fields(spec, ns, name, router.base_url if router else None),
+        },
+    )
     # Admitted: the finalizer and key labels go on before anything is made for it (one
     # metadata patch, only when something is missing).
     fresh = await ensure_metadata(rt, obj, seen.scope, seen.key, spec.kind)

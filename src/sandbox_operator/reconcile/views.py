@@ -85,6 +85,8 @@ _SANDBOX_STATUS = (
     "resets",
     "resetAt",
     "resetRefused",
+    # Declared ports and their URLs through the router (compute.port_fields).
+    "ports",
     # Egress edits (allowlist sandboxes only): what the proxy enforces, compared with the spec
     # on each pass, and which generation it is (reconcile/egress_edit.py).
     "admittedEgressAllow",

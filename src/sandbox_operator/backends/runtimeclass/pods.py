@@ -22,6 +22,7 @@ from sandbox_operator.backends.egress_proxy import (
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.backends.runtimeclass.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import Egress, SandboxSpec
+from sandbox_operator.contract.ports import port_slot_name
 from sandbox_operator.egress.config import (
     CA_BUNDLE_KEY,
     CA_CERT_KEY,
@@ -258,6 +259,13 @@ def pod_manifest(
         "stdin": False,
         "tty": False,
     }
+    if spec.ports:
+        # Named by their index, not the spec's names: one NetworkPolicy per namespace admits the
+        # router to exactly these names (docs/ports.md), whatever each Sandbox calls its ports.
+        container["ports"] = [
+            {"name": port_slot_name(i), "containerPort": p.port, "protocol": "TCP"}
+            for i, p in enumerate(spec.ports)
+        ]
     pod_spec: dict[str, Any] = {
         "runtimeClassName": backend.runtime_class_name,
         "restartPolicy": "Never",
