@@ -29,6 +29,7 @@ from sandbox_operator.views.resources import (
     SandboxWarmPoolView,
     ScopeStatusView,
     ServedRef,
+    StatusView,
     WarmPoolStatusView,
 )
 
@@ -48,5 +49,6 @@ __all__ = [
     "SandboxWarmPoolView",
     "ScopeStatusView",
     "ServedRef",
+    "StatusView",
     "WarmPoolStatusView",
 ]

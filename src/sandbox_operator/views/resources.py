@@ -45,15 +45,15 @@ class EgressStatusView(Raw):
     final = Field(flag)
 
 
-class _StatusView(Raw):
-    """What every status of this package's kinds carries."""
+class StatusView(Raw):
+    """What every status of this package's kinds carries (any kind's, read generically)."""
 
     __slots__ = ()
     conditions = Field(Conditions)
     observed_generation = count_field()
 
 
-class SandboxStatusView(_StatusView):
+class SandboxStatusView(StatusView):
     """A Sandbox's ``status``."""
 
     __slots__ = ()
@@ -90,7 +90,7 @@ class SandboxView(ObjectView):
     sandbox_kind = text_field("kind", under="spec")
 
 
-class ScopeStatusView(_StatusView):
+class ScopeStatusView(StatusView):
     """A SandboxScope's ``status``."""
 
     __slots__ = ()
@@ -107,7 +107,7 @@ class SandboxScopeView(ObjectView):
     agent_service_accounts = Field(sequence, under="spec")
 
 
-class WarmPoolStatusView(_StatusView):
+class WarmPoolStatusView(StatusView):
     """A SandboxWarmPool's ``status``."""
 
     __slots__ = ()
