@@ -26,6 +26,7 @@ from sandbox_operator.views import (
 from sandbox_operator.views import fields as view_fields
 from sandbox_operator.views.fields import field_keys
 from sandbox_operator.views.resources import (
+    EgressEditRefusalView,
     EgressStatusView,
     SandboxStatusView,
     ScopeStatusView,
@@ -205,9 +206,11 @@ def test_every_spec_field_is_the_spec_models_own(view: type, model: Any) -> None
     assert declared and set(declared.values()) <= aliases, (declared, aliases)
 
 
-def test_the_egress_summary_fields_are_the_models_own() -> None:
-    summary = SandboxResourceStatus.model_fields["egress"].annotation
-    model = next(a for a in summary.__args__ if a is not type(None))  # type: ignore[union-attr]
-    assert set(field_keys(EgressStatusView).values()) <= {
-        f.alias for f in model.model_fields.values()
-    }
+@pytest.mark.parametrize(
+    ("view", "field"),
+    [(EgressStatusView, "egress"), (EgressEditRefusalView, "egress_edit_refused")],
+)
+def test_the_nested_status_fields_are_the_models_own(view: type, field: str) -> None:
+    nested = SandboxResourceStatus.model_fields[field].annotation
+    model = next(a for a in nested.__args__ if a is not type(None))  # type: ignore[union-attr]
+    assert set(field_keys(view).values()) <= {f.alias for f in model.model_fields.values()}

@@ -16,7 +16,6 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.activity import ActivityReport
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
@@ -61,6 +60,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
 )
 from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class Sandbox:
         )
         if self._lifecycle is None or not self.name:
             return
-        uid = str(kubeobj.meta(self.resource).get("uid") or "") or None
+        uid = SandboxView(self.resource).metadata.uid or None
         soon = getattr(self._lifecycle, "dispose_soon", None)
         if soon is not None:  # the client: registered, so its next acquire of the name waits
             self._disposal = soon(self.name, uid=uid)

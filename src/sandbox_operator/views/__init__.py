@@ -22,6 +22,7 @@ from sandbox_operator.views.conditions import Conditions, ConditionView
 from sandbox_operator.views.objects import MetaView, ObjectView, OwnerRef
 from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
 from sandbox_operator.views.resources import (
+    EgressEditRefusalView,
     EgressStatusView,
     SandboxScopeView,
     SandboxStatusView,
@@ -37,6 +38,7 @@ __all__ = [
     "ConditionView",
     "Conditions",
     "ContainerStatusView",
+    "EgressEditRefusalView",
     "EgressStatusView",
     "MetaView",
     "ObjectView",

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sandbox_operator.contract import ConditionStatus
-from sandbox_operator.views.fields import Field, text_field, time_field
+from sandbox_operator.views.fields import Field, optional_int, text_field, time_field
 from sandbox_operator.views.objects import Raw
 
 
@@ -27,7 +27,7 @@ class ConditionView(Raw):
     last_transition_time = text_field()
     #: ``lastTransitionTime`` parsed (memoised per string).
     since = time_field("lastTransitionTime")
-    observed_generation = Field(lambda v: v if isinstance(v, int) else None)
+    observed_generation = Field(optional_int)
 
 
 class Conditions(Sequence[ConditionView]):

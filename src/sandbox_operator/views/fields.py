@@ -111,6 +111,11 @@ def count(value: object) -> int:
     return 0
 
 
+def optional_int(value: object) -> int | None:
+    """An integer field: None when absent or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def flag(value: object) -> bool:
     """A boolean field: true only when the wire says ``true``."""
     return value is True

@@ -19,10 +19,12 @@ from sandbox_operator.views.fields import (
     count_field,
     flag,
     mapping_field,
+    optional_int,
     raw_field,
     sequence,
     text_field,
     time_field,
+    truthy,
 )
 from sandbox_operator.views.objects import ObjectView, Raw, nested
 
@@ -43,6 +45,17 @@ class EgressStatusView(Raw):
     admitted = text_field()
     admitted_at = time_field("admitted")
     final = Field(flag)
+    #: The ``egressPolicy.generation`` the proxy enforces (None: it has not said).
+    policy_generation: Field[int | None] = Field(optional_int)
+
+
+class EgressEditRefusalView(Raw):
+    """``status.egressEditRefused``: the egress edit refused, at which generation and why."""
+
+    __slots__ = ()
+    generation: Field[int | None] = Field(optional_int)
+    reason = text_field()
+    message = text_field()
 
 
 class StatusView(Raw):
@@ -79,6 +92,11 @@ class SandboxStatusView(StatusView):
         lambda v: v if isinstance(v, Mapping) else None
     )
 
+    @property
+    def egress_policy_generation(self) -> int | None:
+        """``egressPolicy.generation``: the generation whose egress was admitted (None: none)."""
+        return optional_int(self.egress_policy.get("generation"))
+
 
 class SandboxView(ObjectView):
     """A Sandbox."""
@@ -88,6 +106,12 @@ class SandboxView(ObjectView):
     scope_ref = text_field(under="spec")
     #: ``spec.kind``: the kind of sandbox (a name the host agent chose), not the resource's.
     sandbox_kind = text_field("kind", under="spec")
+    suspended = Field(truthy, under="spec")
+    #: ``spec.resets`` as written (the client checks its type itself).
+    wanted_resets = raw_field("resets", under="spec")
+    storage = raw_field(under="spec")
+    egress_allow = Field(sequence, under="spec")
+    egress_rules = raw_field(under="spec")
 
 
 class ScopeStatusView(StatusView):
@@ -95,6 +119,7 @@ class ScopeStatusView(StatusView):
 
     __slots__ = ()
     sandbox_count = count_field()
+    last_purge = raw_field()
 
 
 class SandboxScopeView(ObjectView):
