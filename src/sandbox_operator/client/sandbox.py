@@ -154,6 +154,12 @@ class Sandbox:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
 
     @property
+    def view(self) -> SandboxView:
+        """:attr:`resource` as a typed view (over the same object; empty for a handle built
+        directly on a data plane)."""
+        return SandboxView(self.resource)
+
+    @property
     def effective_state(self) -> EffectiveState | None:
         """What the acquire that made this handle was served with (backend, isolation rung and
         scope, egress, capabilities, host tools, call id); ``None`` for a handle built directly
@@ -356,7 +362,7 @@ class Sandbox:
         )
         if self._lifecycle is None or not self.name:
             return
-        uid = SandboxView(self.resource).metadata.uid or None
+        uid = self.view.metadata.uid or None
         soon = getattr(self._lifecycle, "dispose_soon", None)
         if soon is not None:  # the client: registered, so its next acquire of the name waits
             self._disposal = soon(self.name, uid=uid)
