@@ -107,6 +107,8 @@ class SandboxView(ObjectView):
     #: ``spec.kind``: the kind of sandbox (a name the host agent chose), not the resource's.
     sandbox_kind = text_field("kind", under="spec")
     suspended = Field(truthy, under="spec")
+    #: ``spec.egress``: closed, allowlist or open (as written).
+    egress_mode = text_field("egress", under="spec")
     #: ``spec.resets`` as written (the client checks its type itself).
     wanted_resets = raw_field("resets", under="spec")
     storage = raw_field(under="spec")
