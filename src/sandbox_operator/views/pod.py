@@ -6,6 +6,9 @@ pools and the client; their status (phase, conditions, container states) has a s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from sandbox_operator.views.conditions import Conditions
 from sandbox_operator.views.fields import Field, mapping, mapping_field, text, text_field, truthy
 from sandbox_operator.views.objects import ObjectView, Raw, nested
@@ -21,9 +24,23 @@ class ContainerStatusView(Raw):
     state = mapping_field()
 
     @property
+    def waiting(self) -> Mapping[str, Any]:
+        """``state.waiting``: empty when the container is not waiting."""
+        return mapping(self.state.get("waiting"))
+
+    @property
     def waiting_reason(self) -> str:
         """``state.waiting.reason``: empty when the container is not waiting or says no why."""
-        return text(mapping(self.state.get("waiting")).get("reason"))
+        return text(self.waiting.get("reason"))
+
+    @property
+    def terminated(self) -> Mapping[str, Any]:
+        """``state.terminated`` (its ``reason``, ``exitCode``): empty while not terminated."""
+        return mapping(self.state.get("terminated"))
+
+    @property
+    def running(self) -> bool:
+        return self.state.get("running") is not None
 
 
 class PodStatusView(Raw):
