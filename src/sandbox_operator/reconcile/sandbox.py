@@ -17,7 +17,6 @@ metrics (``writer.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -403,7 +402,7 @@ async def _create(
                 (READY, False, R.CREATING, "creating the sandbox"),
             ),
             fields=plan.fields,
-            requeue_after=_startup_deadline(rt, obj, spec, now),
+            requeue_after=_startup_deadline(seen.view, spec, now),
         )
     return plan, observation
 
@@ -447,7 +446,7 @@ async def _start(
             fields={**admission.fields, "servedBy": None},
         )
         # The startup deadline still applies: never wait past it to find out.
-        retry = sooner(ensure_retry_delay(attempt, hint), _startup_deadline(rt, obj, spec, now))
+        retry = sooner(ensure_retry_delay(attempt, hint), _startup_deadline(seen.view, spec, now))
         return Step.write(obj, draft, pending, admission, requeue=retry)
     return None
 
@@ -476,7 +475,7 @@ async def _report(
         failed
         and observation.phase is ObservedPhase.ABSENT
         and observation.detail_reason != "Foreign"  # a pod under its name, not its own: judged
-        and await _serving_pod_exists(rt, namespace, obj)
+        and await _serving_pod_exists(rt, namespace, SandboxView(obj))
     ):
         # The views lacked a pod that exists: after a peering pause kopf lists every kind again,
         # each on its own (the Sandboxes before the pods), so a standby that takes over can see
@@ -553,22 +552,20 @@ def _watched(driver: BackendDriver) -> bool:
     return isinstance(driver, WatchedDisposal) and driver.watches_disposal
 
 
-def _startup_deadline(
-    rt: Runtime, obj: Mapping[str, Any], spec: SandboxResourceSpec, now: datetime
-) -> float | None:
+def _startup_deadline(view: SandboxView, spec: SandboxResourceSpec, now: datetime) -> float | None:
     """Seconds until the startup timeout, counted from the admission (this pass's, when it is
     the one admitting)."""
-    cond = SandboxView(obj).status.conditions.find(ADMITTED)
+    cond = view.status.conditions.find(ADMITTED)
     admitted_at = (cond.since if cond is not None else None) or now
     timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
     return max(0.0, timeout - (now - admitted_at).total_seconds()) + 0.05
 
 
-async def _serving_pod_exists(rt: Runtime, namespace: str, obj: Mapping[str, Any]) -> bool:
+async def _serving_pod_exists(rt: Runtime, namespace: str, view: SandboxView) -> bool:
     """Whether the pod the status names as serving the sandbox exists after all, though the
     observation found none: in the view by now (it arrived meanwhile), or on the API server
     (asked once, only on this rare path; then put into the view)."""
-    served = SandboxView(obj).status.served_by
+    served = view.status.served_by
     if served.kind != kubeobj.POD_KIND or not served.name:
         return False
     pod_ns, pod_name = served.namespace or namespace, served.name

@@ -63,9 +63,9 @@ R = ConditionReason
 COUNT_DEBOUNCE_SECONDS = 1.0
 
 
-def _spec(scope: Mapping[str, Any]) -> SandboxScopeResourceSpec | None:
+def _spec(scope: SandboxScopeView) -> SandboxScopeResourceSpec | None:
     try:
-        return SandboxScopeResourceSpec.model_validate(SandboxScopeView(scope).spec)
+        return SandboxScopeResourceSpec.model_validate(scope.spec)
     except ValidationError:
         return None
 
@@ -106,7 +106,7 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
     members = scope_member_names(rt, namespace, name)
-    spec = _spec(scope)
+    spec = _spec(SandboxScopeView(scope))
     refused = await grant_access(rt, scope, spec, members) if spec is not None else None
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
@@ -268,7 +268,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
     if FINALIZER not in meta.finalizers:
         rt.purges.pop(key, None)
         return None
-    spec = _spec(scope)
+    spec = _spec(SandboxScopeView(scope))
     names = scope_member_names(rt, namespace, name)
     whole = owns_conversation(rt, namespace, name)
     timeout = rt.config.operator.dispose_timeout_seconds
@@ -286,7 +286,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         # Woken by each member's deletion: nothing to decode or write until the last one.
         return timeout - elapsed + 0.05
     members = scope_members(rt, namespace, name)
-    purge = _purge_outcome(members, failures, leftovers, initial)
+    purge = _purge_outcome([SandboxView(m) for m in members], failures, leftovers, initial)
     draft, msg = _purge_status(scope, purge, len(members))
     try:
         await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
@@ -309,7 +309,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
 
 
 def _purge_outcome(
-    members: Sequence[Mapping[str, Any]],
+    members: Sequence[SandboxView],
     failures: Sequence[DisposalFailure],
     leftovers: int,
     initial: int,
@@ -317,8 +317,7 @@ def _purge_outcome(
     """What a purge achieved: the members still there (each with why, from its Disposed
     condition) and the conversation's objects no member accounts for are undisposed."""
     undisposed: list[DisposalFailure] = list(failures)
-    for m in members:
-        view = SandboxView(m)
+    for view in members:
         failed = view.status.conditions.find(DISPOSED) or ConditionView(None)
         undisposed.append(
             DisposalFailure(
