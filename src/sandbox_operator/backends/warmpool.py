@@ -26,11 +26,11 @@ from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.contract import (
     SANDBOX_WARM_POOL_KIND,
     SERVED_FROM_COLD,
-    ConditionStatus,
     SandboxSpec,
 )
 from sandbox_operator.kubecalls import call_json
 from sandbox_operator.naming import SANDBOX_OBJECT_PREFIX, slug
+from sandbox_operator.views import ObjectView, PodView
 
 if TYPE_CHECKING:  # the runtime-class package imports this module: no import cycle at run time
     from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
@@ -115,11 +115,11 @@ def pod_origin(pod: Mapping[str, Any]) -> str:
 def pool_name_of(obj: Mapping[str, Any]) -> str | None:
     """The warm pool a pod or NetworkPolicy was made by, idle or claimed: its pool-name
     annotation (the pool label, which holds a long name shortened, for an object without one)."""
-    meta = kubeobj.meta(obj)
-    label = (meta.get("labels") or {}).get(lbl.POOL_LABEL)
+    meta = ObjectView(obj).metadata
+    label = meta.labels.get(lbl.POOL_LABEL)
     if not label:
         return None
-    return str((meta.get("annotations") or {}).get(lbl.POOL_NAME_ANNOTATION) or label)
+    return str(meta.annotations.get(lbl.POOL_NAME_ANNOTATION) or label)
 
 
 def claim_patch(
@@ -127,11 +127,11 @@ def claim_patch(
 ) -> dict[str, Any]:
     """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
     unchanged since it was seen (its resourceVersion)."""
-    meta = kubeobj.meta(pod)
+    meta = PodView(pod).metadata
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "metadata": {
-            "resourceVersion": str(meta.get("resourceVersion", "")),
+            "resourceVersion": meta.resource_version,
             # The egress label puts the pod under its backend's policy for the spec's egress
             # mode (the pool's deny-all holds it until then, and still applies: policies add).
             "labels": {**request.labels, lbl.EGRESS_LABEL: request.spec.egress.value},
@@ -145,13 +145,12 @@ def claim_patch(
 def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
     """Whether a pool pod is still unclaimed (owned by its pool, no sandbox label) and not being
     deleted. ``pool_uid``: owned by that very pool."""
-    meta = kubeobj.meta(pod)
-    if meta.get("deletionTimestamp") or lbl.SANDBOX_LABEL in (meta.get("labels") or {}):
+    meta = PodView(pod).metadata
+    if meta.deleting or lbl.SANDBOX_LABEL in meta.labels:
         return False
-    owners = meta.get("ownerReferences") or []
     return any(
-        o.get("kind") == SANDBOX_WARM_POOL_KIND and (pool_uid is None or o.get("uid") == pool_uid)
-        for o in owners
+        o.kind == SANDBOX_WARM_POOL_KIND and (pool_uid is None or o.uid == pool_uid)
+        for o in meta.owner_references
     )
 
 
@@ -160,13 +159,10 @@ POD_READY = "Ready"
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running":
+    status = PodView(pod).status
+    if status.phase != "Running":
         return False
-    return any(
-        c.get("type") == POD_READY and c.get("status") == ConditionStatus.TRUE
-        for c in status.get("conditions") or []
-    )
+    return any(c.type == POD_READY and c.is_true for c in status.conditions)
 
 
 class WarmPoolPods:
@@ -210,11 +206,11 @@ class WarmPoolPods:
         changed (or went) first."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = kubeobj.meta(pod)
+        meta = PodView(pod).metadata
         body = {
             "preconditions": {
-                "uid": meta.get("uid"),
-                "resourceVersion": str(meta.get("resourceVersion", "")),
+                "uid": meta.uid or None,
+                "resourceVersion": meta.resource_version,
             }
         }
         try:
@@ -246,5 +242,5 @@ class WarmPoolPods:
                 return None
             raise
         self._pods.upsert(claimed)
-        cmeta = kubeobj.meta(claimed)
-        return ServedBy(kubeobj.POD_KIND, str(cmeta.get("name")), str(cmeta.get("namespace")))
+        cmeta = PodView(claimed).metadata
+        return ServedBy(kubeobj.POD_KIND, cmeta.name, cmeta.namespace)

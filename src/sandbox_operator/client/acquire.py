@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.errors import SandboxGone, SandboxNotReadyInTime
 from sandbox_operator.client.kube import SandboxObjects
@@ -48,6 +48,7 @@ from sandbox_operator.contract import (
     SandboxResourceSpec,
     SandboxSpec,
 )
+from sandbox_operator.views import SandboxView
 
 
 class CarriesHostTools(Protocol):
@@ -239,7 +240,7 @@ class Acquisitions:
             lifecycle=self.lifecycle,
             resource=obj,
             created=bool(last.get("created"))
-            and last.get("created") == kubeobj.meta(obj).get("uid"),
+            and last.get("created") == SandboxView(obj).metadata.uid,
         )
         return sandbox
 
@@ -255,12 +256,12 @@ class Acquisitions:
             # lands first, so this apply meets the Sandbox going (or gone), never the old one.
             await self.settled(name)
         obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
-        while kubeobj.meta(obj).get("deletionTimestamp"):
+        while SandboxView(obj).metadata.deleting:
             # A previous sandbox under this key is still going away: wait, then recreate.
             await self.watches.wait_gone(SANDBOX_PLURAL, name, None)
             obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
         if created:
-            last["created"] = kubeobj.meta(obj).get("uid", "")
+            last["created"] = SandboxView(obj).metadata.uid
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.

@@ -16,7 +16,6 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import SandboxDisposed, failure_name, notify, record_key
@@ -25,6 +24,7 @@ from sandbox_operator.client.status import key_from_object
 from sandbox_operator.client.suspension import Suspensions
 from sandbox_operator.client.watching import Watches
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
+from sandbox_operator.views import ObjectView
 
 #: How long a ``dispose(wait=True)`` waits for the Sandbox to be gone.
 WAIT_GONE_SECONDS = 120.0
@@ -99,7 +99,7 @@ class Disposals:
             raise
         self._disposed(key, call, name, None)
         self.suspensions.activity_stamps.pop(name, None)
-        seen_uid = str(kubeobj.meta(seen).get("uid") or "")
+        seen_uid = ObjectView(seen).metadata.uid
         try:
             if wait:
                 last = await self.watches.wait_gone(

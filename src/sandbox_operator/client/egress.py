@@ -50,6 +50,7 @@ from sandbox_operator.client.observer import (
 )
 from sandbox_operator.client.status import key_from_object, read_status
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, VERSION, SandboxKey
+from sandbox_operator.views import SandboxView
 
 log = logging.getLogger("sandbox_operator.client.observer")
 
@@ -70,8 +71,8 @@ ObjectId = tuple[str, str]
 
 
 def object_id(obj: Mapping[str, Any]) -> ObjectId:
-    meta = kubeobj.meta(obj)
-    return str(meta.get("name") or ""), str(meta.get("uid") or "")
+    meta = SandboxView(obj).metadata
+    return meta.name, meta.uid
 
 
 @dataclass
@@ -120,7 +121,7 @@ class EgressFeed:
         """Deliver the egress decisions of ``obj`` (a Sandbox as read) not yet delivered; returns
         how many. Never awaits, so two paths handing states in cannot interleave."""
         observer = self.observer
-        if observer is None or not (obj.get("status") or {}).get("egress"):
+        if observer is None or not SandboxView(obj).status.get("egress"):
             return 0
         ident = object_id(obj)
         if ident in self._ended:
@@ -213,7 +214,7 @@ class EgressFeed:
         ``uid``. Never raises, like :meth:`deliver_quietly`."""
         if self.observer is None or last is None:
             return
-        if uid and kubeobj.meta(last).get("uid") != uid:
+        if uid and SandboxView(last).metadata.uid != uid:
             return  # a state of another object under the name
         try:
             self.end(last, key)

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.acquire_errors import (
     SandboxAcquireError,
     SandboxGone,
@@ -31,6 +30,7 @@ from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import Verdict, effective_state
 from sandbox_operator.client.watching import Watches
 from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.views import EgressEditRefusalView, SandboxView
 
 #: ``reason`` of an edit the API server refused (the CRD's rules).
 INVALID = "Invalid"
@@ -50,21 +50,20 @@ def edit_state(obj: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
     """Where the edit made at ``generation`` stands: ("done" | "pending" | "refused", reason,
     message). Done once the admitted lists are the spec's and the egress proxy, where one reports
     (``status.egress``), enforces the generation they were admitted at."""
-    status = obj.get("status") or {}
-    spec = obj.get("spec") or {}
-    policy = status.get("egressPolicy") or {}
-    refusal = status.get("egressEditRefused") or {}
-    refused_at = refusal.get("generation")
-    if isinstance(refused_at, int) and refused_at >= generation:
-        return "refused", str(refusal.get("reason") or ""), str(refusal.get("message") or "")
-    admitted = set(status.get("admittedEgressAllow") or ())
-    if admitted != set(spec.get("egressAllow") or ()) or _rules(
-        status.get("admittedEgressRules")
-    ) != _rules(spec.get("egressRules")):
+    view = SandboxView.of(obj)
+    status = view.status
+    refusal = EgressEditRefusalView(status.egress_edit_refused)
+    refused_at = refusal.generation
+    if refused_at is not None and refused_at >= generation:
+        return "refused", refusal.reason, refusal.message
+    admitted = set(status.admitted_egress_allow or ())
+    if admitted != set(view.egress_allow) or _rules(status.admitted_egress_rules) != _rules(
+        view.egress_rules
+    ):
         return "pending", "", "the operator has not admitted the edit yet"
     proxy = status.get("egress")
-    enforced = proxy.get("policyGeneration") if isinstance(proxy, Mapping) else None
-    wanted = policy.get("generation")
+    enforced = status.egress.policy_generation
+    wanted = status.egress_policy_generation
     if isinstance(proxy, Mapping) and (
         not isinstance(enforced, int) or not isinstance(wanted, int) or enforced < wanted
     ):
@@ -118,7 +117,7 @@ class EgressEdits:
             )
 
         obj = await self.objects.edit_spec(name, fields, manager="egress", refused=refused)
-        generation = int(kubeobj.meta(obj).get("generation") or 0)
+        generation = SandboxView(obj).metadata.generation
         last = {"reason": ""}
         try:
             async with asyncio.timeout(timeout):

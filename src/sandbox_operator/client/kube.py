@@ -18,7 +18,6 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import (
     SandboxClientError,
@@ -34,6 +33,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json_status
+from sandbox_operator.views import ObjectView
 
 #: Content types of the two kinds of patch the client sends.
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -85,7 +85,7 @@ class SandboxObjects:
                 sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
             )
             self.refuse(exc, "get sandboxscopes", missing)
-        if kubeobj.meta(obj).get("deletionTimestamp"):
+        if ObjectView(obj).metadata.deleting:
             raise SandboxGone(
                 sandbox="",
                 namespace=self.namespace,
@@ -252,6 +252,6 @@ class SandboxObjects:
             if exc.status == 404 or (uid and exc.status == 409):
                 return None
             self.refuse(exc, f"delete {plural}")
-        if isinstance(answer, Mapping) and kubeobj.meta(answer).get("deletionTimestamp"):
+        if isinstance(answer, Mapping) and ObjectView(answer).metadata.deleting:
             return answer
         return None

@@ -17,6 +17,7 @@ from sandbox_operator.client.dataplane import DataPlane, DataPlaneFactory, pod_f
 from sandbox_operator.client.errors import DataPlaneError, SandboxSuspended
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.status import evaluate, is_suspended, served_by
+from sandbox_operator.views import SandboxView
 
 #: The data planes every client has, keyed by ``status.servedBy.kind``: the pod exec one.
 #: ``SandboxClient(dataplanes=...)`` adds to (or overrides) these.
@@ -41,10 +42,10 @@ class DataPlanes:
 
     def connect(self, obj: Mapping[str, Any]) -> DataPlane:
         """The data plane into what serves the Ready Sandbox ``obj`` now."""
-        served = (obj.get("status") or {}).get("servedBy") or {}
-        factory = self.factories.get(served.get("kind", ""))
+        served = SandboxView(obj).status.served_by
+        factory = self.factories.get(served.kind)
         if factory is None:
-            raise DataPlaneError(f"no data plane for servedBy kind {served.get('kind')!r}")
+            raise DataPlaneError(f"no data plane for servedBy kind {served.kind or None!r}")
         return factory(self.handed, obj)
 
     async def reach(self, name: str) -> tuple[Mapping[str, Any], DataPlane]:

@@ -23,7 +23,6 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.observer import ScopeDisposed, failure_name, notify, record_key
@@ -36,6 +35,7 @@ from sandbox_operator.contract import (
     DisposalFailure,
     ScopePurge,
 )
+from sandbox_operator.views import SandboxScopeView, SandboxView
 
 #: The operator's DisposalFailed message (reconcile/disposal.py): "disposal failed (<code>) on
 #: backend <backend>: <detail>".
@@ -45,7 +45,7 @@ _FAILED = re.compile(r"^disposal failed \((?P<code>[a-z_]+)\) on backend (?P<bac
 def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
     """The purge a SandboxScope's last state records; None when it records none (the scope was
     never purged by an operator, or its state is unreadable)."""
-    raw = ((scope or {}).get("status") or {}).get("lastPurge")
+    raw = SandboxScopeView(scope).status.last_purge
     if not isinstance(raw, Mapping):
         return None
     try:
@@ -57,12 +57,13 @@ def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
 def undisposed(sandbox: Mapping[str, Any], waited: float) -> DisposalFailure:
     """Why a Sandbox is still there after a disposal was asked for and ``waited`` seconds
     passed: its ``Disposed`` condition's code when it failed, else ``timeout``."""
-    status = sandbox.get("status") or {}
-    backend = str(status.get("backend") or "")[:63]
-    for cond in status.get("conditions") or []:
-        if cond.get("type") != "Disposed" or cond.get("reason") != "DisposalFailed":
+    view = SandboxView.of(sandbox)
+    status = view.status
+    backend = status.backend[:63]
+    for cond in status.conditions:
+        if cond.type != "Disposed" or cond.reason != "DisposalFailed":
             continue
-        message = str(cond.get("message") or "")
+        message = cond.message
         found = _FAILED.match(message)
         if found and found["code"] in DisposalCode._value2member_map_:
             return DisposalFailure(
@@ -70,7 +71,7 @@ def undisposed(sandbox: Mapping[str, Any], waited: float) -> DisposalFailure:
                 detail=message[found.end() :][:1024],
                 backend=found["backend"][:63] or backend,
             )
-    name = kubeobj.meta(sandbox).get("name", "")
+    name = view.metadata.name
     return DisposalFailure(
         code=DisposalCode.TIMEOUT,
         detail=f"Sandbox {name} still present {waited:g}s after its deletion was asked for",
@@ -103,14 +104,14 @@ class ScopePurges:
             items = [
                 item
                 for item in await self.objects.list_objects(SANDBOX_PLURAL)
-                if (item.get("spec") or {}).get("scopeRef") == scope_ref
+                if SandboxView(item).scope_ref == scope_ref
             ]
             if self.egress_feed.observer is not None:
                 for item in items:
                     self.egress_feed.deliver_quietly(item)
             targets = [
-                (str(item["metadata"]["name"]), str(item["metadata"].get("uid") or "") or None)
-                for item in items
+                (str(meta["name"]), meta.uid or None)
+                for meta in (SandboxView(item).metadata for item in items)
             ]
             for name, uid in targets:
                 await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
@@ -147,7 +148,7 @@ class ScopePurges:
                 if exc.status == 404:
                     continue  # went just now
                 raise
-            if uid and kubeobj.meta(obj).get("uid") != uid:
+            if uid and SandboxView(obj).metadata.uid != uid:
                 continue  # a replacement: the one meant is gone
             failures.append(undisposed(obj, timeout))
         return ScopePurge(disposed=len(targets) - len(failures), undisposed=tuple(failures))
@@ -169,7 +170,7 @@ class ScopePurges:
             if not wait:
                 return None
             scope_obj = answer
-            uid = str(kubeobj.meta(answer).get("uid") or "") or None
+            uid = SandboxScopeView(answer).metadata.uid or None
             scope_obj = await self.watches.wait_gone(
                 SANDBOX_SCOPE_PLURAL, name, timeout, uid=uid, seen=answer
             )
@@ -201,7 +202,7 @@ class ScopePurges:
         thread_id: str | None = None
         try:
             obj = scope_obj or await self.objects.get(SANDBOX_SCOPE_PLURAL, scope_ref)
-            spec = obj.get("spec") or {}
+            spec = SandboxScopeView(obj).spec
             scope, thread_id = spec.get("scope"), spec.get("threadId")
         except Exception:  # gone already, or not readable: fall back to a Sandbox's key
             for item in items:

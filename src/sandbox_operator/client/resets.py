@@ -29,6 +29,7 @@ from sandbox_operator.client.served import plane_of
 from sandbox_operator.client.status import RESET_REFUSED, ResetTo, read_status
 from sandbox_operator.client.suspension import serve_again
 from sandbox_operator.client.watching import Watches
+from sandbox_operator.views import SandboxView
 
 #: The CRD's refusal of a lower ``spec.resets`` (crdrules.SANDBOX_RESETS_RULE).
 RESETS_ONLY_GROW = "resets may only increase"
@@ -36,8 +37,7 @@ RESETS_ONLY_GROW = "resets may only increase"
 
 def next_reset(obj: Mapping[str, Any]) -> int:
     """The ``spec.resets`` that asks for one more reset than any asked for or served."""
-    spec = obj.get("spec") or {}
-    asked = spec.get("resets")
+    asked = SandboxView.of(obj).wanted_resets
     asked_count = asked if isinstance(asked, int) else 0
     return max(asked_count, read_status(obj).resets) + 1
 
@@ -57,7 +57,7 @@ class Resets:
         # The handle's object names the count it has seen; the patch's answer is the newest.
         known = handle.resource if handle is not None and handle.resource else None
         obj = known if known is not None else await self.objects.get_sandbox(name)
-        if (obj.get("spec") or {}).get("storage"):
+        if SandboxView(obj).storage:
             raise SandboxNotResettable(sandbox=name, namespace=self.objects.namespace)
         try:
             count = next_reset(obj)
@@ -70,7 +70,7 @@ class Resets:
             obj = await self.objects.get_sandbox(name)
             count = next_reset(obj)
             obj = await self.objects.patch_resets(name, count)
-        asked = (obj.get("spec") or {}).get("resets")
+        asked = SandboxView(obj).wanted_resets
         if not isinstance(asked, int) or asked < count:
             # The API server dropped the field: its Sandbox CRD predates reset. Nothing was asked
             # of the operator, and a wait would only run out.

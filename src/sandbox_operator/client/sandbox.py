@@ -16,7 +16,6 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.activity import ActivityReport
 from sandbox_operator.client.dataplane import (
     DEFAULT_OUTPUT_BUDGET,
@@ -61,6 +60,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
 )
 from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,12 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(name={self.name!r}, namespace={self.namespace!r}, kind={self.spec.kind!r})"
+
+    @property
+    def view(self) -> SandboxView:
+        """:attr:`resource` as a typed view (over the same object; empty for a handle built
+        directly on a data plane)."""
+        return SandboxView(self.resource)
 
     @property
     def effective_state(self) -> EffectiveState | None:
@@ -356,7 +362,7 @@ class Sandbox:
         )
         if self._lifecycle is None or not self.name:
             return
-        uid = str(kubeobj.meta(self.resource).get("uid") or "") or None
+        uid = self.view.metadata.uid or None
         soon = getattr(self._lifecycle, "dispose_soon", None)
         if soon is not None:  # the client: registered, so its next acquire of the name waits
             self._disposal = soon(self.name, uid=uid)

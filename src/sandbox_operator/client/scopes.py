@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandbox_operator import kubeobj, naming
+from sandbox_operator import naming
 from sandbox_operator.client.errors import SandboxScopeNotReady
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.watching import Watches
@@ -22,6 +22,7 @@ from sandbox_operator.contract import (
     SANDBOX_SCOPE_PLURAL,
     SandboxKey,
 )
+from sandbox_operator.views import SandboxScopeView
 
 
 class Scopes:
@@ -73,22 +74,21 @@ class Scopes:
     async def wait_ready(self, name: str, obj: Mapping[str, Any]) -> None:
         """Until the operator has reported the scope's current generation Ready (watched)."""
         while True:
-            meta, status = kubeobj.meta(obj), obj.get("status") or {}
-            ready = next(
-                (c for c in status.get("conditions") or () if c.get("type") == "Ready"), None
-            )
+            view = SandboxScopeView(obj)
+            meta, status = view.metadata, view.status
+            ready = status.conditions.find("Ready")
             current = status.get("observedGeneration") == meta.get("generation")
             if current and ready is not None:
-                if ready.get("status") == "True":
+                if ready.is_true:
                     return
-                if ready.get("reason") != "Pending":
+                if ready.reason != "Pending":
                     raise SandboxScopeNotReady(
                         scope_ref=name,
                         namespace=self.objects.namespace,
-                        reason=str(ready.get("reason") or ""),
-                        message=str(ready.get("message") or ""),
+                        reason=ready.reason,
+                        message=ready.message,
                     )
-            rv = meta.get("resourceVersion")
+            rv = meta.resource_version or None
             event = await self.watches.next_event(
                 SANDBOX_SCOPE_PLURAL, name, None if rv is None else str(rv)
             )
@@ -104,7 +104,7 @@ class Scopes:
     @staticmethod
     def key_for(scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
         """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names."""
-        spec = scope_obj.get("spec") or {}
+        spec = SandboxScopeView(scope_obj).spec
         return SandboxKey(
             scope=spec["scope"], thread_id=spec["threadId"], agent_dir=agent_dir, call_id=call_id
         )

@@ -27,7 +27,6 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.errors import acquire_error_for
 from sandbox_operator.client.observer import EffectiveState
@@ -40,6 +39,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
 )
 from sandbox_operator.contract.resources import Condition, SandboxResourceStatus, ServedBy
+from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ def _prepared(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_status(obj: Mapping[str, Any]) -> SandboxResourceStatus:
     """The status of a Sandbox object as the contract's model (leniently: see the module)."""
-    raw = obj.get("status")
-    if not isinstance(raw, Mapping) or not raw:
+    raw = SandboxView.of(obj).raw_status
+    if not raw:
         return _EMPTY
     fields = _prepared(raw)
     try:
@@ -157,7 +157,7 @@ def _conditions(status: SandboxResourceStatus) -> dict[str, Condition]:
 
 def _stale(obj: Mapping[str, Any], status: SandboxResourceStatus) -> bool:
     """The status was computed for an older generation: it says nothing about this one."""
-    generation = kubeobj.meta(obj).get("generation")
+    generation = SandboxView.of(obj).metadata.generation
     observed = status.observed_generation
     return bool(observed is not None and generation and observed < generation)
 
@@ -201,7 +201,7 @@ def _value(member: Enum | None) -> str | None:
 
 def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
     """The sandbox key a Sandbox object carries in its annotations (None if it carries none)."""
-    ann = kubeobj.meta(obj).get("annotations") or {}
+    ann = SandboxView.of(obj).metadata.annotations
     try:
         return SandboxKey(
             scope=ann[lbl.SCOPE_ANNOTATION],
@@ -250,7 +250,7 @@ def _suspended_now(obj: Mapping[str, Any]) -> bool:
 def is_suspended(obj: Mapping[str, Any]) -> bool:
     """Whether a Sandbox object is suspended or on its way there, whatever suspended it: its spec
     says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``)."""
-    if (obj.get("spec") or {}).get("suspended"):
+    if SandboxView.of(obj).suspended:
         return True
     status = read_status(obj)
     if status.suspended_by:
@@ -285,7 +285,7 @@ def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
         return ("pending", reason, message) if state == "ready" else (state, reason, message)
     state, reason, message = evaluate(obj)
     if goal == "resumed" and state == "terminal" and reason == suspended:
-        if (obj.get("spec") or {}).get("suspended"):
+        if SandboxView.of(obj).suspended:
             # Suspended again (spec.suspended true) while the resume was waited on.
             return "terminal", reason, message or "spec.suspended was set again"
         return "pending", reason, message

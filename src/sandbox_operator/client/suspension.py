@@ -35,6 +35,7 @@ from sandbox_operator.client.status import (
 )
 from sandbox_operator.client.watching import Watches
 from sandbox_operator.kubeapi import parse_time
+from sandbox_operator.views import SandboxView
 
 
 async def serve_again(sandbox: Sandbox, plane: ServedPlane, obj: Mapping[str, Any]) -> None:
@@ -92,10 +93,10 @@ class Suspensions:
         ``timeout`` in seconds."""
         name = _name(sandbox)
         obj = await self.objects.get_sandbox(name)
-        spec = obj.get("spec") or {}
-        if not spec.get("storage"):
+        view = SandboxView(obj)
+        if not view.storage:
             raise SandboxNotSuspendable(sandbox=name, namespace=self.objects.namespace)
-        if not spec.get("suspended"):
+        if not view.suspended:
             obj = await self.objects.patch_suspended(name, True)
         plane = plane_of(sandbox)
         if plane is not None:
@@ -129,7 +130,7 @@ class Suspensions:
     async def start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""
         status = read_status(obj)
-        if (obj.get("spec") or {}).get("suspended"):
+        if SandboxView(obj).suspended:
             obj = await self.objects.patch_suspended(name, False)
         elif status.suspended_by != "spec":
             # Suspended by the idle timeout (spec.suspended is false): activity newer than the

@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.errors import (
     SandboxAcquireError,
     SandboxForbidden,
@@ -27,6 +26,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.status import Goal, evaluate_for
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
+from sandbox_operator.views import ObjectView
 
 #: How long one watch request may stay open before it is re-issued.
 _WATCH_SECONDS = 60
@@ -57,8 +57,7 @@ class _ReadGrant:
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    rv = kubeobj.meta(obj).get("resourceVersion")
-    return None if rv is None else str(rv)
+    return ObjectView(obj).metadata.resource_version or None
 
 
 class Watches:
@@ -122,7 +121,7 @@ class Watches:
             while (event := await self.next_event(plural, name, rv)) is not None:
                 kind, new = event
                 last = new
-                if kind == "DELETED" or (marked and kubeobj.meta(new).get("deletionTimestamp")):
+                if kind == "DELETED" or (marked and ObjectView(new).metadata.deleting):
                     return last
                 rv = _resource_version(new)
 
@@ -146,7 +145,7 @@ class Watches:
                 if exc.status == 404:
                     return None
                 raise
-            if uid and kubeobj.meta(obj).get("uid") != uid:
+            if uid and ObjectView(obj).metadata.uid != uid:
                 return None
             return obj
 
@@ -186,7 +185,7 @@ class Watches:
                 return obj
             if state == "terminal":
                 self._raise_terminal(name, reason, message)
-            if kubeobj.meta(obj).get("deletionTimestamp"):
+            if ObjectView(obj).metadata.deleting:
                 raise self._deleted(name, "the Sandbox is being deleted")
             try:
                 event = await self.next_event(SANDBOX_PLURAL, name, _resource_version(obj))

@@ -56,6 +56,7 @@ from sandbox_operator.egress.identity import IdentityConflict
 from sandbox_operator.egress.proxy import EgressProxy
 from sandbox_operator.egress.summaries import EgressSummaries
 from sandbox_operator.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -181,41 +182,39 @@ class KubeEgressController:
         out: dict[str, SandboxEgress] = {}
         present: dict[str, str] = {}
         ending: dict[str, str] = {}
-        for obj in listing.get("items", []):
-            meta = kubeobj.meta(obj)
-            present[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
-            spec = obj.get("spec") or {}
-            if spec.get("egress") != "allowlist":
+        for item in listing.get("items", []):
+            view = SandboxView(item)
+            meta, status = view.metadata, view.status
+            sandbox_id = f"{self.namespace}/{meta.name}"
+            present[sandbox_id] = meta.uid
+            if view.egress_mode != "allowlist":
                 continue
-            if meta.get("deletionTimestamp"):
+            if meta.deleting:
                 # Being deleted: no longer served, and its summary is closed (summaries.end).
-                if (obj.get("status") or {}).get("egress"):
-                    ending[f"{self.namespace}/{meta.get('name')}"] = str(meta.get("uid", ""))
+                if status.get("egress"):
+                    ending[sandbox_id] = meta.uid
                 continue
-            served = (obj.get("status") or {}).get("servedBy") or {}
-            if served.get("kind") != kubeobj.POD_KIND or not served.get("name"):
+            served = status.served_by
+            if served.kind != kubeobj.POD_KIND or not served.name:
                 continue
-            sandbox_id = f"{self.namespace}/{meta.get('name')}"
             # What the operator judged (at admission, or an egress edit it accepted), never the
             # live spec: an edit it refused, or has not judged yet, is not enforced.
-            status = obj.get("status") or {}
-            allow = status.get("admittedEgressAllow") or []
-            policy = status.get("egressPolicy") or {}
-            generation = policy.get("generation") if isinstance(policy, dict) else None
+            allow = status.admitted_egress_allow or []
+            generation = status.egress_policy_generation
             rules = [
                 {k: r[k] for k in ("host", "methods", "paths", "schemes", "credential") if k in r}
-                for r in (obj.get("status") or {}).get("admittedEgressRules") or []
+                for r in status.admitted_egress_rules or []
                 if isinstance(r, dict)
             ]
             try:
-                pod = await self.core.read_namespaced_pod(served["name"], self.namespace)
+                pod = await self.core.read_namespaced_pod(served.name, self.namespace)
             except Exception:
                 continue
             ip = getattr(pod.status, "pod_ip", None)
             if not ip or (pod.metadata.deletion_timestamp is not None):
                 continue
-            self._uids[sandbox_id] = str(meta.get("uid", ""))
-            self._generations[sandbox_id] = generation if isinstance(generation, int) else None
+            self._uids[sandbox_id] = meta.uid
+            self._generations[sandbox_id] = generation
             out[sandbox_id] = SandboxEgress.model_validate(
                 {"id": sandbox_id, "allow": allow, "rules": rules, "sourceIPs": [ip]}
             )

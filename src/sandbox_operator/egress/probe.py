@@ -30,6 +30,7 @@ from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
+from sandbox_operator.views import SandboxView
 
 
 class Via(StrEnum):
@@ -400,10 +401,11 @@ async def _probe_live_sandbox(args: argparse.Namespace) -> tuple[str, list[Probe
         obj: Any = await client.CustomObjectsApi(api).get_namespaced_custom_object(
             GROUP, VERSION, args.namespace, SANDBOX_PLURAL, args.sandbox
         )
-        mode = str((obj.get("spec") or {}).get("egress") or "closed")
-        served = (obj.get("status") or {}).get("servedBy") or {}
-        if served.get("kind") != kubeobj.POD_KIND:
-            raise _CannotProbe(f"sandbox {args.sandbox} is not served by a pod: {served}")
+        view = SandboxView(obj)
+        mode = view.egress_mode or "closed"
+        served = view.status.served_by
+        if served.kind != kubeobj.POD_KIND:
+            raise _CannotProbe(f"sandbox {args.sandbox} is not served by a pod: {dict(served)}")
         targets = targets_for(mode, args.reachable, args.allowed, args.denied)
         if not targets:
             raise _CannotProbe(

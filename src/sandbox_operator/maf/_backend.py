@@ -29,8 +29,8 @@ import maf_sandbox as maf
 from kubernetes_asyncio.client.exceptions import ApiException
 from maf_sandbox.credentials import CredentialGateway, GatewayLease
 
-from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
 from sandbox_operator.contract import (
@@ -53,6 +53,7 @@ from sandbox_operator.maf._errors import (
 from sandbox_operator.maf._published import read_published, select_backend
 from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
 from sandbox_operator.maf._translate import BASE_MOUNTED, declarations, operator_spec
+from sandbox_operator.views import SandboxView
 
 #: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
 log = logging.getLogger(__name__)
@@ -65,8 +66,8 @@ PRISTINE_KEPT = 4096
 
 def _target(item: Mapping[str, Any]) -> tuple[str, str | None]:
     """A listed Sandbox as a delete target: its name and uid."""
-    meta = item["metadata"]
-    return meta["name"], meta.get("uid") or None
+    meta = SandboxView(item).metadata
+    return meta["name"], meta.uid or None
 
 
 def _failure_code(exc: BaseException) -> maf.DisposalCode:
@@ -242,15 +243,15 @@ class OperatorBackend:
                 self._scopes.discard((key.scope, key.thread_id))
             raise await self._refusal(exc) from exc
         obj = handle.resource or {}
-        status = obj.get("status") or {}
-        served_by = status.get("servedBy") or {}
-        if status.get("backend") != self.backend_name:
+        view = handle.view
+        status = view.status
+        if status.backend != self.backend_name:
             await handle.close()
-            uid = kubeobj.meta(obj).get("uid") or None
+            uid = view.metadata.uid or None
             _, failure = await self._delete_and_wait([(handle.name, uid)])
             raise OperatorBackendMismatch(
                 f"sandbox {handle.namespace}/{handle.name} was served by backend "
-                f"{status.get('backend')!r}, not {self.backend_name!r}; "
+                f"{status.backend or None!r}, not {self.backend_name!r}; "
                 + ("it was disposed" if failure is None else f"its disposal failed: {failure}"),
                 reason="BackendMismatch",
             )
@@ -260,8 +261,8 @@ class OperatorBackend:
         # A new instance is a trusted baseline when its pod was made for it, or claimed from a
         # pool whose pods the operator saw sealed from their creation to the claim (no identity
         # but the operator's could reach it first: reconcile/seal.py, docs/warm-pools.md).
-        served_from = status.get("servedFrom")
-        sealed = status.get("sealedUntilClaim") is True
+        served_from = status.served_from or None
+        sealed = status.sealed_until_claim is True
         fresh = handle.created and (served_from == SERVED_FROM_COLD or sealed)
         if handle.created and served_from != SERVED_FROM_COLD and not sealed:
             log.info(
@@ -277,7 +278,7 @@ class OperatorBackend:
             base=ours.work_dir,
             instance_id=instance_id,
             freshly_created=fresh,
-            pod=served_by.get("name", ""),
+            pod=status.served_by.name,
             reclaims=maf.Capability.RECLAIM in self._declarations.capabilities,
             resets=maf.Capability.SNAPSHOT in self._declarations.capabilities,
             on_reset=self._reset_made,
@@ -319,7 +320,7 @@ class OperatorBackend:
         except (ValueError, ApiException) as exc:
             await handle.close()
             _, failure = await self._delete_and_wait(
-                [(handle.name, kubeobj.meta(obj).get("uid") or None)]
+                [(handle.name, SandboxView(obj).metadata.uid or None)]
             )
             why = str(exc) if isinstance(exc, ValueError) else f"HTTP {exc.status}"
             raise maf.SandboxAttachedIdentityNotPermitted(
@@ -417,7 +418,7 @@ class OperatorBackend:
         chosen = [
             item
             for item in items
-            if (kind is None or (item.get("spec") or {}).get("kind") == kind)
+            if (kind is None or SandboxView(item).sandbox_kind == kind)
             and (instance_id is None or sandbox_instance_id(item) == instance_id)
         ]
         _, failure = await self._delete_and_wait([_target(item) for item in chosen])

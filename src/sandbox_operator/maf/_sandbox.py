@@ -37,7 +37,6 @@ from maf_sandbox.paths import (
     resolve_guest_working_directory,
 )
 
-from sandbox_operator import kubeobj
 from sandbox_operator.client.dataplane import DataPlane
 from sandbox_operator.client.dataplane.protocol import (
     DEFAULT_OUTPUT_BUDGET,
@@ -59,6 +58,7 @@ from sandbox_operator.client.errors import (
 )
 from sandbox_operator.client.sandbox import Sandbox as ClientSandbox
 from sandbox_operator.contract import SandboxSpec as ContractSpec
+from sandbox_operator.views import SandboxView
 
 _KINDS: dict[FileKind, maf.EntryKind] = {
     "file": maf.EntryKind.FILE,
@@ -128,16 +128,15 @@ def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
     """One physical sandbox: the Sandbox's uid, the serving object's name, when it last became
     Ready and the reset it answers. A replacement (a new pod after a resume or a reset, a
     recreated Sandbox) changes it; another acquire of the same live sandbox does not."""
-    meta = kubeobj.meta(obj)
-    status = obj.get("status") or {}
-    served = (status.get("servedBy") or {}).get("name", "")
+    view = SandboxView.of(obj)
+    status = view.status
     ready = ""
-    for condition in status.get("conditions") or ():
-        if condition.get("type") == "Ready":
-            ready = condition.get("lastTransitionTime", "")
-    resets = status.get("resets")
+    for condition in status.conditions:
+        if condition.type == "Ready":
+            ready = condition.last_transition_time
+    resets = status.resets
     reset = f"/{resets}" if isinstance(resets, int) and resets > 0 else ""
-    return f"{meta.get('uid', '')}/{served}/{ready}{reset}"
+    return f"{view.metadata.uid}/{status.served_by.name}/{ready}{reset}"
 
 
 class OperatorSandbox:
@@ -557,9 +556,9 @@ class OperatorSandbox:
         self._check_clean()
         async with asyncio.timeout(timeout):
             await self.handle.reset(timeout=timeout)
-            obj = self.handle.resource or {}
-            self._instance_id = sandbox_instance_id(obj)
-            self.pod = str(((obj.get("status") or {}).get("servedBy") or {}).get("name", ""))
+            view = self.handle.view
+            self._instance_id = sandbox_instance_id(view)
+            self.pod = view.status.served_by.name
         if self._on_reset is not None:
             self._on_reset(self._instance_id)
 

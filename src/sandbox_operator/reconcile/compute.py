@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import Observation, ObservedPhase
 from sandbox_operator.contract import (
@@ -48,11 +47,12 @@ from sandbox_operator.contract import (
     refusal_condition_reason,
 )
 from sandbox_operator.contract.ports import port_statuses
-from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import BackendProfile, admit_request, effective_floor
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
 from sandbox_operator.reconcile.seal import NOT_CONFIGURED, Seal
+from sandbox_operator.views import SandboxScopeView, SandboxStatusView, SandboxView
+from sandbox_operator.views.fields import timestamp
 
 ADMITTED = ConditionType.ADMITTED
 READY = ConditionType.READY
@@ -62,9 +62,8 @@ R = ConditionReason
 Cond = tuple[ConditionType, bool, ConditionReason, str]  # (type, status, reason, message)
 
 
-def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    status: Mapping[str, Any] = obj.get("status") or {}
-    return status
+#: The decision functions take views (``sandbox_operator.views``); ``.of`` at their entry also
+#: wraps a plain dict (the unit tests' objects) without copying it.
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -80,7 +79,7 @@ class ScopeResolution:
 
 
 def resolve_scope(
-    scope_obj: Mapping[str, Any] | None,
+    scope_obj: SandboxScopeView | None,
     scope_ref: str,
     namespace: str,
     *,
@@ -92,7 +91,8 @@ def resolve_scope(
         return ScopeResolution(
             None, f"SandboxScope {scope_ref!r} not found in namespace {namespace}"
         )
-    if kubeobj.meta(scope_obj).get("deletionTimestamp"):
+    scope_view = SandboxScopeView.of(scope_obj)
+    if scope_view.metadata.deleting:
         return ScopeResolution(None, f"SandboxScope {scope_ref!r} is being deleted")
     if conversation_holder is not None:
         return ScopeResolution(
@@ -103,24 +103,25 @@ def resolve_scope(
             R.SCOPE_CONFLICT,
         )
     try:
-        return ScopeResolution(SandboxScopeResourceSpec.model_validate(scope_obj.get("spec") or {}))
+        return ScopeResolution(SandboxScopeResourceSpec.model_validate(scope_view.spec))
     except ValidationError:
         return ScopeResolution(None, f"SandboxScope {scope_ref!r} has an invalid spec")
 
 
-def parse_spec(obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
+def parse_spec(obj: SandboxView) -> SandboxResourceSpec | str:
     """The validated spec, or the message of a ``StartupFailed`` saying which field is wrong."""
     try:
-        return SandboxResourceSpec.model_validate(obj.get("spec") or {})
+        return SandboxResourceSpec.model_validate(SandboxView.of(obj).spec)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return f"spec is invalid: {where}: {first['msg']}"
 
 
-def is_terminal(status: Mapping[str, Any]) -> bool:
+def is_terminal(status: SandboxStatusView) -> bool:
     """Ended (StartupFailed, StartupTimeout, Failed, Expired): nothing is created again."""
-    return cnd.reason_of(status, READY) in TERMINAL_REASONS and not cnd.is_true(status, READY)
+    ready = SandboxStatusView.of(status).conditions.find(READY)
+    return ready is not None and ready.reason in TERMINAL_REASONS and not ready.is_true
 
 
 # ---- step 1: admission --------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class Admission:
 
 
 def admit(
-    obj: Mapping[str, Any],
+    obj: SandboxView,
     spec: SandboxResourceSpec,
     scope: ScopeResolution,
     *,
@@ -155,28 +156,26 @@ def admit(
     serves, the decision stands: the policy is never asked again for a running sandbox. A
     suspended sandbox being resumed (``rejudge``) is judged again, as if new: the floor, the
     capabilities and the egress may have changed while nothing ran."""
-    status = _status(obj)
+    status = SandboxView.of(obj).status
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
-    if not rejudge and cnd.is_true(status, ADMITTED) and status.get("backend") in known_backends:
+    admitted = status.conditions.find(ADMITTED)
+    if (
+        not rejudge
+        and admitted is not None
+        and admitted.is_true
+        and status.backend in known_backends
+    ):
         isolation_scope = spec.sandbox_spec().isolation_scope
-        if status.get("isolationScope"):
-            isolation_scope = IsolationScope(status["isolationScope"])
-        message = str((cnd.find(status.get("conditions"), ADMITTED) or {}).get("message", ""))
-        return Admission(
-            True,
-            R.ADMITTED,
-            message,
-            str(status["backend"]),
-            isolation_scope,
-            key,
-        )
+        if status.isolation_scope:
+            isolation_scope = IsolationScope(status.isolation_scope)
+        return Admission(True, R.ADMITTED, admitted.message, status.backend, isolation_scope, key)
     if scope.spec is None:
         return Admission(False, scope.reason, scope.problem, decided_now=True)
     sandbox_spec = spec.sandbox_spec()
     floor = effective_floor(host_policy, sandbox_spec, scope_floor=scope.spec.min_isolation)
     # A resume stays on the backend that holds its work volume: judged again there, never moved
     # (another backend would start it on an empty one).
-    held = str(status.get("backend") or "") if rejudge and sandbox_spec.storage else ""
+    held = status.backend if rejudge and sandbox_spec.storage else ""
     candidates = profiles
     if held and host_policy.selection is Selection.PER_SPEC:
         candidates = [p for p in profiles if p.name == held]
@@ -278,18 +277,19 @@ class Suspension:
 
 
 def suspension(
-    spec: SandboxResourceSpec, status: Mapping[str, Any], *, last_activity: datetime | None
+    spec: SandboxResourceSpec, status: SandboxStatusView, *, last_activity: datetime | None
 ) -> Suspension:
     """Suspended by the spec while ``spec.suspended``; suspended by idling until a use newer than
     the suspension (the client's last-activity stamp). Idling into suspension is the lifetime
     verdict's to decide (``Verdict.suspend``), not this function's."""
-    recorded = status.get("suspendedBy")
+    status = SandboxStatusView.of(status)
+    recorded = status.suspended_by
     if spec.suspended:
         if recorded:
             return Suspension("suspended", SUSPENDED_BY_SPEC)
         return Suspension("suspend", SUSPENDED_BY_SPEC)
     if recorded == SUSPENDED_BY_IDLE:
-        since = parse_time(status.get("suspendedAt"))
+        since = status.suspended_at
         if last_activity is None or since is None or last_activity <= since:
             return Suspension("suspended", SUSPENDED_BY_IDLE)
         return Suspension("resume")
@@ -298,19 +298,17 @@ def suspension(
     return Suspension("running")
 
 
-def _ttl_reached(
-    obj: Mapping[str, Any], spec: SandboxResourceSpec, now: datetime
-) -> datetime | None:
+def _ttl_reached(obj: SandboxView, spec: SandboxResourceSpec, now: datetime) -> datetime | None:
     """When the TTL ends the sandbox (``None`` when it has no creation time); whether it has is
     ``result <= now``."""
-    created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
+    created = obj.metadata.created
     if created is None:
         return None
     return created + timedelta(seconds=spec.sandbox_spec().lifetime.ttl_seconds)
 
 
 def suspended_plan(
-    obj: Mapping[str, Any],
+    obj: SandboxView,
     spec: SandboxResourceSpec,
     by: str,
     *,
@@ -325,7 +323,8 @@ def suspended_plan(
     ``kept``: what the backend reports once the compute stopped; a serving object it keeps (a
     remote sandbox, stopped) stays in ``servedBy``, so a resume finds that one or refuses, never
     starting an empty one in its place. ``detail``: why, when the backend stopped it itself."""
-    status = _status(obj)
+    obj = SandboxView.of(obj)
+    status = obj.status
     ttl_at = _ttl_reached(obj, spec, now)
     ttl = spec.sandbox_spec().lifetime.ttl_seconds
     if ttl_at is not None and ttl_at <= now:
@@ -343,12 +342,12 @@ def suspended_plan(
             verdict=verdict,
         )
     fields: dict[str, Any] = {"suspendedBy": by}
-    if not status.get("suspendedBy"):
+    if not status.suspended_by:
         fields["suspendedAt"] = cnd.now_rfc3339(now)
-        if status.get("backend"):
+        if status.backend:
             # Counted only once something was admitted (and so created): a Sandbox created
             # suspended is started, not resumed, when its spec lets it go.
-            fields["suspendCount"] = int(status.get("suspendCount") or 0) + 1
+            fields["suspendCount"] = status.suspend_count + 1
     if not still_stopping:
         fields["servedBy"] = served_by_status(kept) if kept is not None else None
     why = "spec.suspended" if by == SUSPENDED_BY_SPEC else "idle timeout (idleAction suspend)"
@@ -371,14 +370,14 @@ def suspended_plan(
     )
 
 
-def resume_plan(obj: Mapping[str, Any], admission: Admission, *, now: datetime) -> Plan:
+def resume_plan(obj: SandboxView, admission: Admission, *, now: datetime) -> Plan:
     """A suspended Sandbox admitted again: record the resume; the next pass starts it."""
-    status = _status(obj)
+    status = SandboxView.of(obj).status
     fields: dict[str, Any] = {**admission.fields, "suspendedBy": None}
     message = "resuming: starting the compute on the kept work volume"
-    if status.get("suspendCount"):
+    if status.suspend_count:
         fields["resumedAt"] = cnd.now_rfc3339(now)
-        fields["resumeCount"] = int(status.get("resumeCount") or 0) + 1
+        fields["resumeCount"] = status.resume_count + 1
     else:
         message = "creating the sandbox (it was created suspended)"
     return Plan(
@@ -391,10 +390,10 @@ def resume_plan(obj: Mapping[str, Any], admission: Admission, *, now: datetime) 
     )
 
 
-def resuming(status: Mapping[str, Any]) -> bool:
+def resuming(status: SandboxStatusView) -> bool:
     """Whether creating the serving objects now is a resume (start again on the kept storage)
     rather than a first start: the sandbox was resumed, and so ran before."""
-    return bool(status.get("resumedAt"))
+    return bool(SandboxStatusView.of(status).resumed_at)
 
 
 def refused_resume_plan(admission: Admission) -> Plan:
@@ -438,7 +437,7 @@ def refusal_plan(admission: Admission) -> Plan:
 
 
 def plan(
-    obj: Mapping[str, Any],
+    obj: SandboxView,
     spec: SandboxResourceSpec,
     admission: Admission,
     observation: Observation,
@@ -461,9 +460,9 @@ def plan(
     ``key_unclean`` is asked for (and matters) only while nothing exists yet and the Sandbox
     was never Ready: an earlier sandbox of the same key must be disposed before this one starts.
     """
-    meta = kubeobj.meta(obj)
-    status = _status(obj)
-    was_ready = cnd.is_true(status, READY) and not resetting
+    obj = SandboxView.of(obj)
+    meta, status = obj.metadata, obj.status
+    was_ready = status.conditions.is_true(READY) and not resetting
     if observation.phase is ObservedPhase.ABSENT and not was_ready and not resetting:
         if admission.key is None:
             return refusal_plan(Admission(False, R.SCOPE_NOT_FOUND, scope_problem))
@@ -471,11 +470,10 @@ def plan(
             msg = f"refused until the earlier disposal lands: {key_unclean}"
             return refusal_plan(Admission(False, R.KEY_UNCLEAN, msg))
 
-    admitted_cond = cnd.find(status.get("conditions"), ADMITTED) or {}
-    admitted = cnd.is_true(status, ADMITTED)
-    admitted_at = (parse_time(admitted_cond.get("lastTransitionTime")) if admitted else None) or now
+    admitted_cond = status.conditions.find(ADMITTED)
+    admitted_at = (admitted_cond.since if admitted_cond and admitted_cond.is_true else None) or now
     for restarted in ("resumedAt", "resetAt"):
-        restarted_at = now if resetting else parse_time(status.get(restarted))
+        restarted_at = now if resetting else timestamp(status.get(restarted))
         if restarted_at is not None and restarted_at > admitted_at:
             # A resumed or reset sandbox's startup clock (and its idle clock's floor) is the
             # resume or the reset.
@@ -484,10 +482,10 @@ def plan(
         # A pod started before this Sandbox was admitted (a warm pool's) serves it from the
         # admission on: its idle clock does not start earlier.
         observation = replace(observation, ready_at=admitted_at)
-    ready_cond = cnd.find(status.get("conditions"), READY) or {}
+    ready_cond = status.conditions.find(READY)
     lifetime = spec.sandbox_spec().lifetime
-    annotations = meta.get("annotations") or {}
-    ready_since = parse_time(ready_cond.get("lastTransitionTime")) if was_ready else None
+    annotations = meta.annotations
+    ready_since = ready_cond.since if was_ready and ready_cond is not None else None
     # Anyone who may annotate the Sandbox may write it: garbage or a stamp from the future is
     # ignored, one a little ahead is now (labels.read_last_activity).
     last_activity = lbl.read_last_activity(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION), now)
@@ -496,7 +494,7 @@ def plan(
         lifetime=lifetime,
         was_ready=was_ready,
         ready_since=ready_since,
-        sandbox_created=parse_time(meta.get("creationTimestamp")),
+        sandbox_created=meta.created,
         admitted_at=admitted_at,
         last_activity=last_activity,
         now=now,
@@ -510,7 +508,7 @@ def plan(
         if fields["servedFrom"] != SERVED_FROM_COLD:
             # Judged at the claim (its status write is this one) and remembered after it: what
             # happens to the policies later cannot reach back before the claim.
-            kept = None if resetting else status.get("sealedUntilClaim")
+            kept = None if resetting else status.sealed_until_claim
             covered = seal.covers(observation.created_at)
             fields["sealedUntilClaim"] = kept if isinstance(kept, bool) else covered
         elif resetting:
@@ -532,7 +530,7 @@ def plan(
             lifetime_ttl=lifetime.ttl_seconds,
             lifetime_idle=lifetime.idle_timeout_seconds,
             startup_timeout=lifetime.startup_timeout_seconds,
-            sandbox_created=parse_time(meta.get("creationTimestamp")),
+            sandbox_created=meta.created,
             admitted_at=admitted_at,
             ready_since=ready_since if was_ready else observation.ready_at,
             last_activity=last_activity,

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_operator.contract import Condition, ConditionReason, ConditionStatus, ConditionType
+from sandbox_operator.views import Conditions, ConditionView, StatusView
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ def parse_conditions(raw: Iterable[Mapping[str, Any]] | None) -> list[Condition]
         try:
             out.append(Condition.model_validate(cond))
         except ValidationError:
-            log.warning("ignoring a status condition that does not validate: %r", cond.get("type"))
+            kind = ConditionView(cond).type
+            log.warning("ignoring a status condition that does not validate: %r", kind)
     return out
 
 
@@ -158,20 +160,15 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
 # ---- readers of raw objects --------------------------------------------------------------------
 
 
-def find(
-    conditions: Iterable[Mapping[str, Any]] | None, ctype: ConditionType
-) -> Mapping[str, Any] | None:
-    for cond in conditions or ():
-        if cond.get("type") == ctype:
-            return cond
-    return None
+def find(conditions: object, ctype: ConditionType) -> ConditionView | None:
+    """The condition of that type in a raw ``conditions`` list, as a view."""
+    return Conditions(conditions).find(ctype)
 
 
 def reason_of(status: Mapping[str, Any] | None, ctype: ConditionType) -> str | None:
-    cond = find((status or {}).get("conditions"), ctype)
-    return None if cond is None else str(cond.get("reason"))
+    cond = StatusView(status).conditions.find(ctype)
+    return None if cond is None else cond.reason
 
 
 def is_true(status: Mapping[str, Any] | None, ctype: ConditionType) -> bool:
-    cond = find((status or {}).get("conditions"), ctype)
-    return cond is not None and cond.get("status") == ConditionStatus.TRUE
+    return StatusView(status).conditions.is_true(ctype)

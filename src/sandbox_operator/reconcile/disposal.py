@@ -18,8 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     BackendDriver,
     DisposalError,
@@ -33,7 +33,6 @@ from sandbox_operator.contract import (
     SandboxKey,
 )
 from sandbox_operator.reconcile import compute
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.status import (
     DISPOSED,
@@ -44,6 +43,7 @@ from sandbox_operator.reconcile.status import (
     sandbox_ref,
 )
 from sandbox_operator.reconcile.step import Step, sooner
+from sandbox_operator.views import SandboxStatusView, SandboxView
 
 #: A deleted Sandbox whose objects are not gone after this long reports Disposing (before, its
 #: status is left alone: the object is about to go). Longer than a pod's default termination grace
@@ -72,19 +72,21 @@ async def key_unclean(
     a backend object without the kind label (made before it existed) is taken as this kind's.
     """
     for other in rt.views.sandboxes.select(namespace, lbl.KEY_LABEL, lbl.key_value(key)):
-        ometa = kubeobj.meta(other)
-        if ometa.get("uid") == uid or (other.get("spec") or {}).get("kind") != kind:
+        view = SandboxView(other)
+        ometa = view.metadata
+        if ometa.uid == uid or view.sandbox_kind != kind:
             continue
-        name = ometa.get("name")
-        if ometa.get("deletionTimestamp"):
-            if FINALIZER not in (ometa.get("finalizers") or []):
+        name = ometa.name
+        if ometa.deleting:
+            if FINALIZER not in ometa.finalizers:
                 # Let go by the operator (what served it is disposed) or never taken on, and held
                 # only by finalizers of someone else's: nothing of it is left to wait for. (Its
                 # key labels may even be another key's: anyone who may create it could set them.)
                 # Backend objects it left behind, if any, are found below by their own labels.
                 continue
             return f"Sandbox {name} with the same key is still being disposed"
-        if cnd.reason_of(other.get("status"), DISPOSED) == R.DISPOSAL_FAILED:
+        disposed = view.status.conditions.find(DISPOSED)
+        if disposed is not None and disposed.reason == R.DISPOSAL_FAILED:
             return f"disposal of Sandbox {name} with the same key failed and has not landed yet"
     for driver in rt.drivers.values():
         try:
@@ -99,8 +101,8 @@ async def key_unclean(
     return None
 
 
-def drivers_for(rt: Runtime, status: Mapping[str, Any]) -> list[BackendDriver]:
-    backend = status.get("backend")
+def drivers_for(rt: Runtime, status: SandboxStatusView) -> list[BackendDriver]:
+    backend = SandboxStatusView.of(status).backend
     if backend in rt.drivers:
         return [rt.drivers[backend]]
     return list(rt.drivers.values())
@@ -170,14 +172,14 @@ def wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
             rt.enqueue_sandbox(namespace, other)
 
 
-def egress_final_wait(rt: Runtime, obj: Mapping[str, Any]) -> float | None:
+def egress_final_wait(rt: Runtime, obj: SandboxView) -> float | None:
     """Seconds the finalizer should still wait for the egress proxy's final write, or None: the
     proxy never admitted the Sandbox (no ``status.egress.admitted``), it wrote ``final``, or
     :data:`EGRESS_FINAL_WAIT_SECONDS` have passed since the wait began."""
-    meta = kubeobj.meta(obj)
-    key = (str(meta["namespace"]), str(meta["name"]))
-    egress = (obj.get("status") or {}).get("egress")
-    if not isinstance(egress, Mapping) or not egress.get("admitted") or egress.get("final"):
+    view = SandboxView.of(obj)
+    key = view.key
+    egress = view.status.egress
+    if not egress.admitted or egress.final:
         rt.egress_final_started.pop(key, None)
         return None
     started = rt.egress_final_started.setdefault(key, time.monotonic())
@@ -196,17 +198,18 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     Sandbox the egress proxy admitted is held until the proxy's final write is there (at most
     :data:`EGRESS_FINAL_WAIT_SECONDS`, see :func:`egress_final_wait`).
     """
-    meta = kubeobj.meta(obj)
-    namespace, name = str(meta["namespace"]), str(meta["name"])
-    finalizers = list(meta.get("finalizers") or [])
+    view = SandboxView(obj)
+    meta = view.metadata
+    namespace, name = view.key
+    finalizers = list(meta.finalizers)
     if FINALIZER not in finalizers:
         return Step.wait()  # never admitted by this operator, or already released
     draft = Draft(obj)
-    terminal = compute.is_terminal(draft.old)
+    terminal = compute.is_terminal(view.status)
     seen = rt.deletion_seen.setdefault((namespace, name), time.monotonic())
-    requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
+    requeue = await dispose_into(rt, drivers_for(rt, view.status), sandbox_ref(obj), draft)
     if draft.is_true(DISPOSED):
-        hold = egress_final_wait(rt, obj)
+        hold = egress_final_wait(rt, view)
         if hold is not None:
             return Step.wait(hold)  # the proxy's final write (its event) or the deadline
         remaining = [f for f in finalizers if f != FINALIZER]
@@ -215,19 +218,20 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             namespace,
             name,
             finalizers=remaining,
-            resource_version=str(meta.get("resourceVersion") or "") or None,
+            resource_version=meta.resource_version or None,
         )
         rt.deletion_seen.pop((namespace, name), None)
-        backend = str((obj.get("status") or {}).get("backend") or "")
+        backend = view.status.backend
         metrics.DISPOSAL_LATENCY.labels(backend).observe(time.monotonic() - seen)
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()
-        if kubeobj.meta(released).get("finalizers"):
+        released_meta = SandboxView(released).metadata
+        if released_meta.finalizers:
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
             rt.views.put_sandbox(released)
-            wake_key(rt, namespace, kubeobj.meta(released).get("labels") or {})
+            wake_key(rt, namespace, released_meta.labels)
         else:
             # The API server removed it with this answer. A pass already queued (its pod's
             # deletion event arrives about now: the pod went in this very pass) must not find it

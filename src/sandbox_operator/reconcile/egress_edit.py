@@ -29,6 +29,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.policy import BackendProfile, check_egress
 from sandbox_operator.reconcile.conditions import now_rfc3339
+from sandbox_operator.views import SandboxStatusView
 
 R = ConditionReason
 
@@ -96,11 +97,11 @@ def egress_edit(
     # None: an admitted Sandbox whose status holds no lists (admitted before they were recorded,
     # or they were removed): the proxy enforces nothing for it, and the spec's lists are judged
     # as an edit from none, never taken as they are.
-    old_allow = admitted.get("admittedEgressAllow", status.get("admittedEgressAllow"))
-    raw_rules = admitted.get("admittedEgressRules", status.get("admittedEgressRules"))
-    record = status.get("egressPolicy")
-    record = dict(record) if isinstance(record, Mapping) else {}
-    refusal = status.get("egressEditRefused")
+    held = SandboxStatusView.of(status)
+    old_allow = admitted.get("admittedEgressAllow", held.admitted_egress_allow)
+    raw_rules = admitted.get("admittedEgressRules", held.admitted_egress_rules)
+    record = dict(held.egress_policy)
+    refusal = held.egress_edit_refused
     refused_at = refusal.get("generation") if isinstance(refusal, Mapping) else None
     new_allow = frozenset(spec.egress_allow)
     new_rules = {r.host: r.to_wire() for r in spec.egress_rules}

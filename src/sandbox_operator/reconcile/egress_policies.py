@@ -13,11 +13,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import StartupError
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, egress_policy_key
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.views import ObjectView, PodView
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,11 @@ log = logging.getLogger(__name__)
 def pods_under(rt: Runtime, namespace: str, backend: str, egress: str) -> list[str]:
     """The live (not deleting) sandbox pods a namespace's egress policy of ``backend`` and
     ``egress`` confines, by name (from the views)."""
+    metas = (PodView(p).metadata for p in rt.views.pods.select(namespace, lbl.EGRESS_LABEL, egress))
     return [
-        str(pod["metadata"]["name"])
-        for pod in rt.views.pods.select(namespace, lbl.EGRESS_LABEL, egress)
-        if (pod["metadata"].get("labels") or {}).get(lbl.BACKEND_LABEL) == backend
-        and not pod["metadata"].get("deletionTimestamp")
+        str(meta["name"])
+        for meta in metas
+        if meta.labels.get(lbl.BACKEND_LABEL) == backend and not meta.deleting
     ]
 
 
@@ -43,8 +43,8 @@ async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -
     driver = rt.drivers.get(backend)
     if not isinstance(driver, RuntimeClassDriver):
         return  # a backend not configured (any more): not ours to keep
-    meta = kubeobj.meta(body)
-    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    meta = ObjectView(body).metadata
+    namespace, name = meta.namespace, meta.name
     if type_ == "DELETED":
         pods = pods_under(rt, namespace, backend, egress.value)
         if not pods:
@@ -55,7 +55,7 @@ async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -
             name,
             len(pods),
         )
-    elif meta.get("deletionTimestamp") or driver.egress_policy_current(body):
+    elif meta.deleting or driver.egress_policy_current(body):
         return
     try:
         await driver.ensure_egress_policy(namespace, egress)

@@ -36,8 +36,8 @@ from typing import Any
 
 import kopf
 
-from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import (
     watch_pod_sandbox_failures,
 )
@@ -52,7 +52,6 @@ from sandbox_operator.contract import (
     ConditionType,
 )
 from sandbox_operator.metrics.requests import stop_stream_sampler
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.egress_policies import keep_egress_policy
 from sandbox_operator.reconcile.kube import Conflict
 from sandbox_operator.reconcile.namespaces import ServedNamespaces
@@ -73,6 +72,7 @@ from sandbox_operator.reconcile.seal import Seal, follow_seal
 from sandbox_operator.reconcile.status import CONFLICT_RETRY_SECONDS
 from sandbox_operator.reconcile.views import ObjKey, owning_sandbox
 from sandbox_operator.reconcile.workqueue import WorkQueue
+from sandbox_operator.views import ObjectView, SandboxScopeView, SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -345,8 +345,8 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
 
 
 def _ns_name(body: Mapping[str, Any]) -> tuple[str, str, str]:
-    meta = kubeobj.meta(body)
-    return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+    meta = ObjectView(body).metadata
+    return meta.namespace, meta.name, meta.uid
 
 
 def _wake_key(rt: Runtime, namespace: str, labels: Mapping[str, str]) -> None:
@@ -405,9 +405,10 @@ async def persistent_volume_claim_view(body: kopf.Body, memo: kopf.Memo, **_: An
 async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
     namespace, name, uid = _ns_name(body)
-    scope_ref = str((body.get("spec") or {}).get("scopeRef") or "")
+    view = SandboxView(body)
+    scope_ref = view.scope_ref
     if type == "DELETED":
-        labels = dict(kubeobj.meta(body).get("labels") or {})
+        labels = dict(view.metadata.labels)
         rt.views.drop_sandbox(namespace, name, uid)
         rt.forget(namespace, name)
         _wake_key(rt, namespace, labels)
@@ -415,12 +416,12 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
             # Its count, with the other deletions of a cleanup (one write for them all), unless the
             # scope is being deleted and waits for its last member to go.
             scope = rt.views.scopes.get(namespace, scope_ref)
-            purging = scope is not None and bool(kubeobj.meta(scope).get("deletionTimestamp"))
+            purging = scope is not None and SandboxScopeView(scope).metadata.deleting
             rt.enqueue_scope(namespace, scope_ref, 0.0 if purging else COUNT_DEBOUNCE_SECONDS)
         return
     # Admitted already (a Ready transition, an edit, a deletion): before new admissions.
-    admitted = cnd.is_true(body.get("status"), ConditionType.ADMITTED)
-    deleting = bool(kubeobj.meta(body).get("deletionTimestamp"))
+    admitted = view.status.conditions.is_true(ConditionType.ADMITTED)
+    deleting = view.metadata.deleting
     rt.enqueue_sandbox(namespace, name, urgent=admitted or deleting)
     if scope_ref:
         # At once when the scope's bound agents cannot read this Sandbox yet (they wait for it).
@@ -489,7 +490,7 @@ def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
     owner = owning_sandbox(body)
     if type == "DELETED":
         store.remove(namespace, name, uid)
-        _wake_key(rt, namespace, kubeobj.meta(body).get("labels") or {})
+        _wake_key(rt, namespace, ObjectView(body).metadata.labels)
     if owner:
         rt.enqueue_sandbox(namespace, owner, urgent=True)
     pool = pool_name_of(body)

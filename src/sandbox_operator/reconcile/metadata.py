@@ -13,12 +13,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
 from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
+from sandbox_operator.views import MetaView, SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,18 @@ async def ensure_metadata(
     """The finalizer, and (once the scope gives the key) the key and kind labels and the key
     annotations, in one patch and only when something is missing. Returns the object as it is
     now."""
-    meta = kubeobj.meta(obj)
+    meta = SandboxView(obj).metadata
     name = str(meta["name"])
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if key is not None and scope.spec is not None:
         want_labels = lbl.key_labels(key, kind)
         want_labels[lbl.SANDBOX_LABEL] = lbl.sandbox_label_value(name)
-        have_labels = meta.get("labels") or {}
+        have_labels = meta.labels
         labels = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
-        have_ann = meta.get("annotations") or {}
+        have_ann = meta.annotations
         annotations = {k: v for k, v in lbl.key_annotations(key).items() if have_ann.get(k) != v}
-    finalizers = list(meta.get("finalizers") or [])
+    finalizers = list(meta.finalizers)
     need_finalizer = FINALIZER not in finalizers
     if annotations and not annotations_fit(meta, annotations):
         # The key annotations are for people; an object whose annotations (anyone who may create
@@ -62,7 +62,7 @@ async def ensure_metadata(
             labels,
             annotations,
             finalizers=[*finalizers, FINALIZER] if need_finalizer else None,
-            resource_version=str(meta.get("resourceVersion") or "") or None,
+            resource_version=meta.resource_version or None,
         )
 
     try:
@@ -90,7 +90,7 @@ def annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool:
     size = int(meta.get(ANNOTATIONS_SIZE) or 0)
     if not size:
         return True
-    have = meta.get("annotations") or {}
+    have = MetaView.of(meta).annotations
     replaced = {k: have[k] for k in adding if k in have}
     growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
     return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_operator import kubeobj, metrics
 from sandbox_operator import labels as lbl
+from sandbox_operator import metrics
 from sandbox_operator.backends.base import (
     EnsureRequest,
     PoolRef,
@@ -61,6 +61,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import BackendProfile, resolve_spec, select_backend
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.status import Draft, send_status_patch
+from sandbox_operator.views import PodView, SandboxWarmPoolView
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class PoolPlan:
 
 
 def plan_pool(
-    pool: Mapping[str, Any],
+    pool: SandboxWarmPoolView,
     judgement: TemplateJudgement,
     pods: Sequence[dict[str, Any]],
     current: Callable[[Mapping[str, Any]], bool] = lambda _pod: True,
@@ -176,9 +177,9 @@ def plan_pool(
     the pods to create and delete and what the status says. ``current(pod)``: whether an idle
     pod can still serve as it is (the backend's word: e.g. its egress proxy address is still the
     namespace's); a pod that cannot is replaced like one of another shape."""
-    meta = kubeobj.meta(pool)
-    spec = pool.get("spec") or {}
-    idle = [p for p in pods if is_idle(p, str(meta.get("uid", "")))]
+    view = SandboxWarmPoolView.of(pool)
+    meta = view.metadata
+    idle = [p for p in pods if is_idle(p, meta.uid)]
     plan = PoolPlan()
     plan.status = {
         "backend": judgement.backend,
@@ -186,7 +187,7 @@ def plan_pool(
         "selector": lbl.format_selector(
             {
                 lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE,
-                lbl.POOL_LABEL: lbl.sandbox_label_value(str(meta.get("name", ""))),
+                lbl.POOL_LABEL: lbl.sandbox_label_value(meta.name),
             }
         ),
         "claimed": sum(1 for p in pods if _claimed(p)),
@@ -203,13 +204,13 @@ def plan_pool(
     failed = [p for p in shaped if _phase(p) in ("Failed", "Succeeded")]
     plan.delete += failed
     live = [p for p in shaped if p not in failed]
-    _size(plan, live, int(spec.get("replicas") or 0), int(spec.get("maxCreating") or 5))
+    _size(plan, live, view.replicas, view.max_creating)
     return plan
 
 
 def _claimed(pod: Mapping[str, Any]) -> bool:
     """A pool pod a Sandbox took (its label), not on its way out."""
-    return lbl.SANDBOX_LABEL in _labels(pod) and not kubeobj.meta(pod).get("deletionTimestamp")
+    return lbl.SANDBOX_LABEL in _labels(pod) and not PodView(pod).metadata.deleting
 
 
 def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating: int) -> None:
@@ -237,23 +238,21 @@ def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating:
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    labels: Mapping[str, str] = kubeobj.meta(pod).get("labels") or {}
-    return labels
+    return PodView(pod).metadata.labels
 
 
 def _phase(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
+    return PodView(pod).status.phase
 
 
 def _created(pod: Mapping[str, Any]) -> str:
-    return str(kubeobj.meta(pod).get("creationTimestamp") or "")
+    return PodView(pod).metadata.creation_timestamp
 
 
 def _waiting_reason(pod: Mapping[str, Any]) -> str:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            return str(waiting["reason"])
+    for cs in PodView(pod).status.container_statuses:
+        if cs.waiting_reason:
+            return cs.waiting_reason
     return ""
 
 
@@ -275,12 +274,13 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     pool = rt.views.pools.get(namespace, name)
     if pool is None:
         return None
-    meta = kubeobj.meta(pool)
-    if meta.get("deletionTimestamp"):
+    view = SandboxWarmPoolView(pool)
+    meta = view.metadata
+    if meta.deleting:
         return None  # the garbage collector deletes its idle pods and NetworkPolicy
     await rt.refresh_availability()
     judgement = judge_template(
-        pool.get("spec") or {},
+        view.spec,
         host_policy=rt.config.host_policy,
         backend_profiles=profiles(rt.config, rt.unavailable),
         pool_backends=_pool_backends(rt),
@@ -296,8 +296,8 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
         is replaced, never counted and never claimed."""
         return serves is None or template is None or bool(serves(pod, template))
 
-    plan = plan_pool(pool, judgement, pods, current)
-    ref = PoolRef(namespace, name, str(meta.get("uid", "")))
+    plan = plan_pool(view, judgement, pods, current)
+    ref = PoolRef(namespace, name, meta.uid)
     api = pool_pods_api(rt, judgement.backend) if judgement.backend else None
     any_api = api or next((a for b in rt.drivers if (a := pool_pods_api(rt, b)) is not None), None)
     for pod in plan.delete:
@@ -330,7 +330,7 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
 
 
 async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPlan) -> None:
-    meta = kubeobj.meta(pool)
+    meta = SandboxWarmPoolView(pool).metadata
     draft = Draft(pool)
     ok, reason, message = plan.condition
     draft.cond(READY, ok, reason, message)
@@ -339,7 +339,7 @@ async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPla
     if patched is None:
         return
     if patched.obj is None:
-        rt.views.pools.remove(str(meta["namespace"]), str(meta["name"]), str(meta.get("uid")))
+        rt.views.pools.remove(str(meta["namespace"]), str(meta["name"]), meta.uid or None)
     else:
         rt.views.pools.upsert(patched.obj)
 
@@ -364,7 +364,7 @@ def _matching_pools(rt: Runtime, namespace: str, shape: str) -> list[str]:
         if ns != namespace:
             continue
         pool = rt.views.pools.get(ns, name)
-        if pool is not None and (pool.get("status") or {}).get("shape") == shape:
+        if pool is not None and SandboxWarmPoolView(pool).status.shape == shape:
             out.append(name)
     return sorted(out)
 
@@ -393,7 +393,7 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
         """Owned by the very pool (its uid) that the views hold under the pod's pool name."""
         name = pool_name_of(pod)
         pool = rt.views.pools.get(ns, name) if name else None
-        uid = str((pool or {}).get("metadata", {}).get("uid") or "")
+        uid = SandboxWarmPoolView(pool).metadata.uid
         return bool(uid) and is_idle(pod, pool_uid=uid)
 
     def reserve() -> dict[str, Any] | None:

@@ -9,19 +9,20 @@ that took its place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from sandbox_operator.contract import SandboxResourceSpec
+from sandbox_operator.views import SandboxStatusView
 
 
-def reset_wanted(spec: SandboxResourceSpec, status: Mapping[str, Any]) -> int | None:
+def reset_wanted(spec: SandboxResourceSpec, status: SandboxStatusView) -> int | None:
     """The ``spec.resets`` to serve now: above ``status.resets`` (the one the serving pod
     answers), and not refused already; None when no reset is due."""
-    served = status.get("resets")
+    status = SandboxStatusView.of(status)
+    served = status.resets
     served_count = served if isinstance(served, int) else 0
-    if spec.resets <= served_count or status.get("resetRefused"):
+    if spec.resets <= served_count or status.reset_refused:
         return None
     return spec.resets
 

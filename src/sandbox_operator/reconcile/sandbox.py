@@ -17,7 +17,6 @@ metrics (``writer.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -44,10 +43,8 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxResourceSpec,
 )
-from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import compute, egress_edit, reset
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import (
     dispose_into,
     drivers_for,
@@ -70,6 +67,7 @@ from sandbox_operator.reconcile.status import (
 )
 from sandbox_operator.reconcile.step import Step, sooner
 from sandbox_operator.reconcile.writer import write_step
+from sandbox_operator.views import SandboxScopeView, SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +102,7 @@ async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | N
     if obj is None:
         rt.forget(namespace, name)
         return None
-    if kubeobj.meta(obj).get("deletionTimestamp"):
+    if SandboxView(obj).metadata.deleting:
         step = await finalize_sandbox(rt, obj)
     elif (namespace, name) in rt.purging:
         return None  # its scope's purge deletes it; the deletion event brings it back
@@ -113,14 +111,14 @@ async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | N
     return await write_step(rt, step)
 
 
-async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> dict[str, Any] | None:
+async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> SandboxScopeView | None:
     """The SandboxScope a Sandbox names, from the views; a miss is confirmed with one read: its
     watch event can lag the Sandbox's (a scope created just before, under load), and
     ``ScopeNotFound`` is terminal for a waiting client. Passes run on events, not on a timer."""
     seen = rt.views.scopes.get(namespace, scope_ref)
-    if seen is not None:
-        return seen
-    return await rt.kube.get_scope(namespace, scope_ref)
+    if seen is None:
+        seen = await rt.kube.get_scope(namespace, scope_ref)
+    return None if seen is None else SandboxScopeView(seen)
 
 
 @dataclass(frozen=True)
@@ -136,18 +134,23 @@ class _Seen:
     resetting: bool = False  # this pass retired the serving pod: what serves it next is new
 
     @property
+    def view(self) -> SandboxView:
+        return SandboxView(self.obj)
+
+    @property
     def ident(self) -> tuple[str, str, str]:
-        meta = kubeobj.meta(self.obj)
-        return str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+        meta = self.view.metadata
+        return meta.namespace, meta.name, meta.uid
 
 
 async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
     draft = Draft(obj)
+    status = SandboxView(obj).status
     # Terminal: nothing is created again; only a disposal that has not landed is retried.
-    if compute.is_terminal(draft.old):
-        if cnd.is_true(draft.old, DISPOSED):
+    if compute.is_terminal(status):
+        if status.conditions.is_true(DISPOSED):
             return Step.wait()
-        requeue = await dispose_into(rt, drivers_for(rt, draft.old), sandbox_ref(obj), draft)
+        requeue = await dispose_into(rt, drivers_for(rt, status), sandbox_ref(obj), draft)
         return Step.write(obj, draft, requeue=requeue)
     seen = await _gather(rt, obj)
     if isinstance(seen, Step):
@@ -157,7 +160,8 @@ async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
 
 async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
     """The spec (validated once per generation) and the scope it names."""
-    parsed = parsed_spec(rt, obj)
+    view = SandboxView(obj)
+    parsed = parsed_spec(rt, view)
     if isinstance(parsed, str):
         refused = compute.Plan(
             conditions=(
@@ -166,8 +170,7 @@ async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
             )
         )
         return Step.write(obj, Draft(obj), refused)
-    meta = kubeobj.meta(obj)
-    namespace = str(meta["namespace"])
+    namespace = view.metadata.namespace
     scope = compute.resolve_scope(
         await _scope_object(rt, namespace, parsed.scope_ref),
         parsed.scope_ref,
@@ -181,21 +184,22 @@ async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
 async def _admit(rt: Runtime, seen: _Seen) -> Step:
     """Suspended stays suspended; otherwise admitted (once, or again on a resume) or refused."""
     obj, spec, now = seen.obj, seen.spec, seen.now
+    view = seen.view
     draft = Draft(obj)
-    annotations = kubeobj.meta(obj).get("annotations") or {}
+    annotations = view.metadata.annotations
     suspension = compute.suspension(
         spec,
-        obj.get("status") or {},
+        view.status,
         last_activity=lbl.read_last_activity(annotations.get(lbl.LAST_ACTIVITY_ANNOTATION), now),
     )
     if suspension.state in ("suspend", "suspended"):
         assert suspension.by is not None
         return await _suspend(rt, obj, draft, spec, suspension.by, now)
     rejudge = suspension.state == "resume"
-    if rejudge or not cnd.is_true(obj.get("status"), ADMITTED):
+    if rejudge or not view.status.conditions.is_true(ADMITTED):
         await rt.refresh_availability()
     admission = compute.admit(
-        obj,
+        view,
         spec,
         seen.scope,
         host_policy=rt.config.host_policy,
@@ -228,7 +232,8 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         obj, draft = fresh, Draft(fresh)
     if rejudge:
         admission = _egress_edit(rt, seen, admission, rt.drivers.get(str(admission.backend)))
-        return Step.write(obj, draft, compute.resume_plan(obj, admission, now=now), admission)
+        plan = compute.resume_plan(SandboxView(obj), admission, now=now)
+        return Step.write(obj, draft, plan, admission)
     return await _serve(rt, seen, draft, admission)
 
 
@@ -241,7 +246,8 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
     backend = admission.backend
     driver = rt.drivers[backend]
     admission = _egress_edit(rt, seen, admission, driver)
-    wanted = reset.reset_wanted(spec, obj.get("status") or {})
+    view = seen.view
+    wanted = reset.reset_wanted(spec, view.status)
     if wanted is not None:
         if not resets(driver):
             admission = replace(
@@ -250,12 +256,12 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
         else:
             return await _reset(rt, seen, draft, admission, driver, wanted)
     observation = await driver.observe(sandbox_ref(obj))
-    was_ready = cnd.is_true(obj.get("status"), READY)
+    was_ready = view.status.conditions.is_true(READY)
     unclean = None
     if observation.phase is ObservedPhase.ABSENT and not was_ready and admission.key is not None:
         unclean = await key_unclean(rt, namespace, admission.key, spec.kind, uid)
     plan = compute.plan(
-        obj,
+        view,
         spec,
         admission,
         observation,
@@ -272,7 +278,7 @@ async def _serve(rt: Runtime, seen: _Seen, draft: Draft, admission: compute.Admi
             )
         return await _suspend(rt, obj, draft, spec, compute.SUSPENDED_BY_IDLE, now, detail)
     if plan.create:
-        if not cnd.is_true(obj.get("status"), ADMITTED) and not _watched(driver):
+        if not view.status.conditions.is_true(ADMITTED) and not _watched(driver):
             # Record the admission (and so the startup clock) before anything is created: an
             # ensure that fails or never returns must still leave Admitted and a deadline. This
             # pass writes it; the next (at once) creates. (A watched driver's objects carry their
@@ -295,11 +301,12 @@ def _egress_edit(
     profile = next(
         (p for p in profiles(rt.config, rt.unavailable) if p.name == admission.backend), None
     )
+    view = seen.view
     edit = egress_edit.egress_edit(
         seen.spec,
-        seen.obj.get("status") or {},
+        view.status,
         admission.fields,
-        generation=int(kubeobj.meta(seen.obj).get("generation") or 0),
+        generation=view.metadata.generation,
         backend=profile,
         follows_edits=follows_egress_edits(driver),
         allow_unrestricted=rt.config.host_policy.allow_unrestricted_egress,
@@ -377,7 +384,7 @@ async def _create(
     if claim.served_by is not None:
         claimed = await driver.observe(replace(ref, served_by=claim.served_by))
         plan = compute.plan(
-            obj, spec, admission, claimed, key_unclean=None, scope_problem="", now=now,
+            seen.view, spec, admission, claimed, key_unclean=None, scope_problem="", now=now,
             seal=rt.pool_seal, resetting=seen.resetting,
         )  # fmt: skip
         return Step.write(obj, draft, plan, admission)
@@ -394,7 +401,7 @@ async def _create(
     rt.ensure_attempts.pop((namespace, name), None)
     observation = await driver.observe(ref)
     plan = compute.plan(
-        obj, spec, admission, observation, key_unclean=None, scope_problem="", now=now,
+        seen.view, spec, admission, observation, key_unclean=None, scope_problem="", now=now,
         seal=rt.pool_seal, resetting=seen.resetting,
     )  # fmt: skip
     if plan.create:  # not seen yet: it exists, the watch will tell how it is doing
@@ -404,7 +411,7 @@ async def _create(
                 (READY, False, R.CREATING, "creating the sandbox"),
             ),
             fields=plan.fields,
-            requeue_after=_startup_deadline(rt, obj, spec, now),
+            requeue_after=_startup_deadline(seen.view, spec, now),
         )
     return plan, observation
 
@@ -423,9 +430,7 @@ async def _start(
     obj, spec, now = seen.obj, seen.spec, seen.now
     namespace, name, _ = seen.ident
     try:
-        resume = observation.phase is ObservedPhase.SUSPENDED or compute.resuming(
-            obj.get("status") or {}
-        )
+        resume = observation.phase is ObservedPhase.SUSPENDED or compute.resuming(seen.view.status)
         if resume and suspends(driver):
             await driver.resume(request)  # stopped, storage kept: start it again
         else:
@@ -450,7 +455,7 @@ async def _start(
             fields={**admission.fields, "servedBy": None},
         )
         # The startup deadline still applies: never wait past it to find out.
-        retry = sooner(ensure_retry_delay(attempt, hint), _startup_deadline(rt, obj, spec, now))
+        retry = sooner(ensure_retry_delay(attempt, hint), _startup_deadline(seen.view, spec, now))
         return Step.write(obj, draft, pending, admission, requeue=retry)
     return None
 
@@ -479,7 +484,7 @@ async def _report(
         failed
         and observation.phase is ObservedPhase.ABSENT
         and observation.detail_reason != "Foreign"  # a pod under its name, not its own: judged
-        and await _serving_pod_exists(rt, namespace, obj)
+        and await _serving_pod_exists(rt, namespace, SandboxView(obj))
     ):
         # The views lacked a pod that exists: after a peering pause kopf lists every kind again,
         # each on its own (the Sandboxes before the pods), so a standby that takes over can see
@@ -506,20 +511,18 @@ async def _suspend(
 ) -> Step:
     """Stop the compute that serves the sandbox, keep its storage, and say so; the TTL still
     ends it. Neither admitted again nor planned while it stays suspended."""
-    status = obj.get("status") or {}
-    backend = status.get("backend")
-    driver = rt.drivers.get(str(backend)) if backend else None
+    view = SandboxView(obj)
+    backend = view.status.backend
+    driver = rt.drivers.get(backend) if backend else None
     still: list[str] = []
     kept = None
     if driver is not None and suspends(driver):
         try:
             found = await driver.suspend(sandbox_ref(obj))
         except TransientError as exc:
-            meta = kubeobj.meta(obj)
             log.warning(
                 "sandbox %s/%s: suspending failed, will retry: %s",
-                meta.get("namespace"),
-                meta.get("name"),
+                *view.key,
                 exc.message,
             )
             return Step.wait(ensure_retry_delay(0, exc.retry_after))
@@ -529,7 +532,7 @@ async def _suspend(
     elif driver is not None:  # a backend declaring persistentStorage always can (config check)
         log.warning("backend %s cannot suspend; sandbox reported suspended as is", backend)
     plan = compute.suspended_plan(
-        obj, spec, by, still_stopping=still, now=now, kept=kept, detail=detail
+        view, spec, by, still_stopping=still, now=now, kept=kept, detail=detail
     )
     # A driver that is not watched is asked again while its compute is still stopping.
     unwatched = driver is not None and not _watched(driver)
@@ -558,25 +561,23 @@ def _watched(driver: BackendDriver) -> bool:
     return isinstance(driver, WatchedDisposal) and driver.watches_disposal
 
 
-def _startup_deadline(
-    rt: Runtime, obj: Mapping[str, Any], spec: SandboxResourceSpec, now: datetime
-) -> float | None:
+def _startup_deadline(view: SandboxView, spec: SandboxResourceSpec, now: datetime) -> float | None:
     """Seconds until the startup timeout, counted from the admission (this pass's, when it is
     the one admitting)."""
-    cond = cnd.find((obj.get("status") or {}).get("conditions"), ADMITTED) or {}
-    admitted_at = parse_time(cond.get("lastTransitionTime")) or now
+    cond = view.status.conditions.find(ADMITTED)
+    admitted_at = (cond.since if cond is not None else None) or now
     timeout = float(spec.sandbox_spec().lifetime.startup_timeout_seconds)
     return max(0.0, timeout - (now - admitted_at).total_seconds()) + 0.05
 
 
-async def _serving_pod_exists(rt: Runtime, namespace: str, obj: Mapping[str, Any]) -> bool:
+async def _serving_pod_exists(rt: Runtime, namespace: str, view: SandboxView) -> bool:
     """Whether the pod the status names as serving the sandbox exists after all, though the
     observation found none: in the view by now (it arrived meanwhile), or on the API server
     (asked once, only on this rare path; then put into the view)."""
-    served = (obj.get("status") or {}).get("servedBy") or {}
-    if served.get("kind") != kubeobj.POD_KIND or not served.get("name"):
+    served = view.status.served_by
+    if served.kind != kubeobj.POD_KIND or not served.name:
         return False
-    pod_ns, pod_name = str(served.get("namespace") or namespace), str(served["name"])
+    pod_ns, pod_name = served.namespace or namespace, served.name
     if rt.views.pods.get(pod_ns, pod_name) is not None:
         return True
     pod = await rt.kube.get_pod(pod_ns, pod_name)
@@ -595,4 +596,4 @@ async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
     if current is None:
         return True
     rt.views.put_sandbox(current)
-    return bool(kubeobj.meta(current).get("deletionTimestamp"))
+    return SandboxView(current).metadata.deleting

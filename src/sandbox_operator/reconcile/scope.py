@@ -54,6 +54,7 @@ from sandbox_operator.reconcile.status import (
     write_status,
 )
 from sandbox_operator.reconcile.views import Obj
+from sandbox_operator.views import ConditionView, SandboxScopeView, SandboxView
 
 log = logging.getLogger(__name__)
 R = ConditionReason
@@ -62,9 +63,9 @@ R = ConditionReason
 COUNT_DEBOUNCE_SECONDS = 1.0
 
 
-def _spec(scope: Mapping[str, Any]) -> SandboxScopeResourceSpec | None:
+def _spec(scope: SandboxScopeView) -> SandboxScopeResourceSpec | None:
     try:
-        return SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
+        return SandboxScopeResourceSpec.model_validate(scope.spec)
     except ValidationError:
         return None
 
@@ -100,12 +101,12 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         rt.purges.pop((namespace, name), None)
         rt.access_written.pop((namespace, name), None)
         return None
-    if kubeobj.meta(scope).get("deletionTimestamp"):
+    if SandboxScopeView(scope).metadata.deleting:
         return await purge_scope(rt, scope)
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
     members = scope_member_names(rt, namespace, name)
-    spec = _spec(scope)
+    spec = _spec(SandboxScopeView(scope))
     refused = await grant_access(rt, scope, spec, members) if spec is not None else None
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
@@ -119,7 +120,7 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
     else:
         try:
-            SandboxScopeResourceSpec.model_validate(scope.get("spec") or {})
+            SandboxScopeResourceSpec.model_validate(SandboxScopeView(scope).spec)
         except ValidationError as exc:
             msg = f"spec is invalid: {exc.errors()[0]['msg']}"
             draft.cond(READY, False, R.PENDING, msg)
@@ -131,7 +132,7 @@ def access_pending(rt: Runtime, namespace: str, scope_ref: str, sandbox: str) ->
     """Whether a Sandbox of a scope that binds agents is not in the scope's Role yet: its
     agents cannot read it until the scope's pass writes it, so that pass should run now."""
     scope = rt.views.scopes.get(namespace, scope_ref)
-    if scope is None or not ((scope.get("spec") or {}).get("agentServiceAccounts")):
+    if scope is None or not SandboxScopeView(scope).agent_service_accounts:
         return False
     written = rt.access_written.get((namespace, scope_ref))
     return written is None or sandbox not in written.sandboxes
@@ -171,8 +172,8 @@ async def grant_access(
 
 
 async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
-    meta = kubeobj.meta(scope)
-    finalizers = list(meta.get("finalizers") or [])
+    meta = SandboxScopeView(scope).metadata
+    finalizers = list(meta.finalizers)
     if FINALIZER in finalizers:
         return
     patched = await rt.kube.patch_metadata(
@@ -180,7 +181,7 @@ async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
         str(meta["namespace"]),
         str(meta["name"]),
         finalizers=[*finalizers, FINALIZER],
-        resource_version=str(meta.get("resourceVersion") or "") or None,
+        resource_version=meta.resource_version or None,
     )
     if patched is not None:
         rt.views.scopes.upsert(patched)
@@ -198,26 +199,26 @@ async def _request_purge(
     names it) everything of the conversation, in collection calls where possible; else each
     member by name (its finalizer disposes its own objects)."""
     failures: list[DisposalFailure] = []
-    for m in members:
-        rt.purging.add((namespace, str(kubeobj.meta(m)["name"])))
+    views = [SandboxView(m).metadata for m in members]
+    for m in views:
+        rt.purging.add((namespace, str(m["name"])))
     if not whole_conversation:
-        for m in members:
-            if not kubeobj.meta(m).get("deletionTimestamp"):
-                await rt.kube.delete_sandbox(namespace, str(kubeobj.meta(m)["name"]))
+        for m in views:
+            if not m.deleting:
+                await rt.kube.delete_sandbox(namespace, str(m["name"]))
         return failures
     if spec is not None:
         await rt.kube.delete_sandboxes(namespace, lbl.scope_selector(spec.scope, spec.thread_id))
     conversation = lbl.conversation_value(spec.scope, spec.thread_id) if spec is not None else None
-    for m in members:
-        labels = kubeobj.meta(m).get("labels") or {}
-        if kubeobj.meta(m).get("deletionTimestamp") or (
-            conversation is not None and labels.get(lbl.CONVERSATION_LABEL) == conversation
+    for m in views:
+        if m.deleting or (
+            conversation is not None and m.labels.get(lbl.CONVERSATION_LABEL) == conversation
         ):
             continue
-        await rt.kube.delete_sandbox(namespace, str(kubeobj.meta(m)["name"]))
+        await rt.kube.delete_sandbox(namespace, str(m["name"]))
     if spec is None:
         return failures
-    member_labels = {lbl.sandbox_label_value(str(kubeobj.meta(s)["name"])) for s in members}
+    member_labels = {lbl.sandbox_label_value(str(m["name"])) for m in views}
     for driver in rt.drivers.values():
         try:
             if isinstance(driver, WatchedDisposal) and driver.watches_disposal:
@@ -261,13 +262,13 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
     """Dispose every sandbox of a deleted scope, record the purge, and let the scope go once
     nothing is left (or the attempts are used up: ``PurgeIncomplete``; undisposed Sandboxes
     keep their own finalizers and keep retrying)."""
-    meta = kubeobj.meta(scope)
+    meta = SandboxScopeView(scope).metadata
     namespace, name = str(meta["namespace"]), str(meta["name"])
     key = (namespace, name)
-    if FINALIZER not in (meta.get("finalizers") or []):
+    if FINALIZER not in meta.finalizers:
         rt.purges.pop(key, None)
         return None
-    spec = _spec(scope)
+    spec = _spec(SandboxScopeView(scope))
     names = scope_member_names(rt, namespace, name)
     whole = owns_conversation(rt, namespace, name)
     timeout = rt.config.operator.dispose_timeout_seconds
@@ -285,7 +286,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         # Woken by each member's deletion: nothing to decode or write until the last one.
         return timeout - elapsed + 0.05
     members = scope_members(rt, namespace, name)
-    purge = _purge_outcome(members, failures, leftovers, initial)
+    purge = _purge_outcome([SandboxView(m) for m in members], failures, leftovers, initial)
     draft, msg = _purge_status(scope, purge, len(members))
     try:
         await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
@@ -308,7 +309,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
 
 
 def _purge_outcome(
-    members: Sequence[Mapping[str, Any]],
+    members: Sequence[SandboxView],
     failures: Sequence[DisposalFailure],
     leftovers: int,
     initial: int,
@@ -316,17 +317,15 @@ def _purge_outcome(
     """What a purge achieved: the members still there (each with why, from its Disposed
     condition) and the conversation's objects no member accounts for are undisposed."""
     undisposed: list[DisposalFailure] = list(failures)
-    for m in members:
-        failed = cnd.find((m.get("status") or {}).get("conditions"), DISPOSED) or {}
+    for view in members:
+        failed = view.status.conditions.find(DISPOSED) or ConditionView(None)
         undisposed.append(
             DisposalFailure(
                 code=DisposalCode.TIMEOUT
-                if failed.get("reason") != R.DISPOSAL_FAILED
+                if failed.reason != R.DISPOSAL_FAILED
                 else DisposalCode.UNKNOWN,
-                detail=str(
-                    failed.get("message") or f"Sandbox {kubeobj.meta(m)['name']} still present"
-                ),
-                backend=str((m.get("status") or {}).get("backend") or ""),
+                detail=failed.message or f"Sandbox {view.metadata['name']} still present",
+                backend=view.status.backend,
             )
         )
     if leftovers and not members:
@@ -364,23 +363,23 @@ def _purge_status(scope: Mapping[str, Any], purge: ScopePurge, remaining: int) -
 async def _release(rt: Runtime, scope: Mapping[str, Any]) -> bool:
     """Remove the operator's finalizer from the scope (as the views hold it now); False when
     that lost a race (look again)."""
-    meta = kubeobj.meta(scope)
+    meta = SandboxScopeView(scope).metadata
     namespace, name = str(meta["namespace"]), str(meta["name"])
     current = rt.views.scopes.get(namespace, name) or scope
-    cmeta = kubeobj.meta(current)
-    left = [f for f in cmeta.get("finalizers") or [] if f != FINALIZER]
+    cmeta = SandboxScopeView(current).metadata
+    left = [f for f in cmeta.finalizers if f != FINALIZER]
     try:
         await rt.kube.patch_metadata(
             SANDBOX_SCOPE_PLURAL,
             namespace,
             name,
             finalizers=left,
-            resource_version=str(cmeta.get("resourceVersion") or "") or None,
+            resource_version=cmeta.resource_version or None,
         )
     except Conflict:
         return False
     if not left:
         # Deleted now: a pass woken before its DELETED event comes (a member's) finds nothing
         # to purge again, rather than writing a status answered 404.
-        rt.views.scopes.remove(namespace, name, str(cmeta.get("uid") or "") or None)
+        rt.views.scopes.remove(namespace, name, cmeta.uid or None)
     return True

@@ -7,25 +7,23 @@ was the bulk of a pass's CPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from sandbox_operator import kubeobj
 from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.views import SandboxView
 
 #: Validated specs kept (least recently used first out): enough for the Sandboxes of a burst,
 #: bounded so that memory does not grow with every idle Sandbox held.
 SPEC_CACHE_SIZE = 2048
 
 
-def parsed_spec(rt: Runtime, obj: Mapping[str, Any]) -> SandboxResourceSpec | str:
+def parsed_spec(rt: Runtime, obj: SandboxView) -> SandboxResourceSpec | str:
     """The validated spec, kept per (uid, generation): a spec only changes with its generation,
     and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
-    meta = kubeobj.meta(obj)
-    k = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    stamp = (str(meta.get("uid", "")), meta.get("generation"))
+    obj = SandboxView.of(obj)
+    meta = obj.metadata
+    k = (meta.namespace, meta.name)
+    stamp = (meta.uid, meta.generation)
     cached = rt.spec_cache.get(k)
     if cached is not None and cached[0] == stamp:
         rt.spec_cache.move_to_end(k)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sandbox_operator import kubeobj
 from sandbox_operator.backends.base import SandboxRef, ServedBy
 from sandbox_operator.contract import (
     SANDBOX_PLURAL,
@@ -30,9 +29,9 @@ from sandbox_operator.contract import (
     SandboxScopeResourceStatus,
     SandboxWarmPoolResourceStatus,
 )
-from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.views import ObjectView, SandboxStatusView, SandboxView, StatusView
 
 ADMITTED = ConditionType.ADMITTED
 READY = ConditionType.READY
@@ -75,17 +74,21 @@ class Draft:
     fields: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.conditions = cnd.parse_conditions(self.old.get("conditions"))
+        self.conditions = cnd.parse_conditions(StatusView(self.old).conditions.raw)
         self.fields = {"observedGeneration": self.generation}
 
     @property
+    def view(self) -> ObjectView:
+        return ObjectView(self.obj)
+
+    @property
     def old(self) -> Mapping[str, Any]:
-        return self.obj.get("status") or {}
+        return self.view.raw_status
 
     @property
     def generation(self) -> int | None:
-        gen = kubeobj.meta(self.obj).get("generation")
-        return int(gen) if gen is not None else None
+        """``metadata.generation``; None when the object has none (the API server's start at 1)."""
+        return self.view.metadata.generation or None
 
     @property
     def values(self) -> dict[str, Any]:
@@ -139,7 +142,7 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
     """Patch the status if it changed (None: it did not, nothing was sent), with the object's
     ``resourceVersion`` as a precondition. Raises :class:`Conflict` when the object changed
     since it was read."""
-    meta = kubeobj.meta(draft.obj)
+    meta = draft.view.metadata
     patch = cnd.status_patch(draft.old, draft.values)
     if patch is None:
         return None
@@ -148,7 +151,7 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
         meta["namespace"],
         meta["name"],
         patch_body(plural, patch),
-        meta.get("resourceVersion"),
+        meta.resource_version or None,
     )
     return Patched(written)
 
@@ -159,9 +162,9 @@ def sandbox_gone(rt: Runtime, obj: Mapping[str, Any]) -> None:
     about it, so no resync or event about its scope passes over it again (each such pass would
     cost a read and a write answered 404); its DELETED event, or a newer object of that name,
     brings whatever is due."""
-    meta = kubeobj.meta(obj)
+    meta = ObjectView(obj).metadata
     ns, name = str(meta["namespace"]), str(meta["name"])
-    rt.views.drop_sandbox(ns, name, str(meta.get("uid") or "") or None)
+    rt.views.drop_sandbox(ns, name, meta.uid or None)
     rt.forget(ns, name)
 
 
@@ -175,14 +178,14 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
     patched = await send_status_patch(rt, plural, draft)
     if patched is None:
         return False
-    meta = kubeobj.meta(draft.obj)
+    meta = draft.view.metadata
     written = patched.obj
     ns, name = str(meta["namespace"]), str(meta["name"])
     if written is None:
         if plural == SANDBOX_PLURAL:
             sandbox_gone(rt, draft.obj)
         else:
-            rt.views.scopes.remove(ns, name, str(meta.get("uid") or "") or None)
+            rt.views.scopes.remove(ns, name, meta.uid or None)
         return False
     if plural == SANDBOX_PLURAL:
         rt.views.put_sandbox(written)
@@ -195,12 +198,12 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
 async def _post_events(rt: Runtime, draft: Draft) -> None:
     """An Event for each condition whose reason or status this write changed, but for the
     transitions every Sandbox makes (``SILENT_REASONS``)."""
-    old_conds = draft.old.get("conditions") or []
+    old_conds = StatusView(draft.old).conditions
     for ctype in (ADMITTED, READY, DISPOSED):
         new = draft.condition(ctype)
-        old = cnd.find(old_conds, ctype)
+        old = old_conds.find(ctype)
         if new is None or (
-            old is not None and old.get("reason") == new.reason and old.get("status") == new.status
+            old is not None and old.reason == new.reason and old.status == new.status
         ):
             continue
         if new.reason in SILENT_REASONS:
@@ -224,11 +227,12 @@ def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
     patch = cnd.status_patch(old, draft.values)
     if not patch or set(patch) != {"conditions"}:
         return False
+    old_conds = StatusView(old).conditions
     for new in draft.conditions:
-        before = cnd.find(old.get("conditions"), ConditionType(new.type))
+        before = old_conds.find(ConditionType(new.type))
         if before is None:
             return False
-        if (before.get("status"), before.get("reason")) != (new.status, new.reason):
+        if (before.status, before.reason) != (new.status, new.reason):
             return False
     return True
 
@@ -238,29 +242,26 @@ def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
 
 def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
     """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
-    raw = (status or {}).get("servedBy")
-    if not isinstance(raw, Mapping) or not raw.get("kind") or not raw.get("name"):
+    served = SandboxStatusView.of(status).served_by
+    if not served.kind or not served.name:
         return None
-    return ServedBy(str(raw["kind"]), str(raw["name"]), str(raw.get("namespace") or ""))
+    return ServedBy(served.kind, served.name, served.namespace)
 
 
 def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
     """When the egress proxy says it admitted the sandbox (``status.egress.admitted``), if so."""
-    egress = (status or {}).get("egress")
-    if not isinstance(egress, Mapping):
-        return None
-    return parse_time(egress.get("admitted"))
+    return SandboxStatusView.of(status).egress.admitted_at
 
 
 def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
     """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
     what its status says of the egress proxy."""
-    meta = kubeobj.meta(obj)
-    status = obj.get("status")
+    view = SandboxView.of(obj)
+    meta, status = view.metadata, view.status
     return SandboxRef(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("uid", "")),
+        meta.namespace,
+        meta.name,
+        meta.uid,
         served_by or recorded_served_by(status),
         egress_admitted(status),
     )

@@ -30,6 +30,15 @@ from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
 from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus, ConditionType
+from sandbox_operator.views import (
+    ConditionView,
+    MetaView,
+    ObjectView,
+    PodView,
+    SandboxScopeView,
+    SandboxView,
+    SandboxWarmPoolView,
+)
 
 Obj = dict[str, Any]
 ObjKey = tuple[str, str]  # (namespace, name)
@@ -132,6 +141,12 @@ _CHILD_LABELS = frozenset(
 POD_READY = "Ready"
 #: The pod conditions classify_pod reads.
 _POD_CONDITIONS = frozenset({POD_READY, "PodScheduled"})
+_TRANSITION = "lastTransitionTime"
+
+
+#: Metadata fields kept as the wire has them, when present.
+_KEPT_META = ("generation", "creationTimestamp", "deletionTimestamp")
+_UID = "uid"
 
 
 def _slim_meta(
@@ -139,21 +154,21 @@ def _slim_meta(
 ) -> Obj:
     """The part of an object's metadata the views keep (a copy: the views never hold a
     watch's body)."""
-    meta = kubeobj.meta(obj)
+    meta = MetaView(kubeobj.meta(obj))
     out: Obj = {
-        "name": _s(meta.get("name", "")),
-        "namespace": _s(meta.get("namespace", "")),
-        "uid": str(meta.get("uid", "")),
-        "resourceVersion": str(meta.get("resourceVersion", "")),
+        "name": _s(meta.name),
+        "namespace": _s(meta.namespace),
+        "uid": meta.uid,
+        "resourceVersion": meta.resource_version,
     }
-    for k in ("generation", "creationTimestamp", "deletionTimestamp"):
+    for k in _KEPT_META:
         if meta.get(k) is not None:
             out[k] = meta[k]
-    have = meta.get("labels") or {}
+    have = meta.labels
     if have:
         out["labels"] = {_s(k): _s(v) for k, v in have.items() if labels is None or k in labels}
     if annotations:
-        have_annotations = meta.get("annotations") or {}
+        have_annotations = meta.annotations
         kept = {_s(k): str(v) for k, v in have_annotations.items() if k in _KEPT_ANNOTATIONS}
         if kept:
             out["annotations"] = kept
@@ -164,98 +179,91 @@ def _slim_meta(
             size = lbl.annotations_size(have_annotations)
             if size > ANNOTATIONS_SIZE_KEPT_FROM:
                 out[ANNOTATIONS_SIZE] = size
-    if meta.get("finalizers"):
-        out["finalizers"] = [_s(f) for f in meta["finalizers"]]
-    owners = meta.get("ownerReferences") or []
+    if meta.finalizers:
+        out["finalizers"] = [_s(f) for f in meta.finalizers]
+    owners = meta.owner_references
     if owners:
         out["ownerReferences"] = [
-            {"kind": _s(o.get("kind", "")), "name": str(o.get("name", "")), "uid": o.get("uid")}
-            for o in owners
+            {"kind": _s(o.kind), "name": o.name, "uid": o.raw.get(_UID)} for o in owners
         ]
     return out
 
 
-def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
-    status = obj.get("status") or {}
-    slim_status: Obj = {k: _plain(status[k]) for k in _SANDBOX_STATUS if k in status}
-    egress = status.get("egress")
-    if isinstance(egress, Mapping) and egress.get("admitted"):
-        slim_status["egress"] = {"admitted": egress["admitted"]}
-        if egress.get("final") is True:  # the disposal waits for it (egress_final_wait)
-            slim_status["egress"]["final"] = True
+def _slim_resource(
+    view: ObjectView, default_kind: str, status: Obj, *, annotations: bool = True
+) -> Obj:
+    """The slim copy of one of this package's kinds: identity, spec whole, the kept status."""
     return {
-        "apiVersion": str(obj.get("apiVersion", "")),
-        "kind": str(obj.get("kind", SANDBOX_KIND)),
-        "metadata": _slim_meta(obj),
-        "spec": _plain(obj.get("spec") or {}),
-        "status": slim_status,
+        "apiVersion": view.api_version,
+        "kind": view.kind or default_kind,
+        "metadata": _slim_meta(view.raw, annotations=annotations),
+        "spec": _plain(view.spec),
+        "status": status,
     }
+
+
+def _kept(status: Mapping[str, Any], keys: Iterable[str]) -> Obj:
+    return {k: _plain(status[k]) for k in keys if k in status}
+
+
+def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
+    view = SandboxView(obj)
+    slim_status = _kept(view.raw_status, _SANDBOX_STATUS)
+    egress = view.status.egress
+    if egress.admitted:
+        slim_status["egress"] = {"admitted": egress["admitted"]}
+        if egress.final:  # the disposal waits for it (egress_final_wait)
+            slim_status["egress"]["final"] = True
+    return _slim_resource(view, SANDBOX_KIND, slim_status)
 
 
 def slim_scope(obj: Mapping[str, Any]) -> Obj:
-    status = obj.get("status") or {}
-    return {
-        "apiVersion": str(obj.get("apiVersion", "")),
-        "kind": str(obj.get("kind", "SandboxScope")),
-        "metadata": _slim_meta(obj),
-        "spec": _plain(obj.get("spec") or {}),
-        "status": {k: _plain(status[k]) for k in _SCOPE_STATUS if k in status},
-    }
+    view = SandboxScopeView(obj)
+    return _slim_resource(view, "SandboxScope", _kept(view.raw_status, _SCOPE_STATUS))
 
 
 def slim_pool(obj: Mapping[str, Any]) -> Obj:
-    status = obj.get("status") or {}
-    return {
-        "apiVersion": str(obj.get("apiVersion", "")),
-        "kind": str(obj.get("kind", "SandboxWarmPool")),
-        "metadata": _slim_meta(obj, annotations=False),
-        "spec": _plain(obj.get("spec") or {}),
-        "status": {k: _plain(status[k]) for k in _POOL_STATUS if k in status},
+    view = SandboxWarmPoolView(obj)
+    status = _kept(view.raw_status, _POOL_STATUS)
+    return _slim_resource(view, "SandboxWarmPool", status, annotations=False)
+
+
+def _slim_pod_condition(c: ConditionView) -> Obj:
+    cond: Obj = {
+        "type": _s(c.type),
+        "status": _s(c.status),
+        "lastTransitionTime": c.raw.get(_TRANSITION),
     }
+    if c.reason:
+        cond["reason"] = _s(c.reason)
+    if c.message and c.status != ConditionStatus.TRUE:
+        cond["message"] = c.message[:300]
+    return cond
 
 
 def slim_pod(obj: Mapping[str, Any]) -> Obj:
-    status = obj.get("status") or {}
-    spec = obj.get("spec") or {}
-    out_status: Obj = {"phase": _s(status.get("phase", "Pending"))}
+    pod = PodView(obj)
+    status = pod.status
+    out_status: Obj = {"phase": _s(status.phase)}
     for k in ("reason", "message", "podIP"):
         if status.get(k):
             out_status[k] = str(status[k])
-    conds = []
-    for c in status.get("conditions") or []:
-        if c.get("type") not in _POD_CONDITIONS:
-            continue
-        cond = {
-            "type": _s(c.get("type", "")),
-            "status": _s(c.get("status", "")),
-            "lastTransitionTime": c.get("lastTransitionTime"),
-        }
-        if c.get("reason"):
-            cond["reason"] = _s(c["reason"])
-        if c.get("message") and c.get("status") != ConditionStatus.TRUE:
-            cond["message"] = str(c["message"])[:300]
-        conds.append(cond)
+    conds = [_slim_pod_condition(c) for c in status.conditions if c.type in _POD_CONDITIONS]
     if conds:
         out_status["conditions"] = conds
-    statuses = []
-    for cs in status.get("containerStatuses") or []:
-        statuses.append(
-            {
-                "name": _s(cs.get("name", "")),
-                "ready": bool(cs.get("ready")),
-                "image": _s(cs.get("image", "")),
-                "state": _plain(cs.get("state") or {}),
-            }
-        )
+    statuses = [
+        {"name": _s(cs.name), "ready": cs.ready, "image": _s(cs.image), "state": _plain(cs.state)}
+        for cs in status.container_statuses
+    ]
     if statuses:
         out_status["containerStatuses"] = statuses
     out_spec: Obj = {}
-    if spec.get("nodeName"):
-        out_spec["nodeName"] = _s(spec["nodeName"])
+    if pod.node_name:
+        out_spec["nodeName"] = _s(pod.node_name)
     # What confines it, as one digest: a pod is claimed or adopted only when this equals the
     # digest of the pod the backend would make (labels and owners can be copied by anyone who
     # may create pods).
-    out_spec[CONFINEMENT] = confinement_digest(spec)
+    out_spec[CONFINEMENT] = confinement_digest(pod.spec)
     return {
         "metadata": _slim_meta(obj, labels=_CHILD_LABELS),
         "spec": out_spec,
@@ -273,14 +281,15 @@ def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
     """Metadata, and the spec of a namespace's egress policy (one per backend and egress mode:
     few, and compared with what its backend makes, to replace one that differs)."""
     out = slim_plain(obj)
-    if lbl.EGRESS_LABEL in (out["metadata"].get("labels") or {}):
-        out["spec"] = _plain(obj.get("spec") or {})
+    view = ObjectView(obj)
+    if lbl.EGRESS_LABEL in view.metadata.labels:
+        out["spec"] = _plain(view.spec)
     return out
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
     try:
-        return int(kubeobj.meta(obj).get("resourceVersion") or 0)
+        return int(ObjectView(obj).metadata.resource_version or 0)
     except ValueError:
         return 0
 
@@ -352,7 +361,7 @@ class Store:
         slim = self.slim(obj)
         meta = slim["metadata"]
         k = (meta["namespace"], meta["name"])
-        uid = str(meta.get("uid", ""))
+        uid = str(meta.get(_UID, ""))
         if uid and uid in self._gone:
             return slim  # removed already: this is an older word about it
         rv = _rv(slim)
@@ -362,7 +371,7 @@ class Store:
                 held: Obj = json.loads(old.data)
                 return held
             self._unindex(k, old)
-        labels = self.index_of(slim) if self.index_of is not None else meta.get("labels") or {}
+        labels = self.index_of(slim) if self.index_of is not None else MetaView(meta).labels
         entry = _Entry(
             uid=uid,
             rv=rv,
@@ -439,8 +448,8 @@ class Store:
 
 def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
     """A SandboxScope's index: the conversation label value of its spec's scope and threadId."""
-    spec = obj.get("spec") or {}
-    scope, thread = spec.get("scope"), spec.get("threadId")
+    view = SandboxScopeView(obj)
+    scope, thread = view.spec.get("scope"), view.spec.get("threadId")
     if isinstance(scope, str) and isinstance(thread, str) and scope and thread:
         return {lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread)}
     return {}
@@ -448,8 +457,8 @@ def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
 
 def _age_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """Older first: creation time (RFC 3339 UTC, so string order is time order), then name."""
-    meta = kubeobj.meta(obj)
-    return (str(meta.get("creationTimestamp") or "9999"), str(meta.get("name") or ""))
+    meta = ObjectView(obj).metadata
+    return (meta.creation_timestamp or "9999", meta.name)
 
 
 def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
@@ -457,20 +466,21 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     wait for something (a scope, a key) without decoding them."""
     reason = "Pending"
     admitted = False
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == ConditionType.READY:
-            reason = _s(cond.get("reason") or "Pending")
-        elif cond.get("type") == ConditionType.ADMITTED:
-            admitted = cond.get("status") == ConditionStatus.TRUE
-    return reason, _s((obj.get("status") or {}).get("backend") or ""), admitted
+    status = SandboxView(obj).status
+    for cond in status.conditions:
+        if cond.type == ConditionType.READY:
+            reason = _s(cond.reason or "Pending")
+        elif cond.type == ConditionType.ADMITTED:
+            admitted = cond.is_true
+    return reason, _s(status.backend), admitted
 
 
 def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
     """The name of the Sandbox that owns a pod, NetworkPolicy or PersistentVolumeClaim (its
     controller reference)."""
-    for owner in kubeobj.meta(obj).get("ownerReferences") or []:
-        if owner.get("kind") == SANDBOX_KIND:
-            return str(owner.get("name", "")) or None
+    for owner in ObjectView(obj).metadata.owner_references:
+        if owner.kind == SANDBOX_KIND:
+            return owner.name or None
     return None
 
 
@@ -495,7 +505,7 @@ class Views:
         slim = self.sandboxes.upsert(obj)
         meta = slim["metadata"]
         k = (str(meta["namespace"]), str(meta["name"]))
-        ref = str((slim.get("spec") or {}).get("scopeRef") or "")
+        ref = SandboxView(slim).scope_ref
         if self._scope_ref_of.get(k) != ref:
             self._unref(k)
             if ref:
@@ -547,7 +557,7 @@ class Views:
         value = scope_conversation(scope).get(lbl.CONVERSATION_LABEL)
         if value is None:
             return []
-        namespace = str(kubeobj.meta(scope).get("namespace") or "")
+        namespace = ObjectView(scope).metadata.namespace
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
     def conversation_holder(self, namespace: str, scope: str) -> str | None:

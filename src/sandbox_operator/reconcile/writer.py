@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox_operator import kubeobj, metrics
+from sandbox_operator import metrics
 from sandbox_operator.contract import SANDBOX_PLURAL
-from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import conditions as cnd
-from sandbox_operator.reconcile.disposal import dispose_into, drivers_for
+from sandbox_operator.reconcile.disposal import dispose_into
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.status import (
     ADMITTED,
@@ -36,6 +35,7 @@ from sandbox_operator.reconcile.status import (
     write_status,
 )
 from sandbox_operator.reconcile.step import Step, sooner
+from sandbox_operator.views import SandboxView
 
 
 async def write_step(rt: Runtime, step: Step) -> float | None:
@@ -45,8 +45,9 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
     if step.draft is None or step.obj is None:
         return step.requeue
     obj, draft, plan = step.obj, step.draft, step.plan
-    was_ready = cnd.is_true(obj.get("status"), READY)
-    was_admitted_reason = cnd.reason_of(obj.get("status"), ADMITTED)
+    view = SandboxView(obj)
+    was_ready = view.status.conditions.is_true(READY)
+    was_admitted_reason = cnd.reason_of(view.status, ADMITTED)
     planned: float | None = None
     if plan is not None:
         for ctype, value, reason, message in plan.conditions:
@@ -56,16 +57,15 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
         if plan.dispose:
             planned = await _dispose_planned(rt, obj, draft, plan)
     requeue = sooner(planned, step.requeue)
-    meta = kubeobj.meta(obj)
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if step.debounce and message_only(obj.get("status") or {}, draft):
+    key = view.key
+    if step.debounce and message_only(view.status, draft):
         since = time.monotonic() - rt.status_written.get(key, 0.0)
         if since < MESSAGE_DEBOUNCE_SECONDS:
             return sooner(requeue, MESSAGE_DEBOUNCE_SECONDS - since + 0.05)
     written = await write_status(rt, SANDBOX_PLURAL, draft)
     if written:
         rt.status_written[key] = time.monotonic()
-        _count(obj, draft, step.admission, was_ready, was_admitted_reason)
+        _count(view, draft, step.admission, was_ready, was_admitted_reason)
         # What the written fields record (an egress edit) is told once, after it is recorded.
         for type_, what, message in step.admission.events if step.admission else ():
             await rt.kube.post_event(obj, type_=type_, reason=what, message=message)
@@ -79,8 +79,8 @@ async def _dispose_planned(
     lists by the Sandbox's labels); the retry delay of a disposal not done yet."""
     served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
     target = sandbox_ref(obj, served)
-    backend = plan.fields.get("backend") or (obj.get("status") or {}).get("backend")
-    drivers = [rt.drivers[backend]] if backend in rt.drivers else drivers_for(rt, {})
+    backend = plan.fields.get("backend") or SandboxView(obj).status.backend
+    drivers = [rt.drivers[backend]] if backend in rt.drivers else list(rt.drivers.values())
     retry = await dispose_into(rt, drivers, target, draft)
     if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
         # Keep what is still to be disposed on record: the retry needs it, listed or not.
@@ -89,7 +89,7 @@ async def _dispose_planned(
 
 
 def _count(
-    obj: Mapping[str, Any],
+    obj: SandboxView,
     draft: Draft,
     admission: compute.Admission | None,
     was_ready: bool,
@@ -101,8 +101,8 @@ def _count(
         result = "admitted" if draft.is_true(ADMITTED) else "refused"
         metrics.ADMISSIONS.labels(result, reason).inc()
     if draft.is_true(READY) and not was_ready:
-        created = parse_time(kubeobj.meta(obj).get("creationTimestamp"))
-        backend = str(draft.fields.get("backend") or (obj.get("status") or {}).get("backend"))
+        created = obj.metadata.created
+        backend = str(draft.fields.get("backend") or obj.status.backend or None)
         if created is not None:
             seconds = (datetime.now(UTC) - created).total_seconds()
             metrics.READY_LATENCY.labels(backend).observe(max(seconds, 0.0))

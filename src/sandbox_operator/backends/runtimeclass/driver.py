@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.backends.base import (
     Availability,
     BackendObject,
@@ -61,6 +61,7 @@ from sandbox_operator.backends.runtimeclass.pods import (
 )
 from sandbox_operator.backends.warmpool import WarmPoolPods, pod_origin
 from sandbox_operator.contract import (
+    SANDBOX_KIND,
     SANDBOX_WARM_POOL_KIND,
     ConditionReason,
     Egress,
@@ -69,6 +70,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json
+from sandbox_operator.views import MetaView, OwnerRef, PodView
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -122,16 +124,16 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
         def changed(namespace: str) -> None:
             for pod in pods:
-                meta = kubeobj.meta(pod)
-                if meta.get("namespace") != namespace:
+                meta = PodView(pod).metadata
+                if meta.namespace != namespace:
                     continue
-                if PROXY_ADDRESS_ANNOTATION not in (meta.get("annotations") or {}):
+                if PROXY_ADDRESS_ANNOTATION not in meta.annotations:
                     continue
-                for owner in meta.get("ownerReferences") or []:
-                    if owner.get("kind") == "Sandbox" and owner.get("name"):
-                        notify(namespace, str(owner["name"]))
-                    elif owner.get("kind") == SANDBOX_WARM_POOL_KIND and self.on_pool_change:
-                        self.on_pool_change(namespace, str(owner.get("name", "")))
+                for owner in meta.owner_references:
+                    if owner.kind == SANDBOX_KIND and owner.name:
+                        notify(namespace, owner.name)
+                    elif owner.kind == SANDBOX_WARM_POOL_KIND and self.on_pool_change:
+                        self.on_pool_change(namespace, owner.name)
 
         self._proxy_task = asyncio.create_task(
             self._proxy.watch_services(changed), name=f"{self.name}-egress-proxy-services"
@@ -188,14 +190,13 @@ class RuntimeClassDriver(RuntimeClassObjects):
     def pool_pod_current(self, pod: Mapping[str, Any]) -> bool:
         """Whether an idle pool pod can serve as it is: a pod given a managed proxy's address is
         current only while the namespace's proxy Service is seen at that very address."""
-        annotations = kubeobj.meta(pod).get("annotations") or {}
-        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        meta = PodView(pod).metadata
+        given = _proxy_address(meta)
         if given is None:
             return True
         if self._proxy is None:
             return False
-        namespace = str(kubeobj.meta(pod).get("namespace", ""))
-        return self._proxy.seen_address(namespace) == given
+        return self._proxy.seen_address(meta.namespace) == given
 
     def confines_as_made(
         self, pod: Mapping[str, Any], spec: SandboxSpec, managed_proxy: ProxyAddress | None
@@ -215,8 +216,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         :meth:`pool_pod_current`) and confined as this backend makes the pool's pods."""
         if not self.pool_pod_current(pod):
             return False
-        annotations = kubeobj.meta(pod).get("annotations") or {}
-        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        given = _proxy_address(PodView(pod).metadata)
         if given is not None and self._proxy is not None:
             given = dataclasses.replace(given, intercepting=self._proxy.intercepting)
         return self.confines_as_made(pod, spec, given)
@@ -266,8 +266,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
             if self._pods is not None:
                 created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
                 self._pods.upsert(created_pod)
-                meta = kubeobj.meta(created_pod)
-                return ServedBy(POD, str(meta.get("name", name)), ns)
+                return ServedBy(POD, PodView(created_pod).metadata.name or name, ns)
             created = await self._core.create_namespaced_pod(ns, manifest)
             return ServedBy(POD, created.metadata.name, ns)
         except ApiException as exc:
@@ -284,9 +283,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
                 existing = self._sanitize(await self._core.read_namespaced_pod(name, ns))
         if existing is None:  # deleted between our create and read: next pass creates it
             return ServedBy(POD, name, ns)
-        existing_meta = kubeobj.meta(existing)
-        owners = existing_meta.get("ownerReferences") or []
-        if request.sandbox.uid and request.sandbox.uid not in [o.get("uid") for o in owners]:
+        owners = PodView(existing).metadata.owner_references
+        if request.sandbox.uid and request.sandbox.uid not in [o.uid for o in owners]:
             raise StartupError(
                 ConditionReason.KEY_UNCLEAN, foreign_pod_message(name, owners, request.sandbox)
             )
@@ -312,10 +310,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
             return None
         value = lbl.sandbox_label_value(sandbox.name)
         for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
-            meta = kubeobj.meta(pod)
-            if lbl.POOL_LABEL not in (meta.get("labels") or {}):
+            meta = PodView(pod).metadata
+            if lbl.POOL_LABEL not in meta.labels:
                 continue
-            if any(o.get("uid") == sandbox.uid for o in meta.get("ownerReferences") or []):
+            if any(o.uid == sandbox.uid for o in meta.owner_references):
                 return pod
         return None
 
@@ -334,7 +332,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if pod is None:
             pod = self._claimed_pod(sandbox)
         if pod is not None and sandbox.uid:
-            owners = [o.get("uid") for o in kubeobj.meta(pod).get("ownerReferences") or []]
+            owners = [o.uid for o in PodView(pod).metadata.owner_references]
             if sandbox.uid not in owners:
                 # Someone else's pod under our name; not ours to report as our sandbox.
                 return Observation(
@@ -350,7 +348,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         ):
             # The operator watches the kubelet's FailedCreatePodSandBox events (no read here; a
             # new one wakes the Sandbox).
-            uid = str(kubeobj.meta(pod).get("uid") or "")
+            uid = PodView(pod).metadata.uid
             handler = self._failures.missing_handler(uid)
             if handler is not None:
                 observation = self._handler_missing(pod, handler, observation)
@@ -388,7 +386,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         self, pod: Mapping[str, Any], handler: str, observation: Observation
     ) -> Observation:
         rc = self._config.runtime_class_name
-        node = (pod.get("spec") or {}).get("nodeName", "")
+        node = PodView(pod).node_name
         return Observation(
             ObservedPhase.STARTUP_FAILED,
             observation.served_by,
@@ -408,8 +406,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
             return observation
         assert self._proxy is not None
-        annotations = kubeobj.meta(pod).get("annotations") or {}
-        given = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        given = _proxy_address(PodView(pod).metadata)
         if given is None:
             return observation
         problem = await self._proxy.check(sandbox.namespace, sandbox, given)
@@ -519,23 +516,28 @@ class RuntimeClassDriver(RuntimeClassObjects):
             self._proxy_task = None
 
 
-def foreign_pod_message(pod: str, owners: list[Mapping[str, Any]], sandbox: SandboxRef) -> str:
+def _proxy_address(meta: MetaView) -> ProxyAddress | None:
+    """The managed egress proxy's address a pod was given (its annotation), if any."""
+    return ProxyAddress.parse(str(meta.annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+
+
+def foreign_pod_message(pod: str, owners: Sequence[OwnerRef], sandbox: SandboxRef) -> str:
     """Why the pod at a Sandbox's pod name is not its own, as it is: a previous Sandbox of the
     same name not yet disposed (it clears by itself), another live Sandbox whose pod name this
     Sandbox's name is (it never clears: rename), or something else's pod."""
-    sandboxes = [o for o in owners if o.get("kind") == "Sandbox"]
-    if any(o.get("name") == sandbox.name for o in sandboxes):
+    sandboxes = [o for o in owners if o.kind == SANDBOX_KIND]
+    if any(o.name == sandbox.name for o in sandboxes):
         return (
             f"pod {pod} exists but belongs to a previous Sandbox named {sandbox.name} that was "
             "not disposed yet; this Sandbox is served once it is gone"
         )
     if sandboxes:
-        other = sandboxes[0].get("name")
+        other = sandboxes[0].name
         return (
             f"pod {pod} serves Sandbox {other}: this Sandbox's name is that Sandbox's pod name, so "
             f"it cannot be served while {other} lives; give this Sandbox another name"
         )
-    owner = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in owners) or "nothing"
+    owner = ", ".join(f"{o.kind or None}/{o.name or None}" for o in owners) or "nothing"
     return (
         f"pod {pod} exists and is not this Sandbox's (owned by {owner}); it is never adopted: "
         "delete it, or give this Sandbox another name"

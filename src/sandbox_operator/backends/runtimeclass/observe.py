@@ -18,7 +18,8 @@ from sandbox_operator.backends.base import (
     ServedBy,
 )
 from sandbox_operator.backends.runtimeclass.pods import CONTAINER_NAME
-from sandbox_operator.kubeapi import parse_time
+from sandbox_operator.contract import SANDBOX_KIND
+from sandbox_operator.views import ContainerStatusView, ObjectView, PodStatusView, PodView
 
 #: Waiting reasons that mean the container will not start without someone changing something.
 FATAL_WAITING_REASONS = frozenset(
@@ -62,17 +63,18 @@ def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
     says (cannot start, exited, ready), else still starting."""
     if pod is None:
         return Observation(ObservedPhase.ABSENT)
-    meta = pod.get("metadata") or {}
-    served = ServedBy(kind="Pod", name=meta.get("name", ""), namespace=meta.get("namespace", ""))
-    created = parse_time(meta.get("creationTimestamp"))
-    if meta.get("deletionTimestamp"):
+    view = PodView.of(pod)
+    meta = view.metadata
+    served = ServedBy(kind="Pod", name=meta.name, namespace=meta.namespace)
+    created = meta.created
+    if meta.deleting:
         return Observation(
             ObservedPhase.DISPOSING, served, "Terminating", "pod is being deleted", created
         )
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
-    statuses = status.get("containerStatuses") or []
-    container = next((c for c in statuses if c.get("name") == CONTAINER_NAME), None)
+    status = view.status
+    phase = status.phase
+    statuses = status.container_statuses
+    container = next((c for c in statuses if c.name == CONTAINER_NAME), None)
     if phase in ("Failed", "Succeeded"):
         observed = _pod_ended(phase, status, container)
     else:
@@ -81,68 +83,66 @@ def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
 
 
 def _pod_ended(
-    phase: str, status: Mapping[str, Any], container: Mapping[str, Any] | None
+    phase: str, status: PodStatusView, container: ContainerStatusView | None
 ) -> Observation:
     """A pod that ended (``Failed`` or ``Succeeded``): why, in the container's words first."""
-    term = ((container or {}).get("state") or {}).get("terminated") or {}
-    why = term.get("reason") or status.get("reason") or phase
+    term = container.terminated if container is not None else ContainerStatusView(None).terminated
+    why = term.get("reason") or status.reason or phase
     code = term.get("exitCode")
     msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
-    if status.get("message"):
-        msg += f": {status['message']}"
+    if status.message:
+        msg += f": {status.message}"
     return Observation(ObservedPhase.FAILED, detail_reason=str(why), message=msg)
 
 
 def _container_verdict(
-    container: Mapping[str, Any] | None, status: Mapping[str, Any]
+    container: ContainerStatusView | None, status: PodStatusView
 ) -> Observation | None:
     """What the sandbox container's state settles (cannot start, exited, ready), or None while
     it settles nothing."""
     if container is None:
         return None
-    state = container.get("state") or {}
-    waiting = state.get("waiting")
-    if waiting and waiting.get("reason") in FATAL_WAITING_REASONS:
+    waiting = container.waiting
+    if waiting and container.waiting_reason in FATAL_WAITING_REASONS:
         return _cannot_start(container, waiting)
-    terminated = state.get("terminated")
+    terminated = container.terminated
     if terminated:
         reason = str(terminated.get("reason") or "Terminated")
         msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
         return Observation(ObservedPhase.FAILED, detail_reason=reason, message=msg)
-    if state.get("running") is not None and container.get("ready"):
-        conditions = status.get("conditions") or []
-        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if container.running and container.ready:
+        ready = status.conditions.find("Ready")
         return Observation(
             ObservedPhase.READY,
             detail_reason="Running",
             message="pod is running",
-            ready_at=parse_time((ready or {}).get("lastTransitionTime")),
+            ready_at=None if ready is None else ready.since,
         )
     return None
 
 
-def _cannot_start(container: Mapping[str, Any], waiting: Mapping[str, Any]) -> Observation:
+def _cannot_start(container: ContainerStatusView, waiting: Mapping[str, Any]) -> Observation:
     """A container waiting for a reason that will not pass by itself (FATAL_WAITING_REASONS)."""
     reason = str(waiting["reason"])
     msg = f"container cannot start: {reason}"
     if reason in PULL_REASONS:
         # The kubelet's pull message names registry endpoints and resolvers: keep it out.
-        msg += f" (image {container.get('image') or 'unknown'} is not available to the node)"
+        msg += f" (image {container.image or 'unknown'} is not available to the node)"
     elif waiting.get("message"):
         msg += f": {str(waiting['message'])[:300]}"
     return Observation(ObservedPhase.STARTUP_FAILED, detail_reason=reason, message=msg)
 
 
 def _starting(
-    phase: str, status: Mapping[str, Any], container: Mapping[str, Any] | None
+    phase: str, status: PodStatusView, container: ContainerStatusView | None
 ) -> Observation:
     """Unschedulable or still creating: not (yet) fatal; the startup timeout bounds it."""
     detail = ""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            detail = f"not scheduled: {cond.get('reason', '')} {cond.get('message', '')}".strip()
-    if not detail and container and (container.get("state") or {}).get("waiting"):
-        detail = str(container["state"]["waiting"].get("reason") or "")
+    for cond in status.conditions:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            detail = f"not scheduled: {cond.reason} {cond.message}".strip()
+    if not detail and container is not None and container.waiting:
+        detail = container.waiting_reason
     return Observation(
         ObservedPhase.STARTING, detail_reason=detail or phase, message=detail or f"pod is {phase}"
     )
@@ -162,48 +162,42 @@ def missing_handler(events: Iterable[Mapping[str, Any]]) -> str | None:
 
 def awaits_pod_sandbox(pod: Mapping[str, Any], now: datetime) -> bool:
     """A pod bound to a node for a while whose containers the kubelet has not created yet."""
-    status = pod.get("status") or {}
-    if status.get("phase", "Pending") != "Pending" or not (pod.get("spec") or {}).get("nodeName"):
+    view = PodView.of(pod)
+    if view.status.phase != "Pending" or not view.node_name:
         return False
-    waiting = [
-        ((c.get("state") or {}).get("waiting") or {}).get("reason")
-        for c in status.get("containerStatuses") or []
-    ]
-    if any(reason not in (None, "ContainerCreating") for reason in waiting):
+    waiting = [c.waiting_reason for c in view.status.container_statuses]
+    if any(reason not in ("", "ContainerCreating") for reason in waiting):
         return False
-    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    created = view.metadata.created
     return created is not None and (now - created).total_seconds() >= SANDBOX_EVENTS_AFTER_SECONDS
 
 
 def foreign_claim(claim: Mapping[str, Any], uid: str) -> str:
     """Why a sandbox (Sandbox ``uid``) may not start on the work volume ``claim`` found under
     its name, or "": the claim belongs to another Sandbox, or is being deleted."""
-    meta = claim.get("metadata") or {}
-    name = meta.get("name", "")
-    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    meta = ObjectView(claim).metadata
+    name = meta.name
+    owners = [o.uid for o in meta.owner_references]
     if uid and uid not in owners:
         return (
             f"PersistentVolumeClaim {name} exists but belongs to another Sandbox (a previous one "
             "with this name that was not disposed yet)"
         )
-    if meta.get("deletionTimestamp"):
+    if meta.deleting:
         return f"PersistentVolumeClaim {name} is being deleted (a previous sandbox's work volume)"
     return ""
 
 
 def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
-    meta = obj.get("metadata") or {}
-    labels = dict(meta.get("labels") or {})
-    owner = next(
-        (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "Sandbox"),
-        "",
-    )
+    meta = ObjectView(obj).metadata
+    labels = dict(meta.labels)
+    owner = next((o.uid for o in meta.owner_references if o.kind == SANDBOX_KIND), "")
     return BackendObject(
         kind=kind,
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
+        name=meta.name,
+        namespace=meta.namespace,
         sandbox_name=labels.get(lbl.SANDBOX_LABEL, ""),
         owner_uid=owner,
-        deleting=bool(meta.get("deletionTimestamp")),
+        deleting=meta.deleting,
         labels=labels,
     )

@@ -26,6 +26,7 @@ from sandbox_operator.client.errors import (
     ExecStreamUnsupported,
     SandboxForbidden,
 )
+from sandbox_operator.views import SandboxView
 
 
 @dataclass
@@ -323,8 +324,8 @@ def pod_dataplane(
 def pod_factory(client: Any, obj: Mapping[str, Any], *, session: bool = False) -> DataPlane:
     """The data plane of a Sandbox served by a pod (``servedBy.kind: Pod``) in the client's own
     namespace, over the client's websocket API client (``client.ws_api``)."""
-    served = (obj.get("status") or {}).get("servedBy") or {}
-    namespace = served.get("namespace") or obj["metadata"]["namespace"]
+    served = SandboxView(obj).status.served_by
+    namespace = served.namespace or obj["metadata"]["namespace"]
     if namespace != client.namespace:
         raise DataPlaneError("the sandbox is served from another namespace")
     return pod_dataplane(client.ws_api, namespace, served["name"], session=session)

@@ -1,0 +1,67 @@
+"""The view of a Pod: what classifying, claiming and serving read of it.
+
+Why its own module: pods are read by the reconciler's views, the runtime-class driver, warm
+pools and the client; their status (phase, conditions, container states) has a shape of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_operator.views.conditions import Conditions
+from sandbox_operator.views.fields import Field, mapping, mapping_field, text, text_field, truthy
+from sandbox_operator.views.objects import ObjectView, Raw, nested
+
+
+class ContainerStatusView(Raw):
+    """One entry of a pod's ``status.containerStatuses``."""
+
+    __slots__ = ()
+    name = text_field()
+    ready = Field(truthy)
+    image = text_field()
+    state = mapping_field()
+
+    @property
+    def waiting(self) -> Mapping[str, Any]:
+        """``state.waiting``: empty when the container is not waiting."""
+        return mapping(self.state.get("waiting"))
+
+    @property
+    def waiting_reason(self) -> str:
+        """``state.waiting.reason``: empty when the container is not waiting or says no why."""
+        return text(self.waiting.get("reason"))
+
+    @property
+    def terminated(self) -> Mapping[str, Any]:
+        """``state.terminated`` (its ``reason``, ``exitCode``): empty while not terminated."""
+        return mapping(self.state.get("terminated"))
+
+    @property
+    def running(self) -> bool:
+        return self.state.get("running") is not None
+
+
+class PodStatusView(Raw):
+    """A pod's ``status``."""
+
+    __slots__ = ()
+    phase = Field(lambda v: text(v) or "Pending")
+    reason = text_field()
+    message = text_field()
+    pod_ip = text_field("podIP")
+    conditions = Field(Conditions)
+
+    @property
+    def container_statuses(self) -> list[ContainerStatusView]:
+        found = self._raw.get("containerStatuses") or ()
+        return [ContainerStatusView(cs) for cs in found if cs is not None]
+
+
+class PodView(ObjectView):
+    """A Pod."""
+
+    __slots__ = ()
+    status: Field[PodStatusView] = Field(nested(PodStatusView))
+    node_name = text_field(under="spec")
