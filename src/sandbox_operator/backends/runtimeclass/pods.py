@@ -198,16 +198,6 @@ def pod_manifest(
     instead of an emptyDir; ``/tmp`` stays an emptyDir either way."""
     pod = backend.pod
     work_dir = spec.work_dir
-    pod_security: dict[str, Any] = {
-        "runAsNonRoot": pod.run_as_non_root,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if pod.run_as_user is not None:
-        pod_security["runAsUser"] = pod.run_as_user
-    if pod.run_as_group is not None:
-        pod_security["runAsGroup"] = pod.run_as_group
-    if pod.fs_group is not None:
-        pod_security["fsGroup"] = pod.fs_group
     work_volume: dict[str, Any] = {"name": WORK_VOLUME, "emptyDir": {}}
     if work_claim is not None:
         work_volume = {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": work_claim}}
@@ -223,29 +213,7 @@ def pod_manifest(
         {"name": "SANDBOX_WORK_DIR", "value": work_dir},
     ]
     proxy = backend.egress_proxy
-    proxy_url = None
-    if proxy is not None and proxy.managed:
-        proxy_url = managed_proxy.url if managed_proxy is not None else None
-    elif proxy is not None:
-        proxy_url = proxy.url
-    if spec.egress is Egress.ALLOWLIST and proxy is not None and proxy_url:
-        for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
-            env.append({"name": var, "value": proxy_url})
-        if proxy.no_proxy:
-            env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
-        if proxy.managed and managed_proxy is not None and managed_proxy.intercepting:
-            env += proxy_ca_env()
-            mounts.append({"name": CA_VOLUME, "mountPath": CA_MOUNT_DIR, "readOnly": True})
-            # The proxy's ConfigMap, applied before any pod is given its address; only its CA
-            # keys are projected (not the proxy's configuration). Optional: never a pod stuck on
-            # a ConfigMap that is being re-applied.
-            items = [{"key": k, "path": k} for k in (CA_CERT_KEY, CA_BUNDLE_KEY)]
-            volumes.append(
-                {
-                    "name": CA_VOLUME,
-                    "configMap": {"name": PROXY_NAME, "items": items, "optional": True},
-                }
-            )
+    proxy_url = _wire_egress_proxy(spec, backend, managed_proxy, env, mounts, volumes)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -276,7 +244,7 @@ def pod_manifest(
         "hostIPC": False,
         "shareProcessNamespace": False,
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
-        "securityContext": pod_security,
+        "securityContext": _pod_security_context(pod),
         "containers": [container],
         "volumes": volumes,
         **dns_settings(spec, proxy_url),
@@ -289,6 +257,60 @@ def pod_manifest(
         assert managed_proxy is not None
         metadata.setdefault("annotations", {})[PROXY_ADDRESS_ANNOTATION] = managed_proxy.annotation
     return {"apiVersion": "v1", "kind": kubeobj.POD_KIND, "metadata": metadata, "spec": pod_spec}
+
+
+def _pod_security_context(pod: PodSettings) -> dict[str, Any]:
+    """The pod-level security context: never root (unless the backend says so), the runtime's
+    default seccomp profile, and the backend's user, group and fsGroup where set."""
+    found: dict[str, Any] = {
+        "runAsNonRoot": pod.run_as_non_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for key, value in (
+        ("runAsUser", pod.run_as_user),
+        ("runAsGroup", pod.run_as_group),
+        ("fsGroup", pod.fs_group),
+    ):
+        if value is not None:
+            found[key] = value
+    return found
+
+
+def _wire_egress_proxy(
+    spec: SandboxSpec,
+    backend: RuntimeClassBackendConfig,
+    managed_proxy: ProxyAddress | None,
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+) -> str | None:
+    """Point an allowlist pod at its egress proxy (the proxy variables, and for an intercepting
+    proxy its CA, mounted from the proxy's ConfigMap), adding to ``env``, ``mounts`` and
+    ``volumes``; the proxy's URL (None: the backend has none, or the managed one has no address
+    yet)."""
+    proxy = backend.egress_proxy
+    proxy_url = None
+    if proxy is not None and proxy.managed:
+        proxy_url = managed_proxy.url if managed_proxy is not None else None
+    elif proxy is not None:
+        proxy_url = proxy.url
+    if spec.egress is not Egress.ALLOWLIST or proxy is None or not proxy_url:
+        return proxy_url
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        env.append({"name": var, "value": proxy_url})
+    if proxy.no_proxy:
+        env += [{"name": v, "value": proxy.no_proxy} for v in ("NO_PROXY", "no_proxy")]
+    if proxy.managed and managed_proxy is not None and managed_proxy.intercepting:
+        env += proxy_ca_env()
+        mounts.append({"name": CA_VOLUME, "mountPath": CA_MOUNT_DIR, "readOnly": True})
+        # The proxy's ConfigMap, applied before any pod is given its address; only its CA keys
+        # are projected (not the proxy's configuration). Optional: never a pod stuck on a
+        # ConfigMap that is being re-applied.
+        items = [{"key": k, "path": k} for k in (CA_CERT_KEY, CA_BUNDLE_KEY)]
+        volumes.append(
+            {"name": CA_VOLUME, "configMap": {"name": PROXY_NAME, "items": items, "optional": True}}
+        )
+    return proxy_url
 
 
 def proxy_ca_env() -> list[dict[str, str]]:
