@@ -5,7 +5,14 @@
 #
 #   operator/build-image.sh build     build (or reuse) the OCI archive; prints "<ref> <tarball>"
 #   operator/build-image.sh import    build, then import into containerd's k8s.io namespace
+#   operator/build-image.sh import-keyed
+#                                     the same, printing "<keyed ref> <tarball>"
 #   operator/build-image.sh ref       print the image reference only
+#
+# The archive names the image twice: "<repo>:<version>", the tag a plain `helm install` of the
+# chart runs (shared: the last import wins), and "<repo>:<version>-<content key>", a tag only this
+# content has. Tests and benchmarks run the keyed one, so checkouts testing side by side on one
+# machine never run one another's operator.
 #
 # Three layers, each cached under $CACHE/images keyed by a hash of what it is made of:
 #   1. Debian rootfs: python3 and its dependency closure, from .debs unpacked (no maintainer
@@ -157,6 +164,8 @@ PY
 }
 
 image_ref() { echo "$REPO:$(version)"; }
+# The tag only this archive's content has (its content key is in the archive's name).
+keyed_ref() { local key="${1##*/operator-}"; echo "$REPO:$(version)-${key%.tar}"; }
 
 build() {
   need umoci apt-cache sha256sum
@@ -165,6 +174,7 @@ build() {
   dkey="$(debian_key)"; pkey="$(deps_key)"; akey="$(app_key)"
   key="$(printf '%s %s %s %s' "$dkey" "$pkey" "$akey" "$(version)" | short)"
   ref="$(image_ref)"; out="$IMAGES/operator-$key.tar"
+  local keyed; keyed="$(keyed_ref "$out")"
   if [[ -s "$out" ]]; then
     log "$ref cached ($out)"
     echo "$ref $out"; return
@@ -188,13 +198,17 @@ build() {
     --config.label "org.opencontainers.image.title=sandbox-operator" \
     --config.label "org.opencontainers.image.version=$tag" \
     --config.label "dev.sandbox-operator.content-key=$key"
-  # containerd names an imported image after this annotation on the index entry.
-  "$PYTHON" - "$layout/index.json" "$ref" <<'PY'
+  # containerd names an imported image after this annotation on an index entry: one entry per
+  # name, the same manifest under both.
+  "$PYTHON" - "$layout/index.json" "$ref" "$keyed" <<'PY'
 import json, sys
-path, ref = sys.argv[1], sys.argv[2]
+path, refs = sys.argv[1], sys.argv[2:]
 index = json.load(open(path))
-for m in index["manifests"]:
-    m.setdefault("annotations", {})["io.containerd.image.name"] = ref
+index["manifests"] = [
+    {**m, "annotations": {**m.get("annotations", {}), "io.containerd.image.name": ref}}
+    for m in index["manifests"]
+    for ref in refs
+]
 json.dump(index, open(path, "w"))
 PY
   tar -C "$layout" -cf "$out.tmp" . && mv "$out.tmp" "$out"
@@ -223,13 +237,17 @@ import_image() {
     || die "ctr could not import $out"
   local present
   present="$(ctr --address "$addr" -n k8s.io images ls -q)"  # not piped into grep -q: SIGPIPE
-  grep -qx "$ref" <<<"$present" || die "$ref is not in containerd after importing $out"
-  echo "$ref $out"
+  local name
+  for name in "$ref" "$(keyed_ref "$out")"; do
+    grep -qx "$name" <<<"$present" || die "$name is not in containerd after importing $out"
+  done
+  if [[ "${1:-}" == keyed ]]; then echo "$(keyed_ref "$out") $out"; else echo "$ref $out"; fi
 }
 
 case "${1:-build}" in
   build) build ;;
   import) import_image ;;
+  import-keyed) import_image keyed ;;
   ref) image_ref ;;
-  *) echo "usage: $0 [build|import|ref]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|import|import-keyed|ref]" >&2; exit 2 ;;
 esac

@@ -398,3 +398,21 @@ async def test_a_resume_is_asked_as_the_client_asks_it() -> None:
     assert kind == "application/merge-patch+json"
     stamp = idle_body["metadata"]["annotations"]["sandbox-operator.dev/last-activity"]
     assert stamp == "2999-01-01T00:00:01Z"
+
+
+async def test_the_router_is_synced_only_once_every_watch_has_listed() -> None:
+    """Before every watch's first list is in the view, an absent Sandbox may be one not listed
+    yet: the router serves (and answers its probes) only after the last of them (a 404 for a
+    Ready Sandbox was answered on a loaded machine otherwise)."""
+    from kubernetes_asyncio import client as k8s
+
+    from sandbox_operator.router.kube import KubeSandboxes
+
+    kube = KubeSandboxes(k8s.ApiClient(), View(), ("a", "b"))
+    for kind, ns in (("sandboxes", "a"), ("pods", "a"), ("sandboxes", "b")):
+        kube._listed(kind, ns)
+        assert not kube.synced.is_set()
+    kube._listed("sandboxes", "a")  # listed again after a failed watch: nothing new
+    assert not kube.synced.is_set()
+    kube._listed("pods", "b")
+    assert kube.synced.is_set()

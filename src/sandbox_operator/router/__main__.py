@@ -39,6 +39,12 @@ async def run(config: RouterConfig, kubeconfig: str | None = None) -> None:
         ),
     )
     watches = asyncio.create_task(kube.run())
+    # Serve (and so answer /healthz, the probes') only once the view holds every listed object.
+    synced = asyncio.create_task(kube.synced.wait())
+    await asyncio.wait((watches, synced), return_when=asyncio.FIRST_COMPLETED)
+    if watches.done():
+        synced.cancel()
+        watches.result()  # raises what ended the watches
     server = await router.serve(config.listen_host, config.listen_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -42,12 +42,21 @@ class KubeSandboxes:
         self._core = k8s.CoreV1Api(api)
         self._view = view
         self._namespaces = namespaces
+        scopes: tuple[str | None, ...] = namespaces or (None,)
+        self._watched = [(kind, ns) for ns in scopes for kind in ("sandboxes", "pods")]
+        self._unlisted = set(self._watched)
+        #: Set once every watch's first list is in the view: before it, an absent Sandbox may
+        #: only be one not listed yet, so the router does not serve (a 404 would be a lie).
+        self.synced = asyncio.Event()
 
     async def run(self) -> None:
         """Keep every watch going until cancelled."""
-        scopes: tuple[str | None, ...] = self._namespaces or (None,)
-        watches = [self._keep(kind, ns) for ns in scopes for kind in ("sandboxes", "pods")]
-        await asyncio.gather(*watches)
+        await asyncio.gather(*(self._keep(kind, ns) for kind, ns in self._watched))
+
+    def _listed(self, kind: str, namespace: str | None) -> None:
+        self._unlisted.discard((kind, namespace))
+        if not self._unlisted:
+            self.synced.set()
 
     def _list_call(
         self, kind: str, namespace: str | None
@@ -72,6 +81,7 @@ class KubeSandboxes:
             try:
                 listed = self._plain(await call(*args, **options))
                 replace(namespace, list(listed.get("items") or ()))
+                self._listed(kind, namespace)
                 version = (listed.get("metadata") or {}).get("resourceVersion")
                 stream = watch.Watch().stream(
                     call,
