@@ -19,7 +19,7 @@ backend and the egress proxy can all take views.
 from __future__ import annotations
 
 from sandbox_operator.views.conditions import Conditions, ConditionView
-from sandbox_operator.views.objects import MetaView, ObjectView, OwnerRef
+from sandbox_operator.views.objects import ListView, MetaView, ObjectView, OwnerRef, WatchEvent
 from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
 from sandbox_operator.views.resources import (
     EgressEditRefusalView,
@@ -40,6 +40,7 @@ __all__ = [
     "ContainerStatusView",
     "EgressEditRefusalView",
     "EgressStatusView",
+    "ListView",
     "MetaView",
     "ObjectView",
     "OwnerRef",
@@ -53,4 +54,5 @@ __all__ = [
     "ServedRef",
     "StatusView",
     "WarmPoolStatusView",
+    "WatchEvent",
 ]

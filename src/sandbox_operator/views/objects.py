@@ -18,6 +18,7 @@ from sandbox_operator.views.fields import (
     count_field,
     mapping,
     mapping_field,
+    raw_field,
     sequence,
     text_field,
     timestamp,
@@ -133,6 +134,23 @@ class ObjectView(Raw):
     def key(self) -> tuple[str, str]:
         """(namespace, name)."""
         return self.metadata.namespace, self.metadata.name
+
+
+class ListView(ObjectView):
+    """A list answer (``…List``): its items as the wire holds them, and the list's
+    ``metadata.resourceVersion`` a watch starts from."""
+
+    __slots__ = ()
+    objects: Field[Sequence[Any]] = Field(sequence, "items")
+
+
+class WatchEvent(Raw):
+    """One event of a watch stream: its type (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR) and
+    the object as the stream decoded it."""
+
+    __slots__ = ()
+    type = text_field()
+    object = raw_field()
 
 
 def nested(view: type[R]) -> Callable[[object], R]:
