@@ -31,6 +31,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import judge
+from sandbox_operator.views import EventView
 
 KEY = SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/coder")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -463,8 +464,8 @@ async def test_observe_follows_a_pod_recorded_under_an_older_name():
 
 
 def test_a_missing_runtime_handler_is_read_from_the_kubelets_events():
-    def event(message: str, reason: str = "FailedCreatePodSandBox") -> dict:
-        return {"reason": reason, "message": message}
+    def event(message: str, reason: str = "FailedCreatePodSandBox") -> EventView:
+        return EventView({"reason": reason, "message": message})
 
     containerd = (
         "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "

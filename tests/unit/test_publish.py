@@ -24,6 +24,7 @@ from sandbox_operator.reconcile.publish import (
     publish_until_done,
     published_backends,
 )
+from sandbox_operator.views import NamespaceView
 from tests.fixtures.operator import local_config
 
 
@@ -96,8 +97,8 @@ def test_served_namespaces_are_kopfs(
     assert [n for n in not_served if scope.serves(n)] == []
 
 
-def _namespace(name: str, phase: str = "Active") -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": {"phase": phase}}
+def _namespace(name: str, phase: str = "Active") -> NamespaceView:
+    return NamespaceView({"metadata": {"name": name}, "status": {"phase": phase}})
 
 
 async def test_the_namespace_watch_wants_each_served_live_namespace() -> None:

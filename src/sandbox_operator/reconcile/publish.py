@@ -37,6 +37,7 @@ from sandbox_operator.contract.published import (
 )
 from sandbox_operator.kubecalls import call_json, list_then_watch, read_or_none
 from sandbox_operator.reconcile.namespaces import ServedNamespaces
+from sandbox_operator.views import NamespaceView
 
 log = logging.getLogger(__name__)
 
@@ -232,21 +233,20 @@ async def publish_until_done(
     await pending.work(until_empty=True)
 
 
-def _active_name(namespace: Mapping[str, Any]) -> str | None:
+def _active_name(namespace: NamespaceView) -> str | None:
     """A namespace's name, None while it terminates (nothing can be created in it)."""
-    if (namespace.get("status") or {}).get("phase") == "Terminating":
+    if namespace.terminating:
         return None
-    name = kubeobj.meta(namespace).get("name")
-    return str(name) if name else None
+    return namespace.metadata.name or None
 
 
 def follow_namespaces(
     pending: Pending, served: ServedNamespaces
-) -> tuple[Callable[[list[dict[str, Any]]], None], Callable[[str, dict[str, Any]], None]]:
+) -> tuple[Callable[[list[NamespaceView]], None], Callable[[str, NamespaceView], None]]:
     """The namespace watch's two callbacks: a (re)list wants every served live namespace and
     forgets the rest; a change wants a new served namespace and forgets a deleted one."""
 
-    def listed(items: list[dict[str, Any]]) -> None:
+    def listed(items: list[NamespaceView]) -> None:
         live = {n for item in items if (n := _active_name(item)) and served.serves(n)}
         for gone in pending.known() - live:
             pending.forget(gone)
@@ -259,8 +259,8 @@ def follow_namespaces(
             len(live - pending.current),
         )
 
-    def changed(kind: str, item: dict[str, Any]) -> None:
-        name = str(kubeobj.meta(item).get("name") or "")
+    def changed(kind: str, item: NamespaceView) -> None:
+        name = item.metadata.name
         if not name or not served.serves(name):
             return
         if kind == "DELETED" or _active_name(item) is None:
@@ -300,5 +300,11 @@ async def publish_into_served(api: Any, served: ServedNamespaces, text: str) -> 
     core = client.CoreV1Api(api)
     await asyncio.gather(
         pending.work(until_empty=False),
-        list_then_watch(core.list_namespace, on_list=listed, on_change=changed, what="namespaces"),
+        list_then_watch(
+            core.list_namespace,
+            view=NamespaceView,
+            on_list=listed,
+            on_change=changed,
+            what="namespaces",
+        ),
     )

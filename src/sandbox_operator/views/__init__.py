@@ -18,8 +18,21 @@ backend and the egress proxy can all take views.
 
 from __future__ import annotations
 
+from sandbox_operator.views.admission import (
+    AdmissionPolicyView,
+    PolicyBindingView,
+    SelfSubjectReviewView,
+)
 from sandbox_operator.views.conditions import Conditions, ConditionView
-from sandbox_operator.views.objects import ListView, MetaView, ObjectView, OwnerRef, WatchEvent
+from sandbox_operator.views.core import EventView, NamespaceView, ObjectRefView
+from sandbox_operator.views.objects import (
+    ListView,
+    ManagedFieldsEntry,
+    MetaView,
+    ObjectView,
+    OwnerRef,
+    WatchEvent,
+)
 from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
 from sandbox_operator.views.resources import (
     EgressEditRefusalView,
@@ -35,22 +48,29 @@ from sandbox_operator.views.resources import (
 )
 
 __all__ = [
+    "AdmissionPolicyView",
     "ConditionView",
     "Conditions",
     "ContainerStatusView",
     "EgressEditRefusalView",
     "EgressStatusView",
+    "EventView",
     "ListView",
+    "ManagedFieldsEntry",
     "MetaView",
+    "NamespaceView",
+    "ObjectRefView",
     "ObjectView",
     "OwnerRef",
     "PodStatusView",
     "PodView",
+    "PolicyBindingView",
     "SandboxScopeView",
     "SandboxStatusView",
     "SandboxView",
     "SandboxWarmPoolView",
     "ScopeStatusView",
+    "SelfSubjectReviewView",
     "ServedRef",
     "StatusView",
     "WarmPoolStatusView",

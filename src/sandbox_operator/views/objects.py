@@ -70,6 +70,16 @@ class OwnerRef(Raw):
     controller = Field(lambda v: v is True)
 
 
+class ManagedFieldsEntry(Raw):
+    """One entry of ``metadata.managedFields``: who wrote, when, and to which subresource."""
+
+    __slots__ = ()
+    manager = text_field()
+    subresource = text_field()
+    #: ``time`` parsed (memoised per string).
+    time = Field(timestamp)
+
+
 class MetaView(Raw):
     """An object's ``metadata``: identity, version, labels, annotations, owners, finalizers and
     the two timestamps (each parsed once for this view)."""
@@ -95,6 +105,11 @@ class MetaView(Raw):
     @property
     def owner_references(self) -> list[OwnerRef]:
         return [OwnerRef(o) for o in sequence(self._raw.get("ownerReferences")) if o is not None]
+
+    @property
+    def managed_fields(self) -> list[ManagedFieldsEntry]:
+        found = sequence(self._raw.get("managedFields"))
+        return [ManagedFieldsEntry(m) for m in found if m is not None]
 
     @property
     def created(self) -> datetime | None:

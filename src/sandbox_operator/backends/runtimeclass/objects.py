@@ -47,6 +47,8 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
+from sandbox_operator.views import EventView, ListView, ObjectView
+from sandbox_operator.views.fields import mapping
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -261,22 +263,20 @@ class RuntimeClassObjects:
             ) from None
         return True
 
-    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[EventView] | None:
         """The kubelet's ``FailedCreatePodSandBox`` events of ``pod``; None when unreadable."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = kubeobj.meta(pod)
+        meta = ObjectView(pod).metadata
         try:
             listed = await self._core.list_namespaced_event(
-                meta.get("namespace", ""),
-                field_selector=f"involvedObject.uid={meta.get('uid', '')},"
-                "reason=FailedCreatePodSandBox",
+                meta.namespace,
+                field_selector=f"involvedObject.uid={meta.uid},reason=FailedCreatePodSandBox",
             )
         except ApiException as exc:
-            log.warning("cannot read the events of pod %s (HTTP %s)", meta.get("name"), exc.status)
+            log.warning("cannot read the events of pod %s (HTTP %s)", meta.name, exc.status)
             return None
-        events: list[dict[str, Any]] = self._sanitize(listed).get("items") or []
-        return events
+        return [EventView(mapping(e)) for e in ListView(self._sanitize(listed)).objects]
 
     # ---- deleting and listing -------------------------------------------------------------
 

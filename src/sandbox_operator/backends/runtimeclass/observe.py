@@ -19,7 +19,13 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.backends.runtimeclass.pods import CONTAINER_NAME
 from sandbox_operator.contract import SANDBOX_KIND
-from sandbox_operator.views import ContainerStatusView, ObjectView, PodStatusView, PodView
+from sandbox_operator.views import (
+    ContainerStatusView,
+    EventView,
+    ObjectView,
+    PodStatusView,
+    PodView,
+)
 
 #: Waiting reasons that mean the container will not start without someone changing something.
 FATAL_WAITING_REASONS = frozenset(
@@ -148,13 +154,13 @@ def _starting(
     )
 
 
-def missing_handler(events: Iterable[Mapping[str, Any]]) -> str | None:
+def missing_handler(events: Iterable[EventView]) -> str | None:
     """The runtime handler a node lacks, as its container runtime told the kubelet, if so."""
     for event in events:
-        if event.get("reason") != "FailedCreatePodSandBox":
+        if event.reason != "FailedCreatePodSandBox":
             continue
         for pattern in MISSING_HANDLER_PATTERNS:
-            found = pattern.search(str(event.get("message") or ""))
+            found = pattern.search(event.message)
             if found:
                 return found.group(1).strip("\"'")
     return None
