@@ -16,7 +16,8 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.reconcile.handlers import NoDiffBase, NoProgress
 from sandbox_operator.reconcile.metadata import annotations_fit
 from sandbox_operator.reconcile.runtime import FINALIZER
-from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE, Views
+from sandbox_operator.reconcile.slim import ANNOTATIONS_SIZE
+from sandbox_operator.reconcile.views import Views
 from tests.fixtures.chart import template
 from tests.fixtures.reconcile import NS, SPEC, cond, finalize_sandbox, reconcile_sandbox
 

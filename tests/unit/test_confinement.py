@@ -21,7 +21,7 @@ from sandbox_operator.backends.confinement import (
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, pod_manifest
 from sandbox_operator.config import RuntimeClassBackendConfig
 from sandbox_operator.contract import SandboxSpec
-from sandbox_operator.reconcile.views import slim_pod
+from sandbox_operator.reconcile.slim import slim_pod
 from tests.fixtures.backends import gvisor_backend
 
 SPEC = SandboxSpec.model_validate({"kind": "python", "image": "sandbox-operator.dev/python:1"})

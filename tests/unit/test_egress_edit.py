@@ -359,7 +359,7 @@ def test_the_views_keep_what_an_egress_edit_pass_reads() -> None:
     """The operator's passes read a Sandbox from its views: lists or a record the view dropped
     would make every pass see an edit from none (judged again, written again) and lose the
     generation a refusal keeps."""
-    from sandbox_operator.reconcile.views import slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
 
     kept = {**ENFORCED, "admittedEgressRules": [RULE], "egressEditRefused": {"generation": 2}}
     slim = slim_sandbox({"metadata": {"name": "a", "namespace": "ns"}, "status": kept})

@@ -19,6 +19,7 @@ from sandbox_operator.backends.egress_proxy_objects import CREDENTIALS_BINDING
 from sandbox_operator.config import ManagedEgressProxySettings, parse_config
 from sandbox_operator.contract import API_VERSION, ConfigurationError
 from sandbox_operator.egress.config import ProxyConfig
+from sandbox_operator.views import PodView
 
 IMAGE = "sandbox-operator.dev/operator:0.1.0"
 BACKEND = {
@@ -696,8 +697,8 @@ def _driver(pod: dict[str, Any], problem: str) -> Any:
             self._proxy = Proxy()  # type: ignore[assignment]
             self.checks = checks
 
-        async def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
-            return pod
+        async def _read_pod(self, namespace: str, name: str) -> PodView:
+            return PodView(pod)
 
     return Driver()
 

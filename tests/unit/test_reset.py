@@ -235,7 +235,7 @@ def test_a_reset_wait_ends_only_on_ready_for_the_new_count() -> None:
 def test_the_views_keep_what_a_reset_pass_reads() -> None:
     """The operator's passes read a Sandbox from its views: a status field the view dropped
     would make every pass see no reset served yet, and reset again (deleting the new pod)."""
-    from sandbox_operator.reconcile.views import slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
 
     obj = sandbox({**SPEC, "resets": 2}, {"resets": 2, "resetAt": rfc(NOW), "resetRefused": "x"})
     slim = slim_sandbox(obj)

@@ -17,7 +17,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
+from sandbox_operator.reconcile.slim import ANNOTATIONS_SIZE
 from sandbox_operator.views import MetaView, SandboxView
 
 log = logging.getLogger(__name__)
@@ -25,16 +25,16 @@ log = logging.getLogger(__name__)
 
 async def ensure_metadata(
     rt: Runtime,
-    obj: dict[str, Any],
+    obj: SandboxView,
     scope: compute.ScopeResolution,
     key: SandboxKey | None,
     kind: str,
-) -> dict[str, Any] | None:
+) -> SandboxView | None:
     """The finalizer, and (once the scope gives the key) the key and kind labels and the key
     annotations, in one patch and only when something is missing. Returns the object as it is
     now."""
-    meta = SandboxView(obj).metadata
-    name = str(meta["name"])
+    meta = obj.metadata
+    name = meta.name
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if key is not None and scope.spec is not None:
@@ -57,7 +57,7 @@ async def ensure_metadata(
     async def patch(annotations: dict[str, str]) -> dict[str, Any] | None:
         return await rt.kube.patch_metadata(
             SANDBOX_PLURAL,
-            str(meta["namespace"]),
+            meta.namespace,
             name,
             labels,
             annotations,
@@ -75,7 +75,7 @@ async def ensure_metadata(
         log.warning(
             "sandbox %s/%s: its annotations leave no room for the key annotations; "
             "labelled without them",
-            meta["namespace"],
+            meta.namespace,
             name,
         )
         patched = await patch({})

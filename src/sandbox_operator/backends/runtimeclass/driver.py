@@ -70,7 +70,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json
-from sandbox_operator.views import MetaView, OwnerRef, PodView
+from sandbox_operator.views import MetaView, ObjectView, OwnerRef, PodView
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -111,8 +111,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
         self._poll = poll_interval
         # The operator's watched views of its pods and NetworkPolicies (``use_views``). Without
         # them (tools, tests) every read goes to the API server, as a one-off caller expects.
-        self._pods: WatchedObjects | None = None
-        self._network_policies: WatchedObjects | None = None
+        self._pods: WatchedObjects[PodView] | None = None
+        self._network_policies: WatchedObjects[ObjectView] | None = None
 
     async def start(self, notify: Callable[[str, str], None]) -> None:
         """With a managed egress proxy: look at each namespace's proxy Service periodically
@@ -124,7 +124,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
         def changed(namespace: str) -> None:
             for pod in pods:
-                meta = PodView(pod).metadata
+                meta = pod.metadata
                 if meta.namespace != namespace:
                     continue
                 if PROXY_ADDRESS_ANNOTATION not in meta.annotations:
@@ -147,9 +147,9 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
     def use_views(
         self,
-        pods: WatchedObjects,
-        network_policies: WatchedObjects,
-        claims: WatchedObjects | None = None,
+        pods: WatchedObjects[PodView],
+        network_policies: WatchedObjects[ObjectView],
+        claims: WatchedObjects[ObjectView] | None = None,
     ) -> None:
         """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
         with ``spec.storage``) from the operator's watched views from now on, and put what this
@@ -303,14 +303,14 @@ class RuntimeClassDriver(RuntimeClassObjects):
             )
         return ServedBy(POD, name, ns)
 
-    def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
+    def _claimed_pod(self, sandbox: SandboxRef) -> PodView | None:
         """A pod claimed from a warm pool for the sandbox (another name than its own): found in
         the views by the sandbox label and its owner, even before status.servedBy records it."""
         if self._pods is None or not sandbox.uid:
             return None
         value = lbl.sandbox_label_value(sandbox.name)
         for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
-            meta = PodView(pod).metadata
+            meta = pod.metadata
             if lbl.POOL_LABEL not in meta.labels:
                 continue
             if any(o.uid == sandbox.uid for o in meta.owner_references):

@@ -47,7 +47,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
-from sandbox_operator.views import EventView, ListView, ObjectView
+from sandbox_operator.views import EventView, ListView, ObjectView, PodView
 from sandbox_operator.views.fields import mapping
 
 #: The package's logger (the name it had when the package was one module).
@@ -88,9 +88,9 @@ class RuntimeClassObjects:
     _net: Any
     _dispose_timeout: float
     _poll: float
-    _pods: WatchedObjects | None = None
-    _network_policies: WatchedObjects | None = None
-    _claims: WatchedObjects | None = None
+    _pods: WatchedObjects[PodView] | None = None
+    _network_policies: WatchedObjects[ObjectView] | None = None
+    _claims: WatchedObjects[ObjectView] | None = None
     _proxy_settings: ManagedEgressProxySettings | None = None
 
     def _bind_api(self, api: Any) -> None:
@@ -111,10 +111,11 @@ class RuntimeClassObjects:
 
     # ---- creating and reading -------------------------------------------------------------
 
-    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _read_pod(self, namespace: str, name: str) -> PodView | None:
         if self._pods is not None:
             return self._pods.get(namespace, name)
-        return await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
+        found = await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
+        return None if found is None else PodView(found)
 
     async def ensure_network_policy(self, request: EnsureRequest) -> None:
         """The NetworkPolicy that confines the request's pod (the namespace's policy of this
@@ -123,18 +124,16 @@ class RuntimeClassObjects:
         Raises :class:`StartupError` when the API server refuses it."""
         await self.ensure_egress_policy(request.sandbox.namespace, request.spec.egress)
 
-    def egress_policy_current(self, policy: Mapping[str, Any]) -> bool:
+    def egress_policy_current(self, policy: ObjectView) -> bool:
         """Whether a namespace's egress policy of this backend (as the views or a watch event
         hold it) is the one :func:`build_egress_policy` makes now."""
         key = egress_policy_key(policy)
         if key is None or key[0] != self.name:
             return True  # not ours to judge
-        meta = kubeobj.meta(policy)
-        want = build_egress_policy(
-            str(meta.get("namespace", "")), key[1], self._config, self._proxy_settings
-        )
-        return meta.get("name") == want["metadata"]["name"] and not policy_spec_differs(
-            policy.get("spec"), want["spec"]
+        meta = policy.metadata
+        want = build_egress_policy(meta.namespace, key[1], self._config, self._proxy_settings)
+        return meta.name == want["metadata"]["name"] and not policy_spec_differs(
+            policy.spec, want["spec"]
         )
 
     async def ensure_egress_policy(self, namespace: str, egress: Egress) -> None:
@@ -172,12 +171,14 @@ class RuntimeClassObjects:
         meta = want["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
+            have: ObjectView | None
             if self._network_policies is not None:
                 have = self._network_policies.get(ns, name)
             else:
-                have = await read_or_none(
+                found = await read_or_none(
                     self._api, self._net.read_namespaced_network_policy, name, ns
                 )
+                have = None if found is None else ObjectView(found)
             if have is None:
                 answer = await call_json(self._net.create_namespaced_network_policy, ns, want)
             elif self.egress_policy_current(have):
@@ -185,7 +186,7 @@ class RuntimeClassObjects:
             else:
                 body = {
                     **want,
-                    "metadata": {**meta, "resourceVersion": have["metadata"]["resourceVersion"]},
+                    "metadata": {**meta, "resourceVersion": have.metadata.resource_version},
                 }
                 answer = await call_json(
                     self._net.replace_namespaced_network_policy, name, ns, body
@@ -230,8 +231,8 @@ class RuntimeClassObjects:
                         f"(HTTP {exc.status}): {api_message(exc)[:500]}",
                     ) from None
             try:
-                existing = await call_json(
-                    self._core.read_namespaced_persistent_volume_claim, name, ns
+                existing = ObjectView(
+                    await call_json(self._core.read_namespaced_persistent_volume_claim, name, ns)
                 )
             except ApiException as exc:
                 if exc.status == 404:  # deleted between our create and read: the next pass
