@@ -379,13 +379,13 @@ def test_proxy_address_round_trips() -> None:
         assert ep.ProxyAddress.parse(bad) is None, bad
 
 
-def _pod(annotation: str | None, *, phase: str = "Running", deleting: bool = False) -> dict:
+def _pod(annotation: str | None, *, phase: str = "Running", deleting: bool = False) -> PodView:
     meta: dict[str, Any] = {"annotations": {}}
     if annotation is not None:
         meta["annotations"][ep.PROXY_ADDRESS_ANNOTATION] = annotation
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": phase}}
+    return PodView({"metadata": meta, "status": {"phase": phase}})
 
 
 def test_recorded_address_is_what_live_pods_were_given() -> None:

@@ -24,7 +24,14 @@ from sandbox_operator.views.admission import (
     SelfSubjectReviewView,
 )
 from sandbox_operator.views.conditions import Conditions, ConditionView
-from sandbox_operator.views.core import EventView, NamespaceView, ObjectRefView
+from sandbox_operator.views.core import (
+    DeleteAnswerView,
+    EventView,
+    NamespaceView,
+    ObjectRefView,
+    ServiceView,
+    StatusDetailsView,
+)
 from sandbox_operator.views.objects import (
     ListView,
     ManagedFieldsEntry,
@@ -52,6 +59,7 @@ __all__ = [
     "ConditionView",
     "Conditions",
     "ContainerStatusView",
+    "DeleteAnswerView",
     "EgressEditRefusalView",
     "EgressStatusView",
     "EventView",
@@ -72,6 +80,8 @@ __all__ = [
     "ScopeStatusView",
     "SelfSubjectReviewView",
     "ServedRef",
+    "ServiceView",
+    "StatusDetailsView",
     "StatusView",
     "WarmPoolStatusView",
     "WatchEvent",

@@ -7,7 +7,7 @@ reports; each reads a few fields of objects that are not the operator's own.
 
 from __future__ import annotations
 
-from sandbox_operator.views.fields import Field, text_field
+from sandbox_operator.views.fields import Field, mapping, optional_int, sequence, text, text_field
 from sandbox_operator.views.objects import ObjectView, Raw, nested
 
 
@@ -28,6 +28,46 @@ class EventView(ObjectView):
     reason = text_field()
     message = text_field()
     involved_object: Field[ObjectRefView] = Field(nested(ObjectRefView))
+
+
+class StatusDetailsView(Raw):
+    """A Status answer's ``details``: which object the answer is about."""
+
+    __slots__ = ()
+    kind = text_field()
+    name = text_field()
+    uid = text_field()
+
+
+class DeleteAnswerView(ObjectView):
+    """What a delete answers: a ``Status`` (the object is gone), or the object as it is now
+    (being deleted: in its grace period, or held by a finalizer)."""
+
+    __slots__ = ()
+    details: Field[StatusDetailsView] = Field(nested(StatusDetailsView))
+
+    @property
+    def is_status(self) -> bool:
+        return self.kind == "Status"
+
+
+class ServiceView(ObjectView):
+    """A Service: its cluster IP and first port (the egress proxy's address)."""
+
+    __slots__ = ()
+    ports = Field(sequence, under="spec")
+
+    @property
+    def cluster_ip(self) -> str:
+        """``spec.clusterIP`` ("None" for a headless Service; empty when unset). The client
+        model's serialization names it ``cluster_ip``, also read."""
+        spec = self.spec
+        return text(spec.get("clusterIP") or spec.get("cluster_ip"))
+
+    @property
+    def first_port(self) -> int | None:
+        """``spec.ports[0].port``: None when the Service declares none."""
+        return optional_int(mapping(self.ports[0]).get("port")) if self.ports else None
 
 
 class NamespaceView(ObjectView):

@@ -18,6 +18,7 @@ from sandbox_operator.views.fields import (
     count_field,
     mapping,
     mapping_field,
+    optional_int,
     raw_field,
     sequence,
     text_field,
@@ -97,6 +98,8 @@ class MetaView(Raw):
     creation_timestamp = text_field()
     #: Whether the object is being deleted (its ``deletionTimestamp`` is set).
     deleting = Field(truthy, "deletionTimestamp")
+    #: ``deletionGracePeriodSeconds``: None when not being deleted (or not said).
+    deletion_grace_period_seconds: Field[int | None] = Field(optional_int)
 
     def __init__(self, raw: Mapping[str, Any] | None) -> None:
         super().__init__(raw)

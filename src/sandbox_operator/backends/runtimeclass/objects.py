@@ -15,8 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.backends.base import (
     BackendObject,
     DisposalError,
@@ -47,7 +47,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
-from sandbox_operator.views import EventView, ListView, ObjectView, PodView
+from sandbox_operator.views import DeleteAnswerView, EventView, ListView, ObjectView, PodView
 from sandbox_operator.views.fields import mapping
 
 #: The package's logger (the name it had when the package was one module).
@@ -63,16 +63,16 @@ def _delete_options(kind: str, grace: int | None) -> dict[str, Any]:
     return {"grace_period_seconds": grace}
 
 
-def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
+def deletion_landed(kind: str, answer: DeleteAnswerView) -> bool:
     """Whether a delete's answer says the object is gone from the API server: a Status, or the
     object as it was last with no finalizer left and no grace period (what a pod deleted with no
     grace period answers: its final state, deletionTimestamp set, already removed)."""
-    if answer.get("kind") == "Status":
+    if answer.is_status:
         return True
-    meta = kubeobj.meta(answer)
-    if answer.get("kind") != kind or meta.get("finalizers"):
+    meta = answer.metadata
+    if answer.kind != kind or meta.finalizers:
         return False
-    return not meta.get("deletionTimestamp") or meta.get("deletionGracePeriodSeconds") == 0
+    return not meta.deleting or meta.deletion_grace_period_seconds == 0
 
 
 class RuntimeClassObjects:
@@ -480,7 +480,9 @@ class RuntimeClassObjects:
 
         try:
             options = _delete_options(kind, None if graceful else self._disposal_grace)
-            answer = await call_json(self._call("delete", kind), name, namespace, **options)
+            answer = DeleteAnswerView(
+                await call_json(self._call("delete", kind), name, namespace, **options)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return not self._gone_with_answer
@@ -490,28 +492,28 @@ class RuntimeClassObjects:
         landed = self._deleted(kind, namespace, name, answer)
         return not (self._gone_with_answer and landed)
 
-    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> bool:
+    def _deleted(self, kind: str, namespace: str, name: str, answer: DeleteAnswerView) -> bool:
         """Put a delete's answer into the views at once, as a create's is: the object being
         deleted (a pod in its grace period, held by a finalizer, a claim still in use), or gone
         (a Status; on a backend whose disposals go at once, also a pod deleted with no grace
         period). Until its watch event came, a pass that ran meanwhile (woken by the Sandbox's
         own status write) deleted it again. Returns whether the answer was read as gone."""
-        meta = kubeobj.meta(answer)
+        meta = answer.metadata
         if self._gone_with_answer:
             landed = deletion_landed(kind, answer)
         else:
-            landed = not (answer.get("kind") == kind and meta.get("deletionTimestamp"))
+            landed = not (answer.kind == kind and meta.deleting)
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
             return landed
         if not landed:
-            if answer.get("kind") == kind and meta.get("deletionTimestamp"):
-                view.upsert(answer)
+            if answer.kind == kind and meta.deleting:
+                view.upsert(answer.raw)
             return landed
-        uid = (answer.get("details") or {}).get("uid") or meta.get("uid")
-        if answer.get("kind") in ("Status", kind) and uid:
-            view.remove(namespace, name, str(uid))
+        uid = answer.details.uid or meta.uid
+        if answer.kind in ("Status", kind) and uid:
+            view.remove(namespace, name, uid)
         return landed
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:
