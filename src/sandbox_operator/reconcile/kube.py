@@ -22,6 +22,7 @@ from sandbox_operator.contract import (
     VERSION,
 )
 from sandbox_operator.reconcile.conditions import now_rfc3339
+from sandbox_operator.views import ObjectView
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ class Kube:
 
     async def post_event(
         self,
-        obj: Mapping[str, Any],
+        obj: ObjectView,
         *,
         type_: str,
         reason: str,
@@ -207,23 +208,23 @@ class Kube:
         action: str = "Reconcile",
     ) -> None:
         """Record a Kubernetes Event about ``obj``; failures are logged, never raised."""
-        meta = kubeobj.meta(obj)
-        namespace = meta.get("namespace") or "default"
+        meta = obj.metadata
+        namespace = meta.namespace or "default"
         stamp = now_rfc3339()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "generateName": f"{meta.get('name', 'object')[:200]}.",
+                "generateName": f"{(meta.name if 'name' in meta else 'object')[:200]}.",
                 "namespace": namespace,
             },
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion", API_VERSION),
-                "kind": obj.get("kind", ""),
-                "name": meta.get("name", ""),
+                "apiVersion": obj.api_version if "apiVersion" in obj else API_VERSION,
+                "kind": obj.kind,
+                "name": meta.name,
                 "namespace": namespace,
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
+                "uid": meta.uid,
+                "resourceVersion": meta.resource_version,
             },
             "type": type_,
             "reason": reason,
