@@ -33,6 +33,7 @@ from sandbox_operator.testing.egress import (
     start_echo_server,
     start_http_server,
 )
+from sandbox_operator.views import SandboxStatusView
 
 NOW = datetime(2099, 1, 1, 12, 0, 0, tzinfo=UTC)
 RULE = {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}
@@ -74,7 +75,7 @@ def judge(
 ) -> Any:
     return egress_edit(
         s,
-        status,
+        SandboxStatusView(status),
         admitted or {},
         generation=generation,
         backend=None if gone else (profile or backend()),

@@ -14,7 +14,7 @@ from sandbox_operator.backends.base import Observation, ObservedPhase, ServedBy
 from sandbox_operator.contract import SandboxKey, SandboxResourceSpec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.seal import NOT_CONFIGURED, SETTLE, Seal, judge_seal, seal_names
-from sandbox_operator.views import AdmissionPolicyView, PolicyBindingView
+from sandbox_operator.views import AdmissionPolicyView, PolicyBindingView, SandboxView
 from tests.fixtures.chart import template
 
 OPERATOR = "system:serviceaccount:so-system:so-sandbox-operator"
@@ -149,8 +149,8 @@ def _plan(
 ) -> dict[str, Any]:
     now = T0 + timedelta(hours=2)
     spec = {"scopeRef": "conv", "agentDir": "a", "kind": "shell", "image": "busybox"}
-    obj = {"metadata": {"name": "box", "namespace": "ns", "uid": "u", "generation": 1},
-           "spec": spec, "status": status}  # fmt: skip
+    obj = SandboxView({"metadata": {"name": "box", "namespace": "ns", "uid": "u", "generation": 1},
+                       "spec": spec, "status": status})  # fmt: skip
     admission = compute.Admission(
         True, "Admitted", "admitted", "gvisor",
         key=SandboxKey(scope="s", thread_id="t", agent_dir="a", call_id=""),

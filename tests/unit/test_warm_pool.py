@@ -41,7 +41,7 @@ from sandbox_operator.policy import resolve_spec, select_backend
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import pool as pools
 from sandbox_operator.reconcile.runtime import Runtime
-from sandbox_operator.views import PodView, SandboxWarmPoolView
+from sandbox_operator.views import PodView, SandboxView, SandboxWarmPoolView
 
 NS = "ns"
 TEMPLATE = {"kind": "shell", "image": "busybox"}
@@ -520,7 +520,9 @@ def test_a_pod_ready_before_the_admission_starts_the_idle_clock_at_the_admission
         "gvisor",
         key=SandboxKey(scope="s", thread_id="t", agent_dir="a", call_id=""),
     )
-    plan = compute.plan(obj, parsed, admission, obs, key_unclean=None, scope_problem="", now=now)
+    plan = compute.plan(
+        SandboxView(obj), parsed, admission, obs, key_unclean=None, scope_problem="", now=now
+    )
     assert plan.verdict is not None and plan.verdict.ready
     assert plan.requeue_after is not None and abs(plan.requeue_after - 60) < 1
 

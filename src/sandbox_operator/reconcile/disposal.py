@@ -101,7 +101,7 @@ async def key_unclean(
 
 
 def drivers_for(rt: Runtime, status: SandboxStatusView) -> list[BackendDriver]:
-    backend = SandboxStatusView.of(status).backend
+    backend = status.backend
     if backend in rt.drivers:
         return [rt.drivers[backend]]
     return list(rt.drivers.values())
@@ -175,7 +175,7 @@ def egress_final_wait(rt: Runtime, obj: SandboxView) -> float | None:
     """Seconds the finalizer should still wait for the egress proxy's final write, or None: the
     proxy never admitted the Sandbox (no ``status.egress.admitted``), it wrote ``final``, or
     :data:`EGRESS_FINAL_WAIT_SECONDS` have passed since the wait began."""
-    view = SandboxView.of(obj)
+    view = obj
     key = view.key
     egress = view.status.egress
     if not egress.admitted or egress.final:
