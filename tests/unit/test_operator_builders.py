@@ -199,10 +199,16 @@ def test_a_policy_as_the_api_server_returns_it_is_not_taken_for_a_changed_one():
 
 def _pod(phase="Pending", state=None, ready=False, conditions=()):
     cs = {"name": "sandbox", "ready": ready, "state": state or {}}
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "status": {"phase": phase, "containerStatuses": [cs], "conditions": list(conditions)},
-    }
+    return PodView(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "status": {"phase": phase, "containerStatuses": [cs], "conditions": list(conditions)},
+        }
+    )
 
 
 def test_classify_pod():
@@ -490,11 +496,13 @@ def test_only_a_pod_waiting_for_its_sandbox_for_a_while_has_its_events_read():
         if waiting is not None:
             statuses = [{"name": "sandbox", "state": {"waiting": {"reason": waiting}}}]
         created = (now - timedelta(seconds=age)).isoformat().replace("+00:00", "Z")
-        return {
-            "metadata": {"creationTimestamp": created},
-            "spec": {"nodeName": node},
-            "status": {"phase": phase, "containerStatuses": statuses},
-        }
+        return PodView(
+            {
+                "metadata": {"creationTimestamp": created},
+                "spec": {"nodeName": node},
+                "status": {"phase": phase, "containerStatuses": statuses},
+            }
+        )
 
     assert awaits_pod_sandbox(pod(10), now)
     assert awaits_pod_sandbox(pod(10, waiting="ContainerCreating"), now)

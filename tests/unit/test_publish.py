@@ -24,7 +24,7 @@ from sandbox_operator.reconcile.publish import (
     publish_until_done,
     published_backends,
 )
-from sandbox_operator.views import NamespaceView
+from sandbox_operator.views import ConfigMapView, NamespaceView
 from tests.fixtures.operator import local_config
 
 
@@ -147,10 +147,10 @@ async def test_a_namespace_forgotten_while_it_is_written_is_not_current() -> Non
 def test_is_current_needs_the_text_and_the_label() -> None:
     body = config_map("ns", "{}")
     assert body["metadata"]["labels"] == {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
-    assert is_current(body, "{}")
+    assert is_current(ConfigMapView(body), "{}")
     assert not is_current(None, "{}")
-    assert not is_current(body, '{"x":1}')
-    unlabelled = {"metadata": {"labels": {}}, "data": {PUBLISHED_KEY: "{}"}}
+    assert not is_current(ConfigMapView(body), '{"x":1}')
+    unlabelled = ConfigMapView({"metadata": {"labels": {}}, "data": {PUBLISHED_KEY: "{}"}})
     assert not is_current(unlabelled, "{}")
 
 

@@ -22,7 +22,8 @@ from sandbox_operator.contract import (
     VERSION,
 )
 from sandbox_operator.reconcile.conditions import now_rfc3339
-from sandbox_operator.views import ObjectView
+from sandbox_operator.views import ApiStatusView, ListView, ObjectView
+from sandbox_operator.views.fields import mapping
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,7 @@ class Kube:
         result = await self._custom.list_namespaced_custom_object(
             GROUP, VERSION, namespace, SANDBOX_PLURAL, **kwargs
         )
-        items: list[dict[str, Any]] = result.get("items", [])
-        return items
+        return [dict(mapping(item)) for item in ListView(result).objects]
 
     async def _patch(
         self,
@@ -241,14 +241,16 @@ class Kube:
             await self._core.create_namespaced_event(namespace, body)
         except Exception as exc:  # an Event is a courtesy; never fail a reconcile over it
             detail = getattr(exc, "status", type(exc).__name__)
-            log.warning("could not record event %s on %s: %s", reason, meta.get("name"), detail)
+            log.warning("could not record event %s on %s: %s", reason, meta.name, detail)
 
 
 def api_error_text(exc: Exception) -> str:
     body = getattr(exc, "body", None)
     if body:
         try:
-            return str(json.loads(body).get("message", ""))[:500]
-        except (ValueError, AttributeError):
-            pass
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if isinstance(doc, Mapping):
+            return ApiStatusView(doc).message[:500]
     return type(exc).__name__

@@ -25,6 +25,8 @@ from sandbox_operator.views.admission import (
 )
 from sandbox_operator.views.conditions import Conditions, ConditionView
 from sandbox_operator.views.core import (
+    ApiStatusView,
+    ConfigMapView,
     DeleteAnswerView,
     EventView,
     NamespaceView,
@@ -40,7 +42,13 @@ from sandbox_operator.views.objects import (
     OwnerRef,
     WatchEvent,
 )
-from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
+from sandbox_operator.views.pod import (
+    ContainerStatusView,
+    PodStatusView,
+    PodView,
+    TerminatedStateView,
+    WaitingStateView,
+)
 from sandbox_operator.views.resources import (
     EgressEditRefusalView,
     EgressStatusView,
@@ -56,8 +64,10 @@ from sandbox_operator.views.resources import (
 
 __all__ = [
     "AdmissionPolicyView",
+    "ApiStatusView",
     "ConditionView",
     "Conditions",
+    "ConfigMapView",
     "ContainerStatusView",
     "DeleteAnswerView",
     "EgressEditRefusalView",
@@ -83,6 +93,8 @@ __all__ = [
     "ServiceView",
     "StatusDetailsView",
     "StatusView",
+    "TerminatedStateView",
+    "WaitingStateView",
     "WarmPoolStatusView",
     "WatchEvent",
 ]

@@ -7,6 +7,8 @@ reports; each reads a few fields of objects that are not the operator's own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sandbox_operator.views.fields import Field, mapping, optional_int, sequence, text, text_field
 from sandbox_operator.views.objects import ObjectView, Raw, nested
 
@@ -39,12 +41,22 @@ class StatusDetailsView(Raw):
     uid = text_field()
 
 
-class DeleteAnswerView(ObjectView):
+class ApiStatusView(ObjectView):
+    """The API's ``Status`` object: what a refused call's body says (``message``, ``reason``,
+    ``code``) and what a delete answers once the object is gone (``details``)."""
+
+    __slots__ = ()
+    message = text_field()
+    reason = text_field()
+    code: Field[int | None] = Field(optional_int)
+    details: Field[StatusDetailsView] = Field(nested(StatusDetailsView))
+
+
+class DeleteAnswerView(ApiStatusView):
     """What a delete answers: a ``Status`` (the object is gone), or the object as it is now
     (being deleted: in its grace period, or held by a finalizer)."""
 
     __slots__ = ()
-    details: Field[StatusDetailsView] = Field(nested(StatusDetailsView))
 
     @property
     def is_status(self) -> bool:
@@ -68,6 +80,13 @@ class ServiceView(ObjectView):
     def first_port(self) -> int | None:
         """``spec.ports[0].port``: None when the Service declares none."""
         return optional_int(mapping(self.ports[0]).get("port")) if self.ports else None
+
+
+class ConfigMapView(ObjectView):
+    """A ConfigMap: its string ``data``."""
+
+    __slots__ = ()
+    data: Field[Mapping[str, str]] = Field(mapping)
 
 
 class NamespaceView(ObjectView):
