@@ -17,7 +17,6 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-from sandbox_operator.reconcile.slim import ANNOTATIONS_SIZE
 from sandbox_operator.views import MetaView, SandboxView
 
 log = logging.getLogger(__name__)
@@ -84,13 +83,13 @@ async def ensure_metadata(
     return rt.views.put_sandbox(patched)
 
 
-def annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool:
+def annotations_fit(meta: MetaView, adding: Mapping[str, str]) -> bool:
     """Whether merging ``adding`` into the object's annotations keeps them within the API server's
-    limit (the views keep the annotations' size when it is large: ``views.ANNOTATIONS_SIZE``)."""
-    size = int(meta.get(ANNOTATIONS_SIZE) or 0)
+    limit (the views keep the annotations' size when it is large: ``slim.ANNOTATIONS_SIZE``)."""
+    size = meta.annotations_size
     if not size:
         return True
-    have = MetaView.of(meta).annotations
+    have = meta.annotations
     replaced = {k: have[k] for k in adding if k in have}
     growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
     return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES

@@ -46,7 +46,7 @@ _KEPT_ANNOTATIONS = frozenset(
 
 #: In a view's metadata: the size of the object's annotations (``labels.annotations_size``), kept
 #: only from ANNOTATIONS_SIZE_KEPT_FROM bytes on (below, any patch of ours fits).
-ANNOTATIONS_SIZE = "annotationsSize"
+ANNOTATIONS_SIZE = MetaView.annotations_size.key
 ANNOTATIONS_SIZE_KEPT_FROM = 64 * 1024
 
 

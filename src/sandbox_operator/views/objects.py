@@ -98,6 +98,9 @@ class MetaView(Raw):
     creation_timestamp = text_field()
     #: Whether the object is being deleted (its ``deletionTimestamp`` is set).
     deleting = Field(truthy, "deletionTimestamp")
+    #: Not the wire's: the size of the annotations, as the operator's watch caches record it
+    #: when it is large (reconcile/slim.py); 0 when not recorded.
+    annotations_size = count_field("annotationsSize")
     #: ``deletionGracePeriodSeconds``: None when not being deleted (or not said).
     deletion_grace_period_seconds: Field[int | None] = Field(optional_int)
 

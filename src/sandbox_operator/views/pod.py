@@ -88,3 +88,7 @@ class PodView(ObjectView):
     __slots__ = ()
     status: Field[PodStatusView] = Field(nested(PodStatusView))
     node_name = text_field(under="spec")
+    #: Not the wire's: the digest of what confines the pod, which the operator's watch caches
+    #: keep in place of its spec (reconcile/slim.py, backends/confinement.py); empty on a pod
+    #: read from the API server.
+    confinement = text_field(under="spec")
