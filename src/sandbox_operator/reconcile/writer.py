@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from sandbox_operator import metrics
 from sandbox_operator.contract import SANDBOX_PLURAL
 from sandbox_operator.reconcile import compute
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import dispose_into
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.status import (
@@ -45,7 +44,8 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
     obj, draft, plan = step.obj, step.draft, step.plan
     view = obj
     was_ready = view.status.conditions.is_true(READY)
-    was_admitted_reason = cnd.reason_of(view.status, ADMITTED)
+    admitted = view.status.conditions.find(ADMITTED)
+    was_admitted_reason = None if admitted is None else admitted.reason
     planned: float | None = None
     if plan is not None:
         for ctype, value, reason, message in plan.conditions:
