@@ -125,45 +125,27 @@ def test_storage_refused_where_not_declared() -> None:
 # -- where a Sandbox stands -----------------------------------------------------------------
 
 
+def _suspension(obj: Any, status: dict[str, Any], at: datetime | None) -> compute.Suspension:
+    return compute.suspension(spec_of(obj), SandboxStatusView(status), last_activity=at)
+
+
 def test_suspension_states() -> None:
     running = sandbox()
-    assert (
-        compute.suspension(spec_of(running), SandboxStatusView({}), last_activity=None).state
-        == "running"
-    )
+    assert _suspension(running, {}, None).state == "running"
     asked = sandbox({**SPEC, "suspended": True})
-    assert compute.suspension(
-        spec_of(asked), SandboxStatusView({}), last_activity=None
-    ) == compute.Suspension("suspend", "spec")
+    assert _suspension(asked, {}, None) == compute.Suspension("suspend", "spec")
     held = {"suspendedBy": "spec", "suspendedAt": rfc(NOW)}
-    assert (
-        compute.suspension(spec_of(asked), SandboxStatusView(held), last_activity=None).state
-        == "suspended"
-    )
+    assert _suspension(asked, held, None).state == "suspended"
     # spec.suspended back to false: resume
-    assert (
-        compute.suspension(spec_of(running), SandboxStatusView(held), last_activity=None).state
-        == "resume"
-    )
+    assert _suspension(running, held, None).state == "resume"
     idle = {"suspendedBy": "idle", "suspendedAt": rfc(NOW)}
     before = NOW - timedelta(seconds=5)
     after = NOW + timedelta(seconds=5)
-    assert (
-        compute.suspension(spec_of(running), SandboxStatusView(idle), last_activity=None).state
-        == "suspended"
-    )
-    assert (
-        compute.suspension(spec_of(running), SandboxStatusView(idle), last_activity=before).state
-        == "suspended"
-    )
-    assert (
-        compute.suspension(spec_of(running), SandboxStatusView(idle), last_activity=after).state
-        == "resume"
-    )
+    assert _suspension(running, idle, None).state == "suspended"
+    assert _suspension(running, idle, before).state == "suspended"
+    assert _suspension(running, idle, after).state == "resume"
     # idle-suspended, then the spec asks too: held by the spec from now on
-    assert compute.suspension(
-        spec_of(asked), SandboxStatusView(idle), last_activity=after
-    ) == compute.Suspension("suspended", "spec")
+    assert _suspension(asked, idle, after) == compute.Suspension("suspended", "spec")
 
 
 def test_idle_timeout_suspends_when_declared() -> None:

@@ -41,14 +41,8 @@ from sandbox_operator.reconcile.slim import (
     slim_sandbox,
     slim_scope,
 )
-from sandbox_operator.views import (
-    MetaView,
-    ObjectView,
-    PodView,
-    SandboxScopeView,
-    SandboxView,
-    SandboxWarmPoolView,
-)
+from sandbox_operator.views import MetaView, ObjectView, PodView
+from sandbox_operator.views.resources import SandboxScopeView, SandboxView, SandboxWarmPoolView
 
 #: The view a Store hands its objects out as.
 V = TypeVar("V", bound=ObjectView)
