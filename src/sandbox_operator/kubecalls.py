@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
 
-from sandbox_operator import kubeobj
+from sandbox_operator.views import ListView, WatchEvent
+from sandbox_operator.views.fields import mapping
+
+V = TypeVar("V")
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +65,9 @@ WATCH_SECONDS: Final = 300
 async def list_then_watch(
     list_call: Any,
     *args: Any,
-    on_list: Callable[[list[dict[str, Any]]], None],
-    on_change: Callable[[str, dict[str, Any]], None],
+    view: Callable[[Mapping[str, Any]], V],
+    on_list: Callable[[list[V]], None],
+    on_change: Callable[[str, V], None],
     what: str,
     field_selector: str | None = None,
     retry_seconds: float = 2.0,
@@ -73,7 +77,8 @@ async def list_then_watch(
     ``DELETED``). A watch the server ends is opened again from the last version seen; an expired
     version (410) or an error lists again, after ``retry_seconds``, and is logged naming
     ``what`` and the error's status or type (never its message, which may echo the request).
-    Objects stay JSON dicts (no typed models built). Never raises but ``CancelledError``."""
+    Objects stay JSON dicts (no typed models built), each handed out wrapped in ``view`` (a view
+    of ``sandbox_operator.views``: no copy). Never raises but ``CancelledError``."""
     from kubernetes_asyncio import watch
 
     selector = {"field_selector": field_selector} if field_selector else {}
@@ -81,9 +86,9 @@ async def list_then_watch(
     while True:
         try:
             if version is None:
-                body = await call_json(list_call, *args, **selector)
-                on_list(list(body.get("items") or []))
-                version = str(kubeobj.meta(body).get("resourceVersion") or "") or None
+                body = ListView(await call_json(list_call, *args, **selector))
+                on_list([view(mapping(item)) for item in body.objects])
+                version = body.metadata.resource_version or None
             # return_type "object": the changes stay dicts. An expired version arrives as an
             # ApiException (410), below.
             w = watch.Watch(return_type="object")
@@ -96,11 +101,11 @@ async def list_then_watch(
                 _request_timeout=WATCH_SECONDS + 30,
                 **selector,
             ) as stream:
-                async for change in stream:
+                async for raw in stream:
                     version = w.resource_version or version
-                    kind = str(change.get("type") or "")
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        on_change(kind, change.get("object") or {})
+                    change = WatchEvent(raw)
+                    if change.type in ("ADDED", "MODIFIED", "DELETED"):
+                        on_change(change.type, view(mapping(change.object)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -16,7 +16,9 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.reconcile.handlers import NoDiffBase, NoProgress
 from sandbox_operator.reconcile.metadata import annotations_fit
 from sandbox_operator.reconcile.runtime import FINALIZER
-from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE, Views
+from sandbox_operator.reconcile.slim import ANNOTATIONS_SIZE
+from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import MetaView
 from tests.fixtures.chart import template
 from tests.fixtures.reconcile import NS, SPEC, cond, finalize_sandbox, reconcile_sandbox
 
@@ -91,7 +93,9 @@ def test_the_views_keep_the_annotations_size_only_when_it_is_large() -> None:
 
 
 def test_key_annotations_are_left_out_when_they_would_not_fit() -> None:
-    fit = annotations_fit
+    def fit(meta: dict[str, Any], adding: dict[str, str]) -> bool:
+        return annotations_fit(MetaView(meta), adding)
+
     adding = {lbl.CALL_ANNOTATION: "c" * 100}
     assert fit({}, adding)
     near = lbl.ANNOTATIONS_LIMIT_BYTES - 16

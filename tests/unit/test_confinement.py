@@ -21,7 +21,8 @@ from sandbox_operator.backends.confinement import (
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, pod_manifest
 from sandbox_operator.config import RuntimeClassBackendConfig
 from sandbox_operator.contract import SandboxSpec
-from sandbox_operator.reconcile.views import slim_pod
+from sandbox_operator.reconcile.slim import slim_pod
+from sandbox_operator.views import PodView
 from tests.fixtures.backends import gvisor_backend
 
 SPEC = SandboxSpec.model_validate({"kind": "python", "image": "sandbox-operator.dev/python:1"})
@@ -121,10 +122,11 @@ def test_resources_and_scheduling_are_not_confinement() -> None:
 async def test_the_driver_serves_only_a_pod_confined_as_it_makes_it(forgery: str) -> None:
     async with ApiClient(Configuration(host="http://127.0.0.1:9")) as api:
         driver = RuntimeClassDriver(backend(), api)
-        assert driver.confines_as_made(slim_pod(made()), SPEC, None)
-        assert driver.confines_as_made(made(), SPEC, None)  # a full pod, read from the API
+        assert driver.confines_as_made(PodView(slim_pod(made())), SPEC, None)
+        # a full pod, read from the API
+        assert driver.confines_as_made(PodView(made()), SPEC, None)
         forged = made()
         FORGERIES[forgery][0](forged["spec"])
-        assert not driver.confines_as_made(slim_pod(forged), SPEC, None)
-        assert not driver.pool_pod_serves(slim_pod(forged), SPEC)
-        assert driver.pool_pod_serves(slim_pod(made()), SPEC)
+        assert not driver.confines_as_made(PodView(slim_pod(forged)), SPEC, None)
+        assert not driver.pool_pod_serves(PodView(slim_pod(forged)), SPEC)
+        assert driver.pool_pod_serves(PodView(slim_pod(made())), SPEC)

@@ -33,6 +33,7 @@ from sandbox_operator.testing.egress import (
     start_echo_server,
     start_http_server,
 )
+from sandbox_operator.views import SandboxStatusView
 
 NOW = datetime(2099, 1, 1, 12, 0, 0, tzinfo=UTC)
 RULE = {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}
@@ -74,7 +75,7 @@ def judge(
 ) -> Any:
     return egress_edit(
         s,
-        status,
+        SandboxStatusView(status),
         admitted or {},
         generation=generation,
         backend=None if gone else (profile or backend()),
@@ -359,7 +360,7 @@ def test_the_views_keep_what_an_egress_edit_pass_reads() -> None:
     """The operator's passes read a Sandbox from its views: lists or a record the view dropped
     would make every pass see an edit from none (judged again, written again) and lose the
     generation a refusal keeps."""
-    from sandbox_operator.reconcile.views import slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
 
     kept = {**ENFORCED, "admittedEgressRules": [RULE], "egressEditRefused": {"generation": 2}}
     slim = slim_sandbox({"metadata": {"name": "a", "namespace": "ns"}, "status": kept})

@@ -19,6 +19,7 @@ from sandbox_operator.backends.egress_proxy_objects import CREDENTIALS_BINDING
 from sandbox_operator.config import ManagedEgressProxySettings, parse_config
 from sandbox_operator.contract import API_VERSION, ConfigurationError
 from sandbox_operator.egress.config import ProxyConfig
+from sandbox_operator.views import PodView
 
 IMAGE = "sandbox-operator.dev/operator:0.1.0"
 BACKEND = {
@@ -378,13 +379,13 @@ def test_proxy_address_round_trips() -> None:
         assert ep.ProxyAddress.parse(bad) is None, bad
 
 
-def _pod(annotation: str | None, *, phase: str = "Running", deleting: bool = False) -> dict:
+def _pod(annotation: str | None, *, phase: str = "Running", deleting: bool = False) -> PodView:
     meta: dict[str, Any] = {"annotations": {}}
     if annotation is not None:
         meta["annotations"][ep.PROXY_ADDRESS_ANNOTATION] = annotation
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": phase}}
+    return PodView({"metadata": meta, "status": {"phase": phase}})
 
 
 def test_recorded_address_is_what_live_pods_were_given() -> None:
@@ -696,8 +697,8 @@ def _driver(pod: dict[str, Any], problem: str) -> Any:
             self._proxy = Proxy()  # type: ignore[assignment]
             self.checks = checks
 
-        async def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
-            return pod
+        async def _read_pod(self, namespace: str, name: str) -> PodView:
+            return PodView(pod)
 
     return Driver()
 

@@ -18,6 +18,7 @@ from sandbox_operator.contract import Egress
 from sandbox_operator.reconcile.egress_policies import keep_egress_policy
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import ObjectView
 from tests.fixtures.backends import gvisor_backend
 
 NS = "ns"
@@ -116,11 +117,11 @@ async def test_a_policy_that_differs_is_replaced() -> None:
     edited["metadata"]["resourceVersion"] = str(net.rv)
     net.objects[(NS, NAME)] = edited
     views.network_policies.upsert(edited)  # the watch brings the edit
-    assert not driver.egress_policy_current(edited)
+    assert not driver.egress_policy_current(ObjectView(edited))
     await driver.ensure_egress_policy(NS, Egress.CLOSED)
     assert net.calls[-1] == ("replace", NAME)
     assert "egress" not in net.objects[(NS, NAME)]["spec"]  # closed again
-    assert driver.egress_policy_current(views.network_policies.get(NS, NAME) or {})
+    assert driver.egress_policy_current(views.network_policies.get(NS, NAME) or ObjectView({}))
 
 
 def _runtime(driver: RuntimeClassDriver, views: Views) -> Runtime:

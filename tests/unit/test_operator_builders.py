@@ -31,6 +31,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import resolve_spec
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import judge
+from sandbox_operator.views import EventView, ObjectView, PodView
 
 KEY = SandboxKey(scope="tenant", thread_id="t1", agent_dir="agents/coder")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -171,13 +172,14 @@ def test_one_egress_policy_per_backend_and_mode_selects_its_pods_by_label():
     assert selector == lbl.egress_policy_labels(cfg.name, "closed")
     pod_labels = build_pod(closed, cfg)["metadata"]["labels"]
     assert selector.items() <= pod_labels.items()
-    assert egress_policy_key(np) == (cfg.name, Egress.CLOSED)
+    assert egress_policy_key(ObjectView(np)) == (cfg.name, Egress.CLOSED)
     # An unrestricted pod is not selected by the closed policy, nor the other way round.
     open_pod = build_pod(request(egress=Egress.UNRESTRICTED), cfg)["metadata"]["labels"]
     assert not selector.items() <= open_pod.items()
     assert policy(request(egress=Egress.UNRESTRICTED))["metadata"]["name"].endswith("-unrestricted")
     # Other policies (a pool's deny-all, a per-Sandbox one of an older version) are not these.
-    assert egress_policy_key({"metadata": {"labels": {lbl.BACKEND_LABEL: cfg.name}}}) is None
+    no_mode = ObjectView({"metadata": {"labels": {lbl.BACKEND_LABEL: cfg.name}}})
+    assert egress_policy_key(no_mode) is None
 
 
 def test_a_policy_as_the_api_server_returns_it_is_not_taken_for_a_changed_one():
@@ -197,10 +199,16 @@ def test_a_policy_as_the_api_server_returns_it_is_not_taken_for_a_changed_one():
 
 def _pod(phase="Pending", state=None, ready=False, conditions=()):
     cs = {"name": "sandbox", "ready": ready, "state": state or {}}
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "status": {"phase": phase, "containerStatuses": [cs], "conditions": list(conditions)},
-    }
+    return PodView(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "status": {"phase": phase, "containerStatuses": [cs], "conditions": list(conditions)},
+        }
+    )
 
 
 def test_classify_pod():
@@ -451,7 +459,8 @@ async def test_observe_follows_a_pod_recorded_under_an_older_name():
             pass
 
         async def _read_pod(self, namespace, name):
-            return pods.get(name)
+            found = pods.get(name)
+            return None if found is None else PodView(found)
 
     driver = Driver()
     plain = await driver.observe(SandboxRef("ns", "box", "uid-1"))
@@ -463,8 +472,8 @@ async def test_observe_follows_a_pod_recorded_under_an_older_name():
 
 
 def test_a_missing_runtime_handler_is_read_from_the_kubelets_events():
-    def event(message: str, reason: str = "FailedCreatePodSandBox") -> dict:
-        return {"reason": reason, "message": message}
+    def event(message: str, reason: str = "FailedCreatePodSandBox") -> EventView:
+        return EventView({"reason": reason, "message": message})
 
     containerd = (
         "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "
@@ -487,11 +496,13 @@ def test_only_a_pod_waiting_for_its_sandbox_for_a_while_has_its_events_read():
         if waiting is not None:
             statuses = [{"name": "sandbox", "state": {"waiting": {"reason": waiting}}}]
         created = (now - timedelta(seconds=age)).isoformat().replace("+00:00", "Z")
-        return {
-            "metadata": {"creationTimestamp": created},
-            "spec": {"nodeName": node},
-            "status": {"phase": phase, "containerStatuses": statuses},
-        }
+        return PodView(
+            {
+                "metadata": {"creationTimestamp": created},
+                "spec": {"nodeName": node},
+                "status": {"phase": phase, "containerStatuses": statuses},
+            }
+        )
 
     assert awaits_pod_sandbox(pod(10), now)
     assert awaits_pod_sandbox(pod(10, waiting="ContainerCreating"), now)

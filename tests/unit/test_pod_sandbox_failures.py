@@ -11,6 +11,7 @@ from sandbox_operator.backends.base import ObservedPhase, SandboxRef
 from sandbox_operator.backends.runtimeclass import build_pod
 from sandbox_operator.backends.runtimeclass.pod_sandbox_failures import PodSandboxFailures
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import EventView
 from tests.fixtures.runtimeclass import NAME, NS, UID, FakeApi, driver, request
 
 CONTAINERD = (
@@ -19,14 +20,16 @@ CONTAINERD = (
 )
 
 
-def event(pod: str, uid: str, message: str = CONTAINERD, **extra: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": f"{pod}.1", "namespace": NS},
-        "involvedObject": {"kind": "Pod", "name": pod, "namespace": NS, "uid": uid},
-        "reason": "FailedCreatePodSandBox",
-        "message": message,
-        **extra,
-    }
+def event(pod: str, uid: str, message: str = CONTAINERD, **extra: Any) -> EventView:
+    return EventView(
+        {
+            "metadata": {"name": f"{pod}.1", "namespace": NS},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": NS, "uid": uid},
+            "reason": "FailedCreatePodSandBox",
+            "message": message,
+            **extra,
+        }
+    )
 
 
 def test_a_missing_handler_is_kept_by_pod_uid_and_reported_once() -> None:
@@ -39,7 +42,9 @@ def test_a_missing_handler_is_kept_by_pod_uid_and_reported_once() -> None:
     assert failures.missing_handler("u2") is None
     assert failures.record(event("p3", "", CONTAINERD)) is None  # no uid: nothing to key on
     assert (
-        failures.record({**event("n", "u4"), "involvedObject": {"kind": "Node", "uid": "u4"}})
+        failures.record(
+            EventView({**event("n", "u4"), "involvedObject": {"kind": "Node", "uid": "u4"}})
+        )
         is None
     )
     # Bounded: the oldest pods are let go first.

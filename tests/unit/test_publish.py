@@ -24,6 +24,7 @@ from sandbox_operator.reconcile.publish import (
     publish_until_done,
     published_backends,
 )
+from sandbox_operator.views import ConfigMapView, NamespaceView
 from tests.fixtures.operator import local_config
 
 
@@ -96,8 +97,8 @@ def test_served_namespaces_are_kopfs(
     assert [n for n in not_served if scope.serves(n)] == []
 
 
-def _namespace(name: str, phase: str = "Active") -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": {"phase": phase}}
+def _namespace(name: str, phase: str = "Active") -> NamespaceView:
+    return NamespaceView({"metadata": {"name": name}, "status": {"phase": phase}})
 
 
 async def test_the_namespace_watch_wants_each_served_live_namespace() -> None:
@@ -146,10 +147,10 @@ async def test_a_namespace_forgotten_while_it_is_written_is_not_current() -> Non
 def test_is_current_needs_the_text_and_the_label() -> None:
     body = config_map("ns", "{}")
     assert body["metadata"]["labels"] == {lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}
-    assert is_current(body, "{}")
+    assert is_current(ConfigMapView(body), "{}")
     assert not is_current(None, "{}")
-    assert not is_current(body, '{"x":1}')
-    unlabelled = {"metadata": {"labels": {}}, "data": {PUBLISHED_KEY: "{}"}}
+    assert not is_current(ConfigMapView(body), '{"x":1}')
+    unlabelled = ConfigMapView({"metadata": {"labels": {}}, "data": {PUBLISHED_KEY: "{}"}})
     assert not is_current(unlabelled, "{}")
 
 

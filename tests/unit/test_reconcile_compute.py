@@ -12,6 +12,7 @@ from sandbox_operator.backends.base import Observation, ObservedPhase, ServedBy
 from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute
+from sandbox_operator.views import SandboxScopeView, SandboxStatusView
 from tests.fixtures.compute import (
     NOW,
     SCOPE,
@@ -114,8 +115,8 @@ def test_expired_and_failed_are_terminal_with_disposal_and_no_deadline() -> None
     assert p.dispose and p.requeue_after is None
     gone = plan(sandbox(status=admitted_status(NOW, ready=True)), Observation(ObservedPhase.ABSENT))
     assert gone.verdict is not None and gone.verdict.reason == "Failed" and gone.dispose
-    assert compute.is_terminal({"conditions": [{"type": "Ready", "status": "False",
-                                                "reason": "Failed"}]})  # fmt: skip
+    failed = {"conditions": [{"type": "Ready", "status": "False", "reason": "Failed"}]}
+    assert compute.is_terminal(SandboxStatusView(failed))
 
 
 ALLOWLIST_CONFIG, _ = parse_config(
@@ -141,7 +142,7 @@ def admit_allowlist(obj: Any) -> compute.Admission:
     return compute.admit(
         obj,
         spec,
-        compute.resolve_scope(SCOPE, spec.scope_ref, "ns"),
+        compute.resolve_scope(SandboxScopeView(SCOPE), spec.scope_ref, "ns"),
         host_policy=ALLOWLIST_CONFIG.host_policy,
         profiles=profiles(ALLOWLIST_CONFIG),
         known_backends=("gvisor",),

@@ -22,6 +22,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import BackendProfile, select_backend
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.lifecycle import judge
+from sandbox_operator.views import SandboxScopeView, SandboxStatusView
 from tests.fixtures import compute as compute_fixture
 from tests.fixtures.compute import rfc
 
@@ -124,27 +125,27 @@ def test_storage_refused_where_not_declared() -> None:
 # -- where a Sandbox stands -----------------------------------------------------------------
 
 
+def _suspension(obj: Any, status: dict[str, Any], at: datetime | None) -> compute.Suspension:
+    return compute.suspension(spec_of(obj), SandboxStatusView(status), last_activity=at)
+
+
 def test_suspension_states() -> None:
     running = sandbox()
-    assert compute.suspension(spec_of(running), {}, last_activity=None).state == "running"
+    assert _suspension(running, {}, None).state == "running"
     asked = sandbox({**SPEC, "suspended": True})
-    assert compute.suspension(spec_of(asked), {}, last_activity=None) == compute.Suspension(
-        "suspend", "spec"
-    )
+    assert _suspension(asked, {}, None) == compute.Suspension("suspend", "spec")
     held = {"suspendedBy": "spec", "suspendedAt": rfc(NOW)}
-    assert compute.suspension(spec_of(asked), held, last_activity=None).state == "suspended"
+    assert _suspension(asked, held, None).state == "suspended"
     # spec.suspended back to false: resume
-    assert compute.suspension(spec_of(running), held, last_activity=None).state == "resume"
+    assert _suspension(running, held, None).state == "resume"
     idle = {"suspendedBy": "idle", "suspendedAt": rfc(NOW)}
     before = NOW - timedelta(seconds=5)
     after = NOW + timedelta(seconds=5)
-    assert compute.suspension(spec_of(running), idle, last_activity=None).state == "suspended"
-    assert compute.suspension(spec_of(running), idle, last_activity=before).state == "suspended"
-    assert compute.suspension(spec_of(running), idle, last_activity=after).state == "resume"
+    assert _suspension(running, idle, None).state == "suspended"
+    assert _suspension(running, idle, before).state == "suspended"
+    assert _suspension(running, idle, after).state == "resume"
     # idle-suspended, then the spec asks too: held by the spec from now on
-    assert compute.suspension(spec_of(asked), idle, last_activity=after) == compute.Suspension(
-        "suspended", "spec"
-    )
+    assert _suspension(asked, idle, after) == compute.Suspension("suspended", "spec")
 
 
 def test_idle_timeout_suspends_when_declared() -> None:
@@ -180,7 +181,7 @@ def test_plan_says_suspend_for_an_idle_sandbox() -> None:
     spec = {**SPEC, "lifetime": {"idleTimeoutSeconds": 30, "idleAction": "suspend"}}
     obj = sandbox(spec, ready_status())
     cfg = config()
-    resolution = compute.resolve_scope(SCOPE, "conv", "ns")
+    resolution = compute.resolve_scope(SandboxScopeView(SCOPE), "conv", "ns")
     admission = compute.admit(
         obj,
         spec_of(obj),
@@ -242,7 +243,7 @@ def _admit(obj: Any, cfg: Any, *, rejudge: bool, scope: Any = SCOPE) -> compute.
     return compute.admit(
         obj,
         spec_of(obj),
-        compute.resolve_scope(scope, "conv", "ns"),
+        compute.resolve_scope(SandboxScopeView(scope), "conv", "ns"),
         host_policy=cfg.host_policy,
         profiles=profiles(cfg, {}),
         known_backends=("gvisor",),
@@ -338,10 +339,10 @@ def test_created_suspended_is_started_not_resumed() -> None:
     start = compute.resume_plan(held, admission, now=NOW)
     assert "resumedAt" not in start.fields and "resumeCount" not in start.fields
     assert "created suspended" in start.conditions[-1][3]
-    assert not compute.resuming(start.fields)
+    assert not compute.resuming(SandboxStatusView(start.fields))
     ran = sandbox(SPEC, {**ready_status(), "suspendedBy": "spec", "suspendCount": 1})
     again = compute.resume_plan(ran, _admit(ran, config(), rejudge=True), now=NOW)
-    assert compute.resuming(again.fields)
+    assert compute.resuming(SandboxStatusView(again.fields))
 
 
 def test_a_resume_stays_on_the_backend_holding_the_volume() -> None:
@@ -369,7 +370,7 @@ def test_a_resume_stays_on_the_backend_holding_the_volume() -> None:
         return compute.admit(
             obj,
             spec_of(obj),
-            compute.resolve_scope(SCOPE, "conv", "ns"),
+            compute.resolve_scope(SandboxScopeView(SCOPE), "conv", "ns"),
             host_policy=two.host_policy,
             profiles=profiles_,
             known_backends=tuple(p.name for p in profiles_),
@@ -379,7 +380,7 @@ def test_a_resume_stays_on_the_backend_holding_the_volume() -> None:
     fresh = compute.admit(
         sandbox(SPEC),
         spec_of(obj),
-        compute.resolve_scope(SCOPE, "conv", "ns"),
+        compute.resolve_scope(SandboxScopeView(SCOPE), "conv", "ns"),
         host_policy=two.host_policy,
         profiles=profiles(two, {}),
         known_backends=("runc", "gvisor"),

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from sandbox_operator import labels as lbl
-from sandbox_operator.reconcile.views import Views, slim_plain, slim_pod
+from sandbox_operator.reconcile.slim import slim_plain, slim_pod
+from sandbox_operator.reconcile.views import Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
 
 

@@ -25,6 +25,7 @@ from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute, reset
 from sandbox_operator.reconcile.seal import Seal
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import SandboxStatusView
 from tests.fixtures.compute import NOW, SPEC, admit, admitted_status, rfc, sandbox
 from tests.fixtures.runtimeclass import (
     NAME,
@@ -47,12 +48,17 @@ def spec_of(**fields: Any) -> SandboxResourceSpec:
 
 
 def test_a_reset_is_due_while_the_spec_asks_for_more_than_the_status_served() -> None:
-    assert reset.reset_wanted(spec_of(), {}) is None
-    assert reset.reset_wanted(spec_of(resets=1), {}) == 1
-    assert reset.reset_wanted(spec_of(resets=1), {"resets": 1}) is None
-    assert reset.reset_wanted(spec_of(resets=3), {"resets": 1}) == 3
+    assert reset.reset_wanted(spec_of(), SandboxStatusView({})) is None
+    assert reset.reset_wanted(spec_of(resets=1), SandboxStatusView({})) == 1
+    assert reset.reset_wanted(spec_of(resets=1), SandboxStatusView({"resets": 1})) is None
+    assert reset.reset_wanted(spec_of(resets=3), SandboxStatusView({"resets": 1})) == 3
     # Refused once (the backend cannot): not tried again on every pass.
-    assert reset.reset_wanted(spec_of(resets=2), {"resets": 1, "resetRefused": "no"}) is None
+    assert (
+        reset.reset_wanted(
+            spec_of(resets=2), SandboxStatusView({"resets": 1, "resetRefused": "no"})
+        )
+        is None
+    )
     fields = reset.reset_fields(2, NOW)
     assert fields["resets"] == 2 and fields["resetRefused"] is None
     assert fields["resetAt"].startswith("2099-01-01T12:00:00")
@@ -235,7 +241,7 @@ def test_a_reset_wait_ends_only_on_ready_for_the_new_count() -> None:
 def test_the_views_keep_what_a_reset_pass_reads() -> None:
     """The operator's passes read a Sandbox from its views: a status field the view dropped
     would make every pass see no reset served yet, and reset again (deleting the new pod)."""
-    from sandbox_operator.reconcile.views import slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
 
     obj = sandbox({**SPEC, "resets": 2}, {"resets": 2, "resetAt": rfc(NOW), "resetRefused": "x"})
     slim = slim_sandbox(obj)

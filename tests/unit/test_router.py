@@ -20,6 +20,7 @@ from sandbox_operator.router.reviews import CachedReviewer, Identity
 from sandbox_operator.router.server import Router, Timeouts
 from sandbox_operator.router.view import SandboxEntry, View
 from sandbox_operator.router.wake import Waker
+from sandbox_operator.views import PodView, SandboxView
 
 NS, NAME, UID = "team-a", "sbx-1", "uid-1"
 GOOD, OTHER = "token-good", "token-other"
@@ -83,44 +84,48 @@ class Upstream:
         writer.close()
 
 
-def sandbox_obj(port: int, *, ready: bool = True, **status: Any) -> dict[str, Any]:
+def sandbox_obj(port: int, *, ready: bool = True, **status: Any) -> SandboxView:
     conditions = [{"type": "Admitted", "status": "True", "reason": "Admitted"}]
     conditions.append(
         {"type": "Ready", "status": "True", "reason": "Running"}
         if ready
         else {"type": "Ready", "status": "False", "reason": status.pop("reason", "Suspended")}
     )
-    return {
-        "metadata": {"namespace": NS, "name": NAME, "uid": UID},
-        "spec": {
-            "suspended": status.pop("spec_suspended", False),
-            "ports": [
-                {"name": "web", "port": port},
-                {"name": "db", "port": 5432, "protocol": "tcp"},
-            ],
-        },
-        "status": {
-            "conditions": conditions,
-            "servedBy": {"kind": "Pod", "name": "pod-1", "namespace": NS},
-            **status,
-        },
-    }
+    return SandboxView(
+        {
+            "metadata": {"namespace": NS, "name": NAME, "uid": UID},
+            "spec": {
+                "suspended": status.pop("spec_suspended", False),
+                "ports": [
+                    {"name": "web", "port": port},
+                    {"name": "db", "port": 5432, "protocol": "tcp"},
+                ],
+            },
+            "status": {
+                "conditions": conditions,
+                "servedBy": {"kind": "Pod", "name": "pod-1", "namespace": NS},
+                **status,
+            },
+        }
+    )
 
 
-def pod_obj(*, owner: str = UID, sandbox: str = NAME) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": NS,
-            "name": "pod-1",
-            "labels": {"sandbox-operator.dev/sandbox": sandbox},
-            "ownerReferences": [{"kind": "Sandbox", "uid": owner, "name": sandbox}],
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": "127.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+def pod_obj(*, owner: str = UID, sandbox: str = NAME) -> PodView:
+    return PodView(
+        {
+            "metadata": {
+                "namespace": NS,
+                "name": "pod-1",
+                "labels": {"sandbox-operator.dev/sandbox": sandbox},
+                "ownerReferences": [{"kind": "Sandbox", "uid": owner, "name": sandbox}],
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
 
 
 @dataclass

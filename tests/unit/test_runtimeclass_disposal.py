@@ -18,6 +18,7 @@ from sandbox_operator.backends.runtimeclass.objects import deletion_landed
 from sandbox_operator.config import parse_config
 from sandbox_operator.contract import ConfigurationError
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import DeleteAnswerView
 from tests.fixtures.runtimeclass import (
     NAME,
     NS,
@@ -43,18 +44,20 @@ def _populated(*, claim: bool = False) -> AnsweringApi:
 def test_what_a_delete_answer_says_is_gone() -> None:
     at = "2026-12-07T09:00:00Z"
     gone_pod = {"deletionTimestamp": at, "deletionGracePeriodSeconds": 0}
-    assert deletion_landed("Pod", {"kind": "Status", "status": "Success"})
-    assert deletion_landed("Pod", {"kind": "Pod", "metadata": gone_pod})
-    assert deletion_landed("NetworkPolicy", {"kind": "NetworkPolicy", "metadata": {}})
+    assert deletion_landed("Pod", DeleteAnswerView({"kind": "Status", "status": "Success"}))
+    assert deletion_landed("Pod", DeleteAnswerView({"kind": "Pod", "metadata": gone_pod}))
+    assert deletion_landed(
+        "NetworkPolicy", DeleteAnswerView({"kind": "NetworkPolicy", "metadata": {}})
+    )
     # Held: by its grace period, by a finalizer (someone else's, or pvc-protection).
     terminating = {"deletionTimestamp": at, "deletionGracePeriodSeconds": 5}
-    assert not deletion_landed("Pod", {"kind": "Pod", "metadata": terminating})
+    assert not deletion_landed("Pod", DeleteAnswerView({"kind": "Pod", "metadata": terminating}))
     held = {**gone_pod, "finalizers": ["example.com/hold"]}
-    assert not deletion_landed("Pod", {"kind": "Pod", "metadata": held})
+    assert not deletion_landed("Pod", DeleteAnswerView({"kind": "Pod", "metadata": held}))
     claim = {"deletionTimestamp": at, "finalizers": [PROTECTION]}
-    assert not deletion_landed(CLAIM, {"kind": CLAIM, "metadata": claim})
+    assert not deletion_landed(CLAIM, DeleteAnswerView({"kind": CLAIM, "metadata": claim}))
     # An answer of another kind proves nothing about this one.
-    assert not deletion_landed("Pod", {"kind": CLAIM, "metadata": {}})
+    assert not deletion_landed("Pod", DeleteAnswerView({"kind": CLAIM, "metadata": {}}))
 
 
 async def test_a_watched_disposal_deletes_the_pod_with_no_grace_and_does_not_wait_for_it() -> None:

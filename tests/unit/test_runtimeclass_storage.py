@@ -329,7 +329,7 @@ def test_the_sandbox_view_keeps_what_suspension_is_judged_by() -> None:
     """The reconciler reads a Sandbox's status from the views: why and since when it is
     suspended, and the counts it increments, must be there (else every pass would suspend it
     afresh, and an idle-suspended one could never tell a use newer than its suspension)."""
-    from sandbox_operator.reconcile.views import slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
 
     status = {
         "suspendedBy": "idle",

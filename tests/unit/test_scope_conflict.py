@@ -11,6 +11,7 @@ from sandbox_operator.client import errors
 from sandbox_operator.contract import ConditionReason
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import SandboxScopeView
 from tests.fixtures.reconcile import (
     NS,
     SPEC,
@@ -73,7 +74,7 @@ def test_created_in_the_same_second_the_name_decides_and_a_spec_edit_moves_the_i
 
 
 def test_a_scope_of_a_held_conversation_resolves_to_a_scope_conflict() -> None:
-    obj = scope_obj("later", "2026-01-01T00:00:02Z")
+    obj = SandboxScopeView(scope_obj("later", "2026-01-01T00:00:02Z"))
     free = compute.resolve_scope(obj, "later", NS)
     assert free.spec is not None
     held = compute.resolve_scope(obj, "later", NS, conversation_holder="first")

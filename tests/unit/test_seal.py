@@ -14,6 +14,7 @@ from sandbox_operator.backends.base import Observation, ObservedPhase, ServedBy
 from sandbox_operator.contract import SandboxKey, SandboxResourceSpec
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.seal import NOT_CONFIGURED, SETTLE, Seal, judge_seal, seal_names
+from sandbox_operator.views import AdmissionPolicyView, PolicyBindingView, SandboxView
 from tests.fixtures.chart import template
 
 OPERATOR = "system:serviceaccount:so-system:so-sandbox-operator"
@@ -43,8 +44,12 @@ def rendered() -> dict[str, dict[str, Any]]:
     return out
 
 
-def objects(rendered: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
-    return copy.deepcopy(rendered)  # type: ignore[arg-type]
+def objects(rendered: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A copy of the four, as the watches hand them out (views over the wire dicts)."""
+    return {
+        key: (AdmissionPolicyView if key.startswith("policy/") else PolicyBindingView)(obj)
+        for key, obj in copy.deepcopy(rendered).items()
+    }
 
 
 def test_the_charts_policies_seal_from_their_last_change_on(
@@ -144,8 +149,8 @@ def _plan(
 ) -> dict[str, Any]:
     now = T0 + timedelta(hours=2)
     spec = {"scopeRef": "conv", "agentDir": "a", "kind": "shell", "image": "busybox"}
-    obj = {"metadata": {"name": "box", "namespace": "ns", "uid": "u", "generation": 1},
-           "spec": spec, "status": status}  # fmt: skip
+    obj = SandboxView({"metadata": {"name": "box", "namespace": "ns", "uid": "u", "generation": 1},
+                       "spec": spec, "status": status})  # fmt: skip
     admission = compute.Admission(
         True, "Admitted", "admitted", "gvisor",
         key=SandboxKey(scope="s", thread_id="t", agent_dir="a", call_id=""),

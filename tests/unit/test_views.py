@@ -17,11 +17,21 @@ from sandbox_operator.contract.resources import (
     SandboxWarmPoolResourceStatus,
 )
 from sandbox_operator.views import (
+    AdmissionPolicyView,
     Conditions,
+    ConfigMapView,
+    DeleteAnswerView,
+    EventView,
+    ListView,
+    NamespaceView,
     PodView,
+    PolicyBindingView,
     SandboxScopeView,
     SandboxView,
     SandboxWarmPoolView,
+    SelfSubjectReviewView,
+    ServiceView,
+    WatchEvent,
 )
 from sandbox_operator.views import fields as view_fields
 from sandbox_operator.views.fields import field_keys
@@ -163,6 +173,46 @@ def test_pod_scope_and_pool_views() -> None:
     assert (scope.scope, scope.thread_id, list(scope.agent_service_accounts)) == ("s", "t", ["a"])
     pool = SandboxWarmPoolView({"spec": {"replicas": 3}, "status": {"shape": "x"}})
     assert (pool.replicas, pool.max_creating, pool.status.shape) == (3, 5, "x")
+
+
+def test_views_of_the_answers_and_kinds_the_operator_watches() -> None:
+    """Lists, watch events, the API's Status, Services, Events, container states, admission
+    policies and a SelfSubjectReview, each read off the dict it was given (a list's items are
+    that very list)."""
+    items = [{"metadata": {"name": "a"}}]
+    listed = ListView({"metadata": {"resourceVersion": "7"}, "items": items})
+    assert listed.objects is items and listed.metadata.resource_version == "7"
+    event = WatchEvent({"type": "DELETED", "object": items[0]})
+    assert (event.type, event.object) == ("DELETED", items[0])
+    gone = DeleteAnswerView({"kind": "Status", "message": "m", "details": {"uid": "u1"}})
+    assert gone.is_status and gone.details.uid == "u1" and gone.message == "m"
+    held = DeleteAnswerView({"kind": "Pod", "metadata": {"deletionGracePeriodSeconds": 0}})
+    assert not held.is_status and held.metadata.deletion_grace_period_seconds == 0
+    assert ServiceView({"spec": {"clusterIP": "10.0.0.9", "ports": [{"port": 3128}]}}).first_port
+    assert ServiceView({"spec": {"cluster_ip": "10.0.0.9"}}).cluster_ip == "10.0.0.9"
+    assert ServiceView({"spec": {}}).first_port is None
+    kubelet = EventView({"reason": "R", "involvedObject": {"kind": "Pod", "uid": "p1"}})
+    assert (kubelet.reason, kubelet.involved_object.kind, kubelet.involved_object.uid) == (
+        "R",
+        "Pod",
+        "p1",
+    )
+    state = {"terminated": {"reason": "Error", "exitCode": 2}}
+    container = PodView({"status": {"containerStatuses": [{"state": state}]}})
+    (cs,) = container.status.container_statuses
+    assert (cs.terminated.reason, cs.terminated.exit_code, bool(cs.waiting)) == ("Error", 2, False)
+    assert NamespaceView({"status": {"phase": "Terminating"}}).terminating
+    assert ConfigMapView({"data": {"k": "v"}}).data == {"k": "v"}
+    policy = AdmissionPolicyView(
+        {"spec": {"matchConstraints": {"resourceRules": [{"operations": ["CONNECT"]}]}}}
+    )
+    assert [r.operations for r in policy.resource_rules] == [("CONNECT",)]
+    binding = PolicyBindingView({"spec": {"validationActions": ["Deny"], "paramRef": {}}})
+    assert binding.validation_actions == ("Deny",) and binding.param_ref.namespace == ""
+    who = SelfSubjectReviewView({"status": {"userInfo": {"username": "me"}}})
+    assert who.user_info.username == "me"
+    meta = PodView({"metadata": {"managedFields": [{"time": "2026-01-01T00:00:00Z"}]}}).metadata
+    assert [m.time for m in meta.managed_fields] == [datetime(2026, 1, 1, tzinfo=UTC)]
 
 
 def test_views_are_read_only_and_wrap_once() -> None:

@@ -41,6 +41,7 @@ from sandbox_operator.policy import resolve_spec, select_backend
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile import pool as pools
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.views import PodView, SandboxView, SandboxWarmPoolView
 
 NS = "ns"
 TEMPLATE = {"kind": "shell", "image": "busybox"}
@@ -80,12 +81,14 @@ def judge(template: dict[str, Any], pool_backends: frozenset[str] = frozenset({"
     )
 
 
-def pool_obj(replicas: int = 3, max_creating: int = 5) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": NS, "uid": "pool-uid", "generation": 2},
-        "spec": {"template": TEMPLATE, "replicas": replicas, "maxCreating": max_creating},
-        "status": {},
-    }
+def pool_obj(replicas: int = 3, max_creating: int = 5) -> SandboxWarmPoolView:
+    return SandboxWarmPoolView(
+        {
+            "metadata": {"name": "p", "namespace": NS, "uid": "pool-uid", "generation": 2},
+            "spec": {"template": TEMPLATE, "replicas": replicas, "maxCreating": max_creating},
+            "status": {},
+        }
+    )
 
 
 _names = iter(range(10_000))
@@ -100,7 +103,7 @@ def pod(
     created: str = "2099-01-01T00:00:00Z",
     waiting: str | None = None,
     pool_uid: str = "pool-uid",
-) -> dict[str, Any]:
+) -> PodView:
     labels = {lbl.POOL_LABEL: "p", lbl.POOL_SHAPE_LABEL: shape, lbl.BACKEND_LABEL: "gvisor"}
     owners = [{"kind": "SandboxWarmPool", "name": "p", "uid": pool_uid}]
     if claimed_by:
@@ -112,18 +115,20 @@ def pod(
     }
     if waiting:
         status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
-    return {
-        "metadata": {
-            "name": f"{POOL_POD_PREFIX}p-{next(_names)}",
-            "namespace": NS,
-            "uid": "pod-uid",
-            "resourceVersion": "7",
-            "creationTimestamp": created,
-            "labels": labels,
-            "ownerReferences": owners,
-        },
-        "status": status,
-    }
+    return PodView(
+        {
+            "metadata": {
+                "name": f"{POOL_POD_PREFIX}p-{next(_names)}",
+                "namespace": NS,
+                "uid": "pod-uid",
+                "resourceVersion": "7",
+                "creationTimestamp": created,
+                "labels": labels,
+                "ownerReferences": owners,
+            },
+            "status": status,
+        }
+    )
 
 
 # ---- the template ---------------------------------------------------------------------------
@@ -411,8 +416,7 @@ async def test_a_pod_the_live_pool_did_not_make_is_never_claimed() -> None:
     as it makes the pool's pods."""
     rt, driver, shape = claim_world()
     stranger = pod(shape, pool_uid="some-other-uid")
-    forged = pod(shape)
-    forged["spec"] = {"runtimeClassName": "runc"}
+    forged = PodView({**pod(shape), "spec": {"runtimeClassName": "runc"}})
     for p in (stranger, forged):
         rt.views.pods.upsert(p)
     claim = await pools.claim_warm_pod(rt, request(), "gvisor")
@@ -516,7 +520,9 @@ def test_a_pod_ready_before_the_admission_starts_the_idle_clock_at_the_admission
         "gvisor",
         key=SandboxKey(scope="s", thread_id="t", agent_dir="a", call_id=""),
     )
-    plan = compute.plan(obj, parsed, admission, obs, key_unclean=None, scope_problem="", now=now)
+    plan = compute.plan(
+        SandboxView(obj), parsed, admission, obs, key_unclean=None, scope_problem="", now=now
+    )
     assert plan.verdict is not None and plan.verdict.ready
     assert plan.requeue_after is not None and abs(plan.requeue_after - 60) < 1
 

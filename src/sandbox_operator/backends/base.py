@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from sandbox_operator.contract import (
     DisposalCode,
@@ -26,8 +26,12 @@ from sandbox_operator.contract import (
     SandboxSpec,
 )
 from sandbox_operator.contract.resources import ServedBy
+from sandbox_operator.views import ObjectView
 
 __all__ = ["ServedBy"]  # the contract's, re-exported: drivers return it (one ServedBy)
+
+#: The view a watched kind's objects are handed out as.
+V = TypeVar("V", bound=ObjectView)
 
 
 class ObservedPhase(StrEnum):
@@ -302,20 +306,21 @@ class WatchedDisposal(Protocol):
         ...
 
 
-class WatchedObjects(Protocol):
+class WatchedObjects(Protocol[V]):
     """One kind of object as the operator's watch holds it (``reconcile.views.Store``), handed to
-    a driver (``use_views``). Declared here so backends/ depend on the shape they use, not on
-    the reconciler that owns the watch (AGENTS.md, "Import rules")."""
+    a driver (``use_views``), each object a view (``PodView``, ``ObjectView``) over a fresh copy.
+    Declared here so backends/ depend on the shape they use, not on the reconciler that owns the
+    watch (AGENTS.md, "Import rules")."""
 
-    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+    def __iter__(self) -> Iterator[V]: ...
 
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get(self, namespace: str, name: str) -> V | None: ...
 
-    def upsert(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+    def upsert(self, obj: Mapping[str, Any]) -> V: ...
 
     def remove(self, namespace: str, name: str, uid: str | None = None) -> None: ...
 
-    def select(self, namespace: str, label: str, value: str) -> list[dict[str, Any]]: ...
+    def select(self, namespace: str, label: str, value: str) -> list[V]: ...
 
     def select_names(self, namespace: str, label: str, value: str) -> list[str]: ...
 

@@ -23,8 +23,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from sandbox_operator.views import PodView
+
 #: The key a slim pod in the operator's views keeps its digest under (in ``spec``).
-CONFINEMENT: Final = "confinement"
+CONFINEMENT: Final = PodView.confinement.key
 #: The container fields that decide what the container can reach.
 CONTAINER_FIELDS: Final = (
     "name",

@@ -80,6 +80,7 @@ from sandbox_operator.backends.egress_proxy_objects import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import read_or_none
+from sandbox_operator.views import PodView, ServiceView
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class ManagedEgressProxy:
         self._apps: Any = client.AppsV1Api(api)
         # The Service as last read or applied, per namespace, for `check`: a pass over every
         # allowlisted sandbox of a namespace reads it at most once per SERVICE_CHECK_SECONDS.
-        self._seen_service: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._seen_service: dict[str, tuple[float, ServiceView | None]] = {}
         self._namespaces: set[str] = set()  # where a proxy was ensured or checked
         # One ensure at a time per namespace: the allowlisted sandboxes of a namespace whose
         # Service went away are all woken at once, and two restores racing to create the Service
@@ -214,10 +215,11 @@ class ManagedEgressProxy:
         out: dict[str, Any] = self._api.sanitize_for_serialization(result)
         return out
 
-    async def read_service(self, namespace: str) -> dict[str, Any] | None:
-        return await read_or_none(
+    async def read_service(self, namespace: str) -> ServiceView | None:
+        found = await read_or_none(
             self._api, self._core.read_namespaced_service, PROXY_NAME, namespace
         )
+        return None if found is None else ServiceView(found)
 
     async def _recorded(self, namespace: str) -> ProxyAddress | None:
         """The address live sandbox pods of the namespace were given (one list call)."""
@@ -225,7 +227,9 @@ class ManagedEgressProxy:
             namespace,
             label_selector=lbl.format_selector({lbl.MANAGED_BY_LABEL: lbl.MANAGED_BY_VALUE}),
         )
-        return recorded_address([self._api.sanitize_for_serialization(p) for p in pods.items])
+        return recorded_address(
+            PodView(self._api.sanitize_for_serialization(p)) for p in pods.items
+        )
 
     async def ensure(
         self, namespace: str, sandbox: SandboxRef | PoolRef, *, want: ProxyAddress | None = None
@@ -275,7 +279,7 @@ class ManagedEgressProxy:
             ) from None
         ask = current or want
         own = sandbox_field_manager(sandbox)
-        service: dict[str, Any] = {}
+        service: ServiceView | None = None
         ca = await self._ca(namespace) if self.intercepting else None
         for obj in build_objects(namespace, self.settings, ask.ip if ask else None, ca):
             try:
@@ -298,7 +302,7 @@ class ManagedEgressProxy:
             if sandbox.uid:
                 await self._apply(owner_only(obj, sandbox), own)
             if obj["kind"] == "Service":
-                service = applied
+                service = ServiceView(applied)
         address = service_address(service)
         if address is None:
             raise ProxyError("the egress proxy Service has no cluster IP", permanent=True)
@@ -331,7 +335,7 @@ class ManagedEgressProxy:
             return None
         return service_address(seen[1])
 
-    async def _service_for_check(self, namespace: str) -> dict[str, Any] | None:
+    async def _service_for_check(self, namespace: str) -> ServiceView | None:
         """The namespace's Service as last seen, if seen lately (by ``ensure`` or the periodic
         look); else read now."""
         self._namespaces.add(namespace)
@@ -391,8 +395,8 @@ class ManagedEgressProxy:
                     "the namespace's egress proxy Service was re-created with another address "
                     "than the one this sandbox was given, so its allowlisted egress is lost"
                 )
-            refs = kubeobj.meta(service).get("ownerReferences") or []
-            owners = {o.get("uid") for o in refs}
+            refs = service.metadata.owner_references if service is not None else []
+            owners = {o.uid for o in refs}
             if sandbox.uid and sandbox.uid not in owners:
                 # An ensure that stopped half-way: put this Sandbox's reference back.
                 try:

@@ -10,7 +10,7 @@ import hashlib
 import ipaddress
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from sandbox_operator.egress.config import (
     CA_KEY_KEY,
     ManagedEgressProxySettings,
 )
+from sandbox_operator.views import PodView, ServiceView
 
 PROXY_NAME = "sandbox-egress-proxy"
 COMPONENT = "egress-proxy"
@@ -427,28 +428,24 @@ def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[st
     }
 
 
-def recorded_address(pods: list[Mapping[str, Any]]) -> ProxyAddress | None:
+def recorded_address(pods: Iterable[PodView]) -> ProxyAddress | None:
     """The proxy address most live sandbox pods of a namespace were given, if any."""
     seen: Counter[ProxyAddress] = Counter()
     for pod in pods:
-        meta = kubeobj.meta(pod)
-        phase = (pod.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp") or phase in ("Failed", "Succeeded"):
+        meta = pod.metadata
+        if meta.deleting or pod.status.phase in ("Failed", "Succeeded"):
             continue
-        annotations = meta.get("annotations") or {}
-        address = ProxyAddress.parse(str(annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
+        address = ProxyAddress.parse(str(meta.annotations.get(PROXY_ADDRESS_ANNOTATION, "")))
         if address is not None:
             seen[address] += 1
     return seen.most_common(1)[0][0] if seen else None
 
 
-def service_address(service: Mapping[str, Any] | None) -> ProxyAddress | None:
+def service_address(service: ServiceView | None) -> ProxyAddress | None:
     """The address a (live) proxy Service serves on; None if absent, deleting or headless."""
-    if not service or kubeobj.meta(service).get("deletionTimestamp"):
+    if service is None or not service or service.metadata.deleting:
         return None
-    spec = service.get("spec") or {}
-    ip = spec.get("clusterIP") or spec.get("cluster_ip")
-    ports = spec.get("ports") or []
-    if not ip or ip == "None" or not ports:
+    ip, port = service.cluster_ip, service.first_port
+    if not ip or ip == "None" or port is None:
         return None
-    return ProxyAddress(str(ip), int(ports[0].get("port")))
+    return ProxyAddress(ip, port)

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.base import EnsureRequest, PoolRef, ServedBy, TransientError
+from sandbox_operator.backends.base import (
+    EnsureRequest,
+    PoolRef,
+    ServedBy,
+    TransientError,
+    WatchedObjects,
+)
 from sandbox_operator.backends.egress_proxy import ProxyAddress
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.contract import (
@@ -104,7 +110,7 @@ def build_pool_pod(
     return pod_manifest(spec, backend, metadata, managed_proxy)
 
 
-def pod_origin(pod: Mapping[str, Any]) -> str:
+def pod_origin(pod: ObjectView) -> str:
     """``status.servedFrom`` for a Sandbox served by ``pod``: the pool that made it, or cold.
     Read off the pod itself, so it is right whoever (whichever replica, before or after a
     restart) reports it."""
@@ -112,10 +118,10 @@ def pod_origin(pod: Mapping[str, Any]) -> str:
     return f"{SANDBOX_WARM_POOL_KIND}/{name}" if name else SERVED_FROM_COLD
 
 
-def pool_name_of(obj: Mapping[str, Any]) -> str | None:
+def pool_name_of(obj: ObjectView) -> str | None:
     """The warm pool a pod or NetworkPolicy was made by, idle or claimed: its pool-name
     annotation (the pool label, which holds a long name shortened, for an object without one)."""
-    meta = ObjectView(obj).metadata
+    meta = obj.metadata
     label = meta.labels.get(lbl.POOL_LABEL)
     if not label:
         return None
@@ -123,11 +129,11 @@ def pool_name_of(obj: Mapping[str, Any]) -> str | None:
 
 
 def claim_patch(
-    pod: Mapping[str, Any], request: EnsureRequest, now: datetime | None = None
+    pod: PodView, request: EnsureRequest, now: datetime | None = None
 ) -> dict[str, Any]:
     """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
     unchanged since it was seen (its resourceVersion)."""
-    meta = PodView(pod).metadata
+    meta = pod.metadata
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "metadata": {
@@ -142,10 +148,10 @@ def claim_patch(
     }
 
 
-def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
+def is_idle(pod: PodView, pool_uid: str | None = None) -> bool:
     """Whether a pool pod is still unclaimed (owned by its pool, no sandbox label) and not being
     deleted. ``pool_uid``: owned by that very pool."""
-    meta = PodView(pod).metadata
+    meta = pod.metadata
     if meta.deleting or lbl.SANDBOX_LABEL in meta.labels:
         return False
     return any(
@@ -158,8 +164,8 @@ def is_idle(pod: Mapping[str, Any], pool_uid: str | None = None) -> bool:
 POD_READY = "Ready"
 
 
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    status = PodView(pod).status
+def is_ready(pod: PodView) -> bool:
+    status = pod.status
     if status.phase != "Running":
         return False
     return any(c.type == POD_READY and c.is_true for c in status.conditions)
@@ -169,7 +175,12 @@ class WarmPoolPods:
     """The API calls of warm pools on one runtime-class backend (the driver's API objects and
     views: every answer goes into the views at once)."""
 
-    def __init__(self, api: Any, pods: Any, network_policies: Any) -> None:
+    def __init__(
+        self,
+        api: Any,
+        pods: WatchedObjects[PodView],
+        network_policies: WatchedObjects[ObjectView],
+    ) -> None:
         from kubernetes_asyncio import client
 
         self._core: Any = client.CoreV1Api(api)
@@ -201,12 +212,12 @@ class WarmPoolPods:
         self._pods.upsert(created)
         return created
 
-    async def delete(self, pod: Mapping[str, Any]) -> bool:
+    async def delete(self, pod: PodView) -> bool:
         """Delete an idle pod only if it is still as seen (not claimed meanwhile). False: it
         changed (or went) first."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = PodView(pod).metadata
+        meta = pod.metadata
         body = {
             "preconditions": {
                 "uid": meta.uid or None,
@@ -214,26 +225,24 @@ class WarmPoolPods:
             }
         }
         try:
-            await call_json(
-                self._core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body
-            )
+            await call_json(self._core.delete_namespaced_pod, meta.name, meta.namespace, body=body)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
             raise
         return True
 
-    async def claim(self, pod: Mapping[str, Any], request: EnsureRequest) -> ServedBy | None:
+    async def claim(self, pod: PodView, request: EnsureRequest) -> ServedBy | None:
         """Give ``pod`` to the Sandbox of ``request``; None when another claim (or a deletion)
         changed the pod first."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = kubeobj.meta(pod)
+        meta = pod.metadata
         try:
             claimed = await call_json(
                 self._core.patch_namespaced_pod,
-                meta["name"],
-                meta["namespace"],
+                meta.name,
+                meta.namespace,
                 claim_patch(pod, request),
                 _content_type="application/merge-patch+json",
             )
@@ -241,6 +250,5 @@ class WarmPoolPods:
             if exc.status in (404, 409, 422):
                 return None
             raise
-        self._pods.upsert(claimed)
-        cmeta = PodView(claimed).metadata
+        cmeta = self._pods.upsert(claimed).metadata
         return ServedBy(kubeobj.POD_KIND, cmeta.name, cmeta.namespace)

@@ -91,7 +91,7 @@ def resolve_scope(
         return ScopeResolution(
             None, f"SandboxScope {scope_ref!r} not found in namespace {namespace}"
         )
-    scope_view = SandboxScopeView.of(scope_obj)
+    scope_view = scope_obj
     if scope_view.metadata.deleting:
         return ScopeResolution(None, f"SandboxScope {scope_ref!r} is being deleted")
     if conversation_holder is not None:
@@ -111,7 +111,7 @@ def resolve_scope(
 def parse_spec(obj: SandboxView) -> SandboxResourceSpec | str:
     """The validated spec, or the message of a ``StartupFailed`` saying which field is wrong."""
     try:
-        return SandboxResourceSpec.model_validate(SandboxView.of(obj).spec)
+        return SandboxResourceSpec.model_validate(obj.spec)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -120,7 +120,7 @@ def parse_spec(obj: SandboxView) -> SandboxResourceSpec | str:
 
 def is_terminal(status: SandboxStatusView) -> bool:
     """Ended (StartupFailed, StartupTimeout, Failed, Expired): nothing is created again."""
-    ready = SandboxStatusView.of(status).conditions.find(READY)
+    ready = status.conditions.find(READY)
     return ready is not None and ready.reason in TERMINAL_REASONS and not ready.is_true
 
 
@@ -156,7 +156,7 @@ def admit(
     serves, the decision stands: the policy is never asked again for a running sandbox. A
     suspended sandbox being resumed (``rejudge``) is judged again, as if new: the floor, the
     capabilities and the egress may have changed while nothing ran."""
-    status = SandboxView.of(obj).status
+    status = obj.status
     key = spec.key(scope.spec.scope, scope.spec.thread_id) if scope.spec is not None else None
     admitted = status.conditions.find(ADMITTED)
     if (
@@ -282,7 +282,6 @@ def suspension(
     """Suspended by the spec while ``spec.suspended``; suspended by idling until a use newer than
     the suspension (the client's last-activity stamp). Idling into suspension is the lifetime
     verdict's to decide (``Verdict.suspend``), not this function's."""
-    status = SandboxStatusView.of(status)
     recorded = status.suspended_by
     if spec.suspended:
         if recorded:
@@ -323,7 +322,6 @@ def suspended_plan(
     ``kept``: what the backend reports once the compute stopped; a serving object it keeps (a
     remote sandbox, stopped) stays in ``servedBy``, so a resume finds that one or refuses, never
     starting an empty one in its place. ``detail``: why, when the backend stopped it itself."""
-    obj = SandboxView.of(obj)
     status = obj.status
     ttl_at = _ttl_reached(obj, spec, now)
     ttl = spec.sandbox_spec().lifetime.ttl_seconds
@@ -372,7 +370,7 @@ def suspended_plan(
 
 def resume_plan(obj: SandboxView, admission: Admission, *, now: datetime) -> Plan:
     """A suspended Sandbox admitted again: record the resume; the next pass starts it."""
-    status = SandboxView.of(obj).status
+    status = obj.status
     fields: dict[str, Any] = {**admission.fields, "suspendedBy": None}
     message = "resuming: starting the compute on the kept work volume"
     if status.suspend_count:
@@ -393,7 +391,7 @@ def resume_plan(obj: SandboxView, admission: Admission, *, now: datetime) -> Pla
 def resuming(status: SandboxStatusView) -> bool:
     """Whether creating the serving objects now is a resume (start again on the kept storage)
     rather than a first start: the sandbox was resumed, and so ran before."""
-    return bool(SandboxStatusView.of(status).resumed_at)
+    return bool(status.resumed_at)
 
 
 def refused_resume_plan(admission: Admission) -> Plan:
@@ -460,7 +458,6 @@ def plan(
     ``key_unclean`` is asked for (and matters) only while nothing exists yet and the Sandbox
     was never Ready: an earlier sandbox of the same key must be disposed before this one starts.
     """
-    obj = SandboxView.of(obj)
     meta, status = obj.metadata, obj.status
     was_ready = status.conditions.is_true(READY) and not resetting
     if observation.phase is ObservedPhase.ABSENT and not was_ready and not resetting:

@@ -5,8 +5,8 @@ become wire dicts (camelCase, unset fields omitted) only where a status is writt
 (``status.Draft.values``). ``lastTransitionTime`` moves only when a condition's status flips; a
 new reason or message under the same status keeps it.
 
-The readers at the bottom (:func:`find`, :func:`reason_of`, :func:`is_true`) look into the raw
-objects the views hold, as the API server returned them, without decoding a whole status.
+A held object's conditions are read through the views (``sandbox_operator.views.Conditions``),
+without decoding a whole status.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_operator.contract import Condition, ConditionReason, ConditionStatus, ConditionType
-from sandbox_operator.views import Conditions, ConditionView, StatusView
+from sandbox_operator.views import ConditionView
 
 log = logging.getLogger(__name__)
 
@@ -155,20 +155,3 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
         elif _normalize(old.get(key)) != _normalize(value):
             patch[key] = value
     return patch or None
-
-
-# ---- readers of raw objects --------------------------------------------------------------------
-
-
-def find(conditions: object, ctype: ConditionType) -> ConditionView | None:
-    """The condition of that type in a raw ``conditions`` list, as a view."""
-    return Conditions(conditions).find(ctype)
-
-
-def reason_of(status: Mapping[str, Any] | None, ctype: ConditionType) -> str | None:
-    cond = StatusView(status).conditions.find(ctype)
-    return None if cond is None else cond.reason
-
-
-def is_true(status: Mapping[str, Any] | None, ctype: ConditionType) -> bool:
-    return StatusView(status).conditions.is_true(ctype)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import metrics
@@ -102,7 +101,7 @@ async def key_unclean(
 
 
 def drivers_for(rt: Runtime, status: SandboxStatusView) -> list[BackendDriver]:
-    backend = SandboxStatusView.of(status).backend
+    backend = status.backend
     if backend in rt.drivers:
         return [rt.drivers[backend]]
     return list(rt.drivers.values())
@@ -176,7 +175,7 @@ def egress_final_wait(rt: Runtime, obj: SandboxView) -> float | None:
     """Seconds the finalizer should still wait for the egress proxy's final write, or None: the
     proxy never admitted the Sandbox (no ``status.egress.admitted``), it wrote ``final``, or
     :data:`EGRESS_FINAL_WAIT_SECONDS` have passed since the wait began."""
-    view = SandboxView.of(obj)
+    view = obj
     key = view.key
     egress = view.status.egress
     if not egress.admitted or egress.final:
@@ -190,7 +189,7 @@ def egress_final_wait(rt: Runtime, obj: SandboxView) -> float | None:
     return left + 0.05
 
 
-async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
+async def finalize_sandbox(rt: Runtime, obj: SandboxView) -> Step:
     """Dispose everything that serves a deleted Sandbox, then let it go (remove the finalizer).
 
     While disposal is under way or failed, the finalizer stays and the status says so; the pass
@@ -198,7 +197,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
     Sandbox the egress proxy admitted is held until the proxy's final write is there (at most
     :data:`EGRESS_FINAL_WAIT_SECONDS`, see :func:`egress_final_wait`).
     """
-    view = SandboxView(obj)
+    view = obj
     meta = view.metadata
     namespace, name = view.key
     finalizers = list(meta.finalizers)
@@ -226,7 +225,8 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()
-        released_meta = SandboxView(released).metadata
+        released_view = SandboxView(released)
+        released_meta = released_view.metadata
         if released_meta.finalizers:
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,
             # but it no longer holds its key (key_unclean), so what waits on the key goes ahead.
@@ -237,7 +237,7 @@ async def finalize_sandbox(rt: Runtime, obj: Mapping[str, Any]) -> Step:
             # deletion event arrives about now: the pod went in this very pass) must not find it
             # in the views and release it again (a patch answered 404); its DELETED event still
             # brings the rest (the key's waiters, the scope's count).
-            sandbox_gone(rt, released)
+            sandbox_gone(rt, released_view)
         rt.purging.discard((namespace, name))
         return Step.wait()
     failed = draft.reason(DISPOSED) == R.DISPOSAL_FAILED

@@ -29,7 +29,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.policy import BackendProfile, check_egress
 from sandbox_operator.reconcile.conditions import now_rfc3339
-from sandbox_operator.views import SandboxStatusView
+from sandbox_operator.views import EgressEditRefusalView, SandboxStatusView
 
 R = ConditionReason
 
@@ -67,7 +67,7 @@ def _describe(allow: frozenset[str], rules: Mapping[str, Any]) -> str:
 
 def egress_edit(
     spec: SandboxResourceSpec,
-    status: Mapping[str, Any],
+    status: SandboxStatusView,
     admitted: Mapping[str, Any],
     *,
     generation: int,
@@ -97,22 +97,23 @@ def egress_edit(
     # None: an admitted Sandbox whose status holds no lists (admitted before they were recorded,
     # or they were removed): the proxy enforces nothing for it, and the spec's lists are judged
     # as an edit from none, never taken as they are.
-    held = SandboxStatusView.of(status)
+    held = status
     old_allow = admitted.get("admittedEgressAllow", held.admitted_egress_allow)
     raw_rules = admitted.get("admittedEgressRules", held.admitted_egress_rules)
-    record = dict(held.egress_policy)
+    recorded = bool(held.egress_policy)
+    recorded_generation = held.egress_policy_generation
     refusal = held.egress_edit_refused
-    refused_at = refusal.get("generation") if isinstance(refusal, Mapping) else None
+    refused_at = EgressEditRefusalView(refusal).generation if refusal is not None else None
     new_allow = frozenset(spec.egress_allow)
     new_rules = {r.host: r.to_wire() for r in spec.egress_rules}
     # Cheap first (every pass of every allowlist sandbox asks): the lists exactly as written.
     same_rules = (raw_rules or []) == list(new_rules.values()) or _rules(raw_rules) == new_rules
     # This pass's admission records the spec's lists itself (a new admission, a resume judged
     # afresh): they are this generation's.
-    fresh = "admittedEgressAllow" in admitted and record.get("generation") != generation
+    fresh = "admittedEgressAllow" in admitted and recorded_generation != generation
     if old_allow is not None and _hosts(old_allow) == new_allow and same_rules:
         fields: dict[str, Any] = {}
-        if fresh or not record:
+        if fresh or not recorded:
             fields["egressPolicy"] = {"generation": generation, "appliedAt": now_rfc3339(now)}
         if refusal is not None:
             fields["egressEditRefused"] = None  # back at what is enforced: nothing refused
@@ -122,7 +123,7 @@ def egress_edit(
     problem = _refusal(spec, backend, follows_edits, allow_unrestricted)
     if problem is not None:
         reason, message = problem
-        kept = record.get("generation", 0)
+        kept = recorded_generation if recorded_generation is not None else 0
         text = (
             f"egress edit of generation {generation} refused ({reason}): {message}; the egress "
             f"of generation {kept} stays enforced"

@@ -17,7 +17,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import StartupError
 from sandbox_operator.backends.runtimeclass import RuntimeClassDriver, egress_policy_key
 from sandbox_operator.reconcile.runtime import Runtime
-from sandbox_operator.views import ObjectView, PodView
+from sandbox_operator.views import ObjectView
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 def pods_under(rt: Runtime, namespace: str, backend: str, egress: str) -> list[str]:
     """The live (not deleting) sandbox pods a namespace's egress policy of ``backend`` and
     ``egress`` confines, by name (from the views)."""
-    metas = (PodView(p).metadata for p in rt.views.pods.select(namespace, lbl.EGRESS_LABEL, egress))
+    metas = (p.metadata for p in rt.views.pods.select(namespace, lbl.EGRESS_LABEL, egress))
     return [
-        str(meta["name"])
+        meta.name
         for meta in metas
         if meta.labels.get(lbl.BACKEND_LABEL) == backend and not meta.deleting
     ]
@@ -36,14 +36,15 @@ def pods_under(rt: Runtime, namespace: str, backend: str, egress: str) -> list[s
 async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -> None:
     """Bring a namespace's egress policy back to what its backend makes, after its watch event
     (``type_``: the watch's ADDED, MODIFIED or DELETED). Other NetworkPolicies are left alone."""
-    key = egress_policy_key(body)
+    policy = ObjectView(body)
+    key = egress_policy_key(policy)
     if key is None:
         return
     backend, egress = key
     driver = rt.drivers.get(backend)
     if not isinstance(driver, RuntimeClassDriver):
         return  # a backend not configured (any more): not ours to keep
-    meta = ObjectView(body).metadata
+    meta = policy.metadata
     namespace, name = meta.namespace, meta.name
     if type_ == "DELETED":
         pods = pods_under(rt, namespace, backend, egress.value)
@@ -55,7 +56,7 @@ async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -
             name,
             len(pods),
         )
-    elif meta.deleting or driver.egress_policy_current(body):
+    elif meta.deleting or driver.egress_policy_current(policy):
         return
     try:
         await driver.ensure_egress_policy(namespace, egress)

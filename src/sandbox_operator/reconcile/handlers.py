@@ -435,7 +435,7 @@ async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
     namespace, name, uid = _ns_name(body)
     # Other SandboxScopes of its conversation: one refused (ScopeConflict) while this one held
     # it may hold it now, and its Sandboxes go ahead.
-    peers = [n for n in rt.views.conversation_of(body) if n != name]
+    peers = [n for n in rt.views.conversation_of(SandboxScopeView(body)) if n != name]
     if type == "DELETED":
         rt.views.scopes.remove(namespace, name, uid)
         rt.purges.pop((namespace, name), None)
@@ -487,12 +487,13 @@ async def persistent_volume_claim_event(
 
 def _child_event(rt: Runtime, type: str, body: kopf.Body, store: Any) -> None:
     namespace, name, uid = _ns_name(body)
-    owner = owning_sandbox(body)
+    child = ObjectView(body)
+    owner = owning_sandbox(child)
     if type == "DELETED":
         store.remove(namespace, name, uid)
-        _wake_key(rt, namespace, ObjectView(body).metadata.labels)
+        _wake_key(rt, namespace, child.metadata.labels)
     if owner:
         rt.enqueue_sandbox(namespace, owner, urgent=True)
-    pool = pool_name_of(body)
+    pool = pool_name_of(child)
     if pool:  # a pool's pod started, was claimed or went: the pool counts (and refills) again
         rt.enqueue_pool(namespace, pool, POOL_EVENT_DELAY_SECONDS)

@@ -22,6 +22,8 @@ from sandbox_operator.contract import (
     VERSION,
 )
 from sandbox_operator.reconcile.conditions import now_rfc3339
+from sandbox_operator.views import ApiStatusView, ListView, ObjectView
+from sandbox_operator.views.fields import mapping
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,7 @@ class Kube:
         result = await self._custom.list_namespaced_custom_object(
             GROUP, VERSION, namespace, SANDBOX_PLURAL, **kwargs
         )
-        items: list[dict[str, Any]] = result.get("items", [])
-        return items
+        return [dict(mapping(item)) for item in ListView(result).objects]
 
     async def _patch(
         self,
@@ -199,7 +200,7 @@ class Kube:
 
     async def post_event(
         self,
-        obj: Mapping[str, Any],
+        obj: ObjectView,
         *,
         type_: str,
         reason: str,
@@ -207,23 +208,23 @@ class Kube:
         action: str = "Reconcile",
     ) -> None:
         """Record a Kubernetes Event about ``obj``; failures are logged, never raised."""
-        meta = kubeobj.meta(obj)
-        namespace = meta.get("namespace") or "default"
+        meta = obj.metadata
+        namespace = meta.namespace or "default"
         stamp = now_rfc3339()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "generateName": f"{meta.get('name', 'object')[:200]}.",
+                "generateName": f"{(meta.name if 'name' in meta else 'object')[:200]}.",
                 "namespace": namespace,
             },
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion", API_VERSION),
-                "kind": obj.get("kind", ""),
-                "name": meta.get("name", ""),
+                "apiVersion": obj.api_version if "apiVersion" in obj else API_VERSION,
+                "kind": obj.kind,
+                "name": meta.name,
                 "namespace": namespace,
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
+                "uid": meta.uid,
+                "resourceVersion": meta.resource_version,
             },
             "type": type_,
             "reason": reason,
@@ -240,14 +241,16 @@ class Kube:
             await self._core.create_namespaced_event(namespace, body)
         except Exception as exc:  # an Event is a courtesy; never fail a reconcile over it
             detail = getattr(exc, "status", type(exc).__name__)
-            log.warning("could not record event %s on %s: %s", reason, meta.get("name"), detail)
+            log.warning("could not record event %s on %s: %s", reason, meta.name, detail)
 
 
 def api_error_text(exc: Exception) -> str:
     body = getattr(exc, "body", None)
     if body:
         try:
-            return str(json.loads(body).get("message", ""))[:500]
-        except (ValueError, AttributeError):
-            pass
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if isinstance(doc, Mapping):
+            return ApiStatusView(doc).message[:500]
     return type(exc).__name__

@@ -17,7 +17,6 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-from sandbox_operator.reconcile.views import ANNOTATIONS_SIZE
 from sandbox_operator.views import MetaView, SandboxView
 
 log = logging.getLogger(__name__)
@@ -25,16 +24,16 @@ log = logging.getLogger(__name__)
 
 async def ensure_metadata(
     rt: Runtime,
-    obj: dict[str, Any],
+    obj: SandboxView,
     scope: compute.ScopeResolution,
     key: SandboxKey | None,
     kind: str,
-) -> dict[str, Any] | None:
+) -> SandboxView | None:
     """The finalizer, and (once the scope gives the key) the key and kind labels and the key
     annotations, in one patch and only when something is missing. Returns the object as it is
     now."""
-    meta = SandboxView(obj).metadata
-    name = str(meta["name"])
+    meta = obj.metadata
+    name = meta.name
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if key is not None and scope.spec is not None:
@@ -57,7 +56,7 @@ async def ensure_metadata(
     async def patch(annotations: dict[str, str]) -> dict[str, Any] | None:
         return await rt.kube.patch_metadata(
             SANDBOX_PLURAL,
-            str(meta["namespace"]),
+            meta.namespace,
             name,
             labels,
             annotations,
@@ -75,7 +74,7 @@ async def ensure_metadata(
         log.warning(
             "sandbox %s/%s: its annotations leave no room for the key annotations; "
             "labelled without them",
-            meta["namespace"],
+            meta.namespace,
             name,
         )
         patched = await patch({})
@@ -84,13 +83,13 @@ async def ensure_metadata(
     return rt.views.put_sandbox(patched)
 
 
-def annotations_fit(meta: Mapping[str, Any], adding: Mapping[str, str]) -> bool:
+def annotations_fit(meta: MetaView, adding: Mapping[str, str]) -> bool:
     """Whether merging ``adding`` into the object's annotations keeps them within the API server's
-    limit (the views keep the annotations' size when it is large: ``views.ANNOTATIONS_SIZE``)."""
-    size = int(meta.get(ANNOTATIONS_SIZE) or 0)
+    limit (the views keep the annotations' size when it is large: ``slim.ANNOTATIONS_SIZE``)."""
+    size = meta.annotations_size
     if not size:
         return True
-    have = MetaView.of(meta).annotations
+    have = meta.annotations
     replaced = {k: have[k] for k in adding if k in have}
     growth = lbl.annotations_size(adding) - lbl.annotations_size(replaced)
     return size + growth <= lbl.ANNOTATIONS_LIMIT_BYTES

@@ -162,7 +162,7 @@ class PoolPlan:
     """What one pass does to a pool: pods to create and delete, the status to write."""
 
     create: int = 0
-    delete: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[PodView] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     condition: tuple[bool, ConditionReason, str] = (False, R.FILLING, "")
 
@@ -170,14 +170,14 @@ class PoolPlan:
 def plan_pool(
     pool: SandboxWarmPoolView,
     judgement: TemplateJudgement,
-    pods: Sequence[dict[str, Any]],
-    current: Callable[[Mapping[str, Any]], bool] = lambda _pod: True,
+    pods: Sequence[PodView],
+    current: Callable[[PodView], bool] = lambda _pod: True,
 ) -> PoolPlan:
     """Given the pool, the judgement of its template and every pod carrying its label, decide
     the pods to create and delete and what the status says. ``current(pod)``: whether an idle
     pod can still serve as it is (the backend's word: e.g. its egress proxy address is still the
     namespace's); a pod that cannot is replaced like one of another shape."""
-    view = SandboxWarmPoolView.of(pool)
+    view = pool
     meta = view.metadata
     idle = [p for p in pods if is_idle(p, meta.uid)]
     plan = PoolPlan()
@@ -208,12 +208,12 @@ def plan_pool(
     return plan
 
 
-def _claimed(pod: Mapping[str, Any]) -> bool:
+def _claimed(pod: PodView) -> bool:
     """A pool pod a Sandbox took (its label), not on its way out."""
-    return lbl.SANDBOX_LABEL in _labels(pod) and not PodView(pod).metadata.deleting
+    return lbl.SANDBOX_LABEL in _labels(pod) and not pod.metadata.deleting
 
 
-def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating: int) -> None:
+def _size(plan: PoolPlan, live: list[PodView], wanted: int, max_creating: int) -> None:
     """Bring ``live`` idle pods of the right shape to ``wanted`` (creating at most
     ``max_creating`` at a time) and say how far the pool is."""
     ready = [p for p in live if is_ready(p)]
@@ -237,20 +237,20 @@ def _size(plan: PoolPlan, live: list[dict[str, Any]], wanted: int, max_creating:
         plan.condition = (False, R.FILLING, filling)
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    return PodView(pod).metadata.labels
+def _labels(pod: PodView) -> Mapping[str, str]:
+    return pod.metadata.labels
 
 
-def _phase(pod: Mapping[str, Any]) -> str:
-    return PodView(pod).status.phase
+def _phase(pod: PodView) -> str:
+    return pod.status.phase
 
 
-def _created(pod: Mapping[str, Any]) -> str:
-    return PodView(pod).metadata.creation_timestamp
+def _created(pod: PodView) -> str:
+    return pod.metadata.creation_timestamp
 
 
-def _waiting_reason(pod: Mapping[str, Any]) -> str:
-    for cs in PodView(pod).status.container_statuses:
+def _waiting_reason(pod: PodView) -> str:
+    for cs in pod.status.container_statuses:
         if cs.waiting_reason:
             return cs.waiting_reason
     return ""
@@ -274,7 +274,7 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     pool = rt.views.pools.get(namespace, name)
     if pool is None:
         return None
-    view = SandboxWarmPoolView(pool)
+    view = pool
     meta = view.metadata
     if meta.deleting:
         return None  # the garbage collector deletes its idle pods and NetworkPolicy
@@ -290,7 +290,7 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     serves = getattr(driver, "pool_pod_serves", None)
     template = judgement.spec
 
-    def current(pod: Mapping[str, Any]) -> bool:
+    def current(pod: PodView) -> bool:
         """Current, and confined as the backend makes this pool's pods: a pod carrying the
         pool's labels and owner that is not (made by someone else, or by another configuration)
         is replaced, never counted and never claimed."""
@@ -329,8 +329,8 @@ async def reconcile_pool(rt: Runtime, namespace: str, name: str) -> float | None
     return requeue
 
 
-async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPlan) -> None:
-    meta = SandboxWarmPoolView(pool).metadata
+async def _write_pool_status(rt: Runtime, pool: SandboxWarmPoolView, plan: PoolPlan) -> None:
+    meta = pool.metadata
     draft = Draft(pool)
     ok, reason, message = plan.condition
     draft.cond(READY, ok, reason, message)
@@ -339,7 +339,7 @@ async def _write_pool_status(rt: Runtime, pool: Mapping[str, Any], plan: PoolPla
     if patched is None:
         return
     if patched.obj is None:
-        rt.views.pools.remove(str(meta["namespace"]), str(meta["name"]), meta.uid or None)
+        rt.views.pools.remove(meta.namespace, meta.name, meta.uid or None)
     else:
         rt.views.pools.upsert(patched.obj)
 
@@ -364,7 +364,7 @@ def _matching_pools(rt: Runtime, namespace: str, shape: str) -> list[str]:
         if ns != namespace:
             continue
         pool = rt.views.pools.get(ns, name)
-        if pool is not None and SandboxWarmPoolView(pool).status.shape == shape:
+        if pool is not None and pool.status.shape == shape:
             out.append(name)
     return sorted(out)
 
@@ -389,14 +389,14 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
     shape = shape_of(backend, request.spec)
     ns = request.sandbox.namespace
 
-    def made_by_live_pool(pod: dict[str, Any]) -> bool:
+    def made_by_live_pool(pod: PodView) -> bool:
         """Owned by the very pool (its uid) that the views hold under the pod's pool name."""
         name = pool_name_of(pod)
         pool = rt.views.pools.get(ns, name) if name else None
-        uid = SandboxWarmPoolView(pool).metadata.uid
+        uid = pool.metadata.uid if pool is not None else ""
         return bool(uid) and is_idle(pod, pool_uid=uid)
 
-    def reserve() -> dict[str, Any] | None:
+    def reserve() -> PodView | None:
         """A fresh candidate, reserved (no await between looking and reserving). Labels and
         owner references can be copied by anyone who may create pods: a candidate must also be
         owned by the live pool's uid and confined exactly as this backend makes the pool's pods
@@ -406,7 +406,7 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
             for p in rt.views.pods.select(ns, lbl.POOL_SHAPE_LABEL, shape)
             if is_idle(p)
             and is_ready(p)
-            and (ns, str(p["metadata"]["name"])) not in rt.claiming
+            and (ns, p.metadata.name) not in rt.claiming
             and _labels(p).get(lbl.BACKEND_LABEL) == backend
             and made_by_live_pool(p)
             and driver.pool_pod_serves(p, request.spec)
@@ -414,14 +414,14 @@ async def claim_warm_pod(rt: Runtime, request: EnsureRequest, backend: str) -> C
         if not candidates:
             return None
         pod = random.choice(candidates)
-        rt.claiming.add((ns, str(pod["metadata"]["name"])))
+        rt.claiming.add((ns, pod.metadata.name))
         return pod
 
     pod = reserve()
     policy_ready = False
     attempts = 0
     while pod is not None:
-        pod_key = (ns, str(pod["metadata"]["name"]))
+        pod_key = (ns, pod.metadata.name)
         try:
             if not policy_ready:
                 # The Sandbox's own NetworkPolicy before the pod is its: by the time the claim

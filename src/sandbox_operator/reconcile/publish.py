@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract.published import (
@@ -37,6 +36,8 @@ from sandbox_operator.contract.published import (
 )
 from sandbox_operator.kubecalls import call_json, list_then_watch, read_or_none
 from sandbox_operator.reconcile.namespaces import ServedNamespaces
+from sandbox_operator.views import ConfigMapView, ListView, NamespaceView
+from sandbox_operator.views.fields import mapping
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,14 @@ def config_map(namespace: str, text: str) -> dict[str, Any]:
     }
 
 
-def is_current(current: Mapping[str, Any] | None, text: str) -> bool:
+def is_current(current: ConfigMapView | None, text: str) -> bool:
     """Whether the ConfigMap as read already says ``text`` and carries the operator's label."""
     if current is None:
         return False
-    labels = kubeobj.meta(current).get("labels") or {}
-    data = current.get("data") or {}
+    labels = current.metadata.labels
     return (
-        labels.get(lbl.MANAGED_BY_LABEL) == lbl.MANAGED_BY_VALUE and data.get(PUBLISHED_KEY) == text
+        labels.get(lbl.MANAGED_BY_LABEL) == lbl.MANAGED_BY_VALUE
+        and current.data.get(PUBLISHED_KEY) == text
     )
 
 
@@ -108,21 +109,21 @@ class Publisher:
     async def current_everywhere(self, text: str) -> set[str]:
         """The namespaces whose ConfigMap already says ``text``: one list across namespaces,
         by name (a field selector, which RBAC authorizes by resourceNames)."""
-        body = await call_json(
-            self._core.list_config_map_for_all_namespaces,
-            field_selector=f"metadata.name={PUBLISHED_CONFIGMAP}",
+        body = ListView(
+            await call_json(
+                self._core.list_config_map_for_all_namespaces,
+                field_selector=f"metadata.name={PUBLISHED_CONFIGMAP}",
+            )
         )
-        return {
-            str(item["metadata"]["namespace"])
-            for item in body.get("items") or []
-            if is_current(item, text)
-        }
+        maps = (ConfigMapView(mapping(item)) for item in body.objects)
+        return {m.metadata.namespace for m in maps if is_current(m, text)}
 
     async def publish(self, namespace: str, text: str) -> bool:
         """Make the namespace's ConfigMap say ``text``; True when it had to be written."""
-        current = await read_or_none(
+        found = await read_or_none(
             self._api, self._core.read_namespaced_config_map, PUBLISHED_CONFIGMAP, namespace
         )
+        current = None if found is None else ConfigMapView(found)
         if is_current(current, text):
             return False
         await self._core.patch_namespaced_config_map(
@@ -232,21 +233,20 @@ async def publish_until_done(
     await pending.work(until_empty=True)
 
 
-def _active_name(namespace: Mapping[str, Any]) -> str | None:
+def _active_name(namespace: NamespaceView) -> str | None:
     """A namespace's name, None while it terminates (nothing can be created in it)."""
-    if (namespace.get("status") or {}).get("phase") == "Terminating":
+    if namespace.terminating:
         return None
-    name = kubeobj.meta(namespace).get("name")
-    return str(name) if name else None
+    return namespace.metadata.name or None
 
 
 def follow_namespaces(
     pending: Pending, served: ServedNamespaces
-) -> tuple[Callable[[list[dict[str, Any]]], None], Callable[[str, dict[str, Any]], None]]:
+) -> tuple[Callable[[list[NamespaceView]], None], Callable[[str, NamespaceView], None]]:
     """The namespace watch's two callbacks: a (re)list wants every served live namespace and
     forgets the rest; a change wants a new served namespace and forgets a deleted one."""
 
-    def listed(items: list[dict[str, Any]]) -> None:
+    def listed(items: list[NamespaceView]) -> None:
         live = {n for item in items if (n := _active_name(item)) and served.serves(n)}
         for gone in pending.known() - live:
             pending.forget(gone)
@@ -259,8 +259,8 @@ def follow_namespaces(
             len(live - pending.current),
         )
 
-    def changed(kind: str, item: dict[str, Any]) -> None:
-        name = str(kubeobj.meta(item).get("name") or "")
+    def changed(kind: str, item: NamespaceView) -> None:
+        name = item.metadata.name
         if not name or not served.serves(name):
             return
         if kind == "DELETED" or _active_name(item) is None:
@@ -300,5 +300,11 @@ async def publish_into_served(api: Any, served: ServedNamespaces, text: str) -> 
     core = client.CoreV1Api(api)
     await asyncio.gather(
         pending.work(until_empty=False),
-        list_then_watch(core.list_namespace, on_list=listed, on_change=changed, what="namespaces"),
+        list_then_watch(
+            core.list_namespace,
+            view=NamespaceView,
+            on_list=listed,
+            on_change=changed,
+            what="namespaces",
+        ),
     )

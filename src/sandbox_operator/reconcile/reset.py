@@ -19,7 +19,6 @@ from sandbox_operator.views import SandboxStatusView
 def reset_wanted(spec: SandboxResourceSpec, status: SandboxStatusView) -> int | None:
     """The ``spec.resets`` to serve now: above ``status.resets`` (the one the serving pod
     answers), and not refused already; None when no reset is due."""
-    status = SandboxStatusView.of(status)
     served = status.resets
     served_count = served if isinstance(served, int) else 0
     if spec.resets <= served_count or status.reset_refused:

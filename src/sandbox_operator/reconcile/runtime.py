@@ -26,6 +26,7 @@ from sandbox_operator.reconcile.kube import Kube
 from sandbox_operator.reconcile.seal import NOT_CONFIGURED, Seal
 from sandbox_operator.reconcile.views import ObjKey, Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
+from sandbox_operator.views import ObjectView, PodView
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,9 @@ class Runtime:
             use_views = getattr(driver, "use_views", None)
             if use_views is not None:
                 # Typed so mypy holds the views to the shape drivers declare (WatchedObjects).
-                watched: tuple[WatchedObjects, WatchedObjects, WatchedObjects] = (
+                watched: tuple[
+                    WatchedObjects[PodView], WatchedObjects[ObjectView], WatchedObjects[ObjectView]
+                ] = (
                     rt.views.pods,
                     rt.views.network_policies,
                     rt.views.persistent_volume_claims,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
@@ -102,7 +101,7 @@ async def reconcile_sandbox(rt: Runtime, namespace: str, name: str) -> float | N
     if obj is None:
         rt.forget(namespace, name)
         return None
-    if SandboxView(obj).metadata.deleting:
+    if obj.metadata.deleting:
         step = await finalize_sandbox(rt, obj)
     elif (namespace, name) in rt.purging:
         return None  # its scope's purge deletes it; the deletion event brings it back
@@ -115,10 +114,11 @@ async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> SandboxS
     """The SandboxScope a Sandbox names, from the views; a miss is confirmed with one read: its
     watch event can lag the Sandbox's (a scope created just before, under load), and
     ``ScopeNotFound`` is terminal for a waiting client. Passes run on events, not on a timer."""
-    seen = rt.views.scopes.get(namespace, scope_ref)
-    if seen is None:
-        seen = await rt.kube.get_scope(namespace, scope_ref)
-    return None if seen is None else SandboxScopeView(seen)
+    held = rt.views.scopes.get(namespace, scope_ref)
+    if held is not None:
+        return held
+    found = await rt.kube.get_scope(namespace, scope_ref)
+    return None if found is None else SandboxScopeView(found)
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class _Seen:
     """What a pass gathered about a Sandbox that may run: the object (with the operator's
     metadata on it), its validated spec, the scope it names, and the pass's clock."""
 
-    obj: dict[str, Any]
+    obj: SandboxView
     spec: SandboxResourceSpec
     scope: compute.ScopeResolution
     key: SandboxKey | None
@@ -135,7 +135,7 @@ class _Seen:
 
     @property
     def view(self) -> SandboxView:
-        return SandboxView(self.obj)
+        return self.obj
 
     @property
     def ident(self) -> tuple[str, str, str]:
@@ -143,9 +143,9 @@ class _Seen:
         return meta.namespace, meta.name, meta.uid
 
 
-async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
+async def _pass(rt: Runtime, obj: SandboxView) -> Step:
     draft = Draft(obj)
-    status = SandboxView(obj).status
+    status = obj.status
     # Terminal: nothing is created again; only a disposal that has not landed is retried.
     if compute.is_terminal(status):
         if status.conditions.is_true(DISPOSED):
@@ -158,9 +158,9 @@ async def _pass(rt: Runtime, obj: dict[str, Any]) -> Step:
     return await _admit(rt, seen)
 
 
-async def _gather(rt: Runtime, obj: dict[str, Any]) -> _Seen | Step:
+async def _gather(rt: Runtime, obj: SandboxView) -> _Seen | Step:
     """The spec (validated once per generation) and the scope it names."""
-    view = SandboxView(obj)
+    view = obj
     parsed = parsed_spec(rt, view)
     if isinstance(parsed, str):
         refused = compute.Plan(
@@ -232,7 +232,7 @@ async def _admit(rt: Runtime, seen: _Seen) -> Step:
         obj, draft = fresh, Draft(fresh)
     if rejudge:
         admission = _egress_edit(rt, seen, admission, rt.drivers.get(str(admission.backend)))
-        plan = compute.resume_plan(SandboxView(obj), admission, now=now)
+        plan = compute.resume_plan(obj, admission, now=now)
         return Step.write(obj, draft, plan, admission)
     return await _serve(rt, seen, draft, admission)
 
@@ -462,15 +462,14 @@ async def _start(
 
 async def _report(
     rt: Runtime,
-    obj: dict[str, Any],
+    obj: SandboxView,
     draft: Draft,
     plan: compute.Plan,
     admission: compute.Admission,
     observation: Observation,
 ) -> Step:
     """The plan as the Step to write, unless what it would report is the views' lag."""
-    meta = kubeobj.meta(obj)
-    namespace, name = str(meta["namespace"]), str(meta["name"])
+    namespace, name = obj.key
     failed = plan.verdict is not None and plan.verdict.reason == R.FAILED
     if (
         failed
@@ -484,7 +483,7 @@ async def _report(
         failed
         and observation.phase is ObservedPhase.ABSENT
         and observation.detail_reason != "Foreign"  # a pod under its name, not its own: judged
-        and await _serving_pod_exists(rt, namespace, SandboxView(obj))
+        and await _serving_pod_exists(rt, namespace, obj)
     ):
         # The views lacked a pod that exists: after a peering pause kopf lists every kind again,
         # each on its own (the Sandboxes before the pods), so a standby that takes over can see
@@ -502,7 +501,7 @@ async def _report(
 
 async def _suspend(
     rt: Runtime,
-    obj: dict[str, Any],
+    obj: SandboxView,
     draft: Draft,
     spec: SandboxResourceSpec,
     by: str,
@@ -511,7 +510,7 @@ async def _suspend(
 ) -> Step:
     """Stop the compute that serves the sandbox, keep its storage, and say so; the TTL still
     ends it. Neither admitted again nor planned while it stays suspended."""
-    view = SandboxView(obj)
+    view = obj
     backend = view.status.backend
     driver = rt.drivers.get(backend) if backend else None
     still: list[str] = []

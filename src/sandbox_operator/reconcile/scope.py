@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import DisposalError, WatchedDisposal
 from sandbox_operator.contract import (
@@ -53,7 +51,6 @@ from sandbox_operator.reconcile.status import (
     Draft,
     write_status,
 )
-from sandbox_operator.reconcile.views import Obj
 from sandbox_operator.views import ConditionView, SandboxScopeView, SandboxView
 
 log = logging.getLogger(__name__)
@@ -70,7 +67,7 @@ def _spec(scope: SandboxScopeView) -> SandboxScopeResourceSpec | None:
         return None
 
 
-def scope_members(rt: Runtime, namespace: str, name: str) -> list[Obj]:
+def scope_members(rt: Runtime, namespace: str, name: str) -> list[SandboxView]:
     """The Sandboxes a scope owns: those whose ``spec.scopeRef`` names it."""
     return rt.views.naming_scope(namespace, name)
 
@@ -101,12 +98,12 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         rt.purges.pop((namespace, name), None)
         rt.access_written.pop((namespace, name), None)
         return None
-    if SandboxScopeView(scope).metadata.deleting:
+    if scope.metadata.deleting:
         return await purge_scope(rt, scope)
     await _ensure_finalizer(rt, scope)
     scope = rt.views.scopes.get(namespace, name) or scope
     members = scope_member_names(rt, namespace, name)
-    spec = _spec(SandboxScopeView(scope))
+    spec = _spec(scope)
     refused = await grant_access(rt, scope, spec, members) if spec is not None else None
     draft = Draft(scope)
     draft.set(sandboxCount=len(members))
@@ -120,7 +117,7 @@ async def reconcile_scope(rt: Runtime, namespace: str, name: str) -> float | Non
         draft.cond(READY, True, R.READY, f"{len(members)} sandbox(es) in this conversation")
     else:
         try:
-            SandboxScopeResourceSpec.model_validate(SandboxScopeView(scope).spec)
+            SandboxScopeResourceSpec.model_validate(scope.spec)
         except ValidationError as exc:
             msg = f"spec is invalid: {exc.errors()[0]['msg']}"
             draft.cond(READY, False, R.PENDING, msg)
@@ -132,20 +129,19 @@ def access_pending(rt: Runtime, namespace: str, scope_ref: str, sandbox: str) ->
     """Whether a Sandbox of a scope that binds agents is not in the scope's Role yet: its
     agents cannot read it until the scope's pass writes it, so that pass should run now."""
     scope = rt.views.scopes.get(namespace, scope_ref)
-    if scope is None or not SandboxScopeView(scope).agent_service_accounts:
+    if scope is None or not scope.agent_service_accounts:
         return False
     written = rt.access_written.get((namespace, scope_ref))
     return written is None or sandbox not in written.sandboxes
 
 
 async def grant_access(
-    rt: Runtime, scope: Obj, spec: SandboxScopeResourceSpec, members: set[str]
+    rt: Runtime, scope: SandboxScopeView, spec: SandboxScopeResourceSpec, members: set[str]
 ) -> str | None:
     """Keep the scope's Role and RoleBinding (``reconcile/access.py``) granting its agents
     their conversation; writes only when they would say more than what was last written.
     When the write fails: why (also a Warning Event on the scope; the pass is retried)."""
-    meta = kubeobj.meta(scope)
-    key = (str(meta["namespace"]), str(meta["name"]))
+    key = scope.key
     if not spec.agent_service_accounts and key not in rt.access_written:
         return None  # nothing bound, nothing written by this process
     wanted = access.wanted_access(spec.agent_service_accounts, members)
@@ -171,15 +167,15 @@ async def grant_access(
     return None
 
 
-async def _ensure_finalizer(rt: Runtime, scope: Mapping[str, Any]) -> None:
-    meta = SandboxScopeView(scope).metadata
+async def _ensure_finalizer(rt: Runtime, scope: SandboxScopeView) -> None:
+    meta = scope.metadata
     finalizers = list(meta.finalizers)
     if FINALIZER in finalizers:
         return
     patched = await rt.kube.patch_metadata(
         SANDBOX_SCOPE_PLURAL,
-        str(meta["namespace"]),
-        str(meta["name"]),
+        meta.namespace,
+        meta.name,
         finalizers=[*finalizers, FINALIZER],
         resource_version=meta.resource_version or None,
     )
@@ -191,7 +187,7 @@ async def _request_purge(
     rt: Runtime,
     namespace: str,
     spec: SandboxScopeResourceSpec | None,
-    members: list[Obj],
+    members: list[SandboxView],
     *,
     whole_conversation: bool,
 ) -> list[DisposalFailure]:
@@ -199,13 +195,13 @@ async def _request_purge(
     names it) everything of the conversation, in collection calls where possible; else each
     member by name (its finalizer disposes its own objects)."""
     failures: list[DisposalFailure] = []
-    views = [SandboxView(m).metadata for m in members]
+    views = [m.metadata for m in members]
     for m in views:
-        rt.purging.add((namespace, str(m["name"])))
+        rt.purging.add((namespace, m.name))
     if not whole_conversation:
         for m in views:
             if not m.deleting:
-                await rt.kube.delete_sandbox(namespace, str(m["name"]))
+                await rt.kube.delete_sandbox(namespace, m.name)
         return failures
     if spec is not None:
         await rt.kube.delete_sandboxes(namespace, lbl.scope_selector(spec.scope, spec.thread_id))
@@ -215,7 +211,7 @@ async def _request_purge(
             conversation is not None and m.labels.get(lbl.CONVERSATION_LABEL) == conversation
         ):
             continue
-        await rt.kube.delete_sandbox(namespace, str(m["name"]))
+        await rt.kube.delete_sandbox(namespace, m.name)
     if spec is None:
         return failures
     member_labels = {lbl.sandbox_label_value(str(m["name"])) for m in views}
@@ -258,17 +254,17 @@ def _leftovers(
     return rt.views.count_by_label(namespace, lbl.CONVERSATION_LABEL, value)
 
 
-async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
+async def purge_scope(rt: Runtime, scope: SandboxScopeView) -> float | None:
     """Dispose every sandbox of a deleted scope, record the purge, and let the scope go once
     nothing is left (or the attempts are used up: ``PurgeIncomplete``; undisposed Sandboxes
     keep their own finalizers and keep retrying)."""
-    meta = SandboxScopeView(scope).metadata
-    namespace, name = str(meta["namespace"]), str(meta["name"])
+    meta = scope.metadata
+    namespace, name = meta.namespace, meta.name
     key = (namespace, name)
     if FINALIZER not in meta.finalizers:
         rt.purges.pop(key, None)
         return None
-    spec = _spec(SandboxScopeView(scope))
+    spec = _spec(scope)
     names = scope_member_names(rt, namespace, name)
     whole = owns_conversation(rt, namespace, name)
     timeout = rt.config.operator.dispose_timeout_seconds
@@ -286,7 +282,7 @@ async def purge_scope(rt: Runtime, scope: Mapping[str, Any]) -> float | None:
         # Woken by each member's deletion: nothing to decode or write until the last one.
         return timeout - elapsed + 0.05
     members = scope_members(rt, namespace, name)
-    purge = _purge_outcome([SandboxView(m) for m in members], failures, leftovers, initial)
+    purge = _purge_outcome(members, failures, leftovers, initial)
     draft, msg = _purge_status(scope, purge, len(members))
     try:
         await write_status(rt, SANDBOX_SCOPE_PLURAL, draft)
@@ -340,7 +336,7 @@ def _purge_outcome(
     return ScopePurge(disposed=disposed, undisposed=tuple(undisposed[:256]))
 
 
-def _purge_status(scope: Mapping[str, Any], purge: ScopePurge, remaining: int) -> tuple[Draft, str]:
+def _purge_status(scope: SandboxScopeView, purge: ScopePurge, remaining: int) -> tuple[Draft, str]:
     """The scope's status after a purge (lastPurge, its time, the count left, Disposed) and the
     one line that says it."""
     draft = Draft(scope)
@@ -360,13 +356,13 @@ def _purge_status(scope: Mapping[str, Any], purge: ScopePurge, remaining: int) -
     return draft, msg
 
 
-async def _release(rt: Runtime, scope: Mapping[str, Any]) -> bool:
+async def _release(rt: Runtime, scope: SandboxScopeView) -> bool:
     """Remove the operator's finalizer from the scope (as the views hold it now); False when
     that lost a race (look again)."""
-    meta = SandboxScopeView(scope).metadata
-    namespace, name = str(meta["namespace"]), str(meta["name"])
+    meta = scope.metadata
+    namespace, name = meta.namespace, meta.name
     current = rt.views.scopes.get(namespace, name) or scope
-    cmeta = SandboxScopeView(current).metadata
+    cmeta = current.metadata
     left = [f for f in cmeta.finalizers if f != FINALIZER]
     try:
         await rt.kube.patch_metadata(

@@ -27,10 +27,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.kubecalls import call_json, list_then_watch
+from sandbox_operator.views import (
+    AdmissionPolicyView,
+    ObjectView,
+    PolicyBindingView,
+    SelfSubjectReviewView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,8 @@ IDLE_SELECTOR: Final = {
         {"key": lbl.SANDBOX_LABEL, "operator": "DoesNotExist"},
     ]
 }
+#: One of the four watched objects: a policy or a binding.
+SealObject = AdmissionPolicyView | PolicyBindingView
 _EXEMPT = re.compile(r"^!\(request\.userInfo\.username in (\[.*\])\)$")
 
 
@@ -80,21 +86,21 @@ def seal_names(policy: str) -> tuple[str, str]:
     return policy, f"{policy}-update"
 
 
-def _rules_cover(spec: Mapping[str, Any], operation: str, resources: frozenset[str]) -> bool:
+def _rules_cover(policy: AdmissionPolicyView, operation: str, resources: frozenset[str]) -> bool:
     covered: set[str] = set()
-    for rule in (spec.get("matchConstraints") or {}).get("resourceRules") or []:
-        if "" in (rule.get("apiGroups") or []) and operation in (rule.get("operations") or []):
-            covered |= set(rule.get("resources") or [])
+    for rule in policy.resource_rules:
+        if "" in rule.api_groups and operation in rule.operations:
+            covered |= set(rule.resources)
     return resources <= covered
 
 
-def _exemptions_ok(spec: Mapping[str, Any], identity: str) -> str:
+def _exemptions_ok(policy: AdmissionPolicyView, identity: str) -> str:
     """Why the policy's match conditions let someone else through ("" when they do not): the
     one exemption must name this operator's identity and nobody but the garbage collector's."""
-    for condition in spec.get("matchConditions") or []:
-        if condition.get("name") != "not-the-operator":
+    for condition in policy.match_conditions:
+        if condition.name != "not-the-operator":
             continue
-        found = _EXEMPT.match(str(condition.get("expression") or ""))
+        found = _EXEMPT.match(condition.expression)
         try:
             exempt = set(json.loads(found.group(1))) if found else None
         except ValueError:
@@ -110,57 +116,52 @@ def _exemptions_ok(spec: Mapping[str, Any], identity: str) -> str:
 
 
 def _judge_policy(
-    name: str, policy: Mapping[str, Any] | None, operation: str, resources: frozenset[str],
+    name: str, policy: SealObject | None, operation: str, resources: frozenset[str],
     identity: str,
 ) -> str:  # fmt: skip
-    if policy is None:
+    if not isinstance(policy, AdmissionPolicyView):
         return f"ValidatingAdmissionPolicy {name} is not installed"
-    spec = policy.get("spec") or {}
-    if spec.get("failurePolicy") != "Fail":
+    if policy.failure_policy != "Fail":
         return f"ValidatingAdmissionPolicy {name} does not fail closed (failurePolicy)"
-    if not _rules_cover(spec, operation, resources):
+    if not _rules_cover(policy, operation, resources):
         return (
             f"ValidatingAdmissionPolicy {name} does not match {operation} of all of "
             + ", ".join(sorted(resources))
         )
-    why = _exemptions_ok(spec, identity)
+    why = _exemptions_ok(policy, identity)
     return f"ValidatingAdmissionPolicy {name}: {why}" if why else ""
 
 
-def _judge_binding(name: str, binding: Mapping[str, Any] | None, *, params: bool) -> str:
-    if binding is None:
+def _judge_binding(name: str, binding: SealObject | None, *, params: bool) -> str:
+    if not isinstance(binding, PolicyBindingView):
         return f"ValidatingAdmissionPolicyBinding {name} is not installed"
-    spec = binding.get("spec") or {}
-    if spec.get("policyName") != name:
+    if binding.policy_name != name:
         return f"ValidatingAdmissionPolicyBinding {name} binds another policy"
-    if "Deny" not in (spec.get("validationActions") or []):
+    if "Deny" not in binding.validation_actions:
         return f"ValidatingAdmissionPolicyBinding {name} does not deny (validationActions)"
     if params:
-        ref = spec.get("paramRef") or {}
-        if ref.get("selector") != IDLE_SELECTOR or ref.get("namespace"):
+        ref = binding.param_ref
+        if ref.selector != IDLE_SELECTOR or ref.namespace:
             return f"ValidatingAdmissionPolicyBinding {name} does not take the idle pool pods"
     return ""
 
 
-def _changed_at(obj: Mapping[str, Any]) -> datetime | None:
+def _changed_at(obj: ObjectView) -> datetime | None:
     """The last time anyone changed what the object enforces: its creation or its newest
     managed-fields entry, but for its status (the API server records a policy's type checking
     there, seconds after any change: that changes nothing enforced, and counting it would leave
     the pods made meanwhile unvouched)."""
-    meta = kubeobj.meta(obj)
-    times = [parse_time(meta.get("creationTimestamp"))]
-    times += [
-        parse_time(m.get("time"))
-        for m in meta.get("managedFields") or []
-        if m.get("subresource") != "status"
-    ]
+    meta = obj.metadata
+    times = [meta.created]
+    times += [m.time for m in meta.managed_fields if m.subresource != "status"]
     known = [t for t in times if t is not None]
     return max(known) if known else None
 
 
-def judge_seal(objects: Mapping[str, Mapping[str, Any] | None], policy: str, identity: str) -> Seal:
+def judge_seal(objects: Mapping[str, SealObject | None], policy: str, identity: str) -> Seal:
     """The seal the four objects make. ``objects`` maps ``"policy/<name>"`` and
-    ``"binding/<name>"`` to the object as watched (None or missing: not there); ``policy`` is
+    ``"binding/<name>"`` to the object's view as watched (None or missing: not there; a view of
+    the other kind counts as missing); ``policy`` is
     the connect policy's name (:func:`seal_names`); ``identity`` the username the API server
     knows this operator by."""
     connect, update = seal_names(policy)
@@ -193,7 +194,7 @@ async def operator_identity(api: Any) -> str:
         client.AuthenticationV1Api(api).create_self_subject_review,
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
     )
-    return str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+    return SelfSubjectReviewView(review).user_info.username
 
 
 async def follow_seal(api: Any, policy: str, on_seal: Callable[[Seal], None]) -> None:
@@ -210,7 +211,7 @@ async def follow_seal(api: Any, policy: str, on_seal: Callable[[Seal], None]) ->
         on_seal(Seal(None, f"idle pool pods are not vouched for: who this operator is ({status})"))
         return
     admission = client.AdmissionregistrationV1Api(api)
-    held: dict[str, Mapping[str, Any] | None] = {}
+    held: dict[str, SealObject | None] = {}
     last: list[Seal] = []
 
     def judge() -> None:
@@ -222,14 +223,16 @@ async def follow_seal(api: Any, policy: str, on_seal: Callable[[Seal], None]) ->
             log.info("warm pools: %s", seal.reason)
             on_seal(seal)
 
-    def follower(kind: str, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+    def follower(
+        kind: str, name: str
+    ) -> tuple[Callable[[list[SealObject]], None], Callable[[str, SealObject], None]]:
         key = f"{kind}/{name}"
 
-        def listed(items: list[dict[str, Any]]) -> None:
+        def listed(items: list[SealObject]) -> None:
             held[key] = items[0] if items else None
             judge()
 
-        def changed(change: str, item: dict[str, Any]) -> None:
+        def changed(change: str, item: SealObject) -> None:
             held[key] = None if change == "DELETED" else item
             judge()
 
@@ -237,14 +240,15 @@ async def follow_seal(api: Any, policy: str, on_seal: Callable[[Seal], None]) ->
 
     watches = []
     for name in seal_names(policy):
-        for kind, call in (
-            ("policy", admission.list_validating_admission_policy),
-            ("binding", admission.list_validating_admission_policy_binding),
+        for kind, call, view in (
+            ("policy", admission.list_validating_admission_policy, AdmissionPolicyView),
+            ("binding", admission.list_validating_admission_policy_binding, PolicyBindingView),
         ):
             listed, changed = follower(kind, name)
             watches.append(
                 list_then_watch(
                     call,
+                    view=view,
                     on_list=listed,
                     on_change=changed,
                     what=f"{kind} {name}",

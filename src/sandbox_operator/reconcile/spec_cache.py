@@ -20,7 +20,6 @@ SPEC_CACHE_SIZE = 2048
 def parsed_spec(rt: Runtime, obj: SandboxView) -> SandboxResourceSpec | str:
     """The validated spec, kept per (uid, generation): a spec only changes with its generation,
     and validating it on every pass of thousands of Sandboxes is the bulk of a pass's CPU."""
-    obj = SandboxView.of(obj)
     meta = obj.metadata
     k = (meta.namespace, meta.name)
     stamp = (meta.uid, meta.generation)

@@ -69,7 +69,7 @@ class Draft:
     ``conditions`` are models; ``fields`` are the other status fields in their wire spelling
     (camelCase keys, JSON values; None: remove), as ``compute``'s plans give them."""
 
-    obj: Mapping[str, Any]
+    obj: ObjectView
     conditions: list[Condition] = field(init=False)
     fields: dict[str, Any] = field(init=False)
 
@@ -79,7 +79,7 @@ class Draft:
 
     @property
     def view(self) -> ObjectView:
-        return ObjectView(self.obj)
+        return self.obj
 
     @property
     def old(self) -> Mapping[str, Any]:
@@ -148,22 +148,22 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
         return None
     written = await rt.kube.patch_status(
         plural,
-        meta["namespace"],
-        meta["name"],
+        meta.namespace,
+        meta.name,
         patch_body(plural, patch),
         meta.resource_version or None,
     )
     return Patched(written)
 
 
-def sandbox_gone(rt: Runtime, obj: Mapping[str, Any]) -> None:
+def sandbox_gone(rt: Runtime, obj: ObjectView) -> None:
     """The API server answered 404 for a Sandbox the views hold: it is gone (a deletion the
     watch has not delivered yet, or missed). Drop it from the views and forget everything kept
     about it, so no resync or event about its scope passes over it again (each such pass would
     cost a read and a write answered 404); its DELETED event, or a newer object of that name,
     brings whatever is due."""
-    meta = ObjectView(obj).metadata
-    ns, name = str(meta["namespace"]), str(meta["name"])
+    meta = obj.metadata
+    ns, name = meta.namespace, meta.name
     rt.views.drop_sandbox(ns, name, meta.uid or None)
     rt.forget(ns, name)
 
@@ -180,7 +180,7 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
         return False
     meta = draft.view.metadata
     written = patched.obj
-    ns, name = str(meta["namespace"]), str(meta["name"])
+    ns, name = meta.namespace, meta.name
     if written is None:
         if plural == SANDBOX_PLURAL:
             sandbox_gone(rt, draft.obj)
@@ -240,24 +240,23 @@ def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
 # ---- what serves the sandbox, as the status records it ---------------------------------------
 
 
-def recorded_served_by(status: Mapping[str, Any] | None) -> ServedBy | None:
+def recorded_served_by(status: SandboxStatusView) -> ServedBy | None:
     """What ``status.servedBy`` recorded, for dispose (``None`` when nothing was recorded)."""
-    served = SandboxStatusView.of(status).served_by
+    served = status.served_by
     if not served.kind or not served.name:
         return None
     return ServedBy(served.kind, served.name, served.namespace)
 
 
-def egress_admitted(status: Mapping[str, Any] | None) -> datetime | None:
+def egress_admitted(status: SandboxStatusView) -> datetime | None:
     """When the egress proxy says it admitted the sandbox (``status.egress.admitted``), if so."""
-    return SandboxStatusView.of(status).egress.admitted_at
+    return status.egress.admitted_at
 
 
-def sandbox_ref(obj: Mapping[str, Any], served_by: ServedBy | None = None) -> SandboxRef:
+def sandbox_ref(obj: SandboxView, served_by: ServedBy | None = None) -> SandboxRef:
     """The reference drivers get: the Sandbox plus what serves it (observed, else recorded) and
     what its status says of the egress proxy."""
-    view = SandboxView.of(obj)
-    meta, status = view.metadata, view.status
+    meta, status = obj.metadata, obj.status
     return SandboxRef(
         meta.namespace,
         meta.name,

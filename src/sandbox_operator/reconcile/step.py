@@ -9,12 +9,11 @@ decided before the write (the shape of agent-sandbox's ``Reconcile`` -> ``comput
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.status import Draft
+from sandbox_operator.views import SandboxView
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Step:
     event). Otherwise ``plan`` (when given) is laid over the draft (its disposal included) and
     the draft written if it differs; ``requeue`` then bounds the plan's own next look."""
 
-    obj: Mapping[str, Any] | None = None
+    obj: SandboxView | None = None
     draft: Draft | None = None
     plan: compute.Plan | None = None
     admission: compute.Admission | None = None
@@ -40,7 +39,7 @@ class Step:
     @classmethod
     def write(
         cls,
-        obj: Mapping[str, Any],
+        obj: SandboxView,
         draft: Draft,
         plan: compute.Plan | None = None,
         admission: compute.Admission | None = None,

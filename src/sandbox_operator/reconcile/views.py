@@ -12,279 +12,41 @@ loaded yet". Deletions arrive through the ``DELETED`` watch event. Writes the op
 put into the views at once from the API server's answer (``upsert`` keeps the newer
 ``resourceVersion``), so the next pass never acts on its own stale copy.
 
-Only what reconciling needs is kept of each object (a slim projection), as compact JSON decoded
-on each read, so memory stays near a few hundred bytes per object rather than the kilobytes of
-its full JSON or of nested Python dicts.
+Only what reconciling needs is kept of each object (a slim projection: ``reconcile/slim.py``), as
+compact JSON decoded on each read and handed out as a typed view (``SandboxView``, ``PodView``:
+no further copy), so memory stays near a few hundred bytes per object rather than the kilobytes
+of its full JSON or of nested Python dicts.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
-from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus, ConditionType
-from sandbox_operator.views import (
-    ConditionView,
-    MetaView,
-    ObjectView,
-    PodView,
-    SandboxScopeView,
-    SandboxView,
-    SandboxWarmPoolView,
+from sandbox_operator.contract import SANDBOX_KIND, ConditionType
+from sandbox_operator.reconcile.slim import (
+    INDEXED_LABELS,
+    UID,
+    Obj,
+    intern,
+    slim_network_policy,
+    slim_plain,
+    slim_pod,
+    slim_pool,
+    slim_sandbox,
+    slim_scope,
 )
+from sandbox_operator.views import MetaView, ObjectView, PodView
+from sandbox_operator.views.resources import SandboxScopeView, SandboxView, SandboxWarmPoolView
 
-Obj = dict[str, Any]
+#: The view a Store hands its objects out as.
+V = TypeVar("V", bound=ObjectView)
 ObjKey = tuple[str, str]  # (namespace, name)
-
-#: Annotations of our own that reconciling reads; every other annotation (kopf's bookkeeping,
-#: ``kubectl.kubernetes.io/last-applied-configuration``, users' own) is left out of the views.
-_KEPT_ANNOTATIONS = frozenset(
-    {
-        lbl.SCOPE_ANNOTATION,
-        lbl.THREAD_ANNOTATION,
-        lbl.AGENT_DIR_ANNOTATION,
-        lbl.CALL_ANNOTATION,
-        lbl.LAST_ACTIVITY_ANNOTATION,
-        lbl.POOL_NAME_ANNOTATION,
-        f"{GROUP}/egress-proxy",
-    }
-)
-
-#: In a view's metadata: the size of the object's annotations (``labels.annotations_size``), kept
-#: only from ANNOTATIONS_SIZE_KEPT_FROM bytes on (below, any patch of ours fits).
-ANNOTATIONS_SIZE = "annotationsSize"
-ANNOTATIONS_SIZE_KEPT_FROM = 64 * 1024
-
-
-#: Labels indexed for selection (key uniqueness, conversations, sandbox membership).
-INDEXED_LABELS = (
-    lbl.KEY_LABEL,
-    lbl.CONVERSATION_LABEL,
-    lbl.SANDBOX_LABEL,
-    lbl.POOL_LABEL,
-    lbl.POOL_SHAPE_LABEL,
-    lbl.EGRESS_LABEL,
-)
-
-#: Status fields of a Sandbox or SandboxScope that the operator writes or reads.
-_SANDBOX_STATUS = (
-    "conditions",
-    "observedGeneration",
-    "backend",
-    "isolation",
-    "effectiveFloor",
-    "isolationScope",
-    "servedBy",
-    "servedFrom",
-    "sealedUntilClaim",  # judged at the claim, kept (reconcile/seal.py)
-    # Suspend and resume (spec.storage): why and since when it is suspended, and the counts.
-    "suspendedBy",
-    "suspendedAt",
-    "resumedAt",
-    "suspendCount",
-    "resumeCount",
-    # Reset (spec.resets): the count the serving pod answers, when, and a refusal.
-    "resets",
-    "resetAt",
-    "resetRefused",
-    # Declared ports and their URLs through the router (compute.port_fields).
-    "ports",
-    # Egress edits (allowlist sandboxes only): what the proxy enforces, compared with the spec
-    # on each pass, and which generation it is (reconcile/egress_edit.py).
-    "admittedEgressAllow",
-    "admittedEgressRules",
-    "egressPolicy",
-    "egressEditRefused",
-)
-_SCOPE_STATUS = ("conditions", "observedGeneration", "sandboxCount", "lastPurge", "lastPurgeTime")
-_POOL_STATUS = (
-    "conditions",
-    "observedGeneration",
-    "backend",
-    "replicas",
-    "readyReplicas",
-    "claimed",
-    "selector",
-    "shape",
-)
-
-
-def _s(value: Any) -> str:
-    """Intern short repeated strings (label values, namespaces, reasons): thousands of objects
-    share them."""
-    return sys.intern(str(value)) if len(str(value)) <= 64 else str(value)
-
-
-def _plain(value: Any) -> Any:
-    """A deep plain-dict copy of a kopf body part (kopf hands out live mapping views)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-#: The labels a child object (pod, NetworkPolicy, PersistentVolumeClaim) keeps in the views:
-#: what selection and the drivers read (the kind: KeyUnclean tells a sandbox's identity, its key
-#: and kind, by it). A Sandbox keeps all of its labels (their values are compared with the key's).
-_CHILD_LABELS = frozenset(
-    (*INDEXED_LABELS, lbl.BACKEND_LABEL, lbl.MANAGED_BY_LABEL, lbl.KIND_LABEL)
-)
-#: Kubernetes's PodReady condition type (the pod's, not the Sandbox's ``ConditionType.READY``).
-POD_READY = "Ready"
-#: The pod conditions classify_pod reads.
-_POD_CONDITIONS = frozenset({POD_READY, "PodScheduled"})
-_TRANSITION = "lastTransitionTime"
-
-
-#: Metadata fields kept as the wire has them, when present.
-_KEPT_META = ("generation", "creationTimestamp", "deletionTimestamp")
-_UID = "uid"
-
-
-def _slim_meta(
-    obj: Mapping[str, Any], *, annotations: bool = True, labels: frozenset[str] | None = None
-) -> Obj:
-    """The part of an object's metadata the views keep (a copy: the views never hold a
-    watch's body)."""
-    meta = MetaView(kubeobj.meta(obj))
-    out: Obj = {
-        "name": _s(meta.name),
-        "namespace": _s(meta.namespace),
-        "uid": meta.uid,
-        "resourceVersion": meta.resource_version,
-    }
-    for k in _KEPT_META:
-        if meta.get(k) is not None:
-            out[k] = meta[k]
-    have = meta.labels
-    if have:
-        out["labels"] = {_s(k): _s(v) for k, v in have.items() if labels is None or k in labels}
-    if annotations:
-        have_annotations = meta.annotations
-        kept = {_s(k): str(v) for k, v in have_annotations.items() if k in _KEPT_ANNOTATIONS}
-        if kept:
-            out["annotations"] = kept
-        # How much of the API server's annotation limit is used, when it is a fair share: a
-        # metadata patch that would take the object over the limit is refused (422) as a whole.
-        rough = sum(len(k) + len(v) for k, v in have_annotations.items())  # chars <= bytes
-        if rough * 4 > ANNOTATIONS_SIZE_KEPT_FROM:
-            size = lbl.annotations_size(have_annotations)
-            if size > ANNOTATIONS_SIZE_KEPT_FROM:
-                out[ANNOTATIONS_SIZE] = size
-    if meta.finalizers:
-        out["finalizers"] = [_s(f) for f in meta.finalizers]
-    owners = meta.owner_references
-    if owners:
-        out["ownerReferences"] = [
-            {"kind": _s(o.kind), "name": o.name, "uid": o.raw.get(_UID)} for o in owners
-        ]
-    return out
-
-
-def _slim_resource(
-    view: ObjectView, default_kind: str, status: Obj, *, annotations: bool = True
-) -> Obj:
-    """The slim copy of one of this package's kinds: identity, spec whole, the kept status."""
-    return {
-        "apiVersion": view.api_version,
-        "kind": view.kind or default_kind,
-        "metadata": _slim_meta(view.raw, annotations=annotations),
-        "spec": _plain(view.spec),
-        "status": status,
-    }
-
-
-def _kept(status: Mapping[str, Any], keys: Iterable[str]) -> Obj:
-    return {k: _plain(status[k]) for k in keys if k in status}
-
-
-def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxView(obj)
-    slim_status = _kept(view.raw_status, _SANDBOX_STATUS)
-    egress = view.status.egress
-    if egress.admitted:
-        slim_status["egress"] = {"admitted": egress["admitted"]}
-        if egress.final:  # the disposal waits for it (egress_final_wait)
-            slim_status["egress"]["final"] = True
-    return _slim_resource(view, SANDBOX_KIND, slim_status)
-
-
-def slim_scope(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxScopeView(obj)
-    return _slim_resource(view, "SandboxScope", _kept(view.raw_status, _SCOPE_STATUS))
-
-
-def slim_pool(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxWarmPoolView(obj)
-    status = _kept(view.raw_status, _POOL_STATUS)
-    return _slim_resource(view, "SandboxWarmPool", status, annotations=False)
-
-
-def _slim_pod_condition(c: ConditionView) -> Obj:
-    cond: Obj = {
-        "type": _s(c.type),
-        "status": _s(c.status),
-        "lastTransitionTime": c.raw.get(_TRANSITION),
-    }
-    if c.reason:
-        cond["reason"] = _s(c.reason)
-    if c.message and c.status != ConditionStatus.TRUE:
-        cond["message"] = c.message[:300]
-    return cond
-
-
-def slim_pod(obj: Mapping[str, Any]) -> Obj:
-    pod = PodView(obj)
-    status = pod.status
-    out_status: Obj = {"phase": _s(status.phase)}
-    for k in ("reason", "message", "podIP"):
-        if status.get(k):
-            out_status[k] = str(status[k])
-    conds = [_slim_pod_condition(c) for c in status.conditions if c.type in _POD_CONDITIONS]
-    if conds:
-        out_status["conditions"] = conds
-    statuses = [
-        {"name": _s(cs.name), "ready": cs.ready, "image": _s(cs.image), "state": _plain(cs.state)}
-        for cs in status.container_statuses
-    ]
-    if statuses:
-        out_status["containerStatuses"] = statuses
-    out_spec: Obj = {}
-    if pod.node_name:
-        out_spec["nodeName"] = _s(pod.node_name)
-    # What confines it, as one digest: a pod is claimed or adopted only when this equals the
-    # digest of the pod the backend would make (labels and owners can be copied by anyone who
-    # may create pods).
-    out_spec[CONFINEMENT] = confinement_digest(pod.spec)
-    return {
-        "metadata": _slim_meta(obj, labels=_CHILD_LABELS),
-        "spec": out_spec,
-        "status": out_status,
-    }
-
-
-def slim_plain(obj: Mapping[str, Any]) -> Obj:
-    """Metadata only (PersistentVolumeClaims: their existence, labels, owners and deletion are
-    what counts)."""
-    return {"metadata": _slim_meta(obj, annotations=False, labels=_CHILD_LABELS)}
-
-
-def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
-    """Metadata, and the spec of a namespace's egress policy (one per backend and egress mode:
-    few, and compared with what its backend makes, to replace one that differs)."""
-    out = slim_plain(obj)
-    view = ObjectView(obj)
-    if lbl.EGRESS_LABEL in view.metadata.labels:
-        out["spec"] = _plain(view.spec)
-    return out
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -318,13 +80,15 @@ GONE_UIDS_KEPT = 4096
 
 
 @dataclass
-class Store:
-    """One resource's objects by (namespace, name), with label indexes.
+class Store(Generic[V]):
+    """One resource's objects by (namespace, name), with label indexes, handed out as views
+    (``view``, e.g. ``SandboxView``) over a fresh decoded copy.
 
     ``summarize`` keeps a small value per object beside it (e.g. a Sandbox's Ready reason and
     backend, for the metrics census) that can be read without decoding the object."""
 
     slim: Callable[[Mapping[str, Any]], Obj]
+    view: Callable[[Obj], V]
     summarize: Callable[[Obj], Any] | None = None
     #: The (label, value) pairs to index an object under; default: its labels. (A SandboxScope
     #: is indexed under the conversation its spec names, which no label of its own carries.)
@@ -341,35 +105,34 @@ class Store:
     def __len__(self) -> int:
         return len(self.items)
 
-    def __iter__(self) -> Iterator[Obj]:
-        return (json.loads(e.data) for e in list(self.items.values()))
+    def __iter__(self) -> Iterator[V]:
+        return (self.view(json.loads(e.data)) for e in list(self.items.values()))
 
     def summaries(self) -> Iterator[Any]:
         return (e.summary for e in list(self.items.values()))
 
-    def get(self, namespace: str, name: str) -> Obj | None:
+    def get(self, namespace: str, name: str) -> V | None:
         entry = self.items.get((namespace, name))
-        return None if entry is None else json.loads(entry.data)
+        return None if entry is None else self.view(json.loads(entry.data))
 
     def uid_of(self, namespace: str, name: str) -> str | None:
         entry = self.items.get((namespace, name))
         return None if entry is None else entry.uid
 
-    def upsert(self, obj: Mapping[str, Any]) -> Obj:
-        """Keep ``obj`` unless the view already holds a newer version of it; return what the
-        view holds now."""
+    def upsert(self, obj: Mapping[str, Any]) -> V:
+        """Keep ``obj`` (a watch's body or an answer: the wire) unless the view already holds a
+        newer version of it; return what the view holds now."""
         slim = self.slim(obj)
         meta = slim["metadata"]
         k = (meta["namespace"], meta["name"])
-        uid = str(meta.get(_UID, ""))
+        uid = str(meta.get(UID, ""))
         if uid and uid in self._gone:
-            return slim  # removed already: this is an older word about it
+            return self.view(slim)  # removed already: this is an older word about it
         rv = _rv(slim)
         old = self.items.get(k)
         if old is not None:
             if old.uid == uid and old.rv > rv:
-                held: Obj = json.loads(old.data)
-                return held
+                return self.view(json.loads(old.data))
             self._unindex(k, old)
         labels = self.index_of(slim) if self.index_of is not None else MetaView(meta).labels
         entry = _Entry(
@@ -381,7 +144,7 @@ class Store:
         )
         self.items[k] = entry
         self._index(k, entry)
-        return slim
+        return self.view(slim)
 
     def remove(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Forget an object that is gone (its DELETED event, a 404, a delete answered with a
@@ -397,9 +160,9 @@ class Store:
             if len(self._gone) > GONE_UIDS_KEPT:
                 self._gone.popitem(last=False)
 
-    def select(self, namespace: str, label: str, value: str) -> list[Obj]:
+    def select(self, namespace: str, label: str, value: str) -> list[V]:
         out = (self.items.get((namespace, n)) for n in self.select_names(namespace, label, value))
-        return [json.loads(e.data) for e in out if e is not None]
+        return [self.view(json.loads(e.data)) for e in out if e is not None]
 
     def select_names(self, namespace: str, label: str, value: str) -> list[str]:
         """The names holding a label value, decoding nothing (counting, enqueueing)."""
@@ -447,17 +210,18 @@ class Store:
 
 
 def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
-    """A SandboxScope's index: the conversation label value of its spec's scope and threadId."""
-    view = SandboxScopeView(obj)
-    scope, thread = view.spec.get("scope"), view.spec.get("threadId")
-    if isinstance(scope, str) and isinstance(thread, str) and scope and thread:
+    """A SandboxScope's index: the conversation label value of its spec's scope and threadId
+    (``obj``: a view, or the slim copy being stored)."""
+    view = obj if isinstance(obj, SandboxScopeView) else SandboxScopeView(obj)
+    scope, thread = view.scope, view.thread_id
+    if scope and thread:
         return {lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread)}
     return {}
 
 
-def _age_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+def _age_key(obj: ObjectView) -> tuple[str, str]:
     """Older first: creation time (RFC 3339 UTC, so string order is time order), then name."""
-    meta = ObjectView(obj).metadata
+    meta = obj.metadata
     return (meta.creation_timestamp or "9999", meta.name)
 
 
@@ -469,16 +233,16 @@ def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
     status = SandboxView(obj).status
     for cond in status.conditions:
         if cond.type == ConditionType.READY:
-            reason = _s(cond.reason or "Pending")
+            reason = intern(cond.reason or "Pending")
         elif cond.type == ConditionType.ADMITTED:
             admitted = cond.is_true
-    return reason, _s(status.backend), admitted
+    return reason, intern(status.backend), admitted
 
 
-def owning_sandbox(obj: Mapping[str, Any]) -> str | None:
+def owning_sandbox(obj: ObjectView) -> str | None:
     """The name of the Sandbox that owns a pod, NetworkPolicy or PersistentVolumeClaim (its
     controller reference)."""
-    for owner in ObjectView(obj).metadata.owner_references:
+    for owner in obj.metadata.owner_references:
         if owner.kind == SANDBOX_KIND:
             return owner.name or None
     return None
@@ -490,22 +254,31 @@ class Views:
     NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes with
     ``spec.storage``). ``scope_refs`` maps (namespace, scopeRef) to the Sandboxes naming it."""
 
-    sandboxes: Store = field(default_factory=lambda: Store(slim_sandbox, sandbox_summary))
-    scopes: Store = field(default_factory=lambda: Store(slim_scope, index_of=scope_conversation))
-    pools: Store = field(default_factory=lambda: Store(slim_pool))
-    pods: Store = field(default_factory=lambda: Store(slim_pod))
-    network_policies: Store = field(default_factory=lambda: Store(slim_network_policy))
-    persistent_volume_claims: Store = field(default_factory=lambda: Store(slim_plain))
+    sandboxes: Store[SandboxView] = field(
+        default_factory=lambda: Store(slim_sandbox, SandboxView, sandbox_summary)
+    )
+    scopes: Store[SandboxScopeView] = field(
+        default_factory=lambda: Store(slim_scope, SandboxScopeView, index_of=scope_conversation)
+    )
+    pools: Store[SandboxWarmPoolView] = field(
+        default_factory=lambda: Store(slim_pool, SandboxWarmPoolView)
+    )
+    pods: Store[PodView] = field(default_factory=lambda: Store(slim_pod, PodView))
+    network_policies: Store[ObjectView] = field(
+        default_factory=lambda: Store(slim_network_policy, ObjectView)
+    )
+    persistent_volume_claims: Store[ObjectView] = field(
+        default_factory=lambda: Store(slim_plain, ObjectView)
+    )
     _scope_refs: dict[ObjKey, set[str]] = field(default_factory=lambda: defaultdict(set))
     _scope_ref_of: dict[ObjKey, str] = field(default_factory=dict)
 
     # ---- Sandboxes and their scopeRef index -------------------------------------------------
 
-    def put_sandbox(self, obj: Mapping[str, Any]) -> Obj:
+    def put_sandbox(self, obj: Mapping[str, Any]) -> SandboxView:
         slim = self.sandboxes.upsert(obj)
-        meta = slim["metadata"]
-        k = (str(meta["namespace"]), str(meta["name"]))
-        ref = SandboxView(slim).scope_ref
+        k = slim.key
+        ref = slim.scope_ref
         if self._scope_ref_of.get(k) != ref:
             self._unref(k)
             if ref:
@@ -522,7 +295,7 @@ class Views:
     def naming_scope_names(self, namespace: str, scope: str) -> list[str]:
         return sorted(self._scope_refs.get((namespace, scope)) or ())
 
-    def naming_scope(self, namespace: str, scope: str) -> list[Obj]:
+    def naming_scope(self, namespace: str, scope: str) -> list[SandboxView]:
         """Sandboxes whose ``spec.scopeRef`` names the scope (admitted or not)."""
         names = self._scope_refs.get((namespace, scope)) or ()
         out = (self.sandboxes.get(namespace, n) for n in sorted(names))
@@ -550,14 +323,14 @@ class Views:
             return []
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
-    def conversation_of(self, scope: Mapping[str, Any]) -> list[str]:
+    def conversation_of(self, scope: SandboxScopeView) -> list[str]:
         """The held SandboxScopes naming the same conversation as the object ``scope`` (a watch
         event's body), from its own spec: right also when the views dropped it already (a status
         write answered 404 before its DELETED event came)."""
         value = scope_conversation(scope).get(lbl.CONVERSATION_LABEL)
         if value is None:
             return []
-        namespace = ObjectView(scope).metadata.namespace
+        namespace = scope.metadata.namespace
         return self.scopes.select_names(namespace, lbl.CONVERSATION_LABEL, value)
 
     def conversation_holder(self, namespace: str, scope: str) -> str | None:
@@ -570,16 +343,18 @@ class Views:
             return None
         held = (self.scopes.get(namespace, n) for n in names)
         oldest = min((o for o in held if o is not None), key=_age_key)
-        holder = str(oldest["metadata"]["name"])
+        holder = oldest.metadata.name
         return None if holder == scope else holder
 
     # ---- children -----------------------------------------------------------------------------
 
-    def children(self, namespace: str, sandbox: str) -> list[tuple[str, Obj]]:
+    def children(self, namespace: str, sandbox: str) -> list[tuple[str, ObjectView]]:
         """The pods, NetworkPolicies and PersistentVolumeClaims carrying the sandbox's label,
         as (kind, object)."""
         value = lbl.sandbox_label_value(sandbox)
-        out = [(kubeobj.POD_KIND, p) for p in self.pods.select(namespace, lbl.SANDBOX_LABEL, value)]
+        out: list[tuple[str, ObjectView]] = [
+            (kubeobj.POD_KIND, p) for p in self.pods.select(namespace, lbl.SANDBOX_LABEL, value)
+        ]
         out += [
             (kubeobj.NETWORK_POLICY_KIND, n)
             for n in self.network_policies.select(namespace, lbl.SANDBOX_LABEL, value)

@@ -12,14 +12,11 @@ changed.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from sandbox_operator import metrics
 from sandbox_operator.contract import SANDBOX_PLURAL
 from sandbox_operator.reconcile import compute
-from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.disposal import dispose_into
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.status import (
@@ -35,7 +32,7 @@ from sandbox_operator.reconcile.status import (
     write_status,
 )
 from sandbox_operator.reconcile.step import Step, sooner
-from sandbox_operator.views import SandboxView
+from sandbox_operator.views import SandboxStatusView, SandboxView
 
 
 async def write_step(rt: Runtime, step: Step) -> float | None:
@@ -45,9 +42,10 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
     if step.draft is None or step.obj is None:
         return step.requeue
     obj, draft, plan = step.obj, step.draft, step.plan
-    view = SandboxView(obj)
+    view = obj
     was_ready = view.status.conditions.is_true(READY)
-    was_admitted_reason = cnd.reason_of(view.status, ADMITTED)
+    admitted = view.status.conditions.find(ADMITTED)
+    was_admitted_reason = None if admitted is None else admitted.reason
     planned: float | None = None
     if plan is not None:
         for ctype, value, reason, message in plan.conditions:
@@ -73,13 +71,13 @@ async def write_step(rt: Runtime, step: Step) -> float | None:
 
 
 async def _dispose_planned(
-    rt: Runtime, obj: Mapping[str, Any], draft: Draft, plan: compute.Plan
+    rt: Runtime, obj: SandboxView, draft: Draft, plan: compute.Plan
 ) -> float | None:
     """Dispose what the plan's status records as serving (or, unrecorded, whatever the backend
     lists by the Sandbox's labels); the retry delay of a disposal not done yet."""
-    served = recorded_served_by({"servedBy": plan.fields.get("servedBy")})
+    served = recorded_served_by(SandboxStatusView({"servedBy": plan.fields.get("servedBy")}))
     target = sandbox_ref(obj, served)
-    backend = plan.fields.get("backend") or SandboxView(obj).status.backend
+    backend = plan.fields.get("backend") or obj.status.backend
     drivers = [rt.drivers[backend]] if backend in rt.drivers else list(rt.drivers.values())
     retry = await dispose_into(rt, drivers, target, draft)
     if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:

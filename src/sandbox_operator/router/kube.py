@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
-from sandbox_operator.kubeapi import parse_time
+from sandbox_operator.views import ListView, PodView, SandboxView, WatchEvent
 
 from .view import SandboxEntry, View
 
@@ -75,14 +75,17 @@ class KubeSandboxes:
         from kubernetes_asyncio import watch
 
         call, args, options = self._list_call(kind, namespace)
-        apply = self._view.apply_sandbox if kind == "sandboxes" else self._view.apply_pod
-        replace = self._view.replace_sandboxes if kind == "sandboxes" else self._view.replace_pods
+        sandboxes = kind == "sandboxes"
         while True:
             try:
-                listed = self._plain(await call(*args, **options))
-                replace(namespace, list(listed.get("items") or ()))
+                listed = ListView(self._plain(await call(*args, **options)))
+                items = listed.objects
+                if sandboxes:
+                    self._view.replace_sandboxes(namespace, map(SandboxView, items))
+                else:
+                    self._view.replace_pods(namespace, map(PodView, items))
                 self._listed(kind, namespace)
-                version = (listed.get("metadata") or {}).get("resourceVersion")
+                version = listed.metadata.resource_version or None
                 stream = watch.Watch().stream(
                     call,
                     *args,
@@ -92,9 +95,14 @@ class KubeSandboxes:
                     **options,
                 )
                 async for event in stream:
-                    obj = self._plain(event.get("object"))
-                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        apply(str(event["type"]), obj)
+                    change = WatchEvent(event)
+                    if change.type not in ("ADDED", "MODIFIED", "DELETED"):
+                        continue
+                    obj = self._plain(change.object)
+                    if sandboxes:
+                        self._view.apply_sandbox(change.type, SandboxView(obj))
+                    else:
+                        self._view.apply_pod(change.type, PodView(obj))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # listed again after a pause: the view stays as it was
@@ -124,7 +132,7 @@ class KubeSandboxes:
             await self._patch(namespace, name, {"spec": {"suspended": False}})
             return
         when = datetime.now(UTC).replace(microsecond=0)
-        suspended_at = parse_time(entry.suspended_at)
+        suspended_at = entry.suspended_at
         if suspended_at is not None:
             when = max(when, suspended_at.replace(microsecond=0) + timedelta(seconds=1))
         await self._annotate(namespace, name, when)

@@ -9,15 +9,16 @@ changes a Sandbox. Only what routing needs is kept of each object, so memory sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
-from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.contract import SANDBOX_KIND, ConditionReason, ConditionType
+from sandbox_operator.contract import SANDBOX_KIND, ConditionReason, ConditionStatus, ConditionType
 from sandbox_operator.contract.ports import SandboxPort
+from sandbox_operator.views import ConditionView, ObjectView, PodView, SandboxView
 
 Key = tuple[str, str]
 
@@ -41,7 +42,8 @@ class SandboxEntry:
     reason: str
     message: str
     suspended_by: str | None
-    suspended_at: str | None
+    #: ``status.suspendedAt`` (parsed once per object version).
+    suspended_at: datetime | None
     spec_suspended: bool
     pod: str | None
 
@@ -64,64 +66,56 @@ class PodEntry:
 _ENDED_REASONS = frozenset(
     {ConditionReason.FAILED, ConditionReason.EXPIRED, ConditionReason.DISPOSED}
 )
+_NO_CONDITION = ConditionView(None)
 
 
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for c in status.get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == kind:
-            return c
-    return {}
-
-
-def sandbox_entry(obj: Mapping[str, Any]) -> SandboxEntry:
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+def sandbox_entry(obj: SandboxView) -> SandboxEntry:
+    status = obj.status
     ports: list[SandboxPort] = []
-    for raw in spec.get("ports") or ():
+    for raw in obj.ports:
         try:
             ports.append(SandboxPort.model_validate(raw))
         except ValueError:
             continue  # the CRD validated it; an unreadable one is never routed to
-    ready = _condition(status, ConditionType.READY)
-    admitted = _condition(status, ConditionType.ADMITTED)
-    reason = str(ready.get("reason") or "")
-    suspended = bool(status.get("suspendedBy")) or reason == ConditionReason.SUSPENDED
-    if ready.get("status") == "True":
+    ready = status.conditions.find(ConditionType.READY) or _NO_CONDITION
+    admitted = status.conditions.find(ConditionType.ADMITTED) or _NO_CONDITION
+    reason = ready.reason
+    suspended = bool(status.suspended_by) or reason == ConditionReason.SUSPENDED
+    if ready.is_true:
         state = State.READY
-    elif suspended and admitted.get("status") == "False":
+    elif suspended and admitted.status == ConditionStatus.FALSE:
         state = State.REFUSED
-        reason = str(admitted.get("reason") or reason)
-    elif suspended or spec.get("suspended"):
+        reason = admitted.reason or reason
+    elif suspended or obj.suspended:
         state = State.SUSPENDED
-    elif reason in _ENDED_REASONS or kubeobj.meta(obj).get("deletionTimestamp"):
+    elif reason in _ENDED_REASONS or obj.metadata.deleting:
         state = State.ENDED
     else:
         state = State.STARTING
-    served = status.get("servedBy") or {}
-    message = ready.get("message") if state is not State.REFUSED else admitted.get("message")
+    served = status.served_by
+    message = ready.message if state is not State.REFUSED else admitted.message
     return SandboxEntry(
-        uid=str(kubeobj.meta(obj).get("uid") or ""),
+        uid=obj.metadata.uid,
         ports=tuple(ports),
         state=state,
         reason=reason,
-        message=str(message or ""),
-        suspended_by=status.get("suspendedBy"),
-        suspended_at=status.get("suspendedAt"),
-        spec_suspended=bool(spec.get("suspended")),
-        pod=served.get("name") if served.get("kind") == kubeobj.POD_KIND else None,
+        message=message,
+        suspended_by=status.suspended_by or None,
+        suspended_at=status.suspended_at,
+        spec_suspended=obj.suspended,
+        pod=served.name or None if served.kind == kubeobj.POD_KIND else None,
     )
 
 
-def pod_entry(obj: Mapping[str, Any]) -> PodEntry:
-    meta = kubeobj.meta(obj)
-    status = obj.get("status") or {}
-    ready = _condition(status, "Ready").get("status") == "True"
-    owners = [o for o in meta.get("ownerReferences") or () if o.get("kind") == SANDBOX_KIND]
+def pod_entry(obj: PodView) -> PodEntry:
+    meta = obj.metadata
+    status = obj.status
+    owners = [o for o in meta.owner_references if o.kind == SANDBOX_KIND]
     return PodEntry(
-        ip=status.get("podIP"),
-        ready=ready and status.get("phase") == "Running",
-        sandbox=(meta.get("labels") or {}).get(lbl.SANDBOX_LABEL),
-        owner_uid=owners[0].get("uid") if owners else None,
+        ip=status.pod_ip or None,
+        ready=status.conditions.is_true("Ready") and status.phase == "Running",
+        sandbox=meta.labels.get(lbl.SANDBOX_LABEL),
+        owner_uid=owners[0].uid if owners else None,
     )
 
 
@@ -133,7 +127,7 @@ class View:
         self._pods: dict[Key, PodEntry] = {}
         self._changed: dict[Key, asyncio.Event] = {}
 
-    def apply_sandbox(self, event: str, obj: Mapping[str, Any]) -> None:
+    def apply_sandbox(self, event: str, obj: SandboxView) -> None:
         key = _key(obj)
         if event == "DELETED":
             self._sandboxes.pop(key, None)
@@ -141,7 +135,7 @@ class View:
             self._sandboxes[key] = sandbox_entry(obj)
         self._notify(key)
 
-    def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
+    def apply_pod(self, event: str, obj: PodView) -> None:
         key = _key(obj)
         if event == "DELETED":
             entry = self._pods.pop(key, None)
@@ -150,7 +144,7 @@ class View:
         if entry is not None and entry.sandbox:
             self._notify((key[0], entry.sandbox))
 
-    def replace_sandboxes(self, namespace: str | None, objs: list[Mapping[str, Any]]) -> None:
+    def replace_sandboxes(self, namespace: str | None, objs: Iterable[SandboxView]) -> None:
         """A fresh list (a watch restarted): the namespace's Sandboxes (all, for None) are
         these and no others."""
         fresh = {_key(o): sandbox_entry(o) for o in objs}
@@ -161,7 +155,7 @@ class View:
         for key in (*stale, *fresh):
             self._notify(key)
 
-    def replace_pods(self, namespace: str | None, objs: list[Mapping[str, Any]]) -> None:
+    def replace_pods(self, namespace: str | None, objs: Iterable[PodView]) -> None:
         """As :meth:`replace_sandboxes`, for the sandbox pods."""
         fresh = {_key(o): pod_entry(o) for o in objs}
         for key in [k for k in self._pods if namespace in (None, k[0]) and k not in fresh]:
@@ -203,6 +197,5 @@ class View:
             event.set()
 
 
-def _key(obj: Mapping[str, Any]) -> Key:
-    meta = kubeobj.meta(obj)
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+def _key(obj: ObjectView) -> Key:
+    return obj.key

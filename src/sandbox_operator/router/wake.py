@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import datetime
 from typing import Protocol
 
 from .errors import Refusal
@@ -40,7 +41,7 @@ class Waker:
         #: Sandboxes a resume was asked for, by the suspension it answered (suspendedAt): the
         #: view shows a Sandbox suspended until the operator has acted, and that is no reason
         #: to ask again.
-        self._asked: dict[Key, str | None] = {}
+        self._asked: dict[Key, datetime | None] = {}
         #: When the last ask for each Sandbox failed (its waiters answer 503 at once).
         self._failed_at: dict[Key, float] = {}
         self.resumes = 0

@@ -18,9 +18,37 @@ backend and the egress proxy can all take views.
 
 from __future__ import annotations
 
+from sandbox_operator.views.admission import (
+    AdmissionPolicyView,
+    PolicyBindingView,
+    SelfSubjectReviewView,
+)
 from sandbox_operator.views.conditions import Conditions, ConditionView
-from sandbox_operator.views.objects import MetaView, ObjectView, OwnerRef
-from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
+from sandbox_operator.views.core import (
+    ApiStatusView,
+    ConfigMapView,
+    DeleteAnswerView,
+    EventView,
+    NamespaceView,
+    ObjectRefView,
+    ServiceView,
+    StatusDetailsView,
+)
+from sandbox_operator.views.objects import (
+    ListView,
+    ManagedFieldsEntry,
+    MetaView,
+    ObjectView,
+    OwnerRef,
+    WatchEvent,
+)
+from sandbox_operator.views.pod import (
+    ContainerStatusView,
+    PodStatusView,
+    PodView,
+    TerminatedStateView,
+    WaitingStateView,
+)
 from sandbox_operator.views.resources import (
     EgressEditRefusalView,
     EgressStatusView,
@@ -35,22 +63,38 @@ from sandbox_operator.views.resources import (
 )
 
 __all__ = [
+    "AdmissionPolicyView",
+    "ApiStatusView",
     "ConditionView",
     "Conditions",
+    "ConfigMapView",
     "ContainerStatusView",
+    "DeleteAnswerView",
     "EgressEditRefusalView",
     "EgressStatusView",
+    "EventView",
+    "ListView",
+    "ManagedFieldsEntry",
     "MetaView",
+    "NamespaceView",
+    "ObjectRefView",
     "ObjectView",
     "OwnerRef",
     "PodStatusView",
     "PodView",
+    "PolicyBindingView",
     "SandboxScopeView",
     "SandboxStatusView",
     "SandboxView",
     "SandboxWarmPoolView",
     "ScopeStatusView",
+    "SelfSubjectReviewView",
     "ServedRef",
+    "ServiceView",
+    "StatusDetailsView",
     "StatusView",
+    "TerminatedStateView",
+    "WaitingStateView",
     "WarmPoolStatusView",
+    "WatchEvent",
 ]

@@ -18,6 +18,8 @@ from sandbox_operator.views.fields import (
     count_field,
     mapping,
     mapping_field,
+    optional_int,
+    raw_field,
     sequence,
     text_field,
     timestamp,
@@ -69,6 +71,16 @@ class OwnerRef(Raw):
     controller = Field(lambda v: v is True)
 
 
+class ManagedFieldsEntry(Raw):
+    """One entry of ``metadata.managedFields``: who wrote, when, and to which subresource."""
+
+    __slots__ = ()
+    manager = text_field()
+    subresource = text_field()
+    #: ``time`` parsed (memoised per string).
+    time = Field(timestamp)
+
+
 class MetaView(Raw):
     """An object's ``metadata``: identity, version, labels, annotations, owners, finalizers and
     the two timestamps (each parsed once for this view)."""
@@ -86,6 +98,11 @@ class MetaView(Raw):
     creation_timestamp = text_field()
     #: Whether the object is being deleted (its ``deletionTimestamp`` is set).
     deleting = Field(truthy, "deletionTimestamp")
+    #: Not the wire's: the size of the annotations, as the operator's watch caches record it
+    #: when it is large (reconcile/slim.py); 0 when not recorded.
+    annotations_size = count_field("annotationsSize")
+    #: ``deletionGracePeriodSeconds``: None when not being deleted (or not said).
+    deletion_grace_period_seconds: Field[int | None] = Field(optional_int)
 
     def __init__(self, raw: Mapping[str, Any] | None) -> None:
         super().__init__(raw)
@@ -94,6 +111,11 @@ class MetaView(Raw):
     @property
     def owner_references(self) -> list[OwnerRef]:
         return [OwnerRef(o) for o in sequence(self._raw.get("ownerReferences")) if o is not None]
+
+    @property
+    def managed_fields(self) -> list[ManagedFieldsEntry]:
+        found = sequence(self._raw.get("managedFields"))
+        return [ManagedFieldsEntry(m) for m in found if m is not None]
 
     @property
     def created(self) -> datetime | None:
@@ -133,6 +155,23 @@ class ObjectView(Raw):
     def key(self) -> tuple[str, str]:
         """(namespace, name)."""
         return self.metadata.namespace, self.metadata.name
+
+
+class ListView(ObjectView):
+    """A list answer (``…List``): its items as the wire holds them, and the list's
+    ``metadata.resourceVersion`` a watch starts from."""
+
+    __slots__ = ()
+    objects: Field[Sequence[Any]] = Field(sequence, "items")
+
+
+class WatchEvent(Raw):
+    """One event of a watch stream: its type (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR) and
+    the object as the stream decoded it."""
+
+    __slots__ = ()
+    type = text_field()
+    object = raw_field()
 
 
 def nested(view: type[R]) -> Callable[[object], R]:

@@ -6,12 +6,35 @@ pools and the client; their status (phase, conditions, container states) has a s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from sandbox_operator.views.conditions import Conditions
-from sandbox_operator.views.fields import Field, mapping, mapping_field, text, text_field, truthy
+from sandbox_operator.views.fields import (
+    Field,
+    mapping,
+    mapping_field,
+    optional_int,
+    text,
+    text_field,
+    truthy,
+)
 from sandbox_operator.views.objects import ObjectView, Raw, nested
+
+
+class WaitingStateView(Raw):
+    """A container's ``state.waiting``: why it has not started (empty while it is not waiting)."""
+
+    __slots__ = ()
+    reason = text_field()
+    message = text_field()
+
+
+class TerminatedStateView(Raw):
+    """A container's ``state.terminated``: why and with which code it exited (empty while it
+    runs or waits)."""
+
+    __slots__ = ()
+    reason = text_field()
+    message = text_field()
+    exit_code: Field[int | None] = Field(optional_int)
 
 
 class ContainerStatusView(Raw):
@@ -24,19 +47,19 @@ class ContainerStatusView(Raw):
     state = mapping_field()
 
     @property
-    def waiting(self) -> Mapping[str, Any]:
+    def waiting(self) -> WaitingStateView:
         """``state.waiting``: empty when the container is not waiting."""
-        return mapping(self.state.get("waiting"))
+        return WaitingStateView(mapping(self.state.get("waiting")))
 
     @property
     def waiting_reason(self) -> str:
         """``state.waiting.reason``: empty when the container is not waiting or says no why."""
-        return text(self.waiting.get("reason"))
+        return self.waiting.reason
 
     @property
-    def terminated(self) -> Mapping[str, Any]:
+    def terminated(self) -> TerminatedStateView:
         """``state.terminated`` (its ``reason``, ``exitCode``): empty while not terminated."""
-        return mapping(self.state.get("terminated"))
+        return TerminatedStateView(mapping(self.state.get("terminated")))
 
     @property
     def running(self) -> bool:
@@ -65,3 +88,7 @@ class PodView(ObjectView):
     __slots__ = ()
     status: Field[PodStatusView] = Field(nested(PodStatusView))
     node_name = text_field(under="spec")
+    #: Not the wire's: the digest of what confines the pod, which the operator's watch caches
+    #: keep in place of its spec (reconcile/slim.py, backends/confinement.py); empty on a pod
+    #: read from the API server.
+    confinement = text_field(under="spec")

@@ -114,6 +114,8 @@ class SandboxView(ObjectView):
     storage = raw_field(under="spec")
     egress_allow = Field(sequence, under="spec")
     egress_rules = raw_field(under="spec")
+    #: ``spec.ports`` as written (each validated into a ``SandboxPort`` where it is routed).
+    ports = Field(sequence, under="spec")
 
 
 class ScopeStatusView(StatusView):

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,7 +32,6 @@ from sandbox_operator.backends.base import (
     WatchedObjects,
 )
 from sandbox_operator.backends.confinement import (
-    CONFINEMENT,
     confinement_difference,
     confinement_digest,
 )
@@ -70,7 +69,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json
-from sandbox_operator.views import MetaView, OwnerRef, PodView
+from sandbox_operator.views import MetaView, ObjectView, OwnerRef, PodView
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -111,8 +110,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
         self._poll = poll_interval
         # The operator's watched views of its pods and NetworkPolicies (``use_views``). Without
         # them (tools, tests) every read goes to the API server, as a one-off caller expects.
-        self._pods: WatchedObjects | None = None
-        self._network_policies: WatchedObjects | None = None
+        self._pods: WatchedObjects[PodView] | None = None
+        self._network_policies: WatchedObjects[ObjectView] | None = None
 
     async def start(self, notify: Callable[[str, str], None]) -> None:
         """With a managed egress proxy: look at each namespace's proxy Service periodically
@@ -124,7 +123,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
         def changed(namespace: str) -> None:
             for pod in pods:
-                meta = PodView(pod).metadata
+                meta = pod.metadata
                 if meta.namespace != namespace:
                     continue
                 if PROXY_ADDRESS_ANNOTATION not in meta.annotations:
@@ -147,9 +146,9 @@ class RuntimeClassDriver(RuntimeClassObjects):
 
     def use_views(
         self,
-        pods: WatchedObjects,
-        network_policies: WatchedObjects,
-        claims: WatchedObjects | None = None,
+        pods: WatchedObjects[PodView],
+        network_policies: WatchedObjects[ObjectView],
+        claims: WatchedObjects[ObjectView] | None = None,
     ) -> None:
         """Read pods, NetworkPolicies and PersistentVolumeClaims (the work volumes of sandboxes
         with ``spec.storage``) from the operator's watched views from now on, and put what this
@@ -187,10 +186,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
                 raise StartupError(ConditionReason.STARTUP_FAILED, exc.message) from None
             raise TransientError(exc.message) from None
 
-    def pool_pod_current(self, pod: Mapping[str, Any]) -> bool:
+    def pool_pod_current(self, pod: PodView) -> bool:
         """Whether an idle pool pod can serve as it is: a pod given a managed proxy's address is
         current only while the namespace's proxy Service is seen at that very address."""
-        meta = PodView(pod).metadata
+        meta = pod.metadata
         given = _proxy_address(meta)
         if given is None:
             return True
@@ -199,7 +198,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         return self._proxy.seen_address(meta.namespace) == given
 
     def confines_as_made(
-        self, pod: Mapping[str, Any], spec: SandboxSpec, managed_proxy: ProxyAddress | None
+        self, pod: PodView, spec: SandboxSpec, managed_proxy: ProxyAddress | None
     ) -> bool:
         """Whether ``pod`` (a slim pod from the views, or a full one) is confined exactly as the
         pod this backend makes for ``spec``: its runtime class, service account and token, host
@@ -207,16 +206,15 @@ class RuntimeClassDriver(RuntimeClassObjects):
         :mod:`sandbox_operator.backends.confinement`). Labels and owners prove nothing: anyone
         who may create pods can copy them."""
         expected = confinement_digest(pod_manifest(spec, self._config, {}, managed_proxy)["spec"])
-        pod_spec = pod.get("spec") or {}
-        have = pod_spec.get(CONFINEMENT) or confinement_digest(pod_spec)
+        have = pod.confinement or confinement_digest(pod.spec)
         return bool(have == expected)
 
-    def pool_pod_serves(self, pod: Mapping[str, Any], spec: SandboxSpec) -> bool:
+    def pool_pod_serves(self, pod: PodView, spec: SandboxSpec) -> bool:
         """Whether an idle pool pod may be claimed for ``spec``: current (see
         :meth:`pool_pod_current`) and confined as this backend makes the pool's pods."""
         if not self.pool_pod_current(pod):
             return False
-        given = _proxy_address(PodView(pod).metadata)
+        given = _proxy_address(pod.metadata)
         if given is not None and self._proxy is not None:
             given = dataclasses.replace(given, intercepting=self._proxy.intercepting)
         return self.confines_as_made(pod, spec, given)
@@ -265,8 +263,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
         try:
             if self._pods is not None:
                 created_pod = await call_json(self._core.create_namespaced_pod, ns, manifest)
-                self._pods.upsert(created_pod)
-                return ServedBy(POD, PodView(created_pod).metadata.name or name, ns)
+                held = self._pods.upsert(created_pod)
+                return ServedBy(POD, held.metadata.name or name, ns)
             created = await self._core.create_namespaced_pod(ns, manifest)
             return ServedBy(POD, created.metadata.name, ns)
         except ApiException as exc:
@@ -280,10 +278,10 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if existing is None and self._pods is not None:
             # Not in the view yet (created by another replica a moment ago): ask once.
             with contextlib.suppress(ApiException):
-                existing = self._sanitize(await self._core.read_namespaced_pod(name, ns))
+                existing = PodView(self._sanitize(await self._core.read_namespaced_pod(name, ns)))
         if existing is None:  # deleted between our create and read: next pass creates it
             return ServedBy(POD, name, ns)
-        owners = PodView(existing).metadata.owner_references
+        owners = existing.metadata.owner_references
         if request.sandbox.uid and request.sandbox.uid not in [o.uid for o in owners]:
             raise StartupError(
                 ConditionReason.KEY_UNCLEAN, foreign_pod_message(name, owners, request.sandbox)
@@ -293,8 +291,8 @@ class RuntimeClassDriver(RuntimeClassObjects):
             # backend makes, so it is never adopted (and never reported as this sandbox).
             field = None
             with contextlib.suppress(ApiException):
-                full = await call_json(self._core.read_namespaced_pod, name, ns)
-                field = confinement_difference(full.get("spec") or {}, manifest["spec"])
+                full = PodView(await call_json(self._core.read_namespaced_pod, name, ns))
+                field = confinement_difference(full.spec, manifest["spec"])
             raise StartupError(
                 ConditionReason.KEY_UNCLEAN,
                 f"pod {name} exists and names this Sandbox as its owner, but it is not the pod "
@@ -303,14 +301,14 @@ class RuntimeClassDriver(RuntimeClassObjects):
             )
         return ServedBy(POD, name, ns)
 
-    def _claimed_pod(self, sandbox: SandboxRef) -> dict[str, Any] | None:
+    def _claimed_pod(self, sandbox: SandboxRef) -> PodView | None:
         """A pod claimed from a warm pool for the sandbox (another name than its own): found in
         the views by the sandbox label and its owner, even before status.servedBy records it."""
         if self._pods is None or not sandbox.uid:
             return None
         value = lbl.sandbox_label_value(sandbox.name)
         for pod in self._pods.select(sandbox.namespace, lbl.SANDBOX_LABEL, value):
-            meta = PodView(pod).metadata
+            meta = pod.metadata
             if lbl.POOL_LABEL not in meta.labels:
                 continue
             if any(o.uid == sandbox.uid for o in meta.owner_references):
@@ -332,7 +330,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if pod is None:
             pod = self._claimed_pod(sandbox)
         if pod is not None and sandbox.uid:
-            owners = [o.uid for o in PodView(pod).metadata.owner_references]
+            owners = [o.uid for o in pod.metadata.owner_references]
             if sandbox.uid not in owners:
                 # Someone else's pod under our name; not ours to report as our sandbox.
                 return Observation(
@@ -348,7 +346,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         ):
             # The operator watches the kubelet's FailedCreatePodSandBox events (no read here; a
             # new one wakes the Sandbox).
-            uid = PodView(pod).metadata.uid
+            uid = pod.metadata.uid
             handler = self._failures.missing_handler(uid)
             if handler is not None:
                 observation = self._handler_missing(pod, handler, observation)
@@ -371,7 +369,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
             observation = await self._check_proxy(sandbox, pod, observation)
         return observation
 
-    async def _check_handler(self, pod: Mapping[str, Any], observation: Observation) -> Observation:
+    async def _check_handler(self, pod: PodView, observation: Observation) -> Observation:
         """A pod stuck before its containers exist: does the node lack the runtime handler?
         (Read from the pod's Events: for a driver used without the operator's watch.)"""
         events = await self._sandbox_events(pod)
@@ -382,11 +380,9 @@ class RuntimeClassDriver(RuntimeClassObjects):
             return observation
         return self._handler_missing(pod, handler, observation)
 
-    def _handler_missing(
-        self, pod: Mapping[str, Any], handler: str, observation: Observation
-    ) -> Observation:
+    def _handler_missing(self, pod: PodView, handler: str, observation: Observation) -> Observation:
         rc = self._config.runtime_class_name
-        node = PodView(pod).node_name
+        node = pod.node_name
         return Observation(
             ObservedPhase.STARTUP_FAILED,
             observation.served_by,
@@ -397,7 +393,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         )
 
     async def _check_proxy(
-        self, sandbox: SandboxRef, pod: Mapping[str, Any], observation: Observation
+        self, sandbox: SandboxRef, pod: PodView, observation: Observation
     ) -> Observation:
         """A live pod given a managed proxy's address: is the proxy still there (one GET), and
         has it admitted the sandbox? A ready pod the proxy does not serve yet would meet
@@ -406,7 +402,7 @@ class RuntimeClassDriver(RuntimeClassObjects):
         if observation.phase not in (ObservedPhase.READY, ObservedPhase.STARTING):
             return observation
         assert self._proxy is not None
-        given = _proxy_address(PodView(pod).metadata)
+        given = _proxy_address(pod.metadata)
         if given is None:
             return observation
         problem = await self._proxy.check(sandbox.namespace, sandbox, given)

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_operator import kubeobj, naming
 from sandbox_operator import labels as lbl
+from sandbox_operator import naming
 from sandbox_operator.backends.base import (
     BackendObject,
     DisposalError,
@@ -47,6 +47,8 @@ from sandbox_operator.contract import (
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json, read_or_none
+from sandbox_operator.views import DeleteAnswerView, EventView, ListView, ObjectView, PodView
+from sandbox_operator.views.fields import mapping
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -61,16 +63,16 @@ def _delete_options(kind: str, grace: int | None) -> dict[str, Any]:
     return {"grace_period_seconds": grace}
 
 
-def deletion_landed(kind: str, answer: Mapping[str, Any]) -> bool:
+def deletion_landed(kind: str, answer: DeleteAnswerView) -> bool:
     """Whether a delete's answer says the object is gone from the API server: a Status, or the
     object as it was last with no finalizer left and no grace period (what a pod deleted with no
     grace period answers: its final state, deletionTimestamp set, already removed)."""
-    if answer.get("kind") == "Status":
+    if answer.is_status:
         return True
-    meta = kubeobj.meta(answer)
-    if answer.get("kind") != kind or meta.get("finalizers"):
+    meta = answer.metadata
+    if answer.kind != kind or meta.finalizers:
         return False
-    return not meta.get("deletionTimestamp") or meta.get("deletionGracePeriodSeconds") == 0
+    return not meta.deleting or meta.deletion_grace_period_seconds == 0
 
 
 class RuntimeClassObjects:
@@ -86,9 +88,9 @@ class RuntimeClassObjects:
     _net: Any
     _dispose_timeout: float
     _poll: float
-    _pods: WatchedObjects | None = None
-    _network_policies: WatchedObjects | None = None
-    _claims: WatchedObjects | None = None
+    _pods: WatchedObjects[PodView] | None = None
+    _network_policies: WatchedObjects[ObjectView] | None = None
+    _claims: WatchedObjects[ObjectView] | None = None
     _proxy_settings: ManagedEgressProxySettings | None = None
 
     def _bind_api(self, api: Any) -> None:
@@ -109,10 +111,11 @@ class RuntimeClassObjects:
 
     # ---- creating and reading -------------------------------------------------------------
 
-    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _read_pod(self, namespace: str, name: str) -> PodView | None:
         if self._pods is not None:
             return self._pods.get(namespace, name)
-        return await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
+        found = await read_or_none(self._api, self._core.read_namespaced_pod, name, namespace)
+        return None if found is None else PodView(found)
 
     async def ensure_network_policy(self, request: EnsureRequest) -> None:
         """The NetworkPolicy that confines the request's pod (the namespace's policy of this
@@ -121,18 +124,16 @@ class RuntimeClassObjects:
         Raises :class:`StartupError` when the API server refuses it."""
         await self.ensure_egress_policy(request.sandbox.namespace, request.spec.egress)
 
-    def egress_policy_current(self, policy: Mapping[str, Any]) -> bool:
+    def egress_policy_current(self, policy: ObjectView) -> bool:
         """Whether a namespace's egress policy of this backend (as the views or a watch event
         hold it) is the one :func:`build_egress_policy` makes now."""
         key = egress_policy_key(policy)
         if key is None or key[0] != self.name:
             return True  # not ours to judge
-        meta = kubeobj.meta(policy)
-        want = build_egress_policy(
-            str(meta.get("namespace", "")), key[1], self._config, self._proxy_settings
-        )
-        return meta.get("name") == want["metadata"]["name"] and not policy_spec_differs(
-            policy.get("spec"), want["spec"]
+        meta = policy.metadata
+        want = build_egress_policy(meta.namespace, key[1], self._config, self._proxy_settings)
+        return meta.name == want["metadata"]["name"] and not policy_spec_differs(
+            policy.spec, want["spec"]
         )
 
     async def ensure_egress_policy(self, namespace: str, egress: Egress) -> None:
@@ -170,12 +171,14 @@ class RuntimeClassObjects:
         meta = want["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
+            have: ObjectView | None
             if self._network_policies is not None:
                 have = self._network_policies.get(ns, name)
             else:
-                have = await read_or_none(
+                found = await read_or_none(
                     self._api, self._net.read_namespaced_network_policy, name, ns
                 )
+                have = None if found is None else ObjectView(found)
             if have is None:
                 answer = await call_json(self._net.create_namespaced_network_policy, ns, want)
             elif self.egress_policy_current(have):
@@ -183,7 +186,7 @@ class RuntimeClassObjects:
             else:
                 body = {
                     **want,
-                    "metadata": {**meta, "resourceVersion": have["metadata"]["resourceVersion"]},
+                    "metadata": {**meta, "resourceVersion": have.metadata.resource_version},
                 }
                 answer = await call_json(
                     self._net.replace_namespaced_network_policy, name, ns, body
@@ -228,8 +231,8 @@ class RuntimeClassObjects:
                         f"(HTTP {exc.status}): {api_message(exc)[:500]}",
                     ) from None
             try:
-                existing = await call_json(
-                    self._core.read_namespaced_persistent_volume_claim, name, ns
+                existing = ObjectView(
+                    await call_json(self._core.read_namespaced_persistent_volume_claim, name, ns)
                 )
             except ApiException as exc:
                 if exc.status == 404:  # deleted between our create and read: the next pass
@@ -261,22 +264,20 @@ class RuntimeClassObjects:
             ) from None
         return True
 
-    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[EventView] | None:
         """The kubelet's ``FailedCreatePodSandBox`` events of ``pod``; None when unreadable."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = kubeobj.meta(pod)
+        meta = ObjectView(pod).metadata
         try:
             listed = await self._core.list_namespaced_event(
-                meta.get("namespace", ""),
-                field_selector=f"involvedObject.uid={meta.get('uid', '')},"
-                "reason=FailedCreatePodSandBox",
+                meta.namespace,
+                field_selector=f"involvedObject.uid={meta.uid},reason=FailedCreatePodSandBox",
             )
         except ApiException as exc:
-            log.warning("cannot read the events of pod %s (HTTP %s)", meta.get("name"), exc.status)
+            log.warning("cannot read the events of pod %s (HTTP %s)", meta.name, exc.status)
             return None
-        events: list[dict[str, Any]] = self._sanitize(listed).get("items") or []
-        return events
+        return [EventView(mapping(e)) for e in ListView(self._sanitize(listed)).objects]
 
     # ---- deleting and listing -------------------------------------------------------------
 
@@ -479,7 +480,9 @@ class RuntimeClassObjects:
 
         try:
             options = _delete_options(kind, None if graceful else self._disposal_grace)
-            answer = await call_json(self._call("delete", kind), name, namespace, **options)
+            answer = DeleteAnswerView(
+                await call_json(self._call("delete", kind), name, namespace, **options)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return not self._gone_with_answer
@@ -489,28 +492,28 @@ class RuntimeClassObjects:
         landed = self._deleted(kind, namespace, name, answer)
         return not (self._gone_with_answer and landed)
 
-    def _deleted(self, kind: str, namespace: str, name: str, answer: Mapping[str, Any]) -> bool:
+    def _deleted(self, kind: str, namespace: str, name: str, answer: DeleteAnswerView) -> bool:
         """Put a delete's answer into the views at once, as a create's is: the object being
         deleted (a pod in its grace period, held by a finalizer, a claim still in use), or gone
         (a Status; on a backend whose disposals go at once, also a pod deleted with no grace
         period). Until its watch event came, a pass that ran meanwhile (woken by the Sandbox's
         own status write) deleted it again. Returns whether the answer was read as gone."""
-        meta = kubeobj.meta(answer)
+        meta = answer.metadata
         if self._gone_with_answer:
             landed = deletion_landed(kind, answer)
         else:
-            landed = not (answer.get("kind") == kind and meta.get("deletionTimestamp"))
+            landed = not (answer.kind == kind and meta.deleting)
         views = {POD: self._pods, NETWORK_POLICY: self._network_policies, CLAIM: self._claims}
         view = views.get(kind)
         if view is None:
             return landed
         if not landed:
-            if answer.get("kind") == kind and meta.get("deletionTimestamp"):
-                view.upsert(answer)
+            if answer.kind == kind and meta.deleting:
+                view.upsert(answer.raw)
             return landed
-        uid = (answer.get("details") or {}).get("uid") or meta.get("uid")
-        if answer.get("kind") in ("Status", kind) and uid:
-            view.remove(namespace, name, str(uid))
+        uid = answer.details.uid or meta.uid
+        if answer.kind in ("Status", kind) and uid:
+            view.remove(namespace, name, uid)
         return landed
 
     async def _list(self, namespace: str, selector: str) -> list[BackendObject]:

@@ -19,7 +19,14 @@ from sandbox_operator.backends.base import (
 )
 from sandbox_operator.backends.runtimeclass.pods import CONTAINER_NAME
 from sandbox_operator.contract import SANDBOX_KIND
-from sandbox_operator.views import ContainerStatusView, ObjectView, PodStatusView, PodView
+from sandbox_operator.views import (
+    ContainerStatusView,
+    EventView,
+    ObjectView,
+    PodStatusView,
+    PodView,
+    WaitingStateView,
+)
 
 #: Waiting reasons that mean the container will not start without someone changing something.
 FATAL_WAITING_REASONS = frozenset(
@@ -56,14 +63,14 @@ SANDBOX_EVENTS_EVERY_SECONDS = 5.0
 RUNTIME_HANDLER_MISSING = "RuntimeHandlerMissing"
 
 
-def classify_pod(pod: Mapping[str, Any] | None) -> Observation:
+def classify_pod(pod: PodView | None) -> Observation:
     """What a pod's status says about its sandbox (pure; ``pod`` is the API's JSON shape).
 
     In order: gone, being deleted, ended (the pod's phase), what the sandbox container's state
     says (cannot start, exited, ready), else still starting."""
     if pod is None:
         return Observation(ObservedPhase.ABSENT)
-    view = PodView.of(pod)
+    view = pod
     meta = view.metadata
     served = ServedBy(kind="Pod", name=meta.name, namespace=meta.namespace)
     created = meta.created
@@ -87,8 +94,8 @@ def _pod_ended(
 ) -> Observation:
     """A pod that ended (``Failed`` or ``Succeeded``): why, in the container's words first."""
     term = container.terminated if container is not None else ContainerStatusView(None).terminated
-    why = term.get("reason") or status.reason or phase
-    code = term.get("exitCode")
+    why = term.reason or status.reason or phase
+    code = term.exit_code
     msg = f"pod {phase.lower()}: {why}" + (f" (exit code {code})" if code is not None else "")
     if status.message:
         msg += f": {status.message}"
@@ -107,8 +114,8 @@ def _container_verdict(
         return _cannot_start(container, waiting)
     terminated = container.terminated
     if terminated:
-        reason = str(terminated.get("reason") or "Terminated")
-        msg = f"container exited: {reason} (exit code {terminated.get('exitCode')})"
+        reason = terminated.reason or "Terminated"
+        msg = f"container exited: {reason} (exit code {terminated.exit_code})"
         return Observation(ObservedPhase.FAILED, detail_reason=reason, message=msg)
     if container.running and container.ready:
         ready = status.conditions.find("Ready")
@@ -121,15 +128,15 @@ def _container_verdict(
     return None
 
 
-def _cannot_start(container: ContainerStatusView, waiting: Mapping[str, Any]) -> Observation:
+def _cannot_start(container: ContainerStatusView, waiting: WaitingStateView) -> Observation:
     """A container waiting for a reason that will not pass by itself (FATAL_WAITING_REASONS)."""
-    reason = str(waiting["reason"])
+    reason = waiting.reason
     msg = f"container cannot start: {reason}"
     if reason in PULL_REASONS:
         # The kubelet's pull message names registry endpoints and resolvers: keep it out.
         msg += f" (image {container.image or 'unknown'} is not available to the node)"
-    elif waiting.get("message"):
-        msg += f": {str(waiting['message'])[:300]}"
+    elif waiting.message:
+        msg += f": {waiting.message[:300]}"
     return Observation(ObservedPhase.STARTUP_FAILED, detail_reason=reason, message=msg)
 
 
@@ -148,21 +155,21 @@ def _starting(
     )
 
 
-def missing_handler(events: Iterable[Mapping[str, Any]]) -> str | None:
+def missing_handler(events: Iterable[EventView]) -> str | None:
     """The runtime handler a node lacks, as its container runtime told the kubelet, if so."""
     for event in events:
-        if event.get("reason") != "FailedCreatePodSandBox":
+        if event.reason != "FailedCreatePodSandBox":
             continue
         for pattern in MISSING_HANDLER_PATTERNS:
-            found = pattern.search(str(event.get("message") or ""))
+            found = pattern.search(event.message)
             if found:
                 return found.group(1).strip("\"'")
     return None
 
 
-def awaits_pod_sandbox(pod: Mapping[str, Any], now: datetime) -> bool:
+def awaits_pod_sandbox(pod: PodView, now: datetime) -> bool:
     """A pod bound to a node for a while whose containers the kubelet has not created yet."""
-    view = PodView.of(pod)
+    view = pod
     if view.status.phase != "Pending" or not view.node_name:
         return False
     waiting = [c.waiting_reason for c in view.status.container_statuses]

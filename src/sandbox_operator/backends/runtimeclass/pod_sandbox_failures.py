@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator.backends.runtimeclass.observe import missing_handler
 from sandbox_operator.kubecalls import list_then_watch
+from sandbox_operator.views import EventView
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,13 @@ class PodSandboxFailures:
     def missing_handler(self, pod_uid: str) -> str | None:
         return self._by_uid.get(pod_uid)
 
-    def record(self, event: Mapping[str, Any]) -> tuple[str, str] | None:
+    def record(self, event: EventView) -> tuple[str, str] | None:
         """Keep what one Event says; the (namespace, pod name) it concerns when it says a handler
         is missing and that was not known yet (its Sandbox is then woken)."""
         handler = missing_handler([event])
-        involved = event.get("involvedObject") or {}
-        uid = str(involved.get("uid") or "")
-        if handler is None or not uid or involved.get("kind") != kubeobj.POD_KIND:
+        involved = event.involved_object
+        uid = involved.uid
+        if handler is None or not uid or involved.kind != kubeobj.POD_KIND:
             return None
         if self._by_uid.get(uid) == handler:
             return None
@@ -53,8 +54,7 @@ class PodSandboxFailures:
         self._by_uid.move_to_end(uid)
         while len(self._by_uid) > self._limit:
             self._by_uid.popitem(last=False)
-        namespace = involved.get("namespace") or kubeobj.meta(event).get("namespace")
-        return str(namespace or ""), str(involved.get("name") or "")
+        return involved.namespace or event.metadata.namespace, involved.name
 
 
 async def watch_pod_sandbox_failures(
@@ -78,22 +78,23 @@ async def watch_pod_sandbox_failures(
     if namespace is not None:
         list_call, where = core.list_namespaced_event, (namespace,)
 
-    def take(event: Mapping[str, Any]) -> None:
+    def take(event: EventView) -> None:
         concerned = failures.record(event)
         if concerned is not None and concerned[1]:
             notify(*concerned)
 
-    def listed(items: list[dict[str, Any]]) -> None:
+    def listed(items: list[EventView]) -> None:
         for item in items:
             take(item)
 
-    def changed(kind: str, event: dict[str, Any]) -> None:
+    def changed(kind: str, event: EventView) -> None:
         if kind != "DELETED":
             take(event)
 
     await list_then_watch(
         list_call,
         *where,
+        view=EventView,
         on_list=listed,
         on_change=changed,
         what=f"FailedCreatePodSandBox events{f' in {namespace}' if namespace else ''}",

@@ -29,6 +29,7 @@ from sandbox_operator.egress.config import (
     CA_MOUNT_DIR,
     ManagedEgressProxySettings,
 )
+from sandbox_operator.views import ObjectView
 
 CONTAINER_NAME = "sandbox"
 WORK_VOLUME = "work"
@@ -382,11 +383,11 @@ def build_egress_policy(
     }
 
 
-def egress_policy_key(policy: Mapping[str, Any]) -> tuple[str, Egress] | None:
+def egress_policy_key(policy: ObjectView) -> tuple[str, Egress] | None:
     """(backend, egress mode) of a namespace's egress NetworkPolicy made by
     :func:`build_egress_policy`; None for any other (a pool's deny-all, a per-Sandbox policy of
     an older version)."""
-    labels = kubeobj.meta(policy).get("labels") or {}
+    labels = policy.metadata.labels
     backend, egress = labels.get(lbl.BACKEND_LABEL), labels.get(lbl.EGRESS_LABEL)
     if not backend or egress not in {e.value for e in Egress}:
         return None
@@ -400,7 +401,7 @@ def policy_spec_differs(have: Any, want: Any) -> bool:
 
 
 def _canonical(value: Any) -> Any:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         out = {k: _canonical(v) for k, v in value.items()}
         return {k: v for k, v in out.items() if v not in ({}, [], None)}
     if isinstance(value, list):
