@@ -36,7 +36,8 @@ RESETS_ONLY_GROW = "resets may only increase"
 
 
 def next_reset(obj: Mapping[str, Any]) -> int:
-    """The ``spec.resets`` that asks for one more reset than any asked for or served."""
+    """The ``spec.resets`` that asks for one more reset than any asked for or served (``obj``:
+    the Sandbox as sent, or a view of it)."""
     asked = SandboxView.of(obj).wanted_resets
     asked_count = asked if isinstance(asked, int) else 0
     return max(asked_count, read_status(obj).resets) + 1
@@ -55,9 +56,9 @@ class Resets:
         handle = sandbox if isinstance(sandbox, Sandbox) else None
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         # The handle's object names the count it has seen; the patch's answer is the newest.
-        known = handle.resource if handle is not None and handle.resource else None
+        known = handle.view if handle is not None and handle.resource else None
         obj = known if known is not None else await self.objects.get_sandbox(name)
-        if SandboxView(obj).storage:
+        if obj.storage:
             raise SandboxNotResettable(sandbox=name, namespace=self.objects.namespace)
         try:
             count = next_reset(obj)
@@ -70,7 +71,7 @@ class Resets:
             obj = await self.objects.get_sandbox(name)
             count = next_reset(obj)
             obj = await self.objects.patch_resets(name, count)
-        asked = SandboxView(obj).wanted_resets
+        asked = obj.wanted_resets
         if not isinstance(asked, int) or asked < count:
             # The API server dropped the field: its Sandbox CRD predates reset. Nothing was asked
             # of the operator, and a wait would only run out.

@@ -33,13 +33,23 @@ from sandbox_operator.views.resources import (
     StatusView,
     WarmPoolStatusView,
 )
+from sandbox_operator.views.wire import (
+    ApiStatusView,
+    ListView,
+    StatusCauseView,
+    StatusDetailsView,
+    WatchEventView,
+    on_the_wire,
+)
 
 __all__ = [
+    "ApiStatusView",
     "ConditionView",
     "Conditions",
     "ContainerStatusView",
     "EgressEditRefusalView",
     "EgressStatusView",
+    "ListView",
     "MetaView",
     "ObjectView",
     "OwnerRef",
@@ -51,6 +61,10 @@ __all__ = [
     "SandboxWarmPoolView",
     "ScopeStatusView",
     "ServedRef",
+    "StatusCauseView",
+    "StatusDetailsView",
     "StatusView",
     "WarmPoolStatusView",
+    "WatchEventView",
+    "on_the_wire",
 ]
