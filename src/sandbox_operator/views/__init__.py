@@ -18,6 +18,17 @@ backend and the egress proxy can all take views.
 
 from __future__ import annotations
 
+from sandbox_operator.views.acas import (
+    AcasCountView,
+    AcasEgressDecisionsView,
+    AcasEgressPolicyView,
+    AcasErrorBodyView,
+    AcasErrorView,
+    AcasHttpDecisionsView,
+    AcasHttpPolicyView,
+    AcasPageView,
+    AcasSnapshotView,
+)
 from sandbox_operator.views.conditions import Conditions, ConditionView
 from sandbox_operator.views.objects import MetaView, ObjectView, OwnerRef
 from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
@@ -43,6 +54,15 @@ from sandbox_operator.views.wire import (
 )
 
 __all__ = [
+    "AcasCountView",
+    "AcasEgressDecisionsView",
+    "AcasEgressPolicyView",
+    "AcasErrorBodyView",
+    "AcasErrorView",
+    "AcasHttpDecisionsView",
+    "AcasHttpPolicyView",
+    "AcasPageView",
+    "AcasSnapshotView",
     "ApiStatusView",
     "ConditionView",
     "Conditions",
