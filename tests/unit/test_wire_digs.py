@@ -16,8 +16,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 VIEWS = SRC / "sandbox_operator" / "views"
 
 #: The current ceilings: lower them as readers move to views; never raise them.
-DIGS_CEILING = 237
-ANY_MAPPINGS_CEILING = 314
+DIGS_CEILING = 230
+ANY_MAPPINGS_CEILING = 313
 #: Where the issue wants them in the end.
 DIGS_TARGET = 100
 ANY_MAPPINGS_TARGET = 60

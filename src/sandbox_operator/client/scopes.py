@@ -47,7 +47,7 @@ class Scopes:
         <sandbox_operator.client.SandboxClient.create_scope>`: apply the SandboxScope, then, when
         it binds agents, wait until the operator reports it Ready."""
         name = name or naming.scope_name(scope, thread_id)
-        spec: dict[str, Any] = {"scope": scope, "threadId": thread_id}
+        spec: dict[str, object] = {"scope": scope, "threadId": thread_id}
         if min_isolation:
             spec["minIsolation"] = min_isolation
         if min_isolation_scope:

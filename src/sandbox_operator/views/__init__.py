@@ -29,6 +29,12 @@ from sandbox_operator.views.acas import (
     AcasPageView,
     AcasSnapshotView,
 )
+from sandbox_operator.views.client import (
+    HostToolRequestView,
+    KubeconfigContextDetailsView,
+    KubeconfigContextView,
+    SandboxSpecView,
+)
 from sandbox_operator.views.conditions import Conditions, ConditionView
 from sandbox_operator.views.objects import MetaView, ObjectView, OwnerRef
 from sandbox_operator.views.pod import ContainerStatusView, PodStatusView, PodView
@@ -69,6 +75,9 @@ __all__ = [
     "ContainerStatusView",
     "EgressEditRefusalView",
     "EgressStatusView",
+    "HostToolRequestView",
+    "KubeconfigContextDetailsView",
+    "KubeconfigContextView",
     "ListView",
     "MetaView",
     "ObjectView",
@@ -76,6 +85,7 @@ __all__ = [
     "PodStatusView",
     "PodView",
     "SandboxScopeView",
+    "SandboxSpecView",
     "SandboxStatusView",
     "SandboxView",
     "SandboxWarmPoolView",
