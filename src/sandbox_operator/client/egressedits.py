@@ -36,7 +36,7 @@ from sandbox_operator.views import EgressEditRefusalView, SandboxView, on_the_wi
 INVALID = "Invalid"
 
 
-def _rules(value: object) -> dict[str, Any] | None:
+def _rules(value: object) -> dict[str, object] | None:
     """Rules by host in one spelling; None when they do not parse."""
     if not isinstance(value, Sequence):
         return {}
