@@ -17,7 +17,7 @@ VIEWS = SRC / "sandbox_operator" / "views"
 
 #: The current ceilings: lower them as readers move to views; never raise them.
 DIGS_CEILING = 230
-ANY_MAPPINGS_CEILING = 313
+ANY_MAPPINGS_CEILING = 311
 #: Where the issue wants them in the end.
 DIGS_TARGET = 100
 ANY_MAPPINGS_TARGET = 60
