@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 VIEWS = SRC / "sandbox_operator" / "views"
 
 #: The current ceilings: lower them as readers move to views; never raise them.
-DIGS_CEILING = 230
+DIGS_CEILING = 228
 ANY_MAPPINGS_CEILING = 311
 #: Where the issue wants them in the end.
 DIGS_TARGET = 100

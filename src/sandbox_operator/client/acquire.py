@@ -38,7 +38,7 @@ from sandbox_operator.client.scopes import Scopes
 from sandbox_operator.client.served import ServedPlane
 from sandbox_operator.client.status import Goal, effective_state, is_suspended, served_by
 from sandbox_operator.client.suspension import Suspensions
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.contract import (
     API_VERSION,
     SANDBOX_KIND,
@@ -194,7 +194,7 @@ class Acquisitions:
     ) -> Sandbox:
         """Apply, wait until Ready within ``deadline``, and build the handle."""
         body = self._body(key, name, scope_ref, agent_dir, spec, call_id)
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(deadline):
                 obj = await self.wait_ready(name, scope_ref, body, last)
@@ -203,7 +203,7 @@ class Acquisitions:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=deadline,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         tools: tuple[str, ...] = ()
         if host_tools is not None:
@@ -239,12 +239,12 @@ class Acquisitions:
             effective_state=lambda: effective_state(obj, spec, host_tools=tools, call=call),
             lifecycle=self.lifecycle,
             resource=obj,
-            created=bool(last.get("created")) and last.get("created") == obj.metadata.uid,
+            created=bool(last.created) and last.created == obj.metadata.uid,
         )
         return sandbox
 
     async def wait_ready(
-        self, name: str, scope_ref: str, body: Body, last: dict[str, str]
+        self, name: str, scope_ref: str, body: Body, last: WaitNotes
     ) -> SandboxView:
         """Apply ``body`` (after any previous Sandbox under the name is gone), resume it when
         suspended, and watch it until Ready or a terminal reason, and its SandboxScope until
@@ -260,7 +260,7 @@ class Acquisitions:
             await self.watches.wait_gone(SANDBOX_PLURAL, name, None, SandboxView)
             obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body, SandboxView)
         if created:
-            last["created"] = obj.metadata.uid
+            last.created = obj.metadata.uid
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.

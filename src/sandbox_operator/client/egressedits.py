@@ -28,7 +28,7 @@ from sandbox_operator.client.errors import SandboxEgressEditRefused
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import Verdict, effective_state
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.views import EgressEditRefusalView, SandboxView, on_the_wire
 
@@ -118,7 +118,7 @@ class EgressEdits:
 
         obj = await self.objects.edit_spec(name, fields, manager="egress", refused=refused)
         generation = obj.metadata.generation
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 obj = await self.watches.until_goal(name, obj, last, goal=EgressEditAt(generation))
@@ -127,7 +127,7 @@ class EgressEdits:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         except SandboxGone:
             raise

@@ -28,7 +28,7 @@ from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.served import plane_of
 from sandbox_operator.client.status import RESET_REFUSED, ResetTo, read_status
 from sandbox_operator.client.suspension import serve_again
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.views import SandboxView
 
 #: The CRD's refusal of a lower ``spec.resets`` (crdrules.SANDBOX_RESETS_RULE).
@@ -84,7 +84,7 @@ class Resets:
         plane = plane_of(sandbox)
         if plane is not None:
             await plane.drop()  # the old pod is gone: no use may reach for it
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 obj = await self.watches.until_goal(name, obj, last, goal=ResetTo(count))
@@ -93,7 +93,7 @@ class Resets:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         except SandboxAcquireError as exc:
             if exc.reason != RESET_REFUSED:

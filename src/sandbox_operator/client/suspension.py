@@ -31,7 +31,7 @@ from sandbox_operator.client.status import (
     is_suspended,
     read_status,
 )
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.views import SandboxView
 
@@ -68,7 +68,7 @@ class Suspensions:
         late: type[SandboxNotReadyInTime | SandboxNotSuspendedInTime],
     ) -> SandboxView:
         """Watch until ``goal``; ``late`` (with the last reason seen) after ``timeout``."""
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 return await self.watches.until_goal(name, obj, last, goal=goal)
@@ -77,7 +77,7 @@ class Suspensions:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
 
     async def suspend(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from kubernetes_asyncio import watch as k8s_watch
@@ -54,6 +55,15 @@ class _ReadGrant:
             raise SandboxForbidden(namespace=namespace, action="watch sandboxes")
         await asyncio.sleep(self._pause)
         self._pause = min(self._pause * 2, 1.0)
+
+
+@dataclass
+class WaitNotes:
+    """What a wait saw, for its caller's error: the last reason the object reported, and the uid
+    of the object when the caller's own apply created it (an acquire's)."""
+
+    reason: str = ""
+    created: str = ""
 
 
 #: The view a wait reads its object through.
@@ -181,14 +191,14 @@ class Watches:
         )
 
     async def until_goal(
-        self, name: str, obj: SandboxView, last: dict[str, str], *, goal: Goal = "ready"
+        self, name: str, obj: SandboxView, last: WaitNotes, *, goal: Goal = "ready"
     ) -> SandboxView:
         """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
         terminal reason or deletion."""
         grant = _ReadGrant()
         while True:
             state, reason, message = evaluate_for(obj, goal)
-            last["reason"] = reason
+            last.reason = reason
             if state == "ready":
                 return obj
             if state == "terminal":
