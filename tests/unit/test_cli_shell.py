@@ -37,3 +37,24 @@ def test_without_a_command_it_is_sh_and_the_mode_can_be_forced(seen: list[Any]) 
     cli.main(["shell", "box", "--tty"])
     assert [a.argv for a in seen] == [[], []]  # terminal.main runs ``sh`` for an empty one
     assert [a.tty for a in seen] == [False, True]
+
+
+def test_the_namespace_is_the_kubeconfig_contexts_as_kubectl_reads_it(tmp_path: Any) -> None:
+    """Without ``-n``, the chosen context's namespace (the current one's without ``--context``);
+    ``default`` for a context that names none, one that does not exist, or no kubeconfig."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: here\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts:\n"
+        "- {name: here, context: {cluster: c, user: u, namespace: ns-here}}\n"
+        "- {name: there, context: {cluster: c, user: u, namespace: ns-there}}\n"
+        "- {name: bare, context: {cluster: c, user: u}}\n"
+    )
+    path = str(kubeconfig)
+    assert terminal._namespace(path, None) == "ns-here"
+    assert terminal._namespace(path, "there") == "ns-there"
+    assert terminal._namespace(path, "bare") == "default"
+    assert terminal._namespace(path, "nowhere") == "default"
+    assert terminal._namespace(str(tmp_path / "missing"), None) == "default"

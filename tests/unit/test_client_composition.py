@@ -149,11 +149,11 @@ async def test_an_acquire_waits_for_an_unclean_handles_background_disposal() -> 
         pass
 
     class Objects:
-        async def delete(self, plural: str, name: str, uid: str | None = None) -> None:
+        async def delete(self, plural: str, name: str, view: Any, uid: str | None = None) -> None:
             await asyncio.sleep(0.05)  # the DELETE's round trip
             order.append(("delete", name))
 
-        async def apply_created(self, plural: str, name: str, body: Any) -> Any:
+        async def apply_created(self, plural: str, name: str, body: Any, view: Any) -> Any:
             order.append(("apply", name))
             raise Stop
 

@@ -59,6 +59,7 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxSpec,
 )
+from sandbox_operator.views import SandboxView
 
 NS = "ns"
 SECRET = "https://10.0.0.7:6443/secret-endpoint"  # a message that must never reach a record
@@ -252,7 +253,7 @@ class Harness:
                 },
             }
             self.custom.objects[(SANDBOX_PLURAL, name)] = obj
-            return copy.deepcopy(obj)
+            return SandboxView(copy.deepcopy(obj))
 
         self.client.acquisitions.wait_ready = wait_ready  # type: ignore[method-assign]
         self.watch = FakeWatch(self.custom)
@@ -886,7 +887,7 @@ async def test_dispose_with_wait_ends_the_stream_with_the_last_state_seen(
     final_state["status"]["egress"] = numbered([1, 2, 3], final=True)
 
     async def wait_gone(*args: Any, **kw: Any) -> Mapping[str, Any]:
-        return final_state
+        return SandboxView(final_state)
 
     h.client.watches.wait_gone = wait_gone  # type: ignore[method-assign]
     await h.client.dispose(sb, wait=True)

@@ -25,7 +25,7 @@ from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute, reset
 from sandbox_operator.reconcile.seal import Seal
 from sandbox_operator.reconcile.views import Views
-from sandbox_operator.views import SandboxStatusView
+from sandbox_operator.views import SandboxStatusView, SandboxView
 from tests.fixtures.compute import NOW, SPEC, admit, admitted_status, rfc, sandbox
 from tests.fixtures.runtimeclass import (
     NAME,
@@ -272,12 +272,12 @@ class _Objects:
     def __init__(self) -> None:
         self.patched: list[int] = []
 
-    async def get_sandbox(self, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": name}, "spec": {}, "status": {}}
+    async def get_sandbox(self, name: str) -> SandboxView:
+        return SandboxView({"metadata": {"name": name}, "spec": {}, "status": {}})
 
-    async def patch_resets(self, name: str, count: int) -> dict[str, Any]:
+    async def patch_resets(self, name: str, count: int) -> SandboxView:
         self.patched.append(count)
-        return {"metadata": {"name": name}, "spec": {}, "status": {}}
+        return SandboxView({"metadata": {"name": name}, "spec": {}, "status": {}})
 
 
 async def test_a_crd_without_resets_is_refused_at_once_not_waited_out() -> None:

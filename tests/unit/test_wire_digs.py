@@ -16,8 +16,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 VIEWS = SRC / "sandbox_operator" / "views"
 
 #: The current ceilings: lower them as readers move to views; never raise them.
-DIGS_CEILING = 138
-ANY_MAPPINGS_CEILING = 293
+DIGS_CEILING = 98
+ANY_MAPPINGS_CEILING = 213
 #: Where the issue wants them in the end.
 DIGS_TARGET = 100
 ANY_MAPPINGS_TARGET = 60
@@ -67,5 +67,10 @@ def test_any_mappings_do_not_grow() -> None:
 
 
 def test_the_ceilings_are_not_above_where_they_started() -> None:
-    assert DIGS_TARGET <= DIGS_CEILING <= 685
-    assert ANY_MAPPINGS_TARGET <= ANY_MAPPINGS_CEILING <= 404
+    assert DIGS_CEILING <= 685
+    assert ANY_MAPPINGS_CEILING <= 404
+
+
+def test_the_digs_target_is_met() -> None:
+    """The issue's target for the digs (the Any-mappings' is not met yet: 213 of 60)."""
+    assert DIGS_CEILING <= DIGS_TARGET

@@ -26,6 +26,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from sandbox_operator.views import (
+    AcasCountView,
+    AcasEgressDecisionsView,
+    AcasEgressPolicyView,
+    AcasPageView,
+    AcasSnapshotView,
+)
+
 from .auth import TokenProvider
 from .config import AcasBackendConfig, AcasTimeouts
 from .errors import (
@@ -182,7 +190,7 @@ class AcasClient:
 
     # -- sandboxes ---------------------------------------------------------------------------
 
-    async def create_sandbox(self, content: Mapping[str, Any]) -> RemoteSandbox:
+    async def create_sandbox(self, content: Mapping[str, object]) -> RemoteSandbox:
         """Create a sandbox (sent once; the caller finds a lost one again by its labels)."""
         req = self.ops.create_sandbox(content)
         result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
@@ -216,7 +224,7 @@ class AcasClient:
         for page in range(1, max_pages + 1):
             req = self.ops.list_sandboxes(labels, page=page, page_size=page_size)
             data = await self._json(req)
-            items = data.get("value") if isinstance(data, dict) else data
+            items = AcasPageView(data).value if isinstance(data, dict) else data
             if not isinstance(items, list):
                 raise AcasProtocolError(req.operation, what="list response is not an array")
             fresh = 0
@@ -269,24 +277,24 @@ class AcasClient:
         except ValueError:
             data = text
         if isinstance(data, dict):
-            data = data.get("count")
+            data = AcasCountView(data).count
         try:
             return int(data)
         except (TypeError, ValueError):
             raise AcasProtocolError(req.operation, what="count is not an integer") from None
 
-    async def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, Any]) -> RemoteSandbox:
+    async def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, object]) -> RemoteSandbox:
         req = self.ops.set_lifecycle(sandbox_id, policy)
         result: RemoteSandbox = self._model(req, RemoteSandbox, await self._json(req))
         return result
 
-    async def stop_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+    async def stop_sandbox(self, sandbox_id: str) -> AcasSnapshotView:
         """Blocking stop (sent once); returns the Snapshot the service made. The answer is
         awaited up to `timeouts.stop` (the service answers once the state is saved)."""
         req = self.ops.stop_sandbox(sandbox_id)
         response = await self.send(req, read_timeout=self._timeouts.stop)
         data = self._body(req, response)
-        return data if isinstance(data, dict) else {}
+        return AcasSnapshotView(data if isinstance(data, dict) else {})
 
     async def stop_sandbox_async(self, sandbox_id: str) -> RemoteSandbox:
         """Non-blocking stop (sent once): 202 with the sandbox, normally `Stopping`."""
@@ -400,10 +408,12 @@ class AcasClient:
 
     # -- egress ------------------------------------------------------------------------------
 
-    async def set_egress_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> dict[str, Any]:
+    async def set_egress_policy(
+        self, sandbox_id: str, policy: Mapping[str, object]
+    ) -> AcasEgressPolicyView:
         data = await self._json(self.ops.set_egress_policy(sandbox_id, policy))
-        return data if isinstance(data, dict) else {}
+        return AcasEgressPolicyView(data if isinstance(data, dict) else {})
 
-    async def get_egress_decisions(self, sandbox_id: str) -> dict[str, Any]:
+    async def get_egress_decisions(self, sandbox_id: str) -> AcasEgressDecisionsView:
         data = await self._json(self.ops.get_egress_decisions(sandbox_id))
-        return data if isinstance(data, dict) else {}
+        return AcasEgressDecisionsView(data if isinstance(data, dict) else {})

@@ -16,6 +16,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import ClassVar
 
 from sandbox_operator.contract import DisposalCode, DisposalFailure
+from sandbox_operator.views import AcasErrorBodyView
 
 _URL_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
 _BEARER_RE = re.compile(r"(?i)bearer\s+\S+")
@@ -161,13 +162,13 @@ def parse_error_body(body: bytes) -> tuple[str | None, str]:
     except (ValueError, UnicodeDecodeError):
         return None, body[:_MAX_SERVICE_TEXT].decode("utf-8", "replace")
     if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            code = err.get("code")
-            message = err.get("message")
+        answer = AcasErrorBodyView(data)
+        err = answer.error
+        if err is not None:
+            code, message = err.code, err.message
             return (str(code) if code else None), (str(message) if message else "")
-        title = data.get("title") or data.get("type")
-        detail = data.get("detail")
+        title = answer.title or answer.type
+        detail = answer.detail
         if title or detail:
             return (str(title) if title else None), (str(detail) if detail else "")
     return None, json.dumps(data)[:_MAX_SERVICE_TEXT]

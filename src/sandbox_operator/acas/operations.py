@@ -86,7 +86,7 @@ def _str(value: int | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _body(**fields: Any) -> dict[str, Any]:
+def _body(**fields: object) -> dict[str, object]:
     """A JSON body of the fields given, in order, leaving out those that are None."""
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -244,7 +244,7 @@ class AcasOperations:
 
     # -- sandboxes ---------------------------------------------------------------------------
 
-    def create_sandbox(self, content: Mapping[str, Any]) -> ApiRequest:
+    def create_sandbox(self, content: Mapping[str, object]) -> ApiRequest:
         """`AzureSandboxes_Create`: never idempotent (each call makes a new sandbox)."""
         return self._request(
             "AzureSandboxes_Create",
@@ -309,7 +309,7 @@ class AcasOperations:
             idempotent=False,
         )
 
-    def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, Any]) -> ApiRequest:
+    def set_lifecycle(self, sandbox_id: str, policy: Mapping[str, object]) -> ApiRequest:
         """`PostSandboxLifecycle`: replaces the whole policy, so re-sending is harmless."""
         return self._request(
             "SandboxLifecycleOperations_PostSandboxLifecycle",
@@ -437,7 +437,7 @@ class AcasOperations:
 
     # -- egress ------------------------------------------------------------------------------
 
-    def set_egress_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> ApiRequest:
+    def set_egress_policy(self, sandbox_id: str, policy: Mapping[str, object]) -> ApiRequest:
         """`PostSandboxEgressPolicy`: replaces the whole inline policy, so it is idempotent."""
         return self._request(
             "SandboxNetworkingOperations_PostSandboxEgressPolicy",
@@ -465,7 +465,7 @@ class AcasOperations:
             "EgressPoliciesOperations_GetEgressPolicy", self._policy(policy_id)
         )
 
-    def put_egress_policy(self, policy_id: str, policy: Mapping[str, Any]) -> ApiRequest:
+    def put_egress_policy(self, policy_id: str, policy: Mapping[str, object]) -> ApiRequest:
         return self._request(
             "EgressPoliciesOperations_PutEgressPolicy",
             "PUT",

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.errors import SandboxGone, SandboxNotReadyInTime
-from sandbox_operator.client.kube import SandboxObjects
+from sandbox_operator.client.kube import Body, SandboxObjects
 from sandbox_operator.client.observer import (
     EffectiveState,
     SandboxAcquired,
@@ -38,7 +38,7 @@ from sandbox_operator.client.scopes import Scopes
 from sandbox_operator.client.served import ServedPlane
 from sandbox_operator.client.status import Goal, effective_state, is_suspended, served_by
 from sandbox_operator.client.suspension import Suspensions
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.contract import (
     API_VERSION,
     SANDBOX_KIND,
@@ -122,7 +122,7 @@ class Acquisitions:
             lambda: self._acquired(key, call, name, started, spec, state=sandbox.effective_state),
         )
         if sandbox.resource is not None:
-            self.egress_feed.follow(sandbox.resource, key)  # without an observer: nothing
+            self.egress_feed.follow(sandbox.view, key)  # without an observer: nothing
         return sandbox
 
     def _acquired(
@@ -156,7 +156,7 @@ class Acquisitions:
         agent_dir: str,
         spec: SandboxSpec,
         call_id: str,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """What the acquire applies: the Sandbox of ``key`` and ``spec.kind``."""
         resource = SandboxResourceSpec.model_validate(
             {
@@ -194,7 +194,7 @@ class Acquisitions:
     ) -> Sandbox:
         """Apply, wait until Ready within ``deadline``, and build the handle."""
         body = self._body(key, name, scope_ref, agent_dir, spec, call_id)
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(deadline):
                 obj = await self.wait_ready(name, scope_ref, body, last)
@@ -203,7 +203,7 @@ class Acquisitions:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=deadline,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         tools: tuple[str, ...] = ()
         if host_tools is not None:
@@ -239,14 +239,13 @@ class Acquisitions:
             effective_state=lambda: effective_state(obj, spec, host_tools=tools, call=call),
             lifecycle=self.lifecycle,
             resource=obj,
-            created=bool(last.get("created"))
-            and last.get("created") == SandboxView(obj).metadata.uid,
+            created=bool(last.created) and last.created == obj.metadata.uid,
         )
         return sandbox
 
     async def wait_ready(
-        self, name: str, scope_ref: str, body: dict[str, Any], last: dict[str, str]
-    ) -> Mapping[str, Any]:
+        self, name: str, scope_ref: str, body: Body, last: WaitNotes
+    ) -> SandboxView:
         """Apply ``body`` (after any previous Sandbox under the name is gone), resume it when
         suspended, and watch it until Ready or a terminal reason, and its SandboxScope until
         deleted, whichever comes first. ``last`` records the last reason seen and, when this
@@ -255,13 +254,13 @@ class Acquisitions:
             # An unclean handle's disposal of this name, started in the background: its DELETE
             # lands first, so this apply meets the Sandbox going (or gone), never the old one.
             await self.settled(name)
-        obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
-        while SandboxView(obj).metadata.deleting:
+        obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body, SandboxView)
+        while obj.metadata.deleting:
             # A previous sandbox under this key is still going away: wait, then recreate.
-            await self.watches.wait_gone(SANDBOX_PLURAL, name, None)
-            obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body)
+            await self.watches.wait_gone(SANDBOX_PLURAL, name, None, SandboxView)
+            obj, created = await self.objects.apply_created(SANDBOX_PLURAL, name, body, SandboxView)
         if created:
-            last["created"] = SandboxView(obj).metadata.uid
+            last.created = obj.metadata.uid
         goal: Goal = "ready"
         if is_suspended(obj):
             # Suspended (by spec, kubectl or the idle timeout): acquiring it resumes it.

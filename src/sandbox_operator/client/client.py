@@ -63,6 +63,7 @@ from sandbox_operator.contract import (
 )
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
+from sandbox_operator.views import SandboxScopeView, SandboxView
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -228,7 +229,7 @@ class SandboxClient:
             return 0
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         try:
-            obj = await self.objects.get(SANDBOX_PLURAL, name)
+            obj = await self.objects.get(SANDBOX_PLURAL, name, SandboxView)
         except ApiException as exc:
             if exc.status == 404:
                 return 0
@@ -268,8 +269,9 @@ class SandboxClient:
         )
 
     def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
-        """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names."""
-        return Scopes.key_for(scope_obj, agent_dir, call_id)
+        """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names
+        (a SandboxScope as the API sent it, or a view of one)."""
+        return Scopes.key_for(SandboxScopeView.of(scope_obj), agent_dir, call_id)
 
     async def suspend(
         self,
@@ -384,7 +386,7 @@ class SandboxClient:
             scope_ref, agent_dir, spec, call_id, deadline=deadline, host_tools=host_tools
         )
 
-    async def reach(self, name: str) -> tuple[Mapping[str, Any], DataPlane]:
+    async def reach(self, name: str) -> tuple[SandboxView, DataPlane]:
         """The named Sandbox of this namespace and the data plane into what serves it now, for
         a tool that reaches a Sandbox it did not acquire (``sandbox-operator shell``): no
         handle, no capability gate, no resume. What it may do is the caller's own RBAC:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator.client.egress import EgressFeed
 from sandbox_operator.client.kube import SandboxObjects
@@ -24,7 +22,7 @@ from sandbox_operator.client.status import key_from_object
 from sandbox_operator.client.suspension import Suspensions
 from sandbox_operator.client.watching import Watches
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
-from sandbox_operator.views import ObjectView
+from sandbox_operator.views import SandboxView
 
 #: How long a ``dispose(wait=True)`` waits for the Sandbox to be gone.
 WAIT_GONE_SECONDS = 120.0
@@ -82,28 +80,26 @@ class Disposals:
         if not isinstance(sandbox, str):
             with contextlib.suppress(Exception):
                 await sandbox.close()
-        seen: Mapping[str, Any] | None = None
+        seen: SandboxView | None = None
         if self.egress_feed.observer is not None:
             with contextlib.suppress(Exception):  # reporting must not stop the delete
-                seen = await self.objects.get(SANDBOX_PLURAL, name)
-            if isinstance(seen, Mapping):
+                seen = await self.objects.get(SANDBOX_PLURAL, name, SandboxView)
+            if seen is not None:
                 key = key or key_from_object(seen)
                 self.egress_feed.deliver_quietly(seen, key)
-            else:
-                seen = None
         call = record_key(key)
         try:
-            await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
+            await self.objects.delete(SANDBOX_PLURAL, name, SandboxView, uid=uid)
         except BaseException as exc:
             self._disposed(key, call, name, exc)
             raise
         self._disposed(key, call, name, None)
         self.suspensions.activity_stamps.pop(name, None)
-        seen_uid = ObjectView(seen).metadata.uid
+        seen_uid = seen.metadata.uid if seen is not None else ""
         try:
             if wait:
                 last = await self.watches.wait_gone(
-                    SANDBOX_PLURAL, name, WAIT_GONE_SECONDS, uid=uid
+                    SANDBOX_PLURAL, name, WAIT_GONE_SECONDS, SandboxView, uid=uid
                 )
                 self.egress_feed.end_gone(last or seen, key, uid)
         finally:

@@ -39,7 +39,6 @@ from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.client.observer import (
     EgressObserved,
@@ -50,7 +49,7 @@ from sandbox_operator.client.observer import (
 )
 from sandbox_operator.client.status import key_from_object, read_status
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, VERSION, SandboxKey
-from sandbox_operator.views import SandboxView
+from sandbox_operator.views import ListView, SandboxView, WatchEvent
 
 log = logging.getLogger("sandbox_operator.client.observer")
 
@@ -70,8 +69,8 @@ _ENDED_KEPT = 4096
 ObjectId = tuple[str, str]
 
 
-def object_id(obj: Mapping[str, Any]) -> ObjectId:
-    meta = SandboxView(obj).metadata
+def object_id(obj: SandboxView) -> ObjectId:
+    meta = obj.metadata
     return meta.name, meta.uid
 
 
@@ -117,11 +116,11 @@ class EgressFeed:
 
     # ---- delivering one state ------------------------------------------------------------
 
-    def deliver(self, obj: Mapping[str, Any], key: SandboxKey | None = None) -> int:
+    def deliver(self, obj: SandboxView, key: SandboxKey | None = None) -> int:
         """Deliver the egress decisions of ``obj`` (a Sandbox as read) not yet delivered; returns
         how many. Never awaits, so two paths handing states in cannot interleave."""
         observer = self.observer
-        if observer is None or not SandboxView(obj).status.get("egress"):
+        if observer is None or not obj.status.egress:
             return 0
         ident = object_id(obj)
         if ident in self._ended:
@@ -159,7 +158,7 @@ class EgressFeed:
 
     # ---- following: one watch per client -------------------------------------------------
 
-    def follow(self, obj: Mapping[str, Any], key: SandboxKey) -> None:
+    def follow(self, obj: SandboxView, key: SandboxKey) -> None:
         """Follow an acquired Sandbox: deliver what ``obj`` already shows, and start the client's
         watch if it is not running yet. Without an observer, nothing."""
         if self.observer is None:
@@ -190,7 +189,7 @@ class EgressFeed:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    def end(self, obj: Mapping[str, Any], key: SandboxKey | None = None) -> None:
+    def end(self, obj: SandboxView, key: SandboxKey | None = None) -> None:
         """The Sandbox ``obj`` is gone and ``obj`` is the last state of it seen: deliver what it
         adds, then report how the stream ended (once: a later call for it does nothing)."""
         self.deliver(obj, key)
@@ -198,7 +197,7 @@ class EgressFeed:
 
     # ---- at a disposal: never raising ---------------------------------------------------
 
-    def deliver_quietly(self, obj: Mapping[str, Any], key: SandboxKey | None = None) -> None:
+    def deliver_quietly(self, obj: SandboxView, key: SandboxKey | None = None) -> None:
         """:meth:`deliver` for a disposal, before its delete: a failure to report is logged (by
         its type only) and never raised, since reporting must not stop the delete."""
         try:
@@ -206,22 +205,20 @@ class EgressFeed:
         except Exception as exc:
             _report_failed(exc)
 
-    def end_gone(
-        self, last: Mapping[str, Any] | None, key: SandboxKey | None, uid: str | None
-    ) -> None:
+    def end_gone(self, last: SandboxView | None, key: SandboxKey | None, uid: str | None) -> None:
         """A disposed Sandbox is gone and ``last`` is the last state of it seen: :meth:`end` its
         stream (with an observer), unless ``last`` is another object under the name than
         ``uid``. Never raises, like :meth:`deliver_quietly`."""
         if self.observer is None or last is None:
             return
-        if uid and SandboxView(last).metadata.uid != uid:
+        if uid and last.metadata.uid != uid:
             return  # a state of another object under the name
         try:
             self.end(last, key)
         except Exception as exc:
             _report_failed(exc)
 
-    def _on(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def _on(self, kind: str, obj: SandboxView) -> None:
         """One watch event: deliver what a followed Sandbox's state adds; a deleted one's
         stream ends (its last state delivered)."""
         ident = object_id(obj)
@@ -259,7 +256,8 @@ class EgressFeed:
         )
 
     async def _list(self) -> tuple[list[Mapping[str, Any]], str | None]:
-        """The operator's Sandboxes of the namespace and the list's resourceVersion."""
+        """The operator's Sandboxes of the namespace (as decoded: the wire boundary, read through
+        views by :meth:`_relisted`) and the list's resourceVersion."""
         listing = await self.source.custom.list_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -268,12 +266,12 @@ class EgressFeed:
             label_selector=lbl.managed_selector(),
         )
         self.lists += 1
-        items = list(listing.get("items") or [])
-        rv = kubeobj.meta(listing).get("resourceVersion")
-        return items, None if rv is None else str(rv)
+        answer = ListView(listing)
+        return list(answer.objects), answer.metadata.resource_version or None
 
     async def _events(self, resource_version: str | None) -> AsyncIterator[Mapping[str, Any]]:
-        """The watch's events after ``resource_version`` until the server ends the request."""
+        """The watch's events after ``resource_version`` until the server ends the request (as
+        decoded: :meth:`_run` reads each through a view)."""
         w = k8s_watch.Watch()
         self.watches_started += 1
         try:
@@ -299,7 +297,7 @@ class EgressFeed:
         """After a (re)list: deliver each followed Sandbox's state; a followed one the list no
         longer holds went while no watch was open, so its stream ends."""
         present = set()
-        for obj in items:
+        for obj in map(SandboxView, items):
             ident = object_id(obj)
             present.add(ident)
             self._on("MODIFIED", obj)
@@ -317,14 +315,14 @@ class EgressFeed:
                 if rv is None:
                     items, rv = await self._list()
                     self._relisted(items)
-                async for event in self._events(rv):
-                    obj = event.get("object")
-                    if not isinstance(obj, Mapping):
+                async for raw in self._events(rv):
+                    event = WatchEvent(raw)
+                    if event.object is None:
                         continue
-                    rv = str(kubeobj.meta(obj).get("resourceVersion") or rv)
-                    kind = str(event.get("type") or "")
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        self._on(kind, obj)
+                    obj = SandboxView(event.object)
+                    rv = obj.metadata.resource_version or rv
+                    if event.changes_object:
+                        self._on(event.type, obj)
                 backoff = self.first_backoff
             except asyncio.CancelledError:
                 raise

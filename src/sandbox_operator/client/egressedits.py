@@ -28,15 +28,15 @@ from sandbox_operator.client.errors import SandboxEgressEditRefused
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import Verdict, effective_state
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.contract.egressrules import EgressRule
-from sandbox_operator.views import EgressEditRefusalView, SandboxView
+from sandbox_operator.views import EgressEditRefusalView, SandboxView, on_the_wire
 
 #: ``reason`` of an edit the API server refused (the CRD's rules).
 INVALID = "Invalid"
 
 
-def _rules(value: object) -> dict[str, Any] | None:
+def _rules(value: object) -> dict[str, object] | None:
     """Rules by host in one spelling; None when they do not parse."""
     if not isinstance(value, Sequence):
         return {}
@@ -46,25 +46,25 @@ def _rules(value: object) -> dict[str, Any] | None:
         return None
 
 
-def edit_state(obj: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
+def edit_state(raw: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
     """Where the edit made at ``generation`` stands: ("done" | "pending" | "refused", reason,
     message). Done once the admitted lists are the spec's and the egress proxy, where one reports
-    (``status.egress``), enforces the generation they were admitted at."""
-    view = SandboxView.of(obj)
-    status = view.status
+    (``status.egress``), enforces the generation they were admitted at. ``raw``: the Sandbox as
+    sent, or a view of it."""
+    obj = SandboxView.of(raw)
+    status = obj.status
     refusal = EgressEditRefusalView(status.egress_edit_refused)
     refused_at = refusal.generation
     if refused_at is not None and refused_at >= generation:
         return "refused", refusal.reason, refusal.message
     admitted = set(status.admitted_egress_allow or ())
-    if admitted != set(view.egress_allow) or _rules(status.admitted_egress_rules) != _rules(
-        view.egress_rules
+    if admitted != set(obj.egress_allow) or _rules(status.admitted_egress_rules) != _rules(
+        obj.egress_rules
     ):
         return "pending", "", "the operator has not admitted the edit yet"
-    proxy = status.get("egress")
     enforced = status.egress.policy_generation
     wanted = status.egress_policy_generation
-    if isinstance(proxy, Mapping) and (
+    if on_the_wire(status.egress) and (
         not isinstance(enforced, int) or not isinstance(wanted, int) or enforced < wanted
     ):
         return "pending", "", "the egress proxy does not enforce the edit yet"
@@ -79,7 +79,7 @@ class EgressEditAt:
 
     generation: int
 
-    def verdict(self, obj: Mapping[str, Any]) -> Verdict:
+    def verdict(self, obj: SandboxView) -> Verdict:
         state, reason, message = edit_state(obj, self.generation)
         if state == "pending":
             return "pending", message, message
@@ -100,11 +100,11 @@ class EgressEdits:
         allow: Sequence[str] | None,
         rules: Sequence[EgressRule | Mapping[str, Any]] | None,
         timeout: float,  # noqa: ASYNC109
-    ) -> Mapping[str, Any]:
+    ) -> SandboxView:
         """:meth:`SandboxClient.edit_egress <sandbox_operator.client.SandboxClient.edit_egress>`,
         with ``timeout`` in seconds; returns the Sandbox as it is once the edit is in force."""
         name = sandbox if isinstance(sandbox, str) else sandbox.name
-        fields: dict[str, Any] = {}
+        fields: dict[str, object] = {}
         if allow is not None:
             fields["egressAllow"] = list(allow)
         if rules is not None:
@@ -117,8 +117,8 @@ class EgressEdits:
             )
 
         obj = await self.objects.edit_spec(name, fields, manager="egress", refused=refused)
-        generation = SandboxView(obj).metadata.generation
-        last = {"reason": ""}
+        generation = obj.metadata.generation
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 obj = await self.watches.until_goal(name, obj, last, goal=EgressEditAt(generation))
@@ -127,7 +127,7 @@ class EgressEdits:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         except SandboxGone:
             raise

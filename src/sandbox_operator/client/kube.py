@@ -13,7 +13,7 @@ server, a client pointed at another namespace) swaps them for all.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn, TypeVar
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -33,11 +33,17 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json_status
-from sandbox_operator.views import ObjectView
+from sandbox_operator.views import ListView, ObjectView, SandboxScopeView, SandboxView
 
 #: Content types of the two kinds of patch the client sends.
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+
+#: A body the client sends (a spec's fields, an apply's object): encoded, never read back.
+Body = Mapping[str, object]
+
+#: The view an answer is read through (the kind asked for decides it).
+V = TypeVar("V", bound=ObjectView)
 
 
 class SandboxObjects:
@@ -63,29 +69,31 @@ class SandboxObjects:
     def no_sandbox(self, name: str) -> SandboxGone:
         return SandboxGone(sandbox=name, namespace=self.namespace, message="no such Sandbox")
 
-    async def get(self, plural: str, name: str) -> Mapping[str, Any]:
-        """One object, as the API returns it (``ApiException`` as it came)."""
-        obj: Mapping[str, Any] = await self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, plural, name
+    async def get(self, plural: str, name: str, view: type[V]) -> V:
+        """One object, as the API returns it, read through ``view`` (``ApiException`` as it
+        came)."""
+        return view(
+            await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, name
+            )
         )
-        return obj
 
-    async def get_sandbox(self, name: str) -> Mapping[str, Any]:
+    async def get_sandbox(self, name: str) -> SandboxView:
         try:
-            return await self.get(SANDBOX_PLURAL, name)
+            return await self.get(SANDBOX_PLURAL, name, SandboxView)
         except ApiException as exc:
             self.refuse(exc, "get sandboxes", self.no_sandbox(name))
 
-    async def read_scope(self, scope_ref: str) -> Mapping[str, Any]:
+    async def read_scope(self, scope_ref: str) -> SandboxScopeView:
         """The SandboxScope ``scope_ref``; missing or being deleted raises."""
         try:
-            obj = await self.get(SANDBOX_SCOPE_PLURAL, scope_ref)
+            obj = await self.get(SANDBOX_SCOPE_PLURAL, scope_ref, SandboxScopeView)
         except ApiException as exc:
             missing = SandboxScopeNotFound(
                 sandbox="", namespace=self.namespace, message=f"no SandboxScope {scope_ref!r}"
             )
             self.refuse(exc, "get sandboxscopes", missing)
-        if ObjectView(obj).metadata.deleting:
+        if obj.metadata.deleting:
             raise SandboxGone(
                 sandbox="",
                 namespace=self.namespace,
@@ -94,34 +102,33 @@ class SandboxObjects:
             )
         return obj
 
-    async def list_objects(self, plural: str) -> list[Mapping[str, Any]]:
-        """Every object of ``plural`` in the namespace (``ApiException`` as it came)."""
-        listing = await self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, plural
+    async def list_objects(self, plural: str, view: type[V]) -> list[V]:
+        """Every object of ``plural`` in the namespace, each read through ``view``
+        (``ApiException`` as it came)."""
+        listing = ListView(
+            await self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)
         )
-        return list(listing.get("items", []))
+        return [view(item) for item in listing.objects]
 
-    async def patch(
-        self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
-    ) -> Mapping[str, Any]:
-        """Patch one object; a response without a decoded body (e.g. a no-op apply) is read."""
+    async def patch(self, name: str, body: Body, *, manager: str, content_type: str) -> SandboxView:
+        """Patch one Sandbox; a response without a decoded body (e.g. a no-op apply) is read."""
         obj: object = await self.custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
             self.namespace,
-            plural,
+            SANDBOX_PLURAL,
             name,
             body,
             field_manager=manager,
             _content_type=content_type,  # type: ignore[call-arg]
         )
         if isinstance(obj, Mapping):
-            return obj
-        return await self.get(plural, name)
+            return SandboxView(obj)
+        return await self.get(SANDBOX_PLURAL, name, SandboxView)
 
     async def patch_created(
-        self, plural: str, name: str, body: Mapping[str, Any], *, manager: str, content_type: str
-    ) -> tuple[Mapping[str, Any], bool]:
+        self, plural: str, name: str, body: Body, view: type[V], *, manager: str, content_type: str
+    ) -> tuple[V, bool]:
         """:meth:`patch`, and whether this request created the object (HTTP 201: of several
         concurrent applies of one name, exactly one gets it).
 
@@ -140,20 +147,20 @@ class SandboxObjects:
             field_manager=manager,
             _content_type=content_type,
         )
-        return obj, status == 201
+        return view(obj), status == 201
 
-    async def apply(self, plural: str, name: str, body: dict[str, Any]) -> Mapping[str, Any]:
+    async def apply(self, plural: str, name: str, body: Body, view: type[V]) -> V:
         """Server-side apply ``body`` as this client's field manager."""
-        obj, _ = await self.apply_created(plural, name, body)
+        obj, _ = await self.apply_created(plural, name, body, view)
         return obj
 
     async def apply_created(
-        self, plural: str, name: str, body: dict[str, Any]
-    ) -> tuple[Mapping[str, Any], bool]:
+        self, plural: str, name: str, body: Body, view: type[V]
+    ) -> tuple[V, bool]:
         """:meth:`apply`, and whether this apply created the object."""
         try:
             return await self.patch_created(
-                plural, name, body, manager=self.field_manager, content_type=APPLY_PATCH
+                plural, name, body, view, manager=self.field_manager, content_type=APPLY_PATCH
             )
         except ApiException as exc:
             message = scrub(api_message(exc))
@@ -170,17 +177,16 @@ class SandboxObjects:
     async def edit_spec(
         self,
         name: str,
-        fields: Mapping[str, Any],
+        fields: Body,
         *,
         manager: str,
         refused: Callable[[str], SandboxClientError],
-    ) -> Mapping[str, Any]:
+    ) -> SandboxView:
         """Merge-patch spec fields an edit sets (``suspended``, ``resets``, the egress lists) as
         this client's ``-<manager>`` field manager. The API server's refusal of the values (400,
         422) raises ``refused(message)``."""
         try:
             return await self.patch(
-                SANDBOX_PLURAL,
                 name,
                 {"spec": dict(fields)},
                 manager=f"{self.field_manager}-{manager}",
@@ -192,7 +198,7 @@ class SandboxObjects:
                 raise refused(message) from None
             self.refuse(exc, "patch sandboxes", self.no_sandbox(name))
 
-    async def patch_suspended(self, name: str, value: bool) -> Mapping[str, Any]:
+    async def patch_suspended(self, name: str, value: bool) -> SandboxView:
         """Set ``spec.suspended``."""
 
         def refused(message: str) -> SandboxClientError:
@@ -203,7 +209,7 @@ class SandboxObjects:
 
         return await self.edit_spec(name, {"suspended": value}, manager="suspend", refused=refused)
 
-    async def patch_resets(self, name: str, count: int) -> Mapping[str, Any]:
+    async def patch_resets(self, name: str, count: int) -> SandboxView:
         """Set ``spec.resets``. The CRD refuses a lower count, or any with storage."""
 
         def refused(message: str) -> SandboxClientError:
@@ -226,8 +232,8 @@ class SandboxObjects:
         )
 
     async def delete(
-        self, plural: str, name: str, *, uid: str | None = None
-    ) -> Mapping[str, Any] | None:
+        self, plural: str, name: str, view: type[V], *, uid: str | None = None
+    ) -> V | None:
         """Delete one object; missing is success. With ``uid``, only that very object: the API
         server refuses the delete (409) when the name now holds another one (a replacement), which
         is success too, because the object meant is gone.
@@ -252,6 +258,6 @@ class SandboxObjects:
             if exc.status == 404 or (uid and exc.status == 409):
                 return None
             self.refuse(exc, f"delete {plural}")
-        if isinstance(answer, Mapping) and ObjectView(answer).metadata.deleting:
-            return answer
+        if isinstance(answer, Mapping) and (left := view(answer)).metadata.deleting:
+            return left
         return None

@@ -10,7 +10,6 @@ object is handed as an opaque value: it never imports or types the client."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator import kubeobj
 from sandbox_operator.client.dataplane import DataPlane, DataPlaneFactory, pod_factory
@@ -40,15 +39,15 @@ class DataPlanes:
         #: what a factory is called with: the client
         self.handed = handed
 
-    def connect(self, obj: Mapping[str, Any]) -> DataPlane:
+    def connect(self, obj: SandboxView) -> DataPlane:
         """The data plane into what serves the Ready Sandbox ``obj`` now."""
-        served = SandboxView(obj).status.served_by
+        served = obj.status.served_by
         factory = self.factories.get(served.kind)
         if factory is None:
             raise DataPlaneError(f"no data plane for servedBy kind {served.kind or None!r}")
         return factory(self.handed, obj)
 
-    async def reach(self, name: str) -> tuple[Mapping[str, Any], DataPlane]:
+    async def reach(self, name: str) -> tuple[SandboxView, DataPlane]:
         """:meth:`SandboxClient.reach <sandbox_operator.client.SandboxClient.reach>`: read the
         Sandbox and connect to what serves it, refusing one suspended or not Ready."""
         obj = await self.objects.get_sandbox(name)

@@ -43,9 +43,10 @@ _FAILED = re.compile(r"^disposal failed \((?P<code>[a-z_]+)\) on backend (?P<bac
 
 
 def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
-    """The purge a SandboxScope's last state records; None when it records none (the scope was
-    never purged by an operator, or its state is unreadable)."""
-    raw = SandboxScopeView(scope).status.last_purge
+    """The purge a SandboxScope's last state records (the object as sent, or a view of it); None
+    when it records none (the scope was never purged by an operator, or its state is
+    unreadable)."""
+    raw = SandboxScopeView.of(scope).status.last_purge
     if not isinstance(raw, Mapping):
         return None
     try:
@@ -54,11 +55,12 @@ def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
         return None
 
 
-def undisposed(sandbox: Mapping[str, Any], waited: float) -> DisposalFailure:
-    """Why a Sandbox is still there after a disposal was asked for and ``waited`` seconds
-    passed: its ``Disposed`` condition's code when it failed, else ``timeout``."""
-    view = SandboxView.of(sandbox)
-    status = view.status
+def undisposed(obj: Mapping[str, Any], waited: float) -> DisposalFailure:
+    """Why a Sandbox (as sent, or a view of it) is still there after a disposal was asked for
+    and ``waited`` seconds passed: its ``Disposed`` condition's code when it failed, else
+    ``timeout``."""
+    sandbox = SandboxView.of(obj)
+    status = sandbox.status
     backend = status.backend[:63]
     for cond in status.conditions:
         if cond.type != "Disposed" or cond.reason != "DisposalFailed":
@@ -71,7 +73,7 @@ def undisposed(sandbox: Mapping[str, Any], waited: float) -> DisposalFailure:
                 detail=message[found.end() :][:1024],
                 backend=found["backend"][:63] or backend,
             )
-    name = view.metadata.name
+    name = sandbox.metadata.name
     return DisposalFailure(
         code=DisposalCode.TIMEOUT,
         detail=f"Sandbox {name} still present {waited:g}s after its deletion was asked for",
@@ -98,23 +100,20 @@ class ScopePurges:
         <sandbox_operator.client.SandboxClient.dispose_scope>`: delete each Sandbox of the scope
         (that very object, by uid) and wait until each is gone."""
         call = record_key(None)
-        items: list[Mapping[str, Any]] = []
+        items: list[SandboxView] = []
         purge = ScopePurge()
         try:
             items = [
                 item
-                for item in await self.objects.list_objects(SANDBOX_PLURAL)
-                if SandboxView(item).scope_ref == scope_ref
+                for item in await self.objects.list_objects(SANDBOX_PLURAL, SandboxView)
+                if item.scope_ref == scope_ref
             ]
             if self.egress_feed.observer is not None:
                 for item in items:
                     self.egress_feed.deliver_quietly(item)
-            targets = [
-                (str(meta["name"]), meta.uid or None)
-                for meta in (SandboxView(item).metadata for item in items)
-            ]
+            targets = [(item.metadata.name, item.metadata.uid or None) for item in items]
             for name, uid in targets:
-                await self.objects.delete(SANDBOX_PLURAL, name, uid=uid)
+                await self.objects.delete(SANDBOX_PLURAL, name, SandboxView, uid=uid)
             purge = await self._disposed_within(targets, timeout)
         except BaseException as exc:
             await self._scope_disposed(scope_ref, items, call, purge, exc)
@@ -131,7 +130,9 @@ class ScopePurges:
 
         async def gone(name: str, uid: str | None) -> bool:
             try:
-                last = await self.watches.wait_gone(SANDBOX_PLURAL, name, timeout, uid=uid)
+                last = await self.watches.wait_gone(
+                    SANDBOX_PLURAL, name, timeout, SandboxView, uid=uid
+                )
             except TimeoutError:
                 return False
             self.egress_feed.end_gone(last, None, uid)
@@ -143,12 +144,12 @@ class ScopePurges:
             if done:
                 continue
             try:
-                obj = await self.objects.get(SANDBOX_PLURAL, name)
+                obj = await self.objects.get(SANDBOX_PLURAL, name, SandboxView)
             except ApiException as exc:
                 if exc.status == 404:
                     continue  # went just now
                 raise
-            if uid and SandboxView(obj).metadata.uid != uid:
+            if uid and obj.metadata.uid != uid:
                 continue  # a replacement: the one meant is gone
             failures.append(undisposed(obj, timeout))
         return ScopePurge(disposed=len(targets) - len(failures), undisposed=tuple(failures))
@@ -164,15 +165,15 @@ class ScopePurges:
         <sandbox_operator.client.SandboxClient.delete_scope>`: delete the SandboxScope and, with
         ``wait``, read the purge its last state records."""
         call = record_key(None)
-        scope_obj: Mapping[str, Any] | None = None
+        scope_obj: SandboxScopeView | None = None
         try:
-            answer = await self.objects.delete(SANDBOX_SCOPE_PLURAL, name)
+            answer = await self.objects.delete(SANDBOX_SCOPE_PLURAL, name, SandboxScopeView)
             if not wait:
                 return None
             scope_obj = answer
-            uid = SandboxScopeView(answer).metadata.uid or None
+            uid = (answer.metadata.uid or None) if answer is not None else None
             scope_obj = await self.watches.wait_gone(
-                SANDBOX_SCOPE_PLURAL, name, timeout, uid=uid, seen=answer
+                SANDBOX_SCOPE_PLURAL, name, timeout, SandboxScopeView, uid=uid, seen=answer
             )
         except BaseException as exc:
             if wait:
@@ -186,12 +187,12 @@ class ScopePurges:
     async def _scope_disposed(
         self,
         scope_ref: str,
-        items: Sequence[Mapping[str, Any]],
+        items: Sequence[SandboxView],
         call: str | None,
         purge: ScopePurge | None,
         exc: BaseException | None,
         *,
-        scope_obj: Mapping[str, Any] | None = None,
+        scope_obj: SandboxScopeView | None = None,
     ) -> None:
         """Report the outcome as one ``ScopeDisposed`` naming the conversation by its scope and
         thread (read from the SandboxScope, else from a Sandbox's key)."""
@@ -201,9 +202,10 @@ class ScopePurges:
         scope: str | None = None
         thread_id: str | None = None
         try:
-            obj = scope_obj or await self.objects.get(SANDBOX_SCOPE_PLURAL, scope_ref)
-            spec = SandboxScopeView(obj).spec
-            scope, thread_id = spec.get("scope"), spec.get("threadId")
+            obj = scope_obj or await self.objects.get(
+                SANDBOX_SCOPE_PLURAL, scope_ref, SandboxScopeView
+            )
+            scope, thread_id = obj.scope or None, obj.thread_id or None
         except Exception:  # gone already, or not readable: fall back to a Sandbox's key
             for item in items:
                 key = key_from_object(item)

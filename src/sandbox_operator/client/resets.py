@@ -28,7 +28,7 @@ from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.served import plane_of
 from sandbox_operator.client.status import RESET_REFUSED, ResetTo, read_status
 from sandbox_operator.client.suspension import serve_again
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.views import SandboxView
 
 #: The CRD's refusal of a lower ``spec.resets`` (crdrules.SANDBOX_RESETS_RULE).
@@ -36,7 +36,8 @@ RESETS_ONLY_GROW = "resets may only increase"
 
 
 def next_reset(obj: Mapping[str, Any]) -> int:
-    """The ``spec.resets`` that asks for one more reset than any asked for or served."""
+    """The ``spec.resets`` that asks for one more reset than any asked for or served (``obj``:
+    the Sandbox as sent, or a view of it)."""
     asked = SandboxView.of(obj).wanted_resets
     asked_count = asked if isinstance(asked, int) else 0
     return max(asked_count, read_status(obj).resets) + 1
@@ -55,9 +56,9 @@ class Resets:
         handle = sandbox if isinstance(sandbox, Sandbox) else None
         name = sandbox if isinstance(sandbox, str) else sandbox.name
         # The handle's object names the count it has seen; the patch's answer is the newest.
-        known = handle.resource if handle is not None and handle.resource else None
+        known = handle.view if handle is not None and handle.resource else None
         obj = known if known is not None else await self.objects.get_sandbox(name)
-        if SandboxView(obj).storage:
+        if obj.storage:
             raise SandboxNotResettable(sandbox=name, namespace=self.objects.namespace)
         try:
             count = next_reset(obj)
@@ -70,7 +71,7 @@ class Resets:
             obj = await self.objects.get_sandbox(name)
             count = next_reset(obj)
             obj = await self.objects.patch_resets(name, count)
-        asked = SandboxView(obj).wanted_resets
+        asked = obj.wanted_resets
         if not isinstance(asked, int) or asked < count:
             # The API server dropped the field: its Sandbox CRD predates reset. Nothing was asked
             # of the operator, and a wait would only run out.
@@ -83,7 +84,7 @@ class Resets:
         plane = plane_of(sandbox)
         if plane is not None:
             await plane.drop()  # the old pod is gone: no use may reach for it
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 obj = await self.watches.until_goal(name, obj, last, goal=ResetTo(count))
@@ -92,7 +93,7 @@ class Resets:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
         except SandboxAcquireError as exc:
             if exc.reason != RESET_REFUSED:

@@ -157,7 +157,7 @@ class Sandbox:
     def view(self) -> SandboxView:
         """:attr:`resource` as a typed view (over the same object; empty for a handle built
         directly on a data plane)."""
-        return SandboxView(self.resource)
+        return SandboxView.of(self.resource)
 
     @property
     def effective_state(self) -> EffectiveState | None:

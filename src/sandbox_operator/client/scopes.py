@@ -47,7 +47,7 @@ class Scopes:
         <sandbox_operator.client.SandboxClient.create_scope>`: apply the SandboxScope, then, when
         it binds agents, wait until the operator reports it Ready."""
         name = name or naming.scope_name(scope, thread_id)
-        spec: dict[str, Any] = {"scope": scope, "threadId": thread_id}
+        spec: dict[str, object] = {"scope": scope, "threadId": thread_id}
         if min_isolation:
             spec["minIsolation"] = min_isolation
         if min_isolation_scope:
@@ -60,7 +60,7 @@ class Scopes:
             "metadata": {"name": name, "namespace": self.objects.namespace},
             "spec": spec,
         }
-        obj = await self.objects.apply(SANDBOX_SCOPE_PLURAL, name, body)
+        obj = await self.objects.apply(SANDBOX_SCOPE_PLURAL, name, body, SandboxScopeView)
         if agent_service_accounts:
             try:
                 async with asyncio.timeout(timeout):
@@ -71,13 +71,14 @@ class Scopes:
                 ) from None
         return name
 
-    async def wait_ready(self, name: str, obj: Mapping[str, Any]) -> None:
-        """Until the operator has reported the scope's current generation Ready (watched)."""
+    async def wait_ready(self, name: str, raw: Mapping[str, Any]) -> None:
+        """Until the operator has reported the scope's current generation Ready (watched);
+        ``raw``: the SandboxScope as sent, or a view of it."""
+        obj = SandboxScopeView.of(raw)
         while True:
-            view = SandboxScopeView(obj)
-            meta, status = view.metadata, view.status
+            meta, status = obj.metadata, obj.status
             ready = status.conditions.find("Ready")
-            current = status.get("observedGeneration") == meta.get("generation")
+            current = status.observed_generation == meta.generation
             if current and ready is not None:
                 if ready.is_true:
                     return
@@ -95,16 +96,18 @@ class Scopes:
             if event is None:
                 obj = await self.objects.read_scope(name)
                 continue
-            kind, obj = event
+            kind, obj = event[0], SandboxScopeView(event[1])
             if kind == "DELETED":
                 raise SandboxScopeNotReady(
                     scope_ref=name, namespace=self.objects.namespace, reason="Deleted"
                 )
 
     @staticmethod
-    def key_for(scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+    def key_for(scope_obj: SandboxScopeView, agent_dir: str, call_id: str) -> SandboxKey:
         """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names."""
-        spec = SandboxScopeView(scope_obj).spec
         return SandboxKey(
-            scope=spec["scope"], thread_id=spec["threadId"], agent_dir=agent_dir, call_id=call_id
+            scope=scope_obj.scope,
+            thread_id=scope_obj.thread_id,
+            agent_dir=agent_dir,
+            call_id=call_id,
         )

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar, Unpack
 
 from sandbox_operator.client.dataplane import (
     DataPlane,
@@ -33,11 +33,12 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import served_by as served_by_of
 from sandbox_operator.contract.resources import ServedBy
+from sandbox_operator.views import SandboxView
 
 T = TypeVar("T")
 
 #: The data plane of what serves a Ready Sandbox (the client's factory for its servedBy kind).
-Connect = Callable[[Mapping[str, Any]], DataPlane]
+Connect = Callable[[SandboxView], DataPlane]
 
 #: Resume the Sandbox a plane serves and point the plane at what serves it then (the client's
 #: ``resume`` of the plane's handle).
@@ -101,7 +102,7 @@ class ServedPlane:
         if old is not inner:
             await _close_quietly(old)
 
-    async def reconnect(self, obj: Mapping[str, Any]) -> bool:
+    async def reconnect(self, obj: SandboxView) -> bool:
         """Talk to what serves the Ready Sandbox ``obj`` (a new pod after a resume); False when
         this plane already does."""
         served = served_by_of(obj)

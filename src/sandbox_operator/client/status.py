@@ -78,7 +78,7 @@ class JudgedGoal(Protocol):
     :class:`~sandbox_operator.client.egressedits.EgressEditAt`): its verdict on each version of
     the object, "ready" once reached."""
 
-    def verdict(self, obj: Mapping[str, Any]) -> Verdict: ...
+    def verdict(self, obj: SandboxView) -> Verdict: ...
 
 
 #: What a wait is for: ``ready`` (acquire: Suspended is terminal), ``resumed`` (a wait that
@@ -131,7 +131,10 @@ def _prepared(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_status(obj: Mapping[str, Any]) -> SandboxResourceStatus:
-    """The status of a Sandbox object as the contract's model (leniently: see the module)."""
+    """The status of a Sandbox object as the contract's model (leniently: see the module).
+
+    Like every reader this module exports, it takes the object as the API sent it or a view of
+    one (the public boundary: a caller may hold either)."""
     raw = SandboxView.of(obj).raw_status
     if not raw:
         return _EMPTY
@@ -155,9 +158,9 @@ def _conditions(status: SandboxResourceStatus) -> dict[str, Condition]:
     return {c.type: c for c in status.conditions}
 
 
-def _stale(obj: Mapping[str, Any], status: SandboxResourceStatus) -> bool:
+def _stale(obj: SandboxView, status: SandboxResourceStatus) -> bool:
     """The status was computed for an older generation: it says nothing about this one."""
-    generation = SandboxView.of(obj).metadata.generation
+    generation = obj.metadata.generation
     observed = status.observed_generation
     return bool(observed is not None and generation and observed < generation)
 
@@ -174,7 +177,8 @@ def effective_state(
     host_tools: Sequence[str] = (),
     call: str | None = None,
 ) -> EffectiveState:
-    """The :class:`EffectiveState` of a served Sandbox, from the status the operator wrote."""
+    """The :class:`EffectiveState` of a served Sandbox, from the status the operator wrote
+    (``obj``: a Sandbox as the API sent it, or a view of one)."""
     status = read_status(obj)
     allow = status.admitted_egress_allow
     required = tuple(c.value for c in Capability if c in spec.requires)
@@ -200,7 +204,8 @@ def _value(member: Enum | None) -> str | None:
 
 
 def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
-    """The sandbox key a Sandbox object carries in its annotations (None if it carries none)."""
+    """The sandbox key a Sandbox object carries in its annotations (None if it carries none);
+    ``obj``: a Sandbox as the API sent it, or a view of one."""
     ann = SandboxView.of(obj).metadata.annotations
     try:
         return SandboxKey(
@@ -215,6 +220,10 @@ def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
 
 def evaluate(obj: Mapping[str, Any]) -> Verdict:
     """("ready" | "pending" | "terminal", reason, message) for a Sandbox object."""
+    return _evaluate(SandboxView.of(obj))
+
+
+def _evaluate(obj: SandboxView) -> Verdict:
     status = read_status(obj)
     conds = _conditions(status)
     disposed = conds.get(ConditionType.DISPOSED)
@@ -235,7 +244,7 @@ def evaluate(obj: Mapping[str, Any]) -> Verdict:
     return "pending", admitted.reason if admitted else ConditionReason.PENDING.value, ""
 
 
-def _suspended_now(obj: Mapping[str, Any]) -> bool:
+def _suspended_now(obj: SandboxView) -> bool:
     """The operator reports the Sandbox suspended for its current spec (Ready=False Suspended)."""
     status = read_status(obj)
     ready = _conditions(status).get(ConditionType.READY)
@@ -249,29 +258,35 @@ def _suspended_now(obj: Mapping[str, Any]) -> bool:
 
 def is_suspended(obj: Mapping[str, Any]) -> bool:
     """Whether a Sandbox object is suspended or on its way there, whatever suspended it: its spec
-    says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``)."""
-    if SandboxView.of(obj).suspended:
+    says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``).
+    ``obj``: a Sandbox as the API sent it, or a view of one."""
+    view = SandboxView.of(obj)
+    if view.suspended:
         return True
-    status = read_status(obj)
+    status = read_status(view)
     if status.suspended_by:
         return True
     ready = _conditions(status).get(ConditionType.READY)
     return ready is not None and ready.reason == ConditionReason.SUSPENDED
 
 
-def _evaluate_reset(obj: Mapping[str, Any], count: int) -> Verdict:
+def _evaluate_reset(obj: SandboxView, count: int) -> Verdict:
     """Ready counts only for a pod that answers reset ``count``."""
     status = read_status(obj)
     if status.resets >= count:
-        return evaluate(obj)
+        return _evaluate(obj)
     if status.reset_refused and not _stale(obj, status):
         return "terminal", RESET_REFUSED, status.reset_refused
-    state, reason, message = evaluate(obj)
+    state, reason, message = _evaluate(obj)
     return ("pending", reason, message) if state == "ready" else (state, reason, message)
 
 
 def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
     """:func:`evaluate` for a wait with a goal; "ready" means the goal is reached."""
+    return _evaluate_for(SandboxView.of(obj), goal)
+
+
+def _evaluate_for(obj: SandboxView, goal: Goal) -> Verdict:
     suspended = ConditionReason.SUSPENDED.value
     if isinstance(goal, ResetTo):
         return _evaluate_reset(obj, goal.count)
@@ -280,12 +295,12 @@ def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
     if goal == "suspended":
         if _suspended_now(obj):
             return "ready", suspended, ""
-        state, reason, message = evaluate(obj)
+        state, reason, message = _evaluate(obj)
         # Ready (still, or for an older spec) is on its way to Suspended.
         return ("pending", reason, message) if state == "ready" else (state, reason, message)
-    state, reason, message = evaluate(obj)
+    state, reason, message = _evaluate(obj)
     if goal == "resumed" and state == "terminal" and reason == suspended:
-        if SandboxView.of(obj).suspended:
+        if obj.suspended:
             # Suspended again (spec.suspended true) while the resume was waited on.
             return "terminal", reason, message or "spec.suspended was set again"
         return "pending", reason, message

@@ -15,9 +15,7 @@ itself to the new pod after a resume, and timeouts arrive resolved (the client's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sandbox_operator.client.errors import (
     SandboxNotReadyInTime,
@@ -33,12 +31,12 @@ from sandbox_operator.client.status import (
     is_suspended,
     read_status,
 )
-from sandbox_operator.client.watching import Watches
+from sandbox_operator.client.watching import WaitNotes, Watches
 from sandbox_operator.kubeapi import parse_time
 from sandbox_operator.views import SandboxView
 
 
-async def serve_again(sandbox: Sandbox, plane: ServedPlane, obj: Mapping[str, Any]) -> None:
+async def serve_again(sandbox: Sandbox, plane: ServedPlane, obj: SandboxView) -> None:
     """Point a handle at what serves its Sandbox now (a new pod after a resume or a reset)."""
     if not await plane.reconnect(obj):
         return
@@ -64,13 +62,13 @@ class Suspensions:
     async def _wait_goal(
         self,
         name: str,
-        obj: Mapping[str, Any],
+        obj: SandboxView,
         goal: Goal,
         timeout: float,  # noqa: ASYNC109
         late: type[SandboxNotReadyInTime | SandboxNotSuspendedInTime],
-    ) -> Mapping[str, Any]:
+    ) -> SandboxView:
         """Watch until ``goal``; ``late`` (with the last reason seen) after ``timeout``."""
-        last = {"reason": ""}
+        last = WaitNotes()
         try:
             async with asyncio.timeout(timeout):
                 return await self.watches.until_goal(name, obj, last, goal=goal)
@@ -79,7 +77,7 @@ class Suspensions:
                 sandbox=name,
                 namespace=self.objects.namespace,
                 timeout=timeout,
-                last_reason=last["reason"],
+                last_reason=last.reason,
             ) from None
 
     async def suspend(
@@ -93,10 +91,9 @@ class Suspensions:
         ``timeout`` in seconds."""
         name = _name(sandbox)
         obj = await self.objects.get_sandbox(name)
-        view = SandboxView(obj)
-        if not view.storage:
+        if not obj.storage:
             raise SandboxNotSuspendable(sandbox=name, namespace=self.objects.namespace)
-        if not view.suspended:
+        if not obj.suspended:
             obj = await self.objects.patch_suspended(name, True)
         plane = plane_of(sandbox)
         if plane is not None:
@@ -127,10 +124,10 @@ class Suspensions:
         if plane is not None and isinstance(sandbox, Sandbox):
             await serve_again(sandbox, plane, obj)
 
-    async def start_resume(self, name: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def start_resume(self, name: str, obj: SandboxView) -> SandboxView:
         """Ask for a suspended Sandbox to be resumed; returns the object to watch from."""
         status = read_status(obj)
-        if SandboxView(obj).suspended:
+        if obj.suspended:
             obj = await self.objects.patch_suspended(name, False)
         elif status.suspended_by != "spec":
             # Suspended by the idle timeout (spec.suspended is false): activity newer than the

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from sandbox_operator.client.dataplane.streaming import ExecStream, OutputChunk, StreamingPlane
 from sandbox_operator.client.errors import ExecStreamUnsupported, SandboxClientError
 from sandbox_operator.client.unclean import unclean_reason
+from sandbox_operator.views import KubeconfigContextView, SandboxSpecView
 
 #: The exit code of a failure of the client itself (the remote command's own is passed on).
 EXIT_CLIENT = 255
@@ -40,8 +41,11 @@ def _namespace(kubeconfig: str | None, context: str | None) -> str:
         contexts, current = list_kube_config_contexts(config_file=kubeconfig)
     except Exception:
         return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+    chosen = KubeconfigContextView(current)
+    if context:
+        named = (KubeconfigContextView(c) for c in contexts)
+        chosen = next((c for c in named if c.name == context), KubeconfigContextView(None))
+    return chosen.context.namespace or "default"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -72,7 +76,7 @@ async def _shell(
         obj, plane = await client.reach(name)
         if not isinstance(plane, StreamingPlane):
             raise ExecStreamUnsupported("the sandbox's data plane cannot stream", what="stream")
-        work_dir = str((obj.get("spec") or {}).get("workDir") or "/")
+        work_dir = SandboxSpecView(obj.spec).work_dir or "/"
         stream = await plane.open_stream(
             argv,
             cwd=work_dir,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
 
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -26,7 +27,7 @@ from sandbox_operator.client.errors import (
 from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.status import Goal, evaluate_for
 from sandbox_operator.contract import GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL, VERSION
-from sandbox_operator.views import ObjectView
+from sandbox_operator.views import ObjectView, SandboxScopeView, SandboxView, WatchEvent
 
 #: How long one watch request may stay open before it is re-issued.
 _WATCH_SECONDS = 60
@@ -56,8 +57,21 @@ class _ReadGrant:
         self._pause = min(self._pause * 2, 1.0)
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    return ObjectView(obj).metadata.resource_version or None
+@dataclass
+class WaitNotes:
+    """What a wait saw, for its caller's error: the last reason the object reported, and the uid
+    of the object when the caller's own apply created it (an acquire's)."""
+
+    reason: str = ""
+    created: str = ""
+
+
+#: The view a wait reads its object through.
+V = TypeVar("V", bound=ObjectView)
+
+
+def _resource_version(obj: ObjectView) -> str | None:
+    return obj.metadata.resource_version or None
 
 
 class Watches:
@@ -69,7 +83,9 @@ class Watches:
     async def next_event(
         self, plural: str, name: str, resource_version: str | None
     ) -> tuple[str, Mapping[str, Any]] | None:
-        """The next event on one object after ``resource_version`` (None: relist needed)."""
+        """The next event on one object after ``resource_version`` (None: relist needed): its
+        type and the object as decoded (the wire boundary: each wait reads it through its
+        view)."""
         w = k8s_watch.Watch()
         try:
             stream = w.stream(
@@ -83,10 +99,10 @@ class Watches:
                 timeout_seconds=_WATCH_SECONDS,
                 allow_watch_bookmarks=False,
             )
-            async for event in stream:
-                kind = event.get("type", "")
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    return kind, event["object"]
+            async for raw in stream:
+                event = WatchEvent(raw)
+                if (obj := event.object) is not None and event.changes_object:
+                    return event.type, obj
         except ApiException as exc:
             if exc.status == 410:
                 return None
@@ -100,17 +116,18 @@ class Watches:
         self,
         plural: str,
         name: str,
-        read: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        read: Callable[[], Awaitable[V | None]],
+        view: type[V],
         *,
         marked: bool,
-        seen: Mapping[str, Any] | None = None,
-    ) -> Mapping[str, Any] | None:
+        seen: V | None = None,
+    ) -> V | None:
         """Return once the object is deleted (with ``marked``: or marked for deletion), with
         the last state of it seen (a DELETED event carries the object's final state), or None
         when it was gone before any was seen. ``read`` reads it afresh, None when it is gone; it
         is called again after a relist. ``seen``: a state already in hand (a delete's answer),
         watched from instead of a first read, so no change after it is missed."""
-        last: Mapping[str, Any] | None = None
+        last: V | None = None
         while True:
             obj = seen if seen is not None else await read()
             seen = None
@@ -119,9 +136,9 @@ class Watches:
             last = obj
             rv = _resource_version(obj)
             while (event := await self.next_event(plural, name, rv)) is not None:
-                kind, new = event
+                kind, new = event[0], view(event[1])
                 last = new
-                if kind == "DELETED" or (marked and ObjectView(new).metadata.deleting):
+                if kind == "DELETED" or (marked and new.metadata.deleting):
                     return last
                 rv = _resource_version(new)
 
@@ -130,38 +147,39 @@ class Watches:
         plural: str,
         name: str,
         timeout: float | None,  # noqa: ASYNC109
+        view: type[V],
         *,
         uid: str | None = None,
-        seen: Mapping[str, Any] | None = None,
-    ) -> Mapping[str, Any] | None:
+        seen: V | None = None,
+    ) -> V | None:
         """Return once the object is gone; with ``uid``, once that very object is (a
         replacement under the same name does not keep the wait going). Returns its last state
         seen (None: gone before any was); ``seen`` as for :meth:`until_gone`."""
 
-        async def read() -> Mapping[str, Any] | None:
+        async def read() -> V | None:
             try:
-                obj = await self.objects.get(plural, name)
+                obj = await self.objects.get(plural, name, view)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
                 raise
-            if uid and ObjectView(obj).metadata.uid != uid:
+            if uid and obj.metadata.uid != uid:
                 return None
             return obj
 
         async with asyncio.timeout(timeout):
-            return await self.until_gone(plural, name, read, marked=False, seen=seen)
+            return await self.until_gone(plural, name, read, view, marked=False, seen=seen)
 
     async def scope_deleted(self, scope_ref: str) -> None:
         """Return when the SandboxScope is deleted or marked for deletion."""
 
-        async def read() -> Mapping[str, Any] | None:
+        async def read() -> SandboxScopeView | None:
             try:
                 return await self.objects.read_scope(scope_ref)
             except (SandboxScopeNotFound, SandboxGone):
                 return None
 
-        await self.until_gone(SANDBOX_SCOPE_PLURAL, scope_ref, read, marked=True)
+        await self.until_gone(SANDBOX_SCOPE_PLURAL, scope_ref, read, SandboxScopeView, marked=True)
 
     def _raise_terminal(self, name: str, reason: str, message: str) -> NoReturn:
         cls = acquire_error_for(reason) or SandboxAcquireError
@@ -173,19 +191,19 @@ class Watches:
         )
 
     async def until_goal(
-        self, name: str, obj: Mapping[str, Any], last: dict[str, str], *, goal: Goal = "ready"
-    ) -> Mapping[str, Any]:
+        self, name: str, obj: SandboxView, last: WaitNotes, *, goal: Goal = "ready"
+    ) -> SandboxView:
         """Return the object once Ready (or, for ``goal="suspended"``, Suspended); raise on a
         terminal reason or deletion."""
         grant = _ReadGrant()
         while True:
             state, reason, message = evaluate_for(obj, goal)
-            last["reason"] = reason
+            last.reason = reason
             if state == "ready":
                 return obj
             if state == "terminal":
                 self._raise_terminal(name, reason, message)
-            if ObjectView(obj).metadata.deleting:
+            if obj.metadata.deleting:
                 raise self._deleted(name, "the Sandbox is being deleted")
             try:
                 event = await self.next_event(SANDBOX_PLURAL, name, _resource_version(obj))
@@ -196,12 +214,12 @@ class Watches:
                 continue
             if event is None:  # relist
                 try:
-                    obj = await self.objects.get(SANDBOX_PLURAL, name)
+                    obj = await self.objects.get(SANDBOX_PLURAL, name, SandboxView)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
                     raise self._deleted(name, "the Sandbox was deleted while waiting") from None
                 continue
-            kind, obj = event
+            kind, obj = event[0], SandboxView(event[1])
             if kind == "DELETED":
                 raise self._deleted(name, "the Sandbox was deleted while waiting")

@@ -27,7 +27,7 @@ REQUIRED = RUN_CAPABILITIES
 
 #: A value that exercises JSON end to end: non-ASCII in keys and values, escapes, NUL, line and
 #: paragraph separators, deep nesting, every JSON type, large and negative numbers.
-PAYLOAD: dict[str, Any] = {
+PAYLOAD: dict[str, object] = {
     "text": "héllo wörld ✓ 🎉 — ünïcode, 中文, עברית",
     "escapes": 'quote" back\\slash /slash\ttab\nnewline\r\x00nul\x1bescape\u2028\u2029',
     "ключ из слов": "value",

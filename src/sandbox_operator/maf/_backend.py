@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Self
 
 import aiohttp
 import maf_sandbox as maf
@@ -31,6 +31,7 @@ from maf_sandbox.credentials import CredentialGateway, GatewayLease
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
+from sandbox_operator.client import Sandbox as ClientSandbox
 from sandbox_operator.client import SandboxClient
 from sandbox_operator.client import errors as client_errors
 from sandbox_operator.contract import (
@@ -53,7 +54,7 @@ from sandbox_operator.maf._errors import (
 from sandbox_operator.maf._published import read_published, select_backend
 from sandbox_operator.maf._sandbox import OperatorSandbox, sandbox_instance_id
 from sandbox_operator.maf._translate import BASE_MOUNTED, declarations, operator_spec
-from sandbox_operator.views import SandboxView
+from sandbox_operator.views import ListView, SandboxView
 
 #: How long a disposal waits for the API server to no longer have the Sandboxes it deleted.
 log = logging.getLogger(__name__)
@@ -64,10 +65,10 @@ DEFAULT_DISPOSE_TIMEOUT = 120.0
 PRISTINE_KEPT = 4096
 
 
-def _target(item: Mapping[str, Any]) -> tuple[str, str | None]:
+def _target(item: SandboxView) -> tuple[str, str | None]:
     """A listed Sandbox as a delete target: its name and uid."""
-    meta = SandboxView(item).metadata
-    return meta["name"], meta.uid or None
+    meta = item.metadata
+    return meta.name, meta.uid or None
 
 
 def _failure_code(exc: BaseException) -> maf.DisposalCode:
@@ -218,7 +219,7 @@ class OperatorBackend:
             grant_secret=grants.grant_secret_name(key, spec.kind) if lease else None,
         )
 
-        async def once() -> Any:
+        async def once() -> ClientSandbox:
             return await self.client.acquire(
                 await self._scope(key),
                 key.agent_id,
@@ -242,7 +243,6 @@ class OperatorBackend:
             if isinstance(exc, client_errors.SandboxScopeNotFound | client_errors.SandboxGone):
                 self._scopes.discard((key.scope, key.thread_id))
             raise await self._refusal(exc) from exc
-        obj = handle.resource or {}
         view = handle.view
         status = view.status
         if status.backend != self.backend_name:
@@ -255,9 +255,9 @@ class OperatorBackend:
                 + ("it was disposed" if failure is None else f"its disposal failed: {failure}"),
                 reason="BackendMismatch",
             )
-        instance_id = sandbox_instance_id(obj)
+        instance_id = sandbox_instance_id(view)
         if lease is not None:
-            await self._install_grant(handle, obj, lease, key, spec, instance_id)
+            await self._install_grant(handle, view, lease, key, spec, instance_id)
         # A new instance is a trusted baseline when its pod was made for it, or claimed from a
         # pool whose pods the operator saw sealed from their creation to the claim (no identity
         # but the operator's could reach it first: reconcile/seal.py, docs/warm-pools.md).
@@ -297,8 +297,8 @@ class OperatorBackend:
 
     async def _install_grant(
         self,
-        handle: Any,
-        obj: dict[str, Any],
+        handle: ClientSandbox,
+        obj: SandboxView,
         lease: GatewayLease,
         key: maf.SandboxKey,
         spec: maf.SandboxSpec,
@@ -319,9 +319,7 @@ class OperatorBackend:
             )
         except (ValueError, ApiException) as exc:
             await handle.close()
-            _, failure = await self._delete_and_wait(
-                [(handle.name, SandboxView(obj).metadata.uid or None)]
-            )
+            _, failure = await self._delete_and_wait([(handle.name, obj.metadata.uid or None)])
             why = str(exc) if isinstance(exc, ValueError) else f"HTTP {exc.status}"
             raise maf.SandboxAttachedIdentityNotPermitted(
                 f"the credential grant for {handle.namespace}/{handle.name} was not installed "
@@ -375,12 +373,13 @@ class OperatorBackend:
 
     # -- dispose --------------------------------------------------------------------------
 
-    async def _list(self, selector: str) -> list[Mapping[str, Any]]:
-        listing = await self.client.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.client.namespace, SANDBOX_PLURAL, label_selector=selector
+    async def _list(self, selector: str) -> list[SandboxView]:
+        listing = ListView(
+            await self.client.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.client.namespace, SANDBOX_PLURAL, label_selector=selector
+            )
         )
-        items: list[Mapping[str, Any]] = listing.get("items", [])
-        return items
+        return [SandboxView(item) for item in listing.objects]
 
     async def _delete_and_wait(
         self, targets: Sequence[tuple[str, str | None]]
@@ -418,7 +417,7 @@ class OperatorBackend:
         chosen = [
             item
             for item in items
-            if (kind is None or SandboxView(item).sandbox_kind == kind)
+            if (kind is None or item.sandbox_kind == kind)
             and (instance_id is None or sandbox_instance_id(item) == instance_id)
         ]
         _, failure = await self._delete_and_wait([_target(item) for item in chosen])

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 import maf_sandbox as maf
 from kubernetes_asyncio import client as k8s
 from maf_sandbox.credentials import CredentialGateway, CredentialRequest, GatewayLease
 
-from sandbox_operator import kubeobj
 from sandbox_operator.keyhash import hash_part
+from sandbox_operator.views import SandboxView
 
 #: On the grant's Secret: when the proxy stops attaching it (egress/credentials.py reads it).
 EXPIRES_ANNOTATION = "sandbox-operator.dev/credential-expires-at"
@@ -72,14 +72,38 @@ def start(
         raise maf.SandboxAttachedIdentityNotPermitted(str(exc)) from None
 
 
-Apply = Callable[[dict[str, Any]], Awaitable[object]]
+class OwnerReference(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+
+
+class SecretMetadata(TypedDict):
+    name: str
+    namespace: str
+    annotations: dict[str, str]
+    ownerReferences: list[OwnerReference]
+
+
+class SecretBody(TypedDict):
+    """The grant's Secret as applied (the keys are the API's: mypy holds them)."""
+
+    apiVersion: str
+    kind: str
+    metadata: SecretMetadata
+    type: str
+    data: dict[str, str]
+
+
+Apply = Callable[[SecretBody], Awaitable[object]]
 
 
 def secret_applier(api: Any) -> Apply:
     """Server-side apply of a Secret through the client's ``ApiClient``."""
     core = k8s.CoreV1Api(api)
 
-    async def apply(body: dict[str, Any]) -> object:
+    async def apply(body: SecretBody) -> object:
         patch: Any = core.patch_namespaced_secret  # **kwargs untyped
         meta = body["metadata"]
         return await patch(
@@ -100,7 +124,7 @@ async def install(
     lease: GatewayLease,
     key: maf.SandboxKey,
     spec: maf.SandboxSpec,
-    sandbox: dict[str, Any],
+    sandbox: Mapping[str, Any],
     instance_id: str,
 ) -> str:
     """Ask the gateway for this instance's grants and write them into the Secret the Sandbox
@@ -129,21 +153,22 @@ async def install(
         data[grant_key(rule.authority)] = base64.b64encode(grant.token.encode()).decode()
     if expires <= time.time():
         raise ValueError("the credential expired while it was installed")
-    meta = kubeobj.meta(sandbox)
+    owner = SandboxView.of(sandbox)  # as sent, or a view of it
+    meta = owner.metadata
     name = grant_secret_name(key, spec.kind)
-    body = {
+    body: SecretBody = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
             "name": name,
-            "namespace": meta["namespace"],
+            "namespace": meta.namespace,
             "annotations": {EXPIRES_ANNOTATION: datetime.fromtimestamp(expires, UTC).isoformat()},
             "ownerReferences": [
                 {
-                    "apiVersion": sandbox["apiVersion"],
-                    "kind": sandbox["kind"],
-                    "name": meta["name"],
-                    "uid": meta["uid"],
+                    "apiVersion": owner.api_version,
+                    "kind": owner.kind,
+                    "name": meta.name,
+                    "uid": meta.uid,
                 }
             ],
         },

@@ -18,10 +18,27 @@ backend and the egress proxy can all take views.
 
 from __future__ import annotations
 
+from sandbox_operator.views.acas import (
+    AcasCountView,
+    AcasEgressDecisionsView,
+    AcasEgressPolicyView,
+    AcasErrorBodyView,
+    AcasErrorView,
+    AcasHttpDecisionsView,
+    AcasHttpPolicyView,
+    AcasPageView,
+    AcasSnapshotView,
+)
 from sandbox_operator.views.admission import (
     AdmissionPolicyView,
     PolicyBindingView,
     SelfSubjectReviewView,
+)
+from sandbox_operator.views.client import (
+    HostToolRequestView,
+    KubeconfigContextDetailsView,
+    KubeconfigContextView,
+    SandboxSpecView,
 )
 from sandbox_operator.views.conditions import Conditions, ConditionView
 from sandbox_operator.views.core import (
@@ -32,6 +49,7 @@ from sandbox_operator.views.core import (
     NamespaceView,
     ObjectRefView,
     ServiceView,
+    StatusCauseView,
     StatusDetailsView,
 )
 from sandbox_operator.views.objects import (
@@ -41,6 +59,7 @@ from sandbox_operator.views.objects import (
     ObjectView,
     OwnerRef,
     WatchEvent,
+    on_the_wire,
 )
 from sandbox_operator.views.pod import (
     ContainerStatusView,
@@ -63,6 +82,15 @@ from sandbox_operator.views.resources import (
 )
 
 __all__ = [
+    "AcasCountView",
+    "AcasEgressDecisionsView",
+    "AcasEgressPolicyView",
+    "AcasErrorBodyView",
+    "AcasErrorView",
+    "AcasHttpDecisionsView",
+    "AcasHttpPolicyView",
+    "AcasPageView",
+    "AcasSnapshotView",
     "AdmissionPolicyView",
     "ApiStatusView",
     "ConditionView",
@@ -73,6 +101,9 @@ __all__ = [
     "EgressEditRefusalView",
     "EgressStatusView",
     "EventView",
+    "HostToolRequestView",
+    "KubeconfigContextDetailsView",
+    "KubeconfigContextView",
     "ListView",
     "ManagedFieldsEntry",
     "MetaView",
@@ -84,6 +115,7 @@ __all__ = [
     "PodView",
     "PolicyBindingView",
     "SandboxScopeView",
+    "SandboxSpecView",
     "SandboxStatusView",
     "SandboxView",
     "SandboxWarmPoolView",
@@ -91,10 +123,12 @@ __all__ = [
     "SelfSubjectReviewView",
     "ServedRef",
     "ServiceView",
+    "StatusCauseView",
     "StatusDetailsView",
     "StatusView",
     "TerminatedStateView",
     "WaitingStateView",
     "WarmPoolStatusView",
     "WatchEvent",
+    "on_the_wire",
 ]

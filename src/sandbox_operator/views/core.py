@@ -32,24 +32,47 @@ class EventView(ObjectView):
     involved_object: Field[ObjectRefView] = Field(nested(ObjectRefView))
 
 
+class StatusCauseView(Raw):
+    """One entry of a Status's ``details.causes``."""
+
+    __slots__ = ()
+    reason = text_field()
+    message = text_field()
+    field = text_field()
+
+
 class StatusDetailsView(Raw):
-    """A Status answer's ``details``: which object the answer is about."""
+    """A Status answer's ``details``: which object the answer is about, and its causes."""
 
     __slots__ = ()
     kind = text_field()
     name = text_field()
     uid = text_field()
 
+    @property
+    def causes(self) -> list[StatusCauseView]:
+        return [StatusCauseView(c) for c in sequence(self._raw.get("causes")) if c is not None]
+
 
 class ApiStatusView(ObjectView):
     """The API's ``Status`` object: what a refused call's body says (``message``, ``reason``,
-    ``code``) and what a delete answers once the object is gone (``details``)."""
+    ``code``), what a delete answers once the object is gone (``details``), and the last frame
+    of an exec (``status: Success``, else an ``ExitCode`` cause)."""
 
     __slots__ = ()
+    status = text_field()
     message = text_field()
     reason = text_field()
     code: Field[int | None] = Field(optional_int)
     details: Field[StatusDetailsView] = Field(nested(StatusDetailsView))
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "Success"
+
+    def cause(self, reason: str) -> StatusCauseView | None:
+        """The first cause of ``details.causes`` with ``reason`` (None: none has it)."""
+        return next((c for c in self.details.causes if c.reason == reason), None)
 
 
 class DeleteAnswerView(ApiStatusView):

@@ -165,6 +165,10 @@ class ListView(ObjectView):
     objects: Field[Sequence[Any]] = Field(sequence, "items")
 
 
+#: The event types that carry an object's new state (a BOOKMARK or ERROR carries none).
+OBJECT_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
 class WatchEvent(Raw):
     """One event of a watch stream: its type (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR) and
     the object as the stream decoded it."""
@@ -172,6 +176,17 @@ class WatchEvent(Raw):
     __slots__ = ()
     type = text_field()
     object = raw_field()
+
+    @property
+    def changes_object(self) -> bool:
+        """An ADDED, MODIFIED or DELETED event with an object (not a bookmark or an error)."""
+        return self.type in OBJECT_EVENTS and isinstance(self.object, Mapping)
+
+
+def on_the_wire(view: Raw) -> bool:
+    """Whether a nested view's field was sent as a mapping (an absent, null or mistyped one is
+    read through the shared empty mapping, and so says no)."""
+    return view.raw is not EMPTY
 
 
 def nested(view: type[R]) -> Callable[[object], R]:

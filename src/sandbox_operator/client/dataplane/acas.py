@@ -47,6 +47,7 @@ from sandbox_operator.client.errors import (
     SandboxFileNotFound,
     TransferIntegrityError,
 )
+from sandbox_operator.views import SandboxView
 
 if TYPE_CHECKING:
     from sandbox_operator.client.dataplane.protocol import (
@@ -399,15 +400,14 @@ def acas_dataplane_factory(clients: Mapping[str, AcasClient]) -> DataPlaneFactor
     backend named in the Sandbox's `status.backend` and the remote id from `servedBy.name`."""
 
     def factory(_client: Any, obj: Mapping[str, Any]) -> DataPlane:
-        status = obj.get("status") or {}
-        backend = status.get("backend") or ""
-        served = status.get("servedBy") or {}
-        client = clients.get(backend)
+        # A factory is public: its caller may hand the object as decoded (the wire boundary).
+        status = SandboxView.of(obj).status
+        client = clients.get(status.backend)
         if client is None:
-            raise DataPlaneError(f"no acas client configured for backend {backend!r}")
-        if not served.get("name"):
+            raise DataPlaneError(f"no acas client configured for backend {status.backend!r}")
+        if not status.served_by.name:
             raise DataPlaneError("the sandbox has no remote id yet")
-        return AcasDataPlane(client, str(served["name"]))
+        return AcasDataPlane(client, status.served_by.name)
 
     return factory
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
+from typing import TypedDict
 
 from sandbox_operator.client.dataplane import scripts
 
@@ -185,7 +186,17 @@ def run_frame(cid: int, argv: Sequence[str], stdin: bytes) -> bytes:
     return HEAD.pack(RUN if job is None else WRAPPED, cid, len(payload)) + payload
 
 
-def wrapped(argv: Sequence[str]) -> dict[str, object] | None:
+class WrappedJob(TypedDict):
+    """A ``W`` frame's JSON object: the exec wrapper's work, which the launcher does itself."""
+
+    argv: list[str]
+    cwd: str
+    mkdir: bool
+    #: ``NAME=value`` strings, added to the launcher's environment
+    env: list[str]
+
+
+def wrapped(argv: Sequence[str]) -> WrappedJob | None:
     """The exec wrapper's arguments (:meth:`~.execplane.ExecDataPlane.exec` builds them:
     ``sh -c EXEC_OUTER sbx EXEC_INNER mk cwd nin ne env... argv...``) as the launcher's job;
     None for any other argv."""

@@ -26,7 +26,7 @@ from sandbox_operator.client.errors import (
     ExecStreamUnsupported,
     SandboxForbidden,
 )
-from sandbox_operator.views import SandboxView
+from sandbox_operator.views import ApiStatusView, SandboxView
 
 
 @dataclass
@@ -293,15 +293,15 @@ def _exit_code(status: bytes) -> int | None:
     if not status:
         return None
     try:
-        doc = json.loads(status)
+        doc = ApiStatusView(json.loads(status))
     except ValueError:
         raise DataPlaneError("unreadable exec status") from None
-    if doc.get("status") == "Success":
+    if doc.succeeded:
         return 0
-    for cause in (doc.get("details") or {}).get("causes") or []:
-        if cause.get("reason") == "ExitCode":
-            return int(cause.get("message", "-1"))
-    raise DataPlaneError(f"exec failed: {doc.get('reason') or 'unknown'}")
+    exit_code = doc.cause("ExitCode")
+    if exit_code is not None:
+        return int(exit_code.message or "-1")
+    raise DataPlaneError(f"exec failed: {doc.reason or 'unknown'}")
 
 
 def pod_dataplane(
@@ -324,11 +324,13 @@ def pod_dataplane(
 def pod_factory(client: Any, obj: Mapping[str, Any], *, session: bool = False) -> DataPlane:
     """The data plane of a Sandbox served by a pod (``servedBy.kind: Pod``) in the client's own
     namespace, over the client's websocket API client (``client.ws_api``)."""
-    served = SandboxView(obj).status.served_by
-    namespace = served.namespace or obj["metadata"]["namespace"]
+    # A factory is public: its caller may hand the object as decoded (the wire boundary).
+    view = SandboxView.of(obj)
+    served = view.status.served_by
+    namespace = served.namespace or view.metadata.namespace
     if namespace != client.namespace:
         raise DataPlaneError("the sandbox is served from another namespace")
-    return pod_dataplane(client.ws_api, namespace, served["name"], session=session)
+    return pod_dataplane(client.ws_api, namespace, served.name, session=session)
 
 
 def pod_session_factory(client: Any, obj: Mapping[str, Any]) -> DataPlane:

@@ -20,6 +20,7 @@ from sandbox_operator.client.errors import (
     OutputBudgetExceeded,
     TransferCapExceeded,
 )
+from sandbox_operator.views import SandboxView
 
 FileKind = Literal["file", "dir", "symlink", "other"]
 
@@ -132,8 +133,9 @@ class DataPlane(Protocol):
 
 
 #: Builds the data plane of a Ready Sandbox: called with the ``SandboxClient`` and the Sandbox
-#: object; a client holds one per ``status.servedBy.kind`` (``SandboxClient(dataplanes=...)``).
-DataPlaneFactory = Callable[[Any, Mapping[str, Any]], DataPlane]
+#: object (a :class:`~sandbox_operator.views.SandboxView`, a read-only mapping over it); a client
+#: holds one per ``status.servedBy.kind`` (``SandboxClient(dataplanes=...)``).
+DataPlaneFactory = Callable[[Any, SandboxView], DataPlane]
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ from sandbox_operator.client.hosttools.records import Delivery as Delivery
 from sandbox_operator.client.hosttools.records import HostToolCallRecord as HostToolCallRecord
 from sandbox_operator.client.observer import HostToolCalled, SandboxObserver, current_call, notify
 from sandbox_operator.contract import SandboxKey, TransferLimits
+from sandbox_operator.views import HostToolRequestView
 
 log = logging.getLogger(__name__)
 
@@ -557,10 +558,11 @@ def _parse_request(raw: bytes) -> tuple[str, dict[str, Any]]:
         raise HostToolRequestInvalid("?", "the request is not JSON") from None
     if not isinstance(body, dict):
         raise HostToolRequestInvalid("?", "the request is not a JSON object")
-    tool = body.get("tool")
+    request = HostToolRequestView(body)
+    tool = request.tool
     if not isinstance(tool, str) or not tool:
         raise HostToolRequestInvalid("?", "the request names no tool")
-    arguments = body.get("arguments", {})
+    arguments = request.arguments
     if not isinstance(arguments, dict):
         raise HostToolArgumentsInvalid(tool[:64], ("arguments",))
     return tool[:64], arguments
