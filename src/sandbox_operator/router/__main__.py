@@ -12,6 +12,7 @@ from pathlib import Path
 from .activity import ActivityStamps
 from .config import RouterConfig, load_router_config
 from .kube import KubeSandboxes
+from .metrics import serve_metrics
 from .reviews import CachedReviewer, KubeReviewer
 from .server import Router, Timeouts
 from .view import View
@@ -45,6 +46,9 @@ async def run(config: RouterConfig, kubeconfig: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("router listening on %s:%d", config.listen_host, config.listen_port)
+    if config.metrics_port:
+        bound = serve_metrics(config.listen_host, config.metrics_port)
+        log.info("router metrics at http://%s:%d/metrics", config.listen_host, bound)
     try:
         await stop.wait()
     finally:

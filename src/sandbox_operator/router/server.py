@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from sandbox_operator.contract.ports import PortProtocol
 
+from . import metrics
 from .activity import ActivityStamps
 from .errors import Refusal
 from .head import HEAD_MAX_BYTES, RequestHead, read_head, upstream_head
@@ -41,6 +43,10 @@ _PHRASES = {
     504: "Gateway Timeout",
 }
 _CHUNK = 64 * 1024
+#: Connections the kernel may queue before the router accepts them: a flood of callers (a
+#: woken Sandbox's parked requests are answered at once) must not meet SYN retries (the kernel
+#: caps it at net.core.somaxconn).
+BACKLOG = 4096
 
 
 @dataclass(frozen=True)
@@ -70,28 +76,39 @@ class Router:
         self._timeouts = timeouts
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
-        return await asyncio.start_server(self.handle, host, port, limit=HEAD_MAX_BYTES)
+        return await asyncio.start_server(
+            self.handle, host, port, limit=HEAD_MAX_BYTES, backlog=BACKLOG
+        )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            started = time.monotonic()
             try:
                 head = await asyncio.wait_for(read_head(reader), self._timeouts.head)
+                started = time.monotonic()
                 if head.target == "/healthz" and head.method == "GET":
                     await _answer(writer, 200, "OK", "the router is serving")
                     return
                 route = parse_target(head.target)
-                await self._forward(head, route, reader, writer)
+                await self._forward(head, route, reader, writer, started)
             except Refusal as refusal:
                 log.debug("refused: %s", refusal)
-                await _answer(writer, refusal.status, refusal.reason, refusal.message)
+                await self._refuse(writer, refusal, started)
             except TimeoutError:
-                await _answer(writer, 400, "HeadTimeout", "the request head did not arrive")
+                late = Refusal(400, "HeadTimeout", "the request head did not arrive")
+                await self._refuse(writer, late, started)
         except (ConnectionError, OSError):
             pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    @staticmethod
+    async def _refuse(writer: asyncio.StreamWriter, refusal: Refusal, started: float) -> None:
+        elapsed = time.monotonic() - started
+        metrics.answered(refusal.status, elapsed, forwarded=False, reason=refusal.reason)
+        await _answer(writer, refusal.status, refusal.reason, refusal.message)
 
     async def _judge(self, head: RequestHead, route: Route) -> None:
         token = head.bearer_token()
@@ -118,6 +135,7 @@ class Router:
         route: Route,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        started: float,
     ) -> None:
         await self._judge(head, route)
         entry = self._view.sandbox(route.namespace, route.sandbox)
@@ -144,7 +162,7 @@ class Router:
                 upstream_head(head, route.upstream_target, f"{host}:{port.port}", route.prefix)
             )
             await up_writer.drain()
-            await self._splice(reader, writer, up_reader, up_writer)
+            await self._splice(reader, writer, up_reader, up_writer, started)
         finally:
             up_writer.close()
             with contextlib.suppress(Exception):
@@ -156,6 +174,7 @@ class Router:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
+        started: float,
     ) -> None:
         first = asyncio.ensure_future(up_reader.read(_CHUNK))
         upload = asyncio.ensure_future(_copy(reader, up_writer, self._timeouts.idle, eof=True))
@@ -167,6 +186,7 @@ class Router:
                 raise Refusal(504, "ResponseTimeout", "the sandbox did not answer in time") from exc
             if not data:
                 raise Refusal(502, "NoResponse", "the sandbox closed without answering")
+            metrics.answered(metrics.status_of(data), time.monotonic() - started, forwarded=True)
             writer.write(data)
             await writer.drain()
             await _copy(up_reader, writer, self._timeouts.idle, eof=False)
