@@ -200,3 +200,12 @@ def test_the_agent_role_grants_connect_on_ports_only_without_the_boundary(bounda
         role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
         granted = ("sandbox-operator.dev", "sandboxes/ports", "connect") in _grants(role)
         assert granted == (enabled and not boundary)
+
+
+def test_the_routers_pod_annotations_roll_it_as_make_up_sets_them() -> None:
+    """hack/up.sh sets router.podAnnotations to the image's content key, so a rebuilt image
+    under the same tag rolls the router's pods as it rolls the operator's."""
+    key = "router.podAnnotations.sandbox-operator\\.dev/image-key"
+    (deploy,) = _named(template({**ON, key: "abc123"}), "Deployment", NAME)
+    annotations = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sandbox-operator.dev/image-key"] == "abc123"
