@@ -267,3 +267,20 @@ async def test_a_resume_is_asked_as_the_client_asks_it() -> None:
         "namespace": NS,
         "uid": UID,
     }
+
+
+async def test_healthz_answers_503_until_the_watches_have_listed() -> None:
+    """A router whose view is not listed yet would answer 404 for a Sandbox that exists: its
+    readiness probe (/healthz) fails until every watch has listed once."""
+    from kubernetes_asyncio import client as k8s
+
+    from sandbox_operator.router.kube import KubeSandboxes
+
+    kube = KubeSandboxes(k8s.ApiClient(), View(), (NS, "other"))
+    async with router_kit(synced=lambda: kube.synced) as kit:
+        status, body = await kit.get("/healthz")
+        assert (status, body["reason"]) == (503, "Syncing")
+        kube._listed |= {("sandboxes", NS), ("pods", NS), ("sandboxes", "other")}
+        assert (await kit.get("/healthz"))[0] == 503
+        kube._listed.add(("pods", "other"))
+        assert (await kit.get("/healthz"))[0] == 200

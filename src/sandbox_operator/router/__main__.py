@@ -38,6 +38,7 @@ async def run(config: RouterConfig, kubeconfig: str | None = None) -> None:
             response=config.response_timeout_seconds,
             idle=config.idle_timeout_seconds,
         ),
+        synced=lambda: kube.synced,
     )
     watches = asyncio.create_task(kube.run())
     server = await router.serve(config.listen_host, config.listen_port)

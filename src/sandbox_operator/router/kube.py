@@ -47,6 +47,14 @@ class KubeSandboxes:
         self._core = k8s.CoreV1Api(api)
         self._view = view
         self._namespaces = namespaces
+        self._listed: set[tuple[str, str | None]] = set()
+
+    @property
+    def synced(self) -> bool:
+        """Whether every watch has listed once: until then a Sandbox missing from the view may
+        exist, so the router is not ready (``/healthz`` answers 503)."""
+        scopes = self._namespaces or (None,)
+        return len(self._listed) == 2 * len(scopes)
 
     async def run(self) -> None:
         """Keep every watch going until cancelled."""
@@ -77,6 +85,7 @@ class KubeSandboxes:
             try:
                 listed = self._plain(await call(*args, **options))
                 replace(namespace, list(listed.get("items") or ()))
+                self._listed.add((kind, namespace))
                 version = (listed.get("metadata") or {}).get("resourceVersion")
                 stream = watch.Watch().stream(
                     call,

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandbox_operator.contract.ports import PortProtocol
@@ -68,7 +69,9 @@ class Router:
         waker: Waker,
         activity: ActivityStamps,
         timeouts: Timeouts = Timeouts(),
+        synced: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._synced = synced
         self._view = view
         self._reviewer = reviewer
         self._waker = waker
@@ -87,7 +90,10 @@ class Router:
                 head = await asyncio.wait_for(read_head(reader), self._timeouts.head)
                 started = time.monotonic()
                 if head.target == "/healthz" and head.method == "GET":
-                    await _answer(writer, 200, "OK", "the router is serving")
+                    if self._synced():
+                        await _answer(writer, 200, "OK", "the router is serving")
+                    else:
+                        await _answer(writer, 503, "Syncing", "the router's view is not listed yet")
                     return
                 route = parse_target(head.target)
                 await self._forward(head, route, reader, writer, started)
