@@ -7,10 +7,10 @@ a WebSocket message echoed; both refused (403) to another conversation's agent a
 anonymous callers, and forged tokens, 404 on an undeclared port; then suspended, and woken by the
 next request, which it answers. One Sandbox does all of it (CI time).
 
-The router runs on this machine (tests/fixtures/router.py), not as the chart's pod: the image
-on the node is main's. So the NetworkPolicy admitting the router is not what this test shows
-(the node reaches its own pods whatever the policies say); tests/unit/test_chart_router.py
-renders it."""
+The router runs on this machine (tests/fixtures/router.py), not as the chart's pod, and the node
+reaches its own pods whatever the policies say; so a second test shows the chart's router
+NetworkPolicy itself enforced by the node's policy engine, with pods standing in for the router
+and for anyone else."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.agents import token
+from tests.fixtures.chart import by_kind, template
+from tests.fixtures.node import exec_in, run_pod
 from tests.fixtures.operator import GROUP, PYTHON, VERSION, Kit, OperatorProcess
 from tests.fixtures.router import RouterProcess, running_router
 from tests.fixtures.suspend import STORAGE, config
@@ -144,3 +146,58 @@ def _check(kit: Kit, router: RouterProcess, path: str, caller: str, stranger: st
     assert woken is not None
     assert woken["spec"]["suspended"] is False
     assert woken["status"]["resumeCount"] == 1
+
+
+#: Two busybox httpd on the pod: 8080 declared, 8081 not.
+SERVE_TWO = (
+    "mkdir -p /workspace/www && echo served > /workspace/www/index.html && "
+    "httpd -p 8080 -h /workspace/www && httpd -p 8081 -h /workspace/www; "
+    "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+)
+
+
+def _fetch(core: client.CoreV1Api, ns: str, pod: str, address: str, port: int) -> bool:
+    """Whether ``pod`` gets the page from ``address:port`` (busybox nc, 3 s)."""
+    out = exec_in(
+        core, ns, pod, "sh", "-c",
+        f'printf "GET /index.html HTTP/1.0\\r\\n\\r\\n" | nc -w 3 {address} {port}',
+    )  # fmt: skip
+    return "served" in out
+
+
+def test_the_charts_policy_admits_only_the_router_and_only_to_declared_ports(
+    kit: Kit,
+    start_operator: Callable[..., OperatorProcess],
+    core_v1: client.CoreV1Api,
+    api_client: client.ApiClient,
+) -> None:
+    """The chart's router NetworkPolicy (rendered for this namespace as its release namespace),
+    enforced by the node's policy engine (kube-router): a pod with the router's labels reaches
+    the Sandbox's declared port and not an undeclared one its guest also serves; a pod without
+    them reaches neither. (The router's own binary is not what this shows: the policy is.)"""
+    cfg = config("runc")
+    cfg["backends"][0]["pod"]["keepAliveCommand"] = ["/bin/sh", "-c", SERVE_TWO]
+    start_operator(cfg)
+    kit.scope()
+    kit.sandbox("net", ports=[{"name": "web", "port": 8080}])
+    kit.wait_condition("net", status="True", timeout=120)
+    (sandbox_pod,) = kit.pods()
+    address = sandbox_pod.status.pod_ip
+    values = {"router.enabled": "true", "router.sandboxNamespaces": f"{{{kit.ns}}}"}
+    (policy,) = [
+        o for o in by_kind(template(values, namespace=kit.ns), "NetworkPolicy")
+        if o["metadata"]["name"].endswith("-router-ingress")
+    ]  # fmt: skip
+    client.NetworkingV1Api(api_client).create_namespaced_network_policy(kit.ns, policy)
+    router_labels = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    run_pod(core_v1, kit.ns, "router-like")
+    core_v1.patch_namespaced_pod("router-like", kit.ns, {"metadata": {"labels": router_labels}})
+    run_pod(core_v1, kit.ns, "stranger")
+    _until(
+        "the router's pod admitted",
+        60,
+        lambda: _fetch(core_v1, kit.ns, "router-like", address, 8080),
+    )
+    assert not _fetch(core_v1, kit.ns, "router-like", address, 8081)
+    assert not _fetch(core_v1, kit.ns, "stranger", address, 8080)
+    assert not _fetch(core_v1, kit.ns, "stranger", address, 8081)
