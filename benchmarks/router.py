@@ -234,18 +234,21 @@ def _has_default_sa(core: client.CoreV1Api, ns: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--wakes", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="CI: 10 requests, 1 wake-up")
-    parser.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG", str(client_roundtrip.DEFAULT_KUBECONFIG)),
-    )
+    parser.add_argument("--requests", type=int, default=200, help="GETs each way")
+    parser.add_argument("--wakes", type=int, default=5, help="suspend-then-request rounds")
+    kubeconfig = os.environ.get("KUBECONFIG") or str(client_roundtrip.DEFAULT_KUBECONFIG)
+    parser.add_argument("--kubeconfig", default=kubeconfig)
     args = parser.parse_args(argv)
     if args.smoke:
         args.requests, args.wakes = 10, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     api = config.new_client_from_config(config_file=args.kubeconfig)
     core = client.CoreV1Api(api)
     cfg = suspend_config("runc")
