@@ -7,6 +7,7 @@ bounded, a refused resume's reason in the 503, activity stamped once per interva
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -284,3 +285,25 @@ async def test_healthz_answers_503_until_the_watches_have_listed() -> None:
         assert (await kit.get("/healthz"))[0] == 503
         kube._listed.add(("pods", "other"))
         assert (await kit.get("/healthz"))[0] == 200
+
+
+async def test_a_pod_that_listens_late_is_dialled_again_until_the_connect_timeout(
+    kit: Kit,
+) -> None:
+    """A woken Sandbox's pod is Ready before its server listens: a refused connect is tried
+    again within the connect timeout (2 s here), then answered 502."""
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        late_port = probe.getsockname()[1]
+    kit.view.apply_sandbox("MODIFIED", sandbox_obj(late_port))
+    answer = asyncio.ensure_future(kit.get(f"/{NS}/{NAME}/web/"))
+    await asyncio.sleep(0.6)
+    late = await asyncio.start_server(kit.upstream.handle, "127.0.0.1", late_port)
+    try:
+        assert (await answer)[0] == 200
+    finally:
+        late.close()
+    started = asyncio.get_running_loop().time()
+    status, body = await kit.get(f"/{NS}/{NAME}/web/")
+    assert (status, body["reason"]) == (502, "ConnectFailed")
+    assert asyncio.get_running_loop().time() - started >= 1.0

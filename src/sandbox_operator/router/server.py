@@ -154,14 +154,7 @@ class Router:
             raise Refusal(501, "ProtocolNotForwarded", "only http ports are forwarded")
         address = await self._waker.address(route.namespace, route.sandbox)
         self._activity.touch(route.namespace, route.sandbox)
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(address, port.port), self._timeouts.connect
-            )
-        except TimeoutError as exc:
-            raise Refusal(504, "ConnectTimeout", "the sandbox did not accept in time") from exc
-        except OSError as exc:
-            raise Refusal(502, "ConnectFailed", "the sandbox refused the connection") from exc
+        up_reader, up_writer = await self._dial(address, port.port)
         host = f"[{address}]" if ":" in address else address
         try:
             up_writer.write(
@@ -173,6 +166,31 @@ class Router:
             up_writer.close()
             with contextlib.suppress(Exception):
                 await up_writer.wait_closed()
+
+    async def _dial(
+        self, address: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the pod. A refused connect is tried again (50 ms, doubling to 1 s)
+        until the connect timeout: a pod is Ready before its workload listens (a Sandbox woken
+        by this very request starts its server after the pod starts), and that is no reason to
+        answer 502 at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeouts.connect
+        pause = 0.05
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(address, port), max(deadline - loop.time(), 0.001)
+                )
+            except TimeoutError as exc:
+                raise Refusal(504, "ConnectTimeout", "the sandbox did not accept in time") from exc
+            except OSError as exc:
+                if loop.time() + pause >= deadline:
+                    raise Refusal(
+                        502, "ConnectFailed", "the sandbox refused the connection"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     async def _splice(
         self,
