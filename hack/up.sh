@@ -203,6 +203,14 @@ elif [[ -n "${IGNORE_NAMESPACES:-}" ]]; then
 fi
 # A rebuilt image under the same tag rolls the operator pods.
 [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")
+# The ports router (docs/ports.md), from the same image, with its NetworkPolicy in the demo
+# namespace (serving every namespace, the chart cannot know where sandboxes are). ROUTER=0 leaves
+# it out. Its Service's ClusterIP is reachable from this machine (kube-proxy), as docs/ports.md's
+# example uses it.
+if [[ "${ROUTER:-1}" != 0 ]]; then
+  helm_args+=(--set router.enabled=true --set "router.sandboxNamespaces={$DEMO_NAMESPACE}")
+  [[ -z "$IMAGE_KEY" ]] || helm_args+=(--set-string "router.podAnnotations.sandbox-operator\.dev/image-key=$IMAGE_KEY")
+fi
 install_chart() {
   # A release whose last operation failed or never finished cannot be upgraded: remove it first
   # (the CRDs and any Sandboxes are kept).

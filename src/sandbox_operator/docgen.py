@@ -11,6 +11,7 @@ what this module renders now, the way tests/unit/test_crds.py holds crds/ to the
 * ``metrics``: every metric :mod:`sandbox_operator.metrics` defines, its type, labels and what it
   counts (name, type, labels and buckets from the metric objects themselves, the rest from
   :data:`sandbox_operator.metrics.METRIC_DOCS`);
+* ``router-metrics``: the ports router's, alike (:mod:`sandbox_operator.router.metrics`);
 * ``rbac``: the operator's RBAC rules as the Helm chart grants them, read from
   ``charts/sandbox-operator/templates/_rbac_rules.tpl`` (the one place they are kept; a test
   holds that file to the rendered chart), each rule's "why" from the comment inside it;
@@ -44,6 +45,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from sandbox_operator import metrics as metrics_module
 from sandbox_operator.contract import conditions as conditions_module
 from sandbox_operator.metrics.census import SandboxCensus
+from sandbox_operator.router import metrics as router_metrics
 
 #: The chart's file of the operator's RBAC rules, relative to the repository root.
 RBAC_RULES: Final = Path("charts/sandbox-operator/templates/_rbac_rules.tpl")
@@ -341,6 +343,7 @@ def tables(root: Path) -> dict[str, str]:
     makers: dict[str, Callable[[], str]] = {
         "reasons": reasons_table,
         "metrics": metrics_table,
+        "router-metrics": lambda: metrics_table(router_metrics),
         "rbac": lambda: rbac_table((root / RBAC_RULES).read_text()),
         "host-rbac": lambda: rbac_table((root / HOST_RULES).read_text(), HOST_RULES),
     }

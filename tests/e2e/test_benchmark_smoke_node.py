@@ -1,8 +1,8 @@
-"""The node benchmarks' ``--smoke`` modes (warm pool, host tools, suspend, the egress TLS hop), run
-by CI so the scripts cannot rot. Each serves only a namespace of its own (its own operator, pods
-and proxy), asserts counts and never a figure, so they run with the concurrent part of the
-cluster tier; the scale smoke (kwok's fake nodes, an idle request rate) stays exclusive in
-test_benchmark_smoke.py."""
+"""The node benchmarks' ``--smoke`` modes (warm pool, host tools, suspend, the egress TLS hop, the
+ports router), run by CI so the scripts cannot rot. Each serves only a namespace of its own (its
+own operator, pods and proxy or router), asserts counts and never a figure, so they run with
+the concurrent part of the cluster tier; the scale smoke (kwok's fake nodes, an idle request
+rate) stays exclusive in test_benchmark_smoke.py."""
 
 from __future__ import annotations
 
@@ -86,3 +86,20 @@ def test_egress_tls_benchmark_smoke(kubeconfig: str) -> None:
     assert set(rows) == set(labels), out[-4000:]
     # p50, p90, overhead, connect, tls, request, proxy CPU per request, samples
     assert all(len(v) == 8 and v[-1] == "5" for v in rows.values()), out[-4000:]
+
+
+def test_router_benchmark_smoke(kubeconfig: str) -> None:
+    """benchmarks/router.py --smoke (runc, 10 requests each way, one wake-up): it completes and
+    each row has its samples (the benchmark itself fails on any answer but 200). No figure is
+    asserted."""
+    proc, out = run_smoke("router.py", kubeconfig, timeout=600)
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) == 4:
+            rows[parts[0]] = parts[1:]
+    # median, p90, samples
+    assert rows.get("GET direct to the pod IP (ms)", [])[2:] == ["10"], out[-4000:]
+    assert rows.get("GET through the router (ms)", [])[2:] == ["10"], out[-4000:]
+    assert rows.get("router / direct", [])[2:] == ["10"], out[-4000:]
+    assert rows.get("request to a suspended Sandbox -> answer (s)", [])[2:] == ["1"], out[-4000:]

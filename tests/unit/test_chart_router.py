@@ -1,8 +1,9 @@
 """The chart's optional ports router (docs/ports.md), rendered without a cluster: nothing by
 default; with router.enabled the Deployment runs the router from the operator's image under the
 operator's hardening, its configuration and the operator's router.baseUrl load in their models,
-its RBAC is the reviews plus list/watch/patch of Sandboxes and list/watch of pods, and the
-NetworkPolicy admits only the router's pods, only to the sandbox pods' declared-port names."""
+its metrics port exposed (and annotated for scraping), its RBAC is the reviews plus
+list/watch/patch of Sandboxes, list/watch of pods and create of Events, and the NetworkPolicy
+admits only the router's pods, only to the sandbox pods' declared-port names."""
 
 from __future__ import annotations
 
@@ -75,6 +76,26 @@ def test_the_deployment_runs_the_router_from_the_operator_image_hardened() -> No
     assert container["ports"][0]["containerPort"] == config.listen_port
 
 
+def test_the_router_serves_its_metrics_on_a_port_of_their_own() -> None:
+    (deploy,) = _named(template(ON), "Deployment", NAME)
+    pod = deploy["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    (cm,) = _named(template(ON), "ConfigMap", NAME)
+    config = RouterConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert ports == {"http": config.listen_port, "metrics": config.metrics_port}
+    assert config.metrics_port == 9090 != config.listen_port
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9090"
+    assert annotations["prometheus.io/scrape"] == "true"
+    # Off: no port, no annotations, and the router told to serve none.
+    (deploy,) = _named(template({**ON, "router.metricsPort": "0"}), "Deployment", NAME)
+    pod = deploy["spec"]["template"]
+    assert [p["name"] for p in pod["spec"]["containers"][0]["ports"]] == ["http"]
+    assert "prometheus.io/scrape" not in pod["metadata"]["annotations"]
+    (cm,) = _named(template({**ON, "router.metricsPort": "0"}), "ConfigMap", NAME)
+    assert yaml.safe_load(cm["data"]["config.yaml"])["metricsPort"] == 0
+
+
 def test_the_operator_is_told_the_routers_url() -> None:
     router = _operator_config(template(ON)).router
     assert router is not None
@@ -108,6 +129,7 @@ def test_the_router_may_review_watch_and_patch_sandboxes_and_nothing_else(named:
         ("sandbox-operator.dev", "sandboxes", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
+        ("", "events", "create"),
     }
     bindings = [
         b
@@ -178,3 +200,12 @@ def test_the_agent_role_grants_connect_on_ports_only_without_the_boundary(bounda
         role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-agent"))
         granted = ("sandbox-operator.dev", "sandboxes/ports", "connect") in _grants(role)
         assert granted == (enabled and not boundary)
+
+
+def test_the_routers_pod_annotations_roll_it_as_make_up_sets_them() -> None:
+    """hack/up.sh sets router.podAnnotations to the image's content key, so a rebuilt image
+    under the same tag rolls the router's pods as it rolls the operator's."""
+    key = "router.podAnnotations.sandbox-operator\\.dev/image-key"
+    (deploy,) = _named(template({**ON, key: "abc123"}), "Deployment", NAME)
+    annotations = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sandbox-operator.dev/image-key"] == "abc123"

@@ -7,182 +7,32 @@ bounded, a refused resume's reason in the 503, activity stamped once per interva
 from __future__ import annotations
 
 import asyncio
-import json
+import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from sandbox_operator.router.activity import ActivityStamps
-from sandbox_operator.router.reviews import CachedReviewer, Identity
-from sandbox_operator.router.server import Router, Timeouts
-from sandbox_operator.router.view import SandboxEntry, View
-from sandbox_operator.router.wake import Waker
-from sandbox_operator.views import PodView, SandboxView
-
-NS, NAME, UID = "team-a", "sbx-1", "uid-1"
-GOOD, OTHER = "token-good", "token-other"
-
-
-@dataclass
-class Reviews:
-    """TokenReview and SubjectAccessReview answers, counted."""
-
-    tokens: dict[str, Identity] = field(
-        default_factory=lambda: {GOOD: Identity("alice"), OTHER: Identity("mallory")}
-    )
-    allowed: set[tuple[str, str, str]] = field(default_factory=lambda: {("alice", NS, NAME)})
-    authentications: int = 0
-    authorizations: int = 0
-
-    async def authenticate(self, token: str) -> Identity | None:
-        self.authentications += 1
-        return self.tokens.get(token)
-
-    async def authorize(self, who: Identity, namespace: str, sandbox: str) -> bool:
-        self.authorizations += 1
-        return (who.user, namespace, sandbox) in self.allowed
-
-
-@dataclass
-class Resumes:
-    asked: list[tuple[str, str]] = field(default_factory=list)
-    fail: bool = False
-
-    async def resume(self, namespace: str, name: str, entry: SandboxEntry) -> None:
-        self.asked.append((namespace, name))
-        await asyncio.sleep(0.01)
-        if self.fail:
-            raise RuntimeError("forbidden")
-
-
-@dataclass
-class Upstream:
-    """A pod's server: records each request head; answers 200 with the head, or 101 and echoes
-    (WebSocket), or never (``silent``)."""
-
-    port: int = 0
-    heads: list[str] = field(default_factory=list)
-    silent: bool = False
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        self.heads.append(head)
-        if self.silent:
-            await asyncio.sleep(30)
-        if "upgrade: websocket" in head.lower():
-            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
-            while data := await reader.read(100):
-                writer.write(data.upper())
-                await writer.drain()
-        else:
-            body = head.encode()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            await writer.drain()
-        writer.close()
-
-
-def sandbox_obj(port: int, *, ready: bool = True, **status: Any) -> SandboxView:
-    conditions = [{"type": "Admitted", "status": "True", "reason": "Admitted"}]
-    conditions.append(
-        {"type": "Ready", "status": "True", "reason": "Running"}
-        if ready
-        else {"type": "Ready", "status": "False", "reason": status.pop("reason", "Suspended")}
-    )
-    return SandboxView(
-        {
-            "metadata": {"namespace": NS, "name": NAME, "uid": UID},
-            "spec": {
-                "suspended": status.pop("spec_suspended", False),
-                "ports": [
-                    {"name": "web", "port": port},
-                    {"name": "db", "port": 5432, "protocol": "tcp"},
-                ],
-            },
-            "status": {
-                "conditions": conditions,
-                "servedBy": {"kind": "Pod", "name": "pod-1", "namespace": NS},
-                **status,
-            },
-        }
-    )
-
-
-def pod_obj(*, owner: str = UID, sandbox: str = NAME) -> PodView:
-    return PodView(
-        {
-            "metadata": {
-                "namespace": NS,
-                "name": "pod-1",
-                "labels": {"sandbox-operator.dev/sandbox": sandbox},
-                "ownerReferences": [{"kind": "Sandbox", "uid": owner, "name": sandbox}],
-            },
-            "status": {
-                "phase": "Running",
-                "podIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        }
-    )
-
-
-@dataclass
-class Kit:
-    view: View
-    reviews: Reviews
-    resumes: Resumes
-    upstream: Upstream
-    stamps: list[tuple[str, str]]
-    waker: Waker
-    port: int
-
-    async def send(self, raw: bytes, after: bytes = b"") -> tuple[int, dict[str, Any] | str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        writer.write(raw)
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        status = int(data.split(b" ", 2)[1])
-        body = data.partition(b"\r\n\r\n")[2].decode()
-        try:
-            return status, json.loads(body)
-        except ValueError:
-            return status, body
-
-    async def get(self, target: str, token: str | None = GOOD, extra: str = "") -> Any:
-        auth = f"Authorization: Bearer {token}\r\n" if token else ""
-        raw = f"GET {target} HTTP/1.1\r\nHost: router\r\n{auth}{extra}\r\n"
-        return await self.send(raw.encode())
+from sandbox_operator.router.reviews import Identity
+from sandbox_operator.router.view import View
+from tests.fixtures.router_fakes import (
+    GOOD,
+    NAME,
+    NS,
+    OTHER,
+    UID,
+    Kit,
+    pod_obj,
+    router_kit,
+    sandbox_obj,
+)
 
 
 @pytest_asyncio.fixture
 async def kit() -> AsyncIterator[Kit]:
-    upstream = Upstream()
-    up_server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
-    upstream.port = up_server.sockets[0].getsockname()[1]
-    view = View()
-    view.apply_sandbox("ADDED", sandbox_obj(upstream.port))
-    view.apply_pod("ADDED", pod_obj())
-    reviews, resumes, stamps = Reviews(), Resumes(), []
-
-    async def stamp(namespace: str, name: str) -> None:
-        stamps.append((namespace, name))
-
-    waker = Waker(view, resumes, timeout=2.0)
-    router = Router(
-        view,
-        CachedReviewer(reviews, ttl=30),
-        waker,
-        ActivityStamps(stamp, interval=60),
-        Timeouts(head=2, connect=2, response=1, idle=2),
-    )
-    server = await router.serve("127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield Kit(view, reviews, resumes, upstream, stamps, waker, port)
-    server.close()
-    up_server.close()
+    async with router_kit() as running:
+        yield running
 
 
 async def test_an_authorized_request_reaches_the_declared_port_without_the_token(kit: Kit) -> None:
@@ -366,14 +216,18 @@ def test_a_conversations_role_grants_its_agents_exactly_the_routers_question() -
 
 
 class _Custom:
-    """CustomObjectsApi's patch, recorded."""
+    """CustomObjectsApi's patch and CoreV1Api's Event creation, recorded."""
 
     def __init__(self) -> None:
         self.patches: list[tuple[str, str, dict[str, Any], str]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
 
     async def patch_namespaced_custom_object(self, *args: Any, **kw: Any) -> None:
         _group, _version, namespace, _plural, name, body = args
         self.patches.append((namespace, name, body, kw["_content_type"]))
+
+    async def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
+        self.events.append((namespace, body))
 
 
 def _kube() -> tuple[Any, _Custom]:
@@ -383,7 +237,7 @@ def _kube() -> tuple[Any, _Custom]:
 
     kube = KubeSandboxes(k8s.ApiClient(), View(), (NS,))
     custom = _Custom()
-    kube._custom = custom
+    kube._custom = kube._core = custom
     return kube, custom
 
 
@@ -403,21 +257,53 @@ async def test_a_resume_is_asked_as_the_client_asks_it() -> None:
     assert kind == "application/merge-patch+json"
     stamp = idle_body["metadata"]["annotations"]["sandbox-operator.dev/last-activity"]
     assert stamp == "2999-01-01T00:00:01Z"
+    # Each resume leaves an Event on the Sandbox saying traffic woke it.
+    assert [ns for ns, _ in custom.events] == [NS, NS]
+    event = custom.events[0][1]
+    assert event["reason"] == "WokenByTraffic" and event["type"] == "Normal"
+    assert event["involvedObject"] == {
+        "apiVersion": "sandbox-operator.dev/v1alpha1",
+        "kind": "Sandbox",
+        "name": NAME,
+        "namespace": NS,
+        "uid": UID,
+    }
 
 
-async def test_the_router_is_synced_only_once_every_watch_has_listed() -> None:
-    """Before every watch's first list is in the view, an absent Sandbox may be one not listed
-    yet: the router serves (and answers its probes) only after the last of them (a 404 for a
-    Ready Sandbox was answered on a loaded machine otherwise)."""
+async def test_healthz_answers_503_until_the_watches_have_listed() -> None:
+    """A router whose view is not listed yet would answer 404 for a Sandbox that exists: its
+    readiness probe (/healthz) fails until every watch has listed once."""
     from kubernetes_asyncio import client as k8s
 
     from sandbox_operator.router.kube import KubeSandboxes
 
-    kube = KubeSandboxes(k8s.ApiClient(), View(), ("a", "b"))
-    for kind, ns in (("sandboxes", "a"), ("pods", "a"), ("sandboxes", "b")):
-        kube._listed(kind, ns)
-        assert not kube.synced.is_set()
-    kube._listed("sandboxes", "a")  # listed again after a failed watch: nothing new
-    assert not kube.synced.is_set()
-    kube._listed("pods", "b")
-    assert kube.synced.is_set()
+    kube = KubeSandboxes(k8s.ApiClient(), View(), (NS, "other"))
+    async with router_kit(synced=lambda: kube.synced) as kit:
+        status, body = await kit.get("/healthz")
+        assert (status, body["reason"]) == (503, "Syncing")
+        kube._listed |= {("sandboxes", NS), ("pods", NS), ("sandboxes", "other")}
+        assert (await kit.get("/healthz"))[0] == 503
+        kube._listed.add(("pods", "other"))
+        assert (await kit.get("/healthz"))[0] == 200
+
+
+async def test_a_pod_that_listens_late_is_dialled_again_until_the_connect_timeout(
+    kit: Kit,
+) -> None:
+    """A woken Sandbox's pod is Ready before its server listens: a refused connect is tried
+    again within the connect timeout (2 s here), then answered 502."""
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        late_port = probe.getsockname()[1]
+    kit.view.apply_sandbox("MODIFIED", sandbox_obj(late_port))
+    answer = asyncio.ensure_future(kit.get(f"/{NS}/{NAME}/web/"))
+    await asyncio.sleep(0.6)
+    late = await asyncio.start_server(kit.upstream.handle, "127.0.0.1", late_port)
+    try:
+        assert (await answer)[0] == 200
+    finally:
+        late.close()
+    started = asyncio.get_running_loop().time()
+    status, body = await kit.get(f"/{NS}/{NAME}/web/")
+    assert (status, body["reason"]) == (502, "ConnectFailed")
+    assert asyncio.get_running_loop().time() - started >= 1.0

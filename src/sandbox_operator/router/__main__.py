@@ -12,6 +12,7 @@ from pathlib import Path
 from .activity import ActivityStamps
 from .config import RouterConfig, load_router_config
 from .kube import KubeSandboxes
+from .metrics import serve_metrics
 from .reviews import CachedReviewer, KubeReviewer
 from .server import Router, Timeouts
 from .view import View
@@ -37,20 +38,18 @@ async def run(config: RouterConfig, kubeconfig: str | None = None) -> None:
             response=config.response_timeout_seconds,
             idle=config.idle_timeout_seconds,
         ),
+        synced=lambda: kube.synced,
     )
     watches = asyncio.create_task(kube.run())
-    # Serve (and so answer /healthz, the probes') only once the view holds every listed object.
-    synced = asyncio.create_task(kube.synced.wait())
-    await asyncio.wait((watches, synced), return_when=asyncio.FIRST_COMPLETED)
-    if watches.done():
-        synced.cancel()
-        watches.result()  # raises what ended the watches
     server = await router.serve(config.listen_host, config.listen_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("router listening on %s:%d", config.listen_host, config.listen_port)
+    if config.metrics_port:
+        bound = serve_metrics(config.listen_host, config.metrics_port)
+        log.info("router metrics at http://%s:%d/metrics", config.listen_host, bound)
     try:
         await stop.wait()
     finally:

@@ -15,6 +15,13 @@ from sandbox_operator.contract.base import ContractModel
 class RouterConfig(ContractModel):
     listen_host: str = Field(default="0.0.0.0", min_length=1, max_length=253)
     listen_port: int = Field(default=8080, ge=1, le=65535)
+    metrics_port: int = Field(
+        default=9090,
+        ge=0,
+        le=65535,
+        description="Where GET /metrics is served (the router's Prometheus metrics, on "
+        "listenHost); 0: not served.",
+    )
     namespaces: tuple[str, ...] = Field(
         default=(),
         max_length=1000,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.contract import SANDBOX_KIND
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
 from sandbox_operator.views import ListView, PodView, SandboxView, WatchEvent
 
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 FIELD_MANAGER: Final = "sandbox-operator-router"
+#: The wake Event's source (``source.component``, ``reportingComponent``) and reason.
+COMPONENT: Final = "sandbox-operator-router"
+WOKEN_REASON: Final = "WokenByTraffic"
 #: Seconds a watch is asked to run before the server ends it (then listed again).
 WATCH_SECONDS: Final = 300
 RETRY_SECONDS: Final = 5.0
@@ -42,21 +47,20 @@ class KubeSandboxes:
         self._core = k8s.CoreV1Api(api)
         self._view = view
         self._namespaces = namespaces
-        scopes: tuple[str | None, ...] = namespaces or (None,)
-        self._watched = [(kind, ns) for ns in scopes for kind in ("sandboxes", "pods")]
-        self._unlisted = set(self._watched)
-        #: Set once every watch's first list is in the view: before it, an absent Sandbox may
-        #: only be one not listed yet, so the router does not serve (a 404 would be a lie).
-        self.synced = asyncio.Event()
+        self._listed: set[tuple[str, str | None]] = set()
+
+    @property
+    def synced(self) -> bool:
+        """Whether every watch has listed once: until then a Sandbox missing from the view may
+        exist, so the router is not ready (``/healthz`` answers 503)."""
+        scopes = self._namespaces or (None,)
+        return len(self._listed) == 2 * len(scopes)
 
     async def run(self) -> None:
         """Keep every watch going until cancelled."""
-        await asyncio.gather(*(self._keep(kind, ns) for kind, ns in self._watched))
-
-    def _listed(self, kind: str, namespace: str | None) -> None:
-        self._unlisted.discard((kind, namespace))
-        if not self._unlisted:
-            self.synced.set()
+        scopes: tuple[str | None, ...] = self._namespaces or (None,)
+        watches = [self._keep(kind, ns) for ns in scopes for kind in ("sandboxes", "pods")]
+        await asyncio.gather(*watches)
 
     def _list_call(
         self, kind: str, namespace: str | None
@@ -84,7 +88,7 @@ class KubeSandboxes:
                     self._view.replace_sandboxes(namespace, map(SandboxView, items))
                 else:
                     self._view.replace_pods(namespace, map(PodView, items))
-                self._listed(kind, namespace)
+                self._listed.add((kind, namespace))
                 version = listed.metadata.resource_version or None
                 stream = watch.Watch().stream(
                     call,
@@ -127,15 +131,21 @@ class KubeSandboxes:
 
     async def resume(self, namespace: str, name: str, entry: SandboxEntry) -> None:
         """As the client resumes (docs/suspend.md): spec.suspended back to false when the spec
-        suspended it, else activity newer than the suspension."""
+        suspended it, else activity newer than the suspension. Then an Event on the Sandbox
+        says traffic woke it (best effort: a failed Event is logged, the resume stands)."""
         if entry.spec_suspended:
             await self._patch(namespace, name, {"spec": {"suspended": False}})
-            return
-        when = datetime.now(UTC).replace(microsecond=0)
-        suspended_at = entry.suspended_at
-        if suspended_at is not None:
-            when = max(when, suspended_at.replace(microsecond=0) + timedelta(seconds=1))
-        await self._annotate(namespace, name, when)
+        else:
+            when = datetime.now(UTC).replace(microsecond=0)
+            suspended_at = entry.suspended_at
+            if suspended_at is not None:
+                when = max(when, suspended_at.replace(microsecond=0) + timedelta(seconds=1))
+            await self._annotate(namespace, name, when)
+        try:
+            create: Any = self._core.create_namespaced_event  # takes the plain body too
+            await create(namespace, wake_event(namespace, name, entry.uid))
+        except Exception as exc:
+            log.warning("wake event for %s/%s not posted: %s", namespace, name, type(exc).__name__)
 
     async def stamp(self, namespace: str, name: str) -> None:
         """The Sandbox's last-activity stamp, now."""
@@ -145,3 +155,30 @@ class KubeSandboxes:
         stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}}
         await self._patch(namespace, name, body)
+
+
+def wake_event(namespace: str, name: str, uid: str) -> dict[str, object]:
+    """The Event on a Sandbox that traffic through the router resumed (reason
+    :data:`WOKEN_REASON`)."""
+    now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.woken.{secrets.token_hex(6)}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": SANDBOX_KIND,
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+        },
+        "reason": WOKEN_REASON,
+        "message": "a request through the ports router found the Sandbox suspended and asked "
+        "for its resume",
+        "type": "Normal",
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+    }

@@ -14,10 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandbox_operator.contract.ports import PortProtocol
 
+from . import metrics
 from .activity import ActivityStamps
 from .errors import Refusal
 from .head import HEAD_MAX_BYTES, RequestHead, read_head, upstream_head
@@ -41,6 +44,10 @@ _PHRASES = {
     504: "Gateway Timeout",
 }
 _CHUNK = 64 * 1024
+#: Connections the kernel may queue before the router accepts them: a flood of callers (a
+#: woken Sandbox's parked requests are answered at once) must not meet SYN retries (the kernel
+#: caps it at net.core.somaxconn).
+BACKLOG = 4096
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,9 @@ class Router:
         waker: Waker,
         activity: ActivityStamps,
         timeouts: Timeouts = Timeouts(),
+        synced: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._synced = synced
         self._view = view
         self._reviewer = reviewer
         self._waker = waker
@@ -70,28 +79,42 @@ class Router:
         self._timeouts = timeouts
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
-        return await asyncio.start_server(self.handle, host, port, limit=HEAD_MAX_BYTES)
+        return await asyncio.start_server(
+            self.handle, host, port, limit=HEAD_MAX_BYTES, backlog=BACKLOG
+        )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            started = time.monotonic()
             try:
                 head = await asyncio.wait_for(read_head(reader), self._timeouts.head)
+                started = time.monotonic()
                 if head.target == "/healthz" and head.method == "GET":
-                    await _answer(writer, 200, "OK", "the router is serving")
+                    if self._synced():
+                        await _answer(writer, 200, "OK", "the router is serving")
+                    else:
+                        await _answer(writer, 503, "Syncing", "the router's view is not listed yet")
                     return
                 route = parse_target(head.target)
-                await self._forward(head, route, reader, writer)
+                await self._forward(head, route, reader, writer, started)
             except Refusal as refusal:
                 log.debug("refused: %s", refusal)
-                await _answer(writer, refusal.status, refusal.reason, refusal.message)
+                await self._refuse(writer, refusal, started)
             except TimeoutError:
-                await _answer(writer, 400, "HeadTimeout", "the request head did not arrive")
+                late = Refusal(400, "HeadTimeout", "the request head did not arrive")
+                await self._refuse(writer, late, started)
         except (ConnectionError, OSError):
             pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    @staticmethod
+    async def _refuse(writer: asyncio.StreamWriter, refusal: Refusal, started: float) -> None:
+        elapsed = time.monotonic() - started
+        metrics.answered(refusal.status, elapsed, forwarded=False, reason=refusal.reason)
+        await _answer(writer, refusal.status, refusal.reason, refusal.message)
 
     async def _judge(self, head: RequestHead, route: Route) -> None:
         token = head.bearer_token()
@@ -118,6 +141,7 @@ class Router:
         route: Route,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        started: float,
     ) -> None:
         await self._judge(head, route)
         entry = self._view.sandbox(route.namespace, route.sandbox)
@@ -130,25 +154,43 @@ class Router:
             raise Refusal(501, "ProtocolNotForwarded", "only http ports are forwarded")
         address = await self._waker.address(route.namespace, route.sandbox)
         self._activity.touch(route.namespace, route.sandbox)
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(address, port.port), self._timeouts.connect
-            )
-        except TimeoutError as exc:
-            raise Refusal(504, "ConnectTimeout", "the sandbox did not accept in time") from exc
-        except OSError as exc:
-            raise Refusal(502, "ConnectFailed", "the sandbox refused the connection") from exc
+        up_reader, up_writer = await self._dial(address, port.port)
         host = f"[{address}]" if ":" in address else address
         try:
             up_writer.write(
                 upstream_head(head, route.upstream_target, f"{host}:{port.port}", route.prefix)
             )
             await up_writer.drain()
-            await self._splice(reader, writer, up_reader, up_writer)
+            await self._splice(reader, writer, up_reader, up_writer, started)
         finally:
             up_writer.close()
             with contextlib.suppress(Exception):
                 await up_writer.wait_closed()
+
+    async def _dial(
+        self, address: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the pod. A refused connect is tried again (50 ms, doubling to 1 s)
+        until the connect timeout: a pod is Ready before its workload listens (a Sandbox woken
+        by this very request starts its server after the pod starts), and that is no reason to
+        answer 502 at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeouts.connect
+        pause = 0.05
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(address, port), max(deadline - loop.time(), 0.001)
+                )
+            except TimeoutError as exc:
+                raise Refusal(504, "ConnectTimeout", "the sandbox did not accept in time") from exc
+            except OSError as exc:
+                if loop.time() + pause >= deadline:
+                    raise Refusal(
+                        502, "ConnectFailed", "the sandbox refused the connection"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     async def _splice(
         self,
@@ -156,6 +198,7 @@ class Router:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
+        started: float,
     ) -> None:
         first = asyncio.ensure_future(up_reader.read(_CHUNK))
         upload = asyncio.ensure_future(_copy(reader, up_writer, self._timeouts.idle, eof=True))
@@ -167,6 +210,7 @@ class Router:
                 raise Refusal(504, "ResponseTimeout", "the sandbox did not answer in time") from exc
             if not data:
                 raise Refusal(502, "NoResponse", "the sandbox closed without answering")
+            metrics.answered(metrics.status_of(data), time.monotonic() - started, forwarded=True)
             writer.write(data)
             await writer.drain()
             await _copy(up_reader, writer, self._timeouts.idle, eof=False)

@@ -17,6 +17,7 @@ import logging
 from datetime import datetime
 from typing import Protocol
 
+from . import metrics
 from .errors import Refusal
 from .view import SandboxEntry, State, View
 
@@ -47,7 +48,17 @@ class Waker:
         self.resumes = 0
 
     async def address(self, namespace: str, name: str) -> str:
-        """The pod's address; a :class:`~.errors.Refusal` when there is none to be had in time."""
+        """The pod's address; a :class:`~.errors.Refusal` when there is none to be had in time.
+        A request that has to wait is counted parked while it does (the metrics)."""
+        parked: list[float] = []
+        try:
+            return await self._address(namespace, name, parked)
+        finally:
+            if parked:
+                metrics.PARKED.dec()
+                metrics.WAKE_SECONDS.observe(asyncio.get_running_loop().time() - parked[0])
+
+    async def _address(self, namespace: str, name: str, parked: list[float]) -> str:
         key = (namespace, name)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -74,6 +85,9 @@ class Waker:
                 )
             if self._failed_at.get(key, float("-inf")) >= started:
                 raise Refusal(503, "ResumeFailed", "the resume could not be asked for")
+            if not parked:
+                parked.append(started)
+                metrics.PARKED.inc()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._view.changed(namespace, name), remaining)
 
@@ -84,6 +98,7 @@ class Waker:
             return
         self._asked[key] = entry.suspended_at
         self.resumes += 1
+        metrics.WAKEUPS.labels("asked").inc()
         task = asyncio.ensure_future(self._resumer.resume(key[0], key[1], entry))
         self._in_flight[key] = task
         task.add_done_callback(lambda t: self._settled(key, t))
@@ -95,5 +110,6 @@ class Waker:
             # Asked again on the next request; the waiters answer the failure now.
             self._asked.pop(key, None)
             self._failed_at[key] = asyncio.get_running_loop().time()
+            metrics.WAKEUPS.labels("failed").inc()
             self._view.poke(*key)
             log.warning("resume of %s/%s could not be asked for", *key)
