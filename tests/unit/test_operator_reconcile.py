@@ -538,6 +538,64 @@ async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     assert rt.views.pods.get(NS, "sbx-a") is None
 
 
+def test_the_view_indexers_leave_kopfs_registry_and_nothing_else_does():
+    """Once kopf has listed every kind, the index handlers are dropped from its registry: an
+    event then runs one kopf handler (its event handler) instead of two."""
+    import kopf
+
+    from sandbox_operator.reconcile import handlers
+
+    registry = kopf.get_default_registry()
+    indexing = {h.fn for h in registry._indexing.get_all_handlers()}
+    watching = [h.fn for h in registry._watching.get_all_handlers()]
+    if handlers.sandbox_view in indexing:  # no earlier test of this process dropped them yet
+        assert indexing >= set(handlers.VIEW_INDEXERS)
+    fresh = kopf.OperatorRegistry()
+    for fn in handlers.VIEW_INDEXERS:
+        kopf.index("", "v1", "pods", registry=fresh)(fn)
+    kopf.on.event("", "v1", "pods", registry=fresh)(handlers.pod_event)
+    assert handlers.drop_view_indexers(fresh, handlers.VIEW_INDEXERS)
+    assert fresh._indexing.get_all_handlers() == []
+    assert [h.fn for h in fresh._watching.get_all_handlers()] == [handlers.pod_event]
+    assert [h.fn for h in registry._watching.get_all_handlers()] == watching
+    assert not handlers.drop_view_indexers(object(), handlers.VIEW_INDEXERS)
+
+
+async def test_after_the_listing_the_event_handlers_feed_the_views():
+    """With the index handlers gone, each event handler puts its object into the views (and a
+    deletion still takes it out); while they run (kopf's listing), it leaves that to them."""
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+
+    rt, _, _ = runtime()
+    rt.enqueue_sandbox = lambda ns, name, delay=0.0, urgent=False: None  # type: ignore[method-assign]
+    rt.enqueue_scope = lambda ns, name, delay=0.0: None  # type: ignore[method-assign]
+    memo = SimpleNamespace(runtime=rt)
+    sbx = {
+        "metadata": {"namespace": NS, "name": "a", "uid": "u1", "resourceVersion": "5"},
+        "spec": SPEC,
+    }
+    pod = {
+        "metadata": {
+            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
+            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    rt.views_from_events = False  # a kopf that keeps its handlers elsewhere: index handlers put
+    await handlers.sandbox_event(type="MODIFIED", body=sbx, memo=memo)
+    assert rt.views.sandboxes.get(NS, "a") is None
+    rt.views_from_events = True
+    await handlers.sandbox_event(type="MODIFIED", body=sbx, memo=memo)
+    await handlers.pod_event(type="MODIFIED", body=pod, memo=memo)
+    assert rt.views.sandboxes.get(NS, "a")["metadata"]["resourceVersion"] == "5"
+    assert rt.views.pods.get(NS, "sbx-a")["status"]["phase"] == "Running"
+    await handlers.pod_event(type="DELETED", body=pod, memo=memo)
+    await handlers.sandbox_event(type="DELETED", body=sbx, memo=memo)
+    assert rt.views.pods.get(NS, "sbx-a") is None and rt.views.sandboxes.get(NS, "a") is None
+
+
 async def test_starting_progress_is_debounced_but_new_reasons_are_written_at_once(world):
     rt, kube, driver = world
     kube.add("sandboxes", "a", SPEC)

@@ -302,6 +302,8 @@ async def test_a_claims_deletion_wakes_its_sandbox_and_leaves_the_view() -> None
     woken: list[tuple[str, str, bool]] = []
 
     class Rt:
+        views_from_events = True  # past kopf's listing: the event handler keeps the view
+
         def __init__(self) -> None:
             self.views = views
 
