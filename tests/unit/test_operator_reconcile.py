@@ -886,3 +886,40 @@ def test_access_names_fit_the_api_server() -> None:
     assert access.access_name("conv") == "sandbox-conversation-conv"
     long = access.access_name("a" * 253)
     assert len(long) <= 253 and long != access.access_name("a" * 252 + "b")
+
+
+async def test_the_heap_is_trimmed_once_after_work_and_never_while_idle(monkeypatch):
+    """Memory a burst used goes back to the system within seconds of its end (one trim after
+    passes ran and none is queued or running), and an idle operator spends nothing on trims."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+    from sandbox_operator.reconcile.workqueue import WorkQueue
+
+    trims: list[int] = []
+    monkeypatch.setattr(handlers, "TRIM_SECONDS", 0.01)
+    monkeypatch.setattr(handlers, "_trim_memory", lambda: trims.append(queue.passes))
+    release = asyncio.Event()
+
+    async def one_pass(key: str) -> None:
+        await release.wait()
+
+    queue: WorkQueue[str] = WorkQueue(one_pass, workers=1, name="t")
+    rt = SimpleNamespace(sandbox_queue=queue)
+    queue.start()
+    task = asyncio.create_task(handlers._trim_when_quiet(rt))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.1)
+        assert trims == []  # idle from the start: nothing to give back
+        queue.add("a")
+        await asyncio.sleep(0.1)
+        assert trims == []  # a pass is running
+        release.set()
+        await asyncio.sleep(0.1)
+        assert trims == [1]  # once, after it
+        await asyncio.sleep(0.1)
+        assert trims == [1]
+    finally:
+        task.cancel()
+        await queue.stop()

@@ -196,15 +196,22 @@ def _trim_memory() -> None:
 
 
 async def _trim_when_quiet(rt: Runtime) -> None:
-    """Every TRIM_SECONDS, if no pass is queued or running, trim the heap (a few ms)."""
+    """Trim the heap (gc and malloc_trim: tens of ms with thousands of objects held) once after
+    each stretch of work: checked every TRIM_SECONDS, done when passes ran since the last trim
+    and none is queued or running now. Memory a burst used goes back within seconds of its end;
+    an idle operator never trims (nothing was freed)."""
+    trimmed_at = 0
     while True:
         await asyncio.sleep(TRIM_SECONDS)
         queue = rt.sandbox_queue
-        if queue is None or (len(queue) == 0 and not queue.busy):
+        if queue is None:
+            continue
+        if queue.passes != trimmed_at and len(queue) == 0 and not queue.busy:
+            trimmed_at = queue.passes
             _trim_memory()
 
 
-TRIM_SECONDS = 30.0
+TRIM_SECONDS = 5.0
 
 
 async def _resync_forever(rt: Runtime) -> None:
