@@ -504,6 +504,17 @@ async def test_a_deleted_sandbox_wakes_its_scope_count_debounced_but_a_purging_s
     assert queued[1] == ("conv", 0.0)
 
 
+def _pod_of_a() -> dict[str, Any]:
+    """A Running pod owned by Sandbox ``a``, as a watch event carries it."""
+    return {
+        "metadata": {
+            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
+            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
 async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     """The proxy's status.egress.admitted write is a Sandbox event: it wakes the pass at once
     (no filter to get wrong), and so does any event of the pod a Sandbox owns."""
@@ -525,13 +536,7 @@ async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     await handlers.sandbox_event(type="MODIFIED", body=body, memo=memo)
     assert woken == [(NS, "a")]
     assert rt.views.sandboxes.get(NS, "a")["status"]["egress"]["admitted"]
-    pod = {
-        "metadata": {
-            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
-            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
-        },
-        "status": {"phase": "Running"},
-    }  # fmt: skip
+    pod = _pod_of_a()
     await handlers.pod_view(body=pod, memo=memo)
     await handlers.pod_event(type="DELETED", body=pod, memo=memo)
     assert woken == [(NS, "a"), (NS, "a")]
@@ -576,13 +581,7 @@ async def test_after_the_listing_the_event_handlers_feed_the_views():
         "metadata": {"namespace": NS, "name": "a", "uid": "u1", "resourceVersion": "5"},
         "spec": SPEC,
     }
-    pod = {
-        "metadata": {
-            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
-            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
-        },
-        "status": {"phase": "Running"},
-    }  # fmt: skip
+    pod = _pod_of_a()
     rt.views_from_events = False  # a kopf that keeps its handlers elsewhere: index handlers put
     await handlers.sandbox_event(type="MODIFIED", body=sbx, memo=memo)
     assert rt.views.sandboxes.get(NS, "a") is None
