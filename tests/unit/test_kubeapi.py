@@ -188,3 +188,68 @@ async def test_lazy_kube_classes_are_the_library_s_own() -> None:
         assert api.sanitize_for_serialization(pod)["metadata"]["name"] == "p"
     finally:
         await api.close()
+
+
+async def test_a_request_consults_no_environment_and_the_env_proxy_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubernetes_asyncio's session trusts the environment, which made aiohttp look up
+    ``.netrc`` and the proxy variables in a worker thread on every request; the clients kubeapi
+    makes read the proxy for the API server once, at creation, and a request hops to no thread."""
+    import asyncio
+
+    from aiohttp import web
+    from kubernetes_asyncio import client
+
+    from sandbox_operator.kubecalls import call_json
+
+    async def resources(_req: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIResourceList"})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/", resources)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    loop = asyncio.get_running_loop()
+    hops: list[Any] = []
+    real = loop.run_in_executor
+
+    def counted(executor: Any, fn: Any, *args: Any) -> Any:
+        hops.append(fn)
+        return real(executor, fn, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counted)
+    for var in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    api = await kubeapi.new_api_client(
+        kubeconfig=str(_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}"))
+    )
+    try:
+        hops.clear()
+        for _ in range(3):
+            assert (await call_json(client.CoreV1Api(api).get_api_resources))["kind"]
+        assert hops == []
+        assert api.rest_client.proxy is None
+    finally:
+        await api.close()
+        await runner.cleanup()
+    monkeypatch.setenv("HTTP_PROXY", "http://user:pw@proxy.invalid:3128")
+    api = await kubeapi.new_api_client(
+        kubeconfig=str(_kubeconfig(tmp_path / "kc2", "http://api.invalid:6443"))
+    )
+    try:
+        assert api.rest_client.proxy == "http://proxy.invalid:3128"
+        assert api.rest_client.proxy_headers["Proxy-Authorization"].startswith("Basic ")
+    finally:
+        await api.close()
+    monkeypatch.setenv("NO_PROXY", "api.invalid")
+    api = await kubeapi.new_api_client(
+        kubeconfig=str(_kubeconfig(tmp_path / "kc3", "http://api.invalid:6443"))
+    )
+    try:
+        assert api.rest_client.proxy is None
+    finally:
+        await api.close()
