@@ -499,6 +499,7 @@ async def test_a_deleted_sandbox_wakes_its_scope_count_debounced_but_a_purging_s
     assert queued == [("conv", COUNT_DEBOUNCE_SECONDS)]
     scope = kube.objs[("sandboxscopes", "conv")]
     scope["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    scope["metadata"]["resourceVersion"] += "1"  # a change is a new version
     rt.views.scopes.upsert(scope)
     await handlers.sandbox_event(type="DELETED", body=body, memo=memo)
     assert queued[1] == ("conv", 0.0)
