@@ -1732,7 +1732,8 @@ def cost_rows(results: list[SizeResult]) -> list[list[str]]:
 
     def pair(ours: float, theirs: float, digits: int = 1) -> str:
         ratio = ours / theirs if theirs and not math.isnan(theirs) else math.nan
-        return f"{f(ours, digits)} / {f(theirs, digits)} = {f(ratio, 2)}x"
+        shown = "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+        return f"{f(ours, digits)} / {f(theirs, digits)} = {shown}"
 
     def create(r: SizeResult) -> str:
         theirs = per_sandbox_ms([r.agent.create], r.n) if r.agent else math.nan
