@@ -44,6 +44,10 @@ One size N (fake nodes):
   collector; the time until the last pod is gone is a row too). The operator's delete-all
   deletes the N - N/10 Sandboxes the scope disposal left, and 9 scopes. Its CRD
   (``sandboxes.agents.x-k8s.io``, cluster-scoped) is left installed for the next run.
+  The controllers' own cost side by side (#40 item 6): CPU ms per Sandbox to make N Ready (first
+  POST to all Ready), to delete them (the operator's scope disposal plus its delete-all: every
+  Sandbox once; agent-sandbox's delete-all) and both, and each one's RSS with all N Ready, with
+  the ratio operator / agent-sandbox.
 
 The table also gives the CPU each cluster process (hack/cluster.py's pid files: API server,
 etcd, scheduler, controller-manager, kwok, kube-router, ...) and this script spent in the create
@@ -1219,6 +1223,8 @@ class AgentSandboxResult:
     pods_seconds: float = math.nan  # ... until no pod is left (the garbage collector's)
     gone_lat: list[float] = field(default_factory=list)  # each gone, after the first DELETE
     phase: Phase | None = None
+    create: Phase | None = None  # the first POST until all Ready (its controller's CPU)
+    rss: tuple[float, float] = (math.nan, math.nan)  # its controller's, with all N Ready
     note: str = ""
 
 
@@ -1274,6 +1280,7 @@ async def agent_sandbox_leg(
         probe = Probe(kube, proc.pid, None)
         say(f"agent-sandbox: controller pid {proc.pid} (log {log_path}); creating {n} Sandboxes")
         posted: list[float] = []
+        created_from = await probe.snap()
 
         async def post(name: str) -> None:
             posted.append(time.monotonic())
@@ -1288,6 +1295,7 @@ async def agent_sandbox_leg(
             args.ready_timeout or 120 + 0.5 * n,
             lambda: f"{sum(1 for b in tracker.of(keys) if b.ready)}/{n} Ready",
         )
+        result.create = Phase.between(created_from, await probe.snap())
         readies = [b.ready for b in tracker.of(keys) if b.ready]
         result.ready = len(readies)
         if posted and len(readies) == n:
@@ -1295,6 +1303,7 @@ async def agent_sandbox_leg(
         await wait_until(
             "settle (no watch event for 3s)", lambda: time.monotonic() - tracker.last_event > 3, 30
         )
+        result.rss = rss_mib(proc.pid)
         say(f"agent-sandbox: deleting its {n} Sandboxes at once")
         before = await probe.snap()
         await delete_all(kube, [f"{base}/{nm}" for nm in names], args.concurrency)
@@ -1705,6 +1714,50 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def per_sandbox_ms(phases: Iterable[Phase | None], n: int, who: str = "operator") -> float:
+    """A controller's CPU in these phases, in ms per Sandbox (nan when one is missing)."""
+    total = 0.0
+    for p in phases:
+        if p is None or who not in p.cpu or n <= 0:
+            return math.nan
+        total += p.cpu[who]
+    return 1000 * total / n
+
+
+def cost_rows(results: list[SizeResult]) -> list[list[str]]:
+    """The controllers' own cost side by side (#40 item 6): CPU per Sandbox to make N Ready
+    (the first POST until all are Ready) and to delete them (the operator's scope disposal and
+    delete-all together: every Sandbox once), and the resident memory with all N Ready (the
+    operator's after the idle phase, agent-sandbox's once its Sandboxes settled)."""
+
+    def pair(ours: float, theirs: float, digits: int = 1) -> str:
+        ratio = ours / theirs if theirs and not math.isnan(theirs) else math.nan
+        shown = "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+        return f"{f(ours, digits)} / {f(theirs, digits)} = {shown}"
+
+    def create(r: SizeResult) -> str:
+        theirs = per_sandbox_ms([r.agent.create], r.n) if r.agent else math.nan
+        return pair(per_sandbox_ms([r.create], r.n), theirs)
+
+    def delete(r: SizeResult) -> str:
+        theirs = per_sandbox_ms([r.agent.phase], r.n) if r.agent else math.nan
+        return pair(per_sandbox_ms([r.scope, r.rest], r.n), theirs)
+
+    def total(r: SizeResult) -> str:
+        theirs = per_sandbox_ms([r.agent.create, r.agent.phase], r.n) if r.agent else math.nan
+        return pair(per_sandbox_ms([r.create, r.scope, r.rest], r.n), theirs)
+
+    def rss(r: SizeResult) -> str:
+        return pair(r.rss[0], r.agent.rss[0] if r.agent else math.nan, 0)
+
+    return [
+        ["CPU ms/Sandbox, create: operator / agent-sandbox", *(create(r) for r in results)],
+        ["CPU ms/Sandbox, delete: operator / agent-sandbox", *(delete(r) for r in results)],
+        ["CPU ms/Sandbox, both: operator / agent-sandbox", *(total(r) for r in results)],
+        ["RSS, all N Ready (MiB): operator / agent-sandbox", *(rss(r) for r in results)],
+    ]
+
+
 def size_table(results: list[SizeResult], idle_seconds: float) -> str:
     def row(label: str, fn: Callable[[SizeResult], str]) -> list[str]:
         return [label, *(fn(r) for r in results)]
@@ -1781,6 +1834,7 @@ def size_table(results: list[SizeResult], idle_seconds: float) -> str:
             "delete-all: operator / API server / etcd CPU",
             lambda r: f"{cpu(r.rest)} / {cpu(r.rest, 'kube-apiserver')} / {cpu(r.rest, 'etcd')}",
         ),
+        *cost_rows(results),
         row(
             "  agent-sandbox: all Ready after last create",
             lambda r: (

@@ -8,6 +8,7 @@ and the client's own unit tests run there against the installed package (not src
 
 from __future__ import annotations
 
+import os
 import subprocess
 import venv
 from pathlib import Path
@@ -27,8 +28,11 @@ pytestmark = pytest.mark.slow
 
 
 def _run(*argv: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    # Without the caller's PYTHONPATH: a run with the checkout's src/ on it would import that
+    # instead of the package installed in the venv, which is what is being tested.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
-        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600
+        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
     )
 
 

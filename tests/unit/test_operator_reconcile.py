@@ -499,9 +499,21 @@ async def test_a_deleted_sandbox_wakes_its_scope_count_debounced_but_a_purging_s
     assert queued == [("conv", COUNT_DEBOUNCE_SECONDS)]
     scope = kube.objs[("sandboxscopes", "conv")]
     scope["metadata"]["deletionTimestamp"] = "2099-01-01T00:00:00Z"
+    scope["metadata"]["resourceVersion"] += "1"  # a change is a new version
     rt.views.scopes.upsert(scope)
     await handlers.sandbox_event(type="DELETED", body=body, memo=memo)
     assert queued[1] == ("conv", 0.0)
+
+
+def _pod_of_a() -> dict[str, Any]:
+    """A Running pod owned by Sandbox ``a``, as a watch event carries it."""
+    return {
+        "metadata": {
+            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
+            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
 
 
 async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
@@ -525,17 +537,63 @@ async def test_every_sandbox_event_wakes_its_pass_and_a_pod_event_its_owner():
     await handlers.sandbox_event(type="MODIFIED", body=body, memo=memo)
     assert woken == [(NS, "a")]
     assert rt.views.sandboxes.get(NS, "a")["status"]["egress"]["admitted"]
-    pod = {
-        "metadata": {
-            "namespace": NS, "name": "sbx-a", "uid": "p1", "resourceVersion": "6",
-            "ownerReferences": [{"kind": "Sandbox", "name": "a", "uid": "u1"}],
-        },
-        "status": {"phase": "Running"},
-    }  # fmt: skip
+    pod = _pod_of_a()
     await handlers.pod_view(body=pod, memo=memo)
     await handlers.pod_event(type="DELETED", body=pod, memo=memo)
     assert woken == [(NS, "a"), (NS, "a")]
     assert rt.views.pods.get(NS, "sbx-a") is None
+
+
+def test_the_view_indexers_leave_kopfs_registry_and_nothing_else_does():
+    """Once kopf has listed every kind, the index handlers are dropped from its registry: an
+    event then runs one kopf handler (its event handler) instead of two."""
+    import kopf
+
+    from sandbox_operator.reconcile import handlers
+
+    registry = kopf.get_default_registry()
+    indexing = {h.fn for h in registry._indexing.get_all_handlers()}
+    watching = [h.fn for h in registry._watching.get_all_handlers()]
+    if handlers.sandbox_view in indexing:  # no earlier test of this process dropped them yet
+        assert indexing >= set(handlers.VIEW_INDEXERS)
+    fresh = kopf.OperatorRegistry()
+    for fn in handlers.VIEW_INDEXERS:
+        kopf.index("", "v1", "pods", registry=fresh)(fn)
+    kopf.on.event("", "v1", "pods", registry=fresh)(handlers.pod_event)
+    assert handlers.drop_view_indexers(fresh, handlers.VIEW_INDEXERS)
+    assert fresh._indexing.get_all_handlers() == []
+    assert [h.fn for h in fresh._watching.get_all_handlers()] == [handlers.pod_event]
+    assert [h.fn for h in registry._watching.get_all_handlers()] == watching
+    assert not handlers.drop_view_indexers(object(), handlers.VIEW_INDEXERS)
+
+
+async def test_after_the_listing_the_event_handlers_feed_the_views():
+    """With the index handlers gone, each event handler puts its object into the views (and a
+    deletion still takes it out); while they run (kopf's listing), it leaves that to them."""
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+
+    rt, _, _ = runtime()
+    rt.enqueue_sandbox = lambda ns, name, delay=0.0, urgent=False: None  # type: ignore[method-assign]
+    rt.enqueue_scope = lambda ns, name, delay=0.0: None  # type: ignore[method-assign]
+    memo = SimpleNamespace(runtime=rt)
+    sbx = {
+        "metadata": {"namespace": NS, "name": "a", "uid": "u1", "resourceVersion": "5"},
+        "spec": SPEC,
+    }
+    pod = _pod_of_a()
+    rt.views_from_events = False  # a kopf that keeps its handlers elsewhere: index handlers put
+    await handlers.sandbox_event(type="MODIFIED", body=sbx, memo=memo)
+    assert rt.views.sandboxes.get(NS, "a") is None
+    rt.views_from_events = True
+    await handlers.sandbox_event(type="MODIFIED", body=sbx, memo=memo)
+    await handlers.pod_event(type="MODIFIED", body=pod, memo=memo)
+    assert rt.views.sandboxes.get(NS, "a")["metadata"]["resourceVersion"] == "5"
+    assert rt.views.pods.get(NS, "sbx-a")["status"]["phase"] == "Running"
+    await handlers.pod_event(type="DELETED", body=pod, memo=memo)
+    await handlers.sandbox_event(type="DELETED", body=sbx, memo=memo)
+    assert rt.views.pods.get(NS, "sbx-a") is None and rt.views.sandboxes.get(NS, "a") is None
 
 
 async def test_starting_progress_is_debounced_but_new_reasons_are_written_at_once(world):
@@ -828,3 +886,40 @@ def test_access_names_fit_the_api_server() -> None:
     assert access.access_name("conv") == "sandbox-conversation-conv"
     long = access.access_name("a" * 253)
     assert len(long) <= 253 and long != access.access_name("a" * 252 + "b")
+
+
+async def test_the_heap_is_trimmed_once_after_work_and_never_while_idle(monkeypatch):
+    """Memory a burst used goes back to the system within seconds of its end (one trim after
+    passes ran and none is queued or running), and an idle operator spends nothing on trims."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from sandbox_operator.reconcile import handlers
+    from sandbox_operator.reconcile.workqueue import WorkQueue
+
+    trims: list[int] = []
+    monkeypatch.setattr(handlers, "TRIM_SECONDS", 0.01)
+    monkeypatch.setattr(handlers, "_trim_memory", lambda: trims.append(queue.passes))
+    release = asyncio.Event()
+
+    async def one_pass(key: str) -> None:
+        await release.wait()
+
+    queue: WorkQueue[str] = WorkQueue(one_pass, workers=1, name="t")
+    rt = SimpleNamespace(sandbox_queue=queue)
+    queue.start()
+    task = asyncio.create_task(handlers._trim_when_quiet(rt))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.1)
+        assert trims == []  # idle from the start: nothing to give back
+        queue.add("a")
+        await asyncio.sleep(0.1)
+        assert trims == []  # a pass is running
+        release.set()
+        await asyncio.sleep(0.1)
+        assert trims == [1]  # once, after it
+        await asyncio.sleep(0.1)
+        assert trims == [1]
+    finally:
+        task.cancel()
+        await queue.stop()

@@ -58,6 +58,26 @@ def test_an_older_event_never_replaces_a_newer_write() -> None:
     assert views.sandboxes.get("ns", "a")["spec"]["image"] == "recreated"
 
 
+def test_the_echo_of_a_write_already_held_is_not_copied_again() -> None:
+    """A write's answer goes into the view; its watch event, the same version, then costs no
+    slim copy (nor does an older one); a newer version is copied."""
+    from sandbox_operator.reconcile.views import Store, slim_sandbox
+
+    copies: list[str] = []
+
+    def counted(obj: Any) -> Any:
+        copies.append(obj["metadata"]["resourceVersion"])
+        return slim_sandbox(obj)
+
+    store = Store(counted)
+    store.upsert(sbx("a", "7", image="new"))  # the write's answer
+    held = store.upsert(sbx("a", "7", image="new"))  # its watch event
+    store.upsert(sbx("a", "6", image="old"))  # a late event
+    assert copies == ["7"] and held["spec"]["image"] == "new"
+    store.upsert(sbx("a", "8", image="newer"))
+    assert copies == ["7", "8"] and store.get("ns", "a")["spec"]["image"] == "newer"
+
+
 def test_selection_by_label_and_by_scope_ref_follows_changes() -> None:
     views = Views()
     key = {lbl.KEY_LABEL: "k1", lbl.CONVERSATION_LABEL: "c1"}

@@ -195,7 +195,9 @@ async def test_suspend_deletes_the_pod_only() -> None:
     assert fake.names(CLAIM) == {CLAIM_NAME}
     assert fake.names("NetworkPolicy") == {LEGACY_POLICY}
     # The pod terminating (seen in the view): still reported, not deleted again.
-    views.pods.upsert(fake.put("Pod", POD_NAME, deleting=True) | {})
+    terminating = fake.put("Pod", POD_NAME, deleting=True)
+    terminating["metadata"]["resourceVersion"] = "2"  # a change is a new version
+    views.pods.upsert(terminating)
     fake.calls.clear()
     remaining = await d.suspend(ref)
     assert [o.deleting for o in remaining] == [True] and fake.calls == []
@@ -302,6 +304,8 @@ async def test_a_claims_deletion_wakes_its_sandbox_and_leaves_the_view() -> None
     woken: list[tuple[str, str, bool]] = []
 
     class Rt:
+        views_from_events = True  # past kopf's listing: the event handler keeps the view
+
         def __init__(self) -> None:
             self.views = views
 

@@ -12,11 +12,14 @@ deduplicating work queues (``workqueue.py``), so a burst of events for one objec
 and no object is ever polled.
 
 * ``@kopf.index`` handlers put every Sandbox, SandboxScope, sandbox pod, NetworkPolicy and
-  PersistentVolumeClaim (a sandbox's work volume) into the in-memory views (kopf holds every
-  other handler until all of them have been listed);
-* ``@kopf.on.event`` handlers drop deleted objects from the views and enqueue what an event
-  concerns: the Sandbox itself, the Sandbox owning a pod, a scope's waiting Sandboxes, the
-  Sandboxes of a key whose earlier holder just went;
+  PersistentVolumeClaim (a sandbox's work volume) into the in-memory views while kopf lists them
+  (kopf holds every other handler until all of them have been listed); once it has, they leave
+  kopf's registry (``drop_view_indexers``) and the event handlers put each object themselves:
+  one kopf handler per event instead of two (kopf's machinery around a handler cost as much as
+  the handler's own work);
+* ``@kopf.on.event`` handlers put objects into the views (after the listing), drop deleted ones
+  and enqueue what an event concerns: the Sandbox itself, the Sandbox owning a pod, a scope's
+  waiting Sandboxes, the Sandboxes of a key whose earlier holder just went;
 * a safety-net resync re-enqueues everything the views hold every ``resyncSeconds`` (jittered),
   which costs no API call for a Sandbox that needs nothing.
 """
@@ -31,7 +34,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -193,15 +196,22 @@ def _trim_memory() -> None:
 
 
 async def _trim_when_quiet(rt: Runtime) -> None:
-    """Every TRIM_SECONDS, if no pass is queued or running, trim the heap (a few ms)."""
+    """Trim the heap (gc and malloc_trim: tens of ms with thousands of objects held) once after
+    each stretch of work: checked every TRIM_SECONDS, done when passes ran since the last trim
+    and none is queued or running now. Memory a burst used goes back within seconds of its end;
+    an idle operator never trims (nothing was freed)."""
+    trimmed_at = 0
     while True:
         await asyncio.sleep(TRIM_SECONDS)
         queue = rt.sandbox_queue
-        if queue is None or (len(queue) == 0 and not queue.busy):
+        if queue is None:
+            continue
+        if queue.passes != trimmed_at and len(queue) == 0 and not queue.busy:
+            trimmed_at = queue.passes
             _trim_memory()
 
 
-TRIM_SECONDS = 30.0
+TRIM_SECONDS = 5.0
 
 
 async def _resync_forever(rt: Runtime) -> None:
@@ -398,12 +408,50 @@ async def persistent_volume_claim_view(body: kopf.Body, memo: kopf.Memo, **_: An
     _runtime(memo).views.persistent_volume_claims.upsert(body)
 
 
+#: The index handlers above: kopf's registry drops them once every watched kind was listed.
+VIEW_INDEXERS: tuple[Callable[..., Any], ...] = (
+    sandbox_view,
+    scope_view,
+    pool_view,
+    pod_view,
+    network_policy_view,
+    persistent_volume_claim_view,
+)
+
+
+def drop_view_indexers(registry: Any, indexers: Collection[Callable[..., Any]]) -> bool:
+    """Take ``indexers`` out of kopf's ``registry`` (its indexing handlers); False, changing
+    nothing, when this kopf keeps them elsewhere: then both handlers keep running, as before.
+
+    Called from the first event handler: kopf runs none before every indexed kind has been
+    listed and indexed, so the views are whole by then, and what the index handlers did for
+    each later event the event handlers do (``_fed``). kopf holds no value of theirs (they
+    return None), so dropping them forgets nothing."""
+    indexing = getattr(registry, "_indexing", None)
+    held = getattr(indexing, "_handlers", None)
+    if not isinstance(held, list):
+        return False
+    # A new list: an iteration in progress (there is none between awaits) keeps the old one.
+    indexing._handlers = [h for h in held if getattr(h, "fn", None) not in indexers]  # type: ignore[union-attr]
+    return True
+
+
+def _fed(rt: Runtime, type: str, body: kopf.Body, put: Callable[[kopf.Body], Any]) -> None:
+    """Put the event's object into the views, once the index handlers are gone (before, they
+    did)."""
+    if rt.views_from_events is None:
+        rt.views_from_events = drop_view_indexers(kopf.get_default_registry(), VIEW_INDEXERS)
+    if rt.views_from_events and type != "DELETED":
+        put(body)
+
+
 # ---- events -----------------------------------------------------------------------------------
 
 
 @kopf.on.event(GROUP, VERSION, SANDBOX_PLURAL)
 async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.put_sandbox)
     namespace, name, uid = _ns_name(body)
     view = SandboxView(body)
     scope_ref = view.scope_ref
@@ -432,6 +480,7 @@ async def sandbox_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
 @kopf.on.event(GROUP, VERSION, SANDBOX_SCOPE_PLURAL)
 async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.scopes.upsert)
     namespace, name, uid = _ns_name(body)
     # Other SandboxScopes of its conversation: one refused (ScopeConflict) while this one held
     # it may hold it now, and its Sandboxes go ahead.
@@ -453,6 +502,7 @@ async def scope_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
 @kopf.on.event(GROUP, VERSION, SANDBOX_WARM_POOL_PLURAL)
 async def pool_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.pools.upsert)
     namespace, name, uid = _ns_name(body)
     if type == "DELETED":
         rt.views.pools.remove(namespace, name, uid)
@@ -463,12 +513,15 @@ async def pool_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.event("", "v1", "pods", labels=_MANAGED)
 async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A sandbox pod changed: re-judge its Sandbox at once (startup, readiness, death)."""
-    _child_event(_runtime(memo), type, body, _runtime(memo).views.pods)
+    rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.pods.upsert)
+    _child_event(rt, type, body, rt.views.pods)
 
 
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_MANAGED)
 async def network_policy_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.network_policies.upsert)
     if type == "DELETED":
         _child_event(rt, type, body, rt.views.network_policies)
     # A namespace's egress policy deleted under live pods, or changed: made what it should be.
@@ -480,8 +533,9 @@ async def persistent_volume_claim_event(
     type: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     """A sandbox's work volume went: a disposal waiting for it may land now."""
+    rt = _runtime(memo)
+    _fed(rt, type, body, rt.views.persistent_volume_claims.upsert)
     if type == "DELETED":
-        rt = _runtime(memo)
         _child_event(rt, type, body, rt.views.persistent_volume_claims)
 
 

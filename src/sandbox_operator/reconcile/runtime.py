@@ -85,6 +85,9 @@ class Runtime:
     pod_sandbox_failures: PodSandboxFailures = field(default_factory=PodSandboxFailures)
     #: Whether idle pool pods are sealed until claimed, as last judged (reconcile/seal.py).
     pool_seal: Seal = NOT_CONFIGURED
+    #: Whether the views are fed by the event handlers alone (kopf's index handlers dropped once
+    #: every watched kind was listed: reconcile/handlers.py); None until the first event handler.
+    views_from_events: bool | None = None
     sandbox_queue: WorkQueue[ObjKey] | None = None
     scope_queue: WorkQueue[ObjKey] | None = None
     pool_queue: WorkQueue[ObjKey] | None = None

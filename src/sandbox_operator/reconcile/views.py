@@ -31,7 +31,6 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_KIND, ConditionType
 from sandbox_operator.reconcile.slim import (
     INDEXED_LABELS,
-    UID,
     Obj,
     intern,
     slim_network_policy,
@@ -120,21 +119,23 @@ class Store(Generic[V]):
         return None if entry is None else entry.uid
 
     def upsert(self, obj: Mapping[str, Any]) -> V:
-        """Keep ``obj`` (a watch's body or an answer: the wire) unless the view already holds a
-        newer version of it; return what the view holds now."""
+        """Keep ``obj`` (a watch's body or an answer: the wire) unless the view holds this
+        version of it or a newer one (such as the watch event of the operator's own write, whose
+        answer put it here: then nothing is copied); return what the view holds now."""
+        meta = MetaView(kubeobj.meta(obj))
+        k, uid, rv = (meta.namespace, meta.name), meta.uid, _rv(obj)
+        old = self.items.get(k)
+        if old is not None and old.uid == uid and old.rv >= rv:
+            return self.view(json.loads(old.data))
         slim = self.slim(obj)
-        meta = slim["metadata"]
-        k = (meta["namespace"], meta["name"])
-        uid = str(meta.get(UID, ""))
         if uid and uid in self._gone:
             return self.view(slim)  # removed already: this is an older word about it
-        rv = _rv(slim)
-        old = self.items.get(k)
         if old is not None:
-            if old.uid == uid and old.rv > rv:
-                return self.view(json.loads(old.data))
             self._unindex(k, old)
-        labels = self.index_of(slim) if self.index_of is not None else MetaView(meta).labels
+        k = (slim["metadata"]["namespace"], slim["metadata"]["name"])  # interned (_slim_meta)
+        labels = (
+            self.index_of(slim) if self.index_of is not None else MetaView(slim["metadata"]).labels
+        )
         entry = _Entry(
             uid=uid,
             rv=rv,

@@ -77,6 +77,8 @@ class WorkQueue(Generic[K]):
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._failures: dict[K, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        #: Passes run so far (the memory trim looks for work done since it last ran).
+        self.passes = 0
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -165,6 +167,7 @@ class WorkQueue(Generic[K]):
                 continue  # stale: already worked on, or queued again with a better priority
             del self._queued[key]
             self._active.add(key)
+            self.passes += 1
             delay: float | None
             try:
                 delay = await self._handler(key)
