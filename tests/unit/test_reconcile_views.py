@@ -61,7 +61,9 @@ def test_an_older_event_never_replaces_a_newer_write() -> None:
 def test_the_echo_of_a_write_already_held_is_not_copied_again() -> None:
     """A write's answer goes into the view; its watch event, the same version, then costs no
     slim copy (nor does an older one); a newer version is copied."""
-    from sandbox_operator.reconcile.views import Store, slim_sandbox
+    from sandbox_operator.reconcile.slim import slim_sandbox
+    from sandbox_operator.reconcile.views import Store
+    from sandbox_operator.views import SandboxView
 
     copies: list[str] = []
 
@@ -69,7 +71,7 @@ def test_the_echo_of_a_write_already_held_is_not_copied_again() -> None:
         copies.append(obj["metadata"]["resourceVersion"])
         return slim_sandbox(obj)
 
-    store = Store(counted)
+    store = Store(counted, SandboxView)
     store.upsert(sbx("a", "7", image="new"))  # the write's answer
     held = store.upsert(sbx("a", "7", image="new"))  # its watch event
     store.upsert(sbx("a", "6", image="old"))  # a late event
