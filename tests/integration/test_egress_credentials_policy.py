@@ -69,6 +69,8 @@ def grant(kubectl: Kubectl, ns: str, account: str, rules: list[dict[str, Any]]) 
     return f"system:serviceaccount:{ns}:{account}"
 
 
+#: Fully qualified: another CRD's kind named "sandboxes" (agent-sandbox's) may be installed.
+SANDBOX_RESOURCE = "sandboxes.sandbox-operator.dev"
 SANDBOXES = {"apiGroups": ["sandbox-operator.dev"], "resources": ["sandboxes"],
              "verbs": ["create", "get", "patch", "delete"]}  # fmt: skip
 
@@ -100,7 +102,7 @@ def test_a_sandbox_naming_a_secret_its_requester_may_not_get_is_refused(
         refused = create("hidden", "hidden")
         if refused.returncode != 0 or time.monotonic() > deadline:
             break
-        kubectl("delete", "sandbox", "hidden", "-n", ns, "--wait=false")
+        kubectl("delete", SANDBOX_RESOURCE, "hidden", "-n", ns, "--wait=false")
         time.sleep(0.5)
     assert refused.returncode != 0, refused.stdout
     assert "spec.egressRules[].credential.secretName" in refused.stderr, refused.stderr
@@ -114,6 +116,6 @@ def test_a_sandbox_naming_a_secret_its_requester_may_not_get_is_refused(
 
     # A metadata update by a user who may read neither Secret (as the operator's finalizer
     # patches are) leaves egressRules alone and is not asked again.
-    patched = kubectl("label", "--as", other, "-n", ns, "sandbox", "readable", "team=a",
+    patched = kubectl("label", "--as", other, "-n", ns, SANDBOX_RESOURCE, "readable", "team=a",
                       check=False)  # fmt: skip
     assert patched.returncode == 0, patched.stderr

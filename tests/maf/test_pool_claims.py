@@ -131,8 +131,8 @@ def _sandboxes(sealed: Served) -> list[dict[str, Any]]:
     import subprocess
 
     out = subprocess.run(
-        [*kubectl_command(sealed.kubeconfig), "get", "sandboxes", "-n", sealed.namespace,
-         "-o", "json"],
+        [*kubectl_command(sealed.kubeconfig), "get", "sandboxes.sandbox-operator.dev",
+         "-n", sealed.namespace, "-o", "json"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     items: list[dict[str, Any]] = json.loads(out)["items"]
