@@ -123,6 +123,26 @@ class Bench:
             return str(pod.status.pod_ip) if pod.status.pod_ip else None
         return None
 
+    def dispose(self) -> None:
+        """Delete the conversation (its Sandbox goes with it) and wait until both are gone, while
+        the operator still runs: a namespace deleted after it stopped would keep them, and
+        itself, for ever (their finalizers)."""
+        with contextlib.suppress(client.ApiException):
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.ns, "sandboxscopes", "conv"
+            )
+
+        def gone() -> bool:
+            for plural in ("sandboxes", "sandboxscopes"):
+                listed: dict[str, Any] = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, self.ns, plural
+                )
+                if listed["items"]:
+                    return False
+            return True
+
+        until("the conversation disposed", 120, gone)
+
     def create(self) -> None:
         self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "agent"}})
         scope = {
@@ -261,15 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory() as tmp,
     ):
         bench = Bench(api, ns)
-        bench.create()
-        agent = token(core, ns, "agent")
-        settings = {"wakeTimeoutSeconds": 240, "reviewCacheSeconds": 10}
-        with running_router(args.kubeconfig, ns, Path(tmp), **settings) as router:
-            try:
-                results = measure(bench, router, agent, args.requests, args.wakes)
-            except BaseException:
-                print(f"--- router log:\n{router.log()}", file=sys.stderr)
-                raise
+        try:
+            bench.create()
+            agent = token(core, ns, "agent")
+            settings = {"wakeTimeoutSeconds": 240, "reviewCacheSeconds": 10}
+            with running_router(args.kubeconfig, ns, Path(tmp), **settings) as router:
+                try:
+                    results = measure(bench, router, agent, args.requests, args.wakes)
+                except BaseException:
+                    print(f"--- router log:\n{router.log()}", file=sys.stderr)
+                    raise
+        finally:
+            bench.dispose()
     print(table(results, commit))
     return 0
 
