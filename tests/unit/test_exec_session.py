@@ -291,3 +291,19 @@ async def test_a_command_cancelled_mid_frame_leaves_the_session_readable(tmp_pat
     assert result.stdout == b"still\n"
     assert session.opened == 1
     await data_plane.close()
+
+
+async def test_a_command_that_kills_its_launcher_at_once_is_killed_or_judged_unclean(
+    tmp_path: Path,
+) -> None:
+    """A command whose first act is to kill the launcher may leave no pid line (it races the
+    launcher's): then its kill reaches nothing and the sandbox is judged unclean; never a lost
+    command reported clean (docs/exec-session.md, the race CI met in stop 43)."""
+    for _ in range(5):
+        _direct, data_plane, _session, box = boxed(tmp_path)
+        with pytest.raises(ExecStreamLost) as lost:
+            await box.exec("kill -9 $PPID; sleep 0.5", timeout=30)
+        reached = lost.value.kill_delivered and lost.value.kill_reach == "group"
+        assert reached or (unclean_reason(lost.value) is not None and box.unclean is not None)
+        await asyncio.sleep(0.7)
+        await data_plane.close()
