@@ -116,7 +116,9 @@ async def test_the_operator_admits_a_widening_and_refuses_rules_it_cannot_enforc
     assert status["egressPolicy"]["generation"] == 2
     assert status["admittedEgressAllow"] == ["a.example.com", "b.example.com"]
     assert "admittedEgressRules" not in status
-    reasons = {e.reason: e.type for e in kit.events("w")}
+    wanted = {"EgressEdited", "EgressEditRefused"}
+    events = kit.events_until("w", lambda evs: wanted <= {e.reason for e in evs})
+    reasons = {e.reason: e.type for e in events}
     assert reasons.get("EgressEdited") == "Normal", reasons
     assert reasons.get("EgressEditRefused") == "Warning", reasons
 

@@ -55,7 +55,7 @@ def test_deleting_a_scope_disposes_all_its_sandboxes_from_a_fresh_operator(kit, 
     nps = client.NetworkingV1Api(kit.core.api_client).list_namespaced_network_policy(kit.ns).items
     # The one policy is the namespace's for runc's closed pods (not a Sandbox's): it stays.
     assert [n.metadata.name for n in nps] == [naming.egress_policy_name("runc", "closed")]
-    events = kit.events("conv")
+    events = kit.events_until("conv", lambda evs: any(e.reason == "Purged" for e in evs))
     purged = [e for e in events if e.reason == "Purged"]
     assert purged and "20 sandbox" in purged[0].message, [(e.reason, e.message) for e in events]
     assert second.running
