@@ -268,9 +268,9 @@ class SandboxClient:
             timeout=timeout,
         )
 
-    def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+    def key_for(self, scope_obj: SandboxScopeView, agent_dir: str, call_id: str) -> SandboxKey:
         """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names
-        (a SandboxScope as the API sent it, or a view of one)."""
+        (a SandboxScope's view; a plain dict is wrapped)."""
         return Scopes.key_for(SandboxScopeView.of(scope_obj), agent_dir, call_id)
 
     async def suspend(

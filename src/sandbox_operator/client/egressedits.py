@@ -46,11 +46,11 @@ def _rules(value: object) -> dict[str, object] | None:
         return None
 
 
-def edit_state(raw: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
+def edit_state(raw: SandboxView, generation: int) -> tuple[str, str, str]:
     """Where the edit made at ``generation`` stands: ("done" | "pending" | "refused", reason,
     message). Done once the admitted lists are the spec's and the egress proxy, where one reports
-    (``status.egress``), enforces the generation they were admitted at. ``raw``: the Sandbox as
-    sent, or a view of it."""
+    (``status.egress``), enforces the generation they were admitted at. ``raw``: the Sandbox's
+    view."""
     obj = SandboxView.of(raw)
     status = obj.status
     refusal = EgressEditRefusalView(status.egress_edit_refused)
