@@ -61,7 +61,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
     ScopePurge,
 )
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 from sandbox_operator.views import SandboxScopeView, SandboxView
 
@@ -338,7 +338,7 @@ class SandboxClient:
         sandbox: Sandbox | str,
         *,
         allow: Sequence[str] | None = None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> None:
         """Narrow or widen a running Sandbox's egress (by handle or name): ``allow`` replaces

@@ -13,9 +13,8 @@ is in force once the egress proxy reports it enforces that generation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,7 +28,7 @@ from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import Verdict, effective_state
 from sandbox_operator.client.watching import WaitNotes, Watches
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 from sandbox_operator.views import EgressEditRefusalView, SandboxView, on_the_wire
 
 #: ``reason`` of an edit the API server refused (the CRD's rules).
@@ -98,7 +97,7 @@ class EgressEdits:
         sandbox: Sandbox | str,
         *,
         allow: Sequence[str] | None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None,
         timeout: float,  # noqa: ASYNC109
     ) -> SandboxView:
         """:meth:`SandboxClient.edit_egress <sandbox_operator.client.SandboxClient.edit_egress>`,
