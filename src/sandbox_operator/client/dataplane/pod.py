@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import aiohttp
@@ -34,7 +34,6 @@ class PodTarget:
     namespace: str
     pod: str
     container: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _ExecContainer(TypedDict, total=False):
