@@ -790,3 +790,28 @@ async def test_an_accepted_egress_edit_is_enforced_and_reported_with_its_generat
     await c.sync_once()  # nothing moved: nothing written
     await c.flush_summaries()
     assert len(patches(c)) == 3
+
+
+def _keys(body: Any) -> set[str]:
+    return set(body.__required_keys__ | body.__optional_keys__)
+
+
+def _aliases(model: Any) -> set[str]:
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def test_the_proxys_bodies_name_the_keys_their_readers_know() -> None:
+    """egress/bodies.py's TypedDicts (what mypy holds the writers to) name exactly the
+    contract's status fields, which the CRD is generated from, and only keys of core/v1's
+    Event: a key spelled otherwise would be pruned or refused by the API server."""
+    from kubernetes_asyncio.client import CoreV1Event, V1EventSource, V1ObjectReference
+
+    from sandbox_operator.contract.resources import EgressDecisionRecord
+    from sandbox_operator.egress import bodies
+
+    assert _keys(bodies.EgressSummaryBody) == _aliases(EgressSummary)
+    assert _keys(bodies.EgressRecordBody) == _aliases(EgressDecisionRecord)
+    assert _keys(bodies.EgressStatusBody) <= _aliases(SandboxResourceStatus)
+    assert _keys(bodies.DecisionEventBody) <= set(CoreV1Event.attribute_map.values())
+    assert _keys(bodies.InvolvedObjectBody) <= set(V1ObjectReference.attribute_map.values())
+    assert _keys(bodies.EventSourceBody) <= set(V1EventSource.attribute_map.values())

@@ -279,3 +279,31 @@ def test_rate_limiter_bounds_events_per_key() -> None:
     assert limiter.suppressed["sb"] == 2
     now[0] += 1.0
     assert limiter.allow("sb") and not limiter.allow("sb")
+
+
+def test_a_rule_written_as_a_dict_is_typed_with_the_models_keys() -> None:
+    """``edit_egress(rules=[{...}])`` takes ``EgressRuleFields``: its keys (and its
+    credential's) are exactly the models' wire names, so what mypy accepts is what validates."""
+    from typing import Any
+
+    from sandbox_operator.contract.egressrules import (
+        EgressCredential,
+        EgressCredentialFields,
+        EgressRule,
+        EgressRuleFields,
+    )
+
+    def keys(body: Any) -> set[str]:
+        return set(body.__required_keys__ | body.__optional_keys__)
+
+    def aliases(model: Any) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    assert keys(EgressRuleFields) == aliases(EgressRule)
+    assert keys(EgressCredentialFields) == aliases(EgressCredential)
+    rule: EgressRuleFields = {
+        "host": "api.example.com",
+        "schemes": ["https"],
+        "credential": {"secretName": "token", "key": "value"},
+    }
+    assert EgressRule.model_validate(rule).credential is not None

@@ -307,3 +307,33 @@ async def test_a_pod_that_listens_late_is_dialled_again_until_the_connect_timeou
     status, body = await kit.get(f"/{NS}/{NAME}/web/")
     assert (status, body["reason"]) == (502, "ConnectFailed")
     assert asyncio.get_running_loop().time() - started >= 1.0
+
+
+def test_the_routers_bodies_name_only_keys_of_the_apis_objects() -> None:
+    """router/bodies.py's TypedDicts (what mypy holds the reviews and patches to) name only
+    keys of the Kubernetes objects they are sent as: a misspelt key would be dropped by the API
+    server, and the review would ask something else than meant."""
+    from kubernetes_asyncio.client import (
+        V1ResourceAttributes,
+        V1SubjectAccessReview,
+        V1SubjectAccessReviewSpec,
+        V1TokenReview,
+        V1TokenReviewSpec,
+    )
+
+    from sandbox_operator.contract.resources import SandboxResourceSpec
+    from sandbox_operator.router import bodies
+
+    def keys(body: Any) -> set[str]:
+        return set(body.__required_keys__ | body.__optional_keys__)
+
+    def known(model: Any) -> set[str]:
+        return set(model.attribute_map.values())
+
+    assert keys(bodies.TokenReviewBody) <= known(V1TokenReview)
+    assert keys(bodies.TokenReviewSpecBody) <= known(V1TokenReviewSpec)
+    assert keys(bodies.AccessReviewBody) <= known(V1SubjectAccessReview)
+    assert keys(bodies.AccessReviewSpecBody) <= known(V1SubjectAccessReviewSpec)
+    assert keys(bodies.ResourceAttributesBody) <= known(V1ResourceAttributes)
+    spec = {f.alias or n for n, f in SandboxResourceSpec.model_fields.items()}
+    assert keys(bodies.SuspendedSpecBody) <= spec
