@@ -24,6 +24,7 @@ from sandbox_operator.egress import (
 )
 from sandbox_operator.egress.http import BadRequest, parse_head, request_target, upstream_head
 from sandbox_operator.egress.identity import token_from_proxy_authorization
+from tests.fixtures.wire_keys import model_keys, typed_keys
 
 PORTS = (80, 443)
 
@@ -284,8 +285,6 @@ def test_rate_limiter_bounds_events_per_key() -> None:
 def test_a_rule_written_as_a_dict_is_typed_with_the_models_keys() -> None:
     """``edit_egress(rules=[{...}])`` takes ``EgressRuleFields``: its keys (and its
     credential's) are exactly the models' wire names, so what mypy accepts is what validates."""
-    from typing import Any
-
     from sandbox_operator.contract.egressrules import (
         EgressCredential,
         EgressCredentialFields,
@@ -293,14 +292,8 @@ def test_a_rule_written_as_a_dict_is_typed_with_the_models_keys() -> None:
         EgressRuleFields,
     )
 
-    def keys(body: Any) -> set[str]:
-        return set(body.__required_keys__ | body.__optional_keys__)
-
-    def aliases(model: Any) -> set[str]:
-        return {f.alias or n for n, f in model.model_fields.items()}
-
-    assert keys(EgressRuleFields) == aliases(EgressRule)
-    assert keys(EgressCredentialFields) == aliases(EgressCredential)
+    assert typed_keys(EgressRuleFields) == model_keys(EgressRule)
+    assert typed_keys(EgressCredentialFields) == model_keys(EgressCredential)
     rule: EgressRuleFields = {
         "host": "api.example.com",
         "schemes": ["https"],

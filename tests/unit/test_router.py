@@ -27,6 +27,7 @@ from tests.fixtures.router_fakes import (
     router_kit,
     sandbox_obj,
 )
+from tests.fixtures.wire_keys import model_keys, typed_keys
 
 
 @pytest_asyncio.fixture
@@ -324,16 +325,9 @@ def test_the_routers_bodies_name_only_keys_of_the_apis_objects() -> None:
     from sandbox_operator.contract.resources import SandboxResourceSpec
     from sandbox_operator.router import bodies
 
-    def keys(body: Any) -> set[str]:
-        return set(body.__required_keys__ | body.__optional_keys__)
-
-    def known(model: Any) -> set[str]:
-        return set(model.attribute_map.values())
-
-    assert keys(bodies.TokenReviewBody) <= known(V1TokenReview)
-    assert keys(bodies.TokenReviewSpecBody) <= known(V1TokenReviewSpec)
-    assert keys(bodies.AccessReviewBody) <= known(V1SubjectAccessReview)
-    assert keys(bodies.AccessReviewSpecBody) <= known(V1SubjectAccessReviewSpec)
-    assert keys(bodies.ResourceAttributesBody) <= known(V1ResourceAttributes)
-    spec = {f.alias or n for n, f in SandboxResourceSpec.model_fields.items()}
-    assert keys(bodies.SuspendedSpecBody) <= spec
+    assert typed_keys(bodies.TokenReviewBody) <= model_keys(V1TokenReview)
+    assert typed_keys(bodies.TokenReviewSpecBody) <= model_keys(V1TokenReviewSpec)
+    assert typed_keys(bodies.AccessReviewBody) <= model_keys(V1SubjectAccessReview)
+    assert typed_keys(bodies.AccessReviewSpecBody) <= model_keys(V1SubjectAccessReviewSpec)
+    assert typed_keys(bodies.ResourceAttributesBody) <= model_keys(V1ResourceAttributes)
+    assert typed_keys(bodies.SuspendedSpecBody) <= model_keys(SandboxResourceSpec)
