@@ -32,6 +32,7 @@ from sandbox_operator.egress.__main__ import main as egress_main
 from sandbox_operator.egress.decisions import Decision, FanoutSink
 from sandbox_operator.egress.kube import KubeEgressController
 from sandbox_operator.testing.egress import connect_through, get_through, start_http_server
+from tests.fixtures.wire_keys import model_keys, typed_keys
 
 
 class ApiError(Exception):
@@ -790,3 +791,20 @@ async def test_an_accepted_egress_edit_is_enforced_and_reported_with_its_generat
     await c.sync_once()  # nothing moved: nothing written
     await c.flush_summaries()
     assert len(patches(c)) == 3
+
+
+def test_the_proxys_bodies_name_the_keys_their_readers_know() -> None:
+    """egress/bodies.py's TypedDicts (what mypy holds the writers to) name exactly the
+    contract's status fields, which the CRD is generated from, and only keys of core/v1's
+    Event: a key spelled otherwise would be pruned or refused by the API server."""
+    from kubernetes_asyncio.client import CoreV1Event, V1EventSource, V1ObjectReference
+
+    from sandbox_operator.contract.resources import EgressDecisionRecord
+    from sandbox_operator.egress import bodies
+
+    assert typed_keys(bodies.EgressSummaryBody) == model_keys(EgressSummary)
+    assert typed_keys(bodies.EgressRecordBody) == model_keys(EgressDecisionRecord)
+    assert typed_keys(bodies.EgressStatusBody) <= model_keys(SandboxResourceStatus)
+    assert typed_keys(bodies.DecisionEventBody) <= model_keys(CoreV1Event)
+    assert typed_keys(bodies.InvolvedObjectBody) <= model_keys(V1ObjectReference)
+    assert typed_keys(bodies.EventSourceBody) <= model_keys(V1EventSource)

@@ -24,6 +24,7 @@ from sandbox_operator.egress import (
 )
 from sandbox_operator.egress.http import BadRequest, parse_head, request_target, upstream_head
 from sandbox_operator.egress.identity import token_from_proxy_authorization
+from tests.fixtures.wire_keys import model_keys, typed_keys
 
 PORTS = (80, 443)
 
@@ -279,3 +280,23 @@ def test_rate_limiter_bounds_events_per_key() -> None:
     assert limiter.suppressed["sb"] == 2
     now[0] += 1.0
     assert limiter.allow("sb") and not limiter.allow("sb")
+
+
+def test_a_rule_written_as_a_dict_is_typed_with_the_models_keys() -> None:
+    """``edit_egress(rules=[{...}])`` takes ``EgressRuleFields``: its keys (and its
+    credential's) are exactly the models' wire names, so what mypy accepts is what validates."""
+    from sandbox_operator.contract.egressrules import (
+        EgressCredential,
+        EgressCredentialFields,
+        EgressRule,
+        EgressRuleFields,
+    )
+
+    assert typed_keys(EgressRuleFields) == model_keys(EgressRule)
+    assert typed_keys(EgressCredentialFields) == model_keys(EgressCredential)
+    rule: EgressRuleFields = {
+        "host": "api.example.com",
+        "schemes": ["https"],
+        "credential": {"secretName": "token", "key": "value"},
+    }
+    assert EgressRule.model_validate(rule).credential is not None

@@ -27,6 +27,7 @@ from tests.fixtures.router_fakes import (
     router_kit,
     sandbox_obj,
 )
+from tests.fixtures.wire_keys import model_keys, typed_keys
 
 
 @pytest_asyncio.fixture
@@ -307,3 +308,26 @@ async def test_a_pod_that_listens_late_is_dialled_again_until_the_connect_timeou
     status, body = await kit.get(f"/{NS}/{NAME}/web/")
     assert (status, body["reason"]) == (502, "ConnectFailed")
     assert asyncio.get_running_loop().time() - started >= 1.0
+
+
+def test_the_routers_bodies_name_only_keys_of_the_apis_objects() -> None:
+    """router/bodies.py's TypedDicts (what mypy holds the reviews and patches to) name only
+    keys of the Kubernetes objects they are sent as: a misspelt key would be dropped by the API
+    server, and the review would ask something else than meant."""
+    from kubernetes_asyncio.client import (
+        V1ResourceAttributes,
+        V1SubjectAccessReview,
+        V1SubjectAccessReviewSpec,
+        V1TokenReview,
+        V1TokenReviewSpec,
+    )
+
+    from sandbox_operator.contract.resources import SandboxResourceSpec
+    from sandbox_operator.router import bodies
+
+    assert typed_keys(bodies.TokenReviewBody) <= model_keys(V1TokenReview)
+    assert typed_keys(bodies.TokenReviewSpecBody) <= model_keys(V1TokenReviewSpec)
+    assert typed_keys(bodies.AccessReviewBody) <= model_keys(V1SubjectAccessReview)
+    assert typed_keys(bodies.AccessReviewSpecBody) <= model_keys(V1SubjectAccessReviewSpec)
+    assert typed_keys(bodies.ResourceAttributesBody) <= model_keys(V1ResourceAttributes)
+    assert typed_keys(bodies.SuspendedSpecBody) <= model_keys(SandboxResourceSpec)

@@ -61,7 +61,7 @@ from sandbox_operator.contract import (
     SandboxSpec,
     ScopePurge,
 )
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 from sandbox_operator.kubeapi import in_cluster_api_client, new_api_client
 from sandbox_operator.views import SandboxScopeView, SandboxView
 
@@ -268,9 +268,9 @@ class SandboxClient:
             timeout=timeout,
         )
 
-    def key_for(self, scope_obj: Mapping[str, Any], agent_dir: str, call_id: str) -> SandboxKey:
+    def key_for(self, scope_obj: SandboxScopeView, agent_dir: str, call_id: str) -> SandboxKey:
         """The sandbox key of ``(agent_dir, call_id)`` in the conversation ``scope_obj`` names
-        (a SandboxScope as the API sent it, or a view of one)."""
+        (a SandboxScope's view; a plain dict is wrapped)."""
         return Scopes.key_for(SandboxScopeView.of(scope_obj), agent_dir, call_id)
 
     async def suspend(
@@ -338,7 +338,7 @@ class SandboxClient:
         sandbox: Sandbox | str,
         *,
         allow: Sequence[str] | None = None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> None:
         """Narrow or widen a running Sandbox's egress (by handle or name): ``allow`` replaces

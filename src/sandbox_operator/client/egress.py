@@ -31,9 +31,9 @@ import contextlib
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client import CustomObjectsApi
@@ -255,9 +255,9 @@ class EgressFeed:
             ),
         )
 
-    async def _list(self) -> tuple[list[Mapping[str, Any]], str | None]:
-        """The operator's Sandboxes of the namespace (as decoded: the wire boundary, read through
-        views by :meth:`_relisted`) and the list's resourceVersion."""
+    async def _list(self) -> tuple[list[SandboxView], str | None]:
+        """The operator's Sandboxes of the namespace (each a view over the list's item) and the
+        list's resourceVersion."""
         listing = await self.source.custom.list_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -267,11 +267,11 @@ class EgressFeed:
         )
         self.lists += 1
         answer = ListView(listing)
-        return list(answer.objects), answer.metadata.resource_version or None
+        return [SandboxView(o) for o in answer.objects], answer.metadata.resource_version or None
 
-    async def _events(self, resource_version: str | None) -> AsyncIterator[Mapping[str, Any]]:
-        """The watch's events after ``resource_version`` until the server ends the request (as
-        decoded: :meth:`_run` reads each through a view)."""
+    async def _events(self, resource_version: str | None) -> AsyncIterator[WatchEvent]:
+        """The watch's events after ``resource_version`` until the server ends the request, each
+        a view over the event as decoded."""
         w = k8s_watch.Watch()
         self.watches_started += 1
         try:
@@ -288,16 +288,16 @@ class EgressFeed:
                 _request_timeout=_WATCH_SECONDS + 30,
             )
             async for event in stream:
-                yield event
+                yield WatchEvent(event)
         finally:
             w.stop()
             await w.close()
 
-    def _relisted(self, items: list[Mapping[str, Any]]) -> None:
+    def _relisted(self, items: list[SandboxView]) -> None:
         """After a (re)list: deliver each followed Sandbox's state; a followed one the list no
         longer holds went while no watch was open, so its stream ends."""
         present = set()
-        for obj in map(SandboxView, items):
+        for obj in map(SandboxView.of, items):  # .of: a stand-in feed may list plain dicts
             ident = object_id(obj)
             present.add(ident)
             self._on("MODIFIED", obj)
@@ -316,7 +316,7 @@ class EgressFeed:
                     items, rv = await self._list()
                     self._relisted(items)
                 async for raw in self._events(rv):
-                    event = WatchEvent(raw)
+                    event = WatchEvent.of(raw)
                     if event.object is None:
                         continue
                     obj = SandboxView(event.object)

@@ -13,9 +13,8 @@ is in force once the egress proxy reports it enforces that generation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,7 +28,7 @@ from sandbox_operator.client.kube import SandboxObjects
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.client.status import Verdict, effective_state
 from sandbox_operator.client.watching import WaitNotes, Watches
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 from sandbox_operator.views import EgressEditRefusalView, SandboxView, on_the_wire
 
 #: ``reason`` of an edit the API server refused (the CRD's rules).
@@ -46,11 +45,11 @@ def _rules(value: object) -> dict[str, object] | None:
         return None
 
 
-def edit_state(raw: Mapping[str, Any], generation: int) -> tuple[str, str, str]:
+def edit_state(raw: SandboxView, generation: int) -> tuple[str, str, str]:
     """Where the edit made at ``generation`` stands: ("done" | "pending" | "refused", reason,
     message). Done once the admitted lists are the spec's and the egress proxy, where one reports
-    (``status.egress``), enforces the generation they were admitted at. ``raw``: the Sandbox as
-    sent, or a view of it."""
+    (``status.egress``), enforces the generation they were admitted at. ``raw``: the Sandbox's
+    view."""
     obj = SandboxView.of(raw)
     status = obj.status
     refusal = EgressEditRefusalView(status.egress_edit_refused)
@@ -98,7 +97,7 @@ class EgressEdits:
         sandbox: Sandbox | str,
         *,
         allow: Sequence[str] | None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None,
         timeout: float,  # noqa: ASYNC109
     ) -> SandboxView:
         """:meth:`SandboxClient.edit_egress <sandbox_operator.client.SandboxClient.edit_egress>`,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -42,8 +41,8 @@ from sandbox_operator.views import SandboxScopeView, SandboxView
 _FAILED = re.compile(r"^disposal failed \((?P<code>[a-z_]+)\) on backend (?P<backend>\S*): ")
 
 
-def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
-    """The purge a SandboxScope's last state records (the object as sent, or a view of it); None
+def purge_of_scope(scope: SandboxScopeView | None) -> ScopePurge | None:
+    """The purge a SandboxScope's last state records; None
     when it records none (the scope was never purged by an operator, or its state is
     unreadable)."""
     raw = SandboxScopeView.of(scope).status.last_purge
@@ -55,8 +54,8 @@ def purge_of_scope(scope: Mapping[str, Any] | None) -> ScopePurge | None:
         return None
 
 
-def undisposed(obj: Mapping[str, Any], waited: float) -> DisposalFailure:
-    """Why a Sandbox (as sent, or a view of it) is still there after a disposal was asked for
+def undisposed(obj: SandboxView, waited: float) -> DisposalFailure:
+    """Why a Sandbox is still there after a disposal was asked for
     and ``waited`` seconds passed: its ``Disposed`` condition's code when it failed, else
     ``timeout``."""
     sandbox = SandboxView.of(obj)

@@ -15,8 +15,6 @@ A handle is pointed at the new pod. docs/reset.md says what a reset keeps and wh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator.client.errors import (
     SandboxAcquireError,
@@ -35,9 +33,9 @@ from sandbox_operator.views import SandboxView
 RESETS_ONLY_GROW = "resets may only increase"
 
 
-def next_reset(obj: Mapping[str, Any]) -> int:
+def next_reset(obj: SandboxView) -> int:
     """The ``spec.resets`` that asks for one more reset than any asked for or served (``obj``:
-    the Sandbox as sent, or a view of it)."""
+    the Sandbox's view)."""
     asked = SandboxView.of(obj).wanted_resets
     asked_count = asked if isinstance(asked, int) else 0
     return max(asked_count, read_status(obj).resets) + 1

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Unpack
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 from sandbox_operator.client.activity import ActivityReport
 from sandbox_operator.client.dataplane import (
@@ -59,7 +59,7 @@ from sandbox_operator.contract import (
     SandboxKey,
     SandboxSpec,
 )
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class SuspendsSandboxes(Protocol):
         sandbox: Sandbox,
         *,
         allow: Sequence[str] | None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None,
         timeout: float | None,  # noqa: ASYNC109
     ) -> None: ...
 
@@ -122,7 +122,7 @@ class Sandbox:
         observer: SandboxObserver | None = None,
         effective_state: EffectiveState | Callable[[], EffectiveState] | None = None,
         lifecycle: SuspendsSandboxes | None = None,
-        resource: Mapping[str, Any] | None = None,
+        resource: SandboxView | None = None,
         created: bool = False,
     ) -> None:
         # What was asked for, and through what it is reached.
@@ -544,7 +544,7 @@ class Sandbox:
         self,
         *,
         allow: Sequence[str] | None = None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> None:
         """Narrow or widen this sandbox's egress allowlist (``allow``) and method and path rules

@@ -9,8 +9,7 @@ wait for it); deleting a scope is :class:`~sandbox_operator.client.purges.ScopeP
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from sandbox_operator import naming
 from sandbox_operator.client.errors import SandboxScopeNotReady
@@ -71,9 +70,9 @@ class Scopes:
                 ) from None
         return name
 
-    async def wait_ready(self, name: str, raw: Mapping[str, Any]) -> None:
+    async def wait_ready(self, name: str, raw: SandboxScopeView) -> None:
         """Until the operator has reported the scope's current generation Ready (watched);
-        ``raw``: the SandboxScope as sent, or a view of it."""
+        ``raw``: the SandboxScope's view."""
         obj = SandboxScopeView.of(raw)
         while True:
             meta, status = obj.metadata, obj.status

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -87,6 +87,9 @@ class JudgedGoal(Protocol):
 #: a reset (:class:`ResetTo`), or a goal judged elsewhere (:class:`JudgedGoal`).
 Goal = Literal["ready", "resumed", "suspended"] | ResetTo | JudgedGoal
 
+#: A value of a wire mapping (kept as it is by :func:`_known`).
+V = TypeVar("V")
+
 _EMPTY = SandboxResourceStatus()
 #: What a condition without ``lastTransitionTime`` is read with (the client never reads it).
 _EPOCH = "1970-01-01T00:00:00Z"
@@ -101,25 +104,27 @@ _CONDITION_KEYS = _aliases(Condition)
 _SERVED_BY_KEYS = _aliases(ServedBy)
 
 
-def _known(raw: Mapping[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+def _known(raw: Mapping[str, V], keys: frozenset[str]) -> dict[str, V]:
     return {k: v for k, v in raw.items() if k in keys}
 
 
-def _condition(raw: object) -> dict[str, Any] | None:
-    """One raw condition, unknown keys dropped and ``lastTransitionTime`` defaulted; None when it
-    is not a valid :class:`Condition` even then."""
+def _condition(raw: object) -> Condition | None:
+    """One raw condition, unknown keys dropped and ``lastTransitionTime`` defaulted, as the
+    contract's model; None when it is not a valid :class:`Condition` even then."""
     if not isinstance(raw, Mapping):
         return None
-    cond = {"lastTransitionTime": _EPOCH, **_known(raw, _CONDITION_KEYS)}
     try:
-        Condition.model_validate(cond)
+        return Condition.model_validate(
+            {"lastTransitionTime": _EPOCH, **_known(raw, _CONDITION_KEYS)}
+        )
     except ValidationError:
         log.debug("sandbox status: dropped a condition the contract does not accept")
         return None
-    return cond
 
 
 def _prepared(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The status's known fields as the status model's validation takes them (the decoder's
+    input: values as the wire holds them, the conditions already read into the model)."""
     fields = _known(raw, _STATUS_KEYS)
     conditions = fields.get("conditions")
     if isinstance(conditions, Iterable) and not isinstance(conditions, str | bytes | Mapping):
@@ -130,11 +135,11 @@ def _prepared(raw: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def read_status(obj: Mapping[str, Any]) -> SandboxResourceStatus:
+def read_status(obj: SandboxView) -> SandboxResourceStatus:
     """The status of a Sandbox object as the contract's model (leniently: see the module).
 
-    Like every reader this module exports, it takes the object as the API sent it or a view of
-    one (the public boundary: a caller may hold either)."""
+    Like every reader this module exports, it takes the Sandbox's view (the client's API calls
+    answer views); a plain dict handed by a caller outside the type checker is wrapped."""
     raw = SandboxView.of(obj).raw_status
     if not raw:
         return _EMPTY
@@ -143,15 +148,18 @@ def read_status(obj: Mapping[str, Any]) -> SandboxResourceStatus:
         return SandboxResourceStatus.model_validate(fields)
     except ValidationError:
         pass
-    kept: dict[str, Any] = {}
-    for key, value in fields.items():
-        try:
-            SandboxResourceStatus.model_validate({key: value})
-        except ValidationError:
-            log.debug("sandbox status: dropped %s, which the contract does not accept", key)
-            continue
-        kept[key] = value
+    kept = {key: value for key, value in fields.items() if _validates(key, value)}
     return SandboxResourceStatus.model_validate(kept)
+
+
+def _validates(key: str, value: object) -> bool:
+    """Whether one status field validates on its own (logged at debug level when not)."""
+    try:
+        SandboxResourceStatus.model_validate({key: value})
+    except ValidationError:
+        log.debug("sandbox status: dropped %s, which the contract does not accept", key)
+        return False
+    return True
 
 
 def _conditions(status: SandboxResourceStatus) -> dict[str, Condition]:
@@ -165,20 +173,20 @@ def _stale(obj: SandboxView, status: SandboxResourceStatus) -> bool:
     return bool(observed is not None and generation and observed < generation)
 
 
-def served_by(obj: Mapping[str, Any]) -> ServedBy | None:
+def served_by(obj: SandboxView) -> ServedBy | None:
     """What serves the Sandbox now (``status.servedBy``), if anything."""
     return read_status(obj).served_by
 
 
 def effective_state(
-    obj: Mapping[str, Any],
+    obj: SandboxView,
     spec: SandboxSpec,
     *,
     host_tools: Sequence[str] = (),
     call: str | None = None,
 ) -> EffectiveState:
     """The :class:`EffectiveState` of a served Sandbox, from the status the operator wrote
-    (``obj``: a Sandbox as the API sent it, or a view of one)."""
+    (``obj``: the Sandbox's view)."""
     status = read_status(obj)
     allow = status.admitted_egress_allow
     required = tuple(c.value for c in Capability if c in spec.requires)
@@ -203,9 +211,8 @@ def _value(member: Enum | None) -> str | None:
     return None if member is None else str(member.value)
 
 
-def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
-    """The sandbox key a Sandbox object carries in its annotations (None if it carries none);
-    ``obj``: a Sandbox as the API sent it, or a view of one."""
+def key_from_object(obj: SandboxView) -> SandboxKey | None:
+    """The sandbox key a Sandbox object carries in its annotations (None if it carries none)."""
     ann = SandboxView.of(obj).metadata.annotations
     try:
         return SandboxKey(
@@ -218,7 +225,7 @@ def key_from_object(obj: Mapping[str, Any]) -> SandboxKey | None:
         return None
 
 
-def evaluate(obj: Mapping[str, Any]) -> Verdict:
+def evaluate(obj: SandboxView) -> Verdict:
     """("ready" | "pending" | "terminal", reason, message) for a Sandbox object."""
     return _evaluate(SandboxView.of(obj))
 
@@ -256,10 +263,9 @@ def _suspended_now(obj: SandboxView) -> bool:
     )
 
 
-def is_suspended(obj: Mapping[str, Any]) -> bool:
+def is_suspended(obj: SandboxView) -> bool:
     """Whether a Sandbox object is suspended or on its way there, whatever suspended it: its spec
-    says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``).
-    ``obj``: a Sandbox as the API sent it, or a view of one."""
+    says ``suspended``, or its status says it is (``suspendedBy``, Ready reason ``Suspended``)."""
     view = SandboxView.of(obj)
     if view.suspended:
         return True
@@ -281,7 +287,7 @@ def _evaluate_reset(obj: SandboxView, count: int) -> Verdict:
     return ("pending", reason, message) if state == "ready" else (state, reason, message)
 
 
-def evaluate_for(obj: Mapping[str, Any], goal: Goal) -> Verdict:
+def evaluate_for(obj: SandboxView, goal: Goal) -> Verdict:
     """:func:`evaluate` for a wait with a goal; "ready" means the goal is reached."""
     return _evaluate_for(SandboxView.of(obj), goal)
 

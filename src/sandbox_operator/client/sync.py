@@ -33,7 +33,7 @@ from sandbox_operator.client.dataplane.streaming import (
 from sandbox_operator.client.observer import EffectiveState, SandboxObserver, ToolCallContext
 from sandbox_operator.client.sandbox import Sandbox
 from sandbox_operator.contract import SandboxSpec
-from sandbox_operator.contract.egressrules import EgressRule
+from sandbox_operator.contract.egressrules import EgressRule, EgressRuleFields
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -343,7 +343,7 @@ class SyncSandboxClient(_Twin[SandboxClient]):
         sandbox: _AnySandbox,
         *,
         allow: Sequence[str] | None = None,
-        rules: Sequence[EgressRule | Mapping[str, Any]] | None = None,
+        rules: Sequence[EgressRule | EgressRuleFields] | None = None,
         timeout: float | None = None,
     ) -> None:
         self._run(self.aio.edit_egress(_aio(sandbox), allow=allow, rules=rules, timeout=timeout))

@@ -13,8 +13,9 @@ credential (``EgressCredential``) the proxy attaches (docs/egress-credentials.md
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Final
+from typing import Annotated, Final, Required, TypedDict
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -239,3 +240,25 @@ class EgressRule(ContractModel):
                 "TLS the proxy terminates)"
             )
         return self
+
+
+class EgressCredentialFields(TypedDict, total=False):
+    """An :class:`EgressCredential` as a caller may write it before validation (the wire
+    spelling): the keys are named so a typo is the type checker's error, not a 422."""
+
+    secretName: Required[str]
+    key: Required[str]
+    header: str
+    prefix: str
+
+
+class EgressRuleFields(TypedDict, total=False):
+    """An :class:`EgressRule` as a caller may write it before validation, in the wire spelling
+    (``edit_egress(rules=[{"host": ..., "schemes": ["https"], ...}])``); the model still judges
+    every value."""
+
+    host: Required[str]
+    schemes: Required[Sequence[str]]
+    methods: Sequence[str]
+    paths: Sequence[str]
+    credential: EgressCredentialFields

@@ -278,12 +278,13 @@ class SandboxResourceSpec(SandboxSpec):
 
     def sandbox_spec(self) -> SandboxSpec:
         """The workload's SandboxSpec, without the key parts."""
-        data: dict[str, Any] = {
-            name: getattr(self, name)
-            for name in SandboxSpec.model_fields
-            if name in self.model_fields_set
-        }
-        return SandboxSpec(**data)
+        return SandboxSpec.model_validate(
+            {
+                name: getattr(self, name)
+                for name in SandboxSpec.model_fields
+                if name in self.model_fields_set
+            }
+        )
 
     def key(self, scope: str, thread_id: str) -> SandboxKey:
         """The sandbox key, given the scope and thread of the referenced SandboxScope."""

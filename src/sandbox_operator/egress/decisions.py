@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import IO, Any, Protocol
+from typing import IO, Protocol, TypedDict
 
 
 class Verdict(StrEnum):
@@ -80,6 +80,21 @@ def verdict_of(reason: DecisionReason) -> Verdict:
     return VERDICT_OF.get(reason, Verdict.DENY)
 
 
+class DecisionLine(TypedDict):
+    """A decision as :class:`JsonLinesSink` writes it: one JSON object per line, keys as here."""
+
+    seq: int
+    time: str
+    verdict: str
+    reason: str
+    sandbox: str | None
+    host: str
+    port: int
+    method: str
+    address: str | None
+    client: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One decision. ``host`` is "" when the request never named one (bad or slow request)."""
@@ -95,7 +110,7 @@ class Decision:
     address: str | None = None  # the address connected to (ALLOW) or refused (AddressRefused)
     client: str | None = None  # source address of the connection (a pod IP, not a secret)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DecisionLine:
         return {
             "seq": self.seq,
             "time": self.time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),

@@ -18,9 +18,9 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from sandbox_operator.contract.resources import GROUP, VERSION
+from sandbox_operator.egress.bodies import DecisionEventBody
 from sandbox_operator.egress.decisions import Decision, Verdict
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class DecisionEvents:
     def __init__(
         self,
         namespace: str,
-        post: Callable[[dict[str, Any]], Awaitable[object]],
+        post: Callable[[DecisionEventBody], Awaitable[object]],
         *,
         burst: int,
         interval: float,
@@ -115,7 +115,7 @@ class DecisionEvents:
         if suppressed:
             message += f"; {suppressed} other decision(s) not reported (rate limit)"
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        body: dict[str, Any] = {
+        body: DecisionEventBody = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{name}.egress.{secrets.token_hex(6)}"},

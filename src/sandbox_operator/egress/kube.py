@@ -45,10 +45,11 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sandbox_operator import kubeobj
 from sandbox_operator.contract.resources import GROUP, VERSION
+from sandbox_operator.egress.bodies import DecisionEventBody, EgressStatusPatch, EgressSummaryBody
 from sandbox_operator.egress.config import SandboxEgress
 from sandbox_operator.egress.decisions import Decision
 from sandbox_operator.egress.events import DecisionEvents
@@ -59,6 +60,13 @@ from sandbox_operator.labels import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from sandbox_operator.views import SandboxView
 
 log = logging.getLogger(__name__)
+
+
+class _WatchOptions(TypedDict):
+    """The keyword arguments every watch of the proxy's controller passes."""
+
+    timeout_seconds: int
+    _request_timeout: int  # a connection that went silent is given up
 
 
 class KubeEgressController:
@@ -136,7 +144,7 @@ class KubeEgressController:
     async def flush_summaries(self, *, force: bool = False) -> None:
         await self.summaries.flush(force=force)
 
-    def summary_status(self, sandbox_id: str) -> dict[str, Any] | None:
+    def summary_status(self, sandbox_id: str) -> EgressSummaryBody | None:
         """``status.egress`` of the sandbox as it would be written now (see ``summaries.py``)."""
         return self.summaries.status(sandbox_id)
 
@@ -157,11 +165,11 @@ class KubeEgressController:
         generation = self._applied_generations.get(sandbox_id)
         self.summaries.admit(sandbox_id, self._uids.get(sandbox_id, ""), generation)
 
-    async def _post_event(self, body: dict[str, Any]) -> object:
+    async def _post_event(self, body: DecisionEventBody) -> object:
         create: Any = self.core.create_namespaced_event  # takes the plain body too
         return await create(self.namespace, body)
 
-    async def _patch_status(self, name: str, body: dict[str, Any]) -> object:
+    async def _patch_status(self, name: str, body: EgressStatusPatch) -> object:
         patch: Any = self.custom.patch_namespaced_custom_object_status  # **kwargs untyped
         return await patch(
             GROUP,
@@ -325,9 +333,9 @@ class KubeEgressController:
         # return_type "object": events are only triggers, so nothing is deserialized.
         w = watch.Watch(return_type="object")
         timeout = self.watch_timeout_seconds
-        options: dict[str, Any] = {
+        options: _WatchOptions = {
             "timeout_seconds": timeout,
-            "_request_timeout": timeout + 30,  # a connection that went silent is given up
+            "_request_timeout": timeout + 30,
         }
         if resource == "sandboxes":
             return w.stream(

@@ -31,9 +31,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from sandbox_operator.contract.resources import EGRESS_RECENT_MAX_ITEMS
+from sandbox_operator.egress.bodies import EgressRecordBody, EgressStatusPatch, EgressSummaryBody
 from sandbox_operator.egress.decisions import Decision, Verdict
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def _timestamp(value: datetime, *, millis: bool = False) -> str:
     return value.astimezone(UTC).isoformat(timespec=spec).replace("+00:00", "Z")
 
 
-def _record(seq: int, d: Decision) -> dict[str, Any]:
+def _record(seq: int, d: Decision) -> EgressRecordBody:
     """A decision as status may show it: no address, no client (limits as in the CRD). ``seq``
     is its number among the sandbox's decisions in this process, so a reader can tell exactly
     how many it never saw."""
@@ -84,7 +84,7 @@ class EgressSummaries:
 
     def __init__(
         self,
-        patch: Callable[[str, dict[str, Any]], Awaitable[object]],
+        patch: Callable[[str, EgressStatusPatch], Awaitable[object]],
         *,
         interval: float,
         clock: Callable[[], float],
@@ -137,13 +137,13 @@ class EgressSummaries:
             if present.get(sandbox_id) != summary.uid:
                 del self._summaries[sandbox_id]
 
-    def status(self, sandbox_id: str) -> dict[str, Any] | None:
+    def status(self, sandbox_id: str) -> EgressSummaryBody | None:
         """``status.egress`` as it would be written now (None: neither admitted nor decided on
         by this process yet)."""
         summary = self._summaries.get(sandbox_id)
         if summary is None:
             return None
-        out: dict[str, Any] = {
+        out: EgressSummaryBody = {
             "allowed": summary.counts[Verdict.ALLOW],
             "denied": summary.counts[Verdict.DENY],
             "unreachable": summary.counts[Verdict.UNREACHABLE],
@@ -172,7 +172,7 @@ class EgressSummaries:
             if now < summary.next_write and not (force or summary.urgent):
                 continue
             version = summary.version
-            body = {"status": {"egress": self.status(sandbox_id)}}
+            body: EgressStatusPatch = {"status": {"egress": self.status(sandbox_id)}}
             summary.next_write = now + self.interval
             summary.urgent = False
             outcome = await self._patch(sandbox_id, body)
@@ -182,7 +182,7 @@ class EgressSummaries:
             elif outcome == "gone" and self._summaries.get(sandbox_id) is summary:
                 del self._summaries[sandbox_id]
 
-    async def _patch(self, sandbox_id: str, body: dict[str, Any]) -> str:
+    async def _patch(self, sandbox_id: str, body: EgressStatusPatch) -> str:
         try:
             await self._patch_status(sandbox_id.split("/", 1)[-1], body)
         except Exception as exc:  # the summary is best effort; never stops the proxy

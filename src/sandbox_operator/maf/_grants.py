@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
@@ -124,7 +124,7 @@ async def install(
     lease: GatewayLease,
     key: maf.SandboxKey,
     spec: maf.SandboxSpec,
-    sandbox: Mapping[str, Any],
+    sandbox: SandboxView,
     instance_id: str,
 ) -> str:
     """Ask the gateway for this instance's grants and write them into the Secret the Sandbox
@@ -153,7 +153,7 @@ async def install(
         data[grant_key(rule.authority)] = base64.b64encode(grant.token.encode()).decode()
     if expires <= time.time():
         raise ValueError("the credential expired while it was installed")
-    owner = SandboxView.of(sandbox)  # as sent, or a view of it
+    owner = SandboxView.of(sandbox)  # a plain dict handed outside the type checker is wrapped
     meta = owner.metadata
     name = grant_secret_name(key, spec.kind)
     body: SecretBody = {

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Unpack
 
 import maf_sandbox as maf
 from maf_sandbox.bounded_exec import SandboxExecOutputLimitExceeded
@@ -124,10 +124,11 @@ def _bare_handle(dataplane: DataPlane, spec: maf.SandboxSpec, base: str) -> Clie
     return ClientSandbox(bare, dataplane)
 
 
-def sandbox_instance_id(obj: Mapping[str, Any]) -> str:
+def sandbox_instance_id(obj: SandboxView) -> str:
     """One physical sandbox: the Sandbox's uid, the serving object's name, when it last became
     Ready and the reset it answers. A replacement (a new pod after a resume or a reset, a
-    recreated Sandbox) changes it; another acquire of the same live sandbox does not."""
+    recreated Sandbox) changes it; another acquire of the same live sandbox does not. ``obj``:
+    the Sandbox's view (a plain dict is wrapped: the function is public)."""
     view = SandboxView.of(obj)
     status = view.status
     ready = ""

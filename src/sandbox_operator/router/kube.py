@@ -14,13 +14,14 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_KIND
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL, VERSION
 from sandbox_operator.views import ListView, PodView, SandboxView, WatchEvent
 
+from .bodies import SandboxPatchBody
 from .view import SandboxEntry, View
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,12 @@ WOKEN_REASON: Final = "WokenByTraffic"
 WATCH_SECONDS: Final = 300
 RETRY_SECONDS: Final = 5.0
 _POD_SELECTOR: Final = f"{lbl.MANAGED_BY_LABEL}={lbl.MANAGED_BY_VALUE}"
+
+
+class _ListOptions(TypedDict, total=False):
+    """The keyword arguments of a list (and its watch): pods are selected by label."""
+
+    label_selector: str
 
 
 class KubeSandboxes:
@@ -64,13 +71,13 @@ class KubeSandboxes:
 
     def _list_call(
         self, kind: str, namespace: str | None
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], _ListOptions]:
         if kind == "sandboxes":
             if namespace is None:
                 return self._custom.list_cluster_custom_object, (GROUP, VERSION, SANDBOX_PLURAL), {}
             args = (GROUP, VERSION, namespace, SANDBOX_PLURAL)
             return self._custom.list_namespaced_custom_object, args, {}
-        options = {"label_selector": _POD_SELECTOR}
+        options: _ListOptions = {"label_selector": _POD_SELECTOR}
         if namespace is None:
             return self._core.list_pod_for_all_namespaces, (), options
         return self._core.list_namespaced_pod, (namespace,), options
@@ -117,7 +124,7 @@ class KubeSandboxes:
         plain = obj if isinstance(obj, Mapping) else self._api.sanitize_for_serialization(obj)
         return plain if isinstance(plain, Mapping) else {}
 
-    async def _patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+    async def _patch(self, namespace: str, name: str, body: SandboxPatchBody) -> None:
         await self._custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -153,7 +160,9 @@ class KubeSandboxes:
 
     async def _annotate(self, namespace: str, name: str, when: datetime) -> None:
         stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}}
+        body: SandboxPatchBody = {
+            "metadata": {"annotations": {lbl.LAST_ACTIVITY_ANNOTATION: stamp}}
+        }
         await self._patch(namespace, name, body)
 
 

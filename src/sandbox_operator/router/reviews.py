@@ -19,6 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from sandbox_operator.contract.resources import GROUP, SANDBOX_PLURAL
+from sandbox_operator.router.bodies import (
+    AccessReviewBody,
+    AccessReviewSpecBody,
+    TokenReviewBody,
+    TokenReviewSpecBody,
+)
 
 #: The verb and subresource a caller needs on a Sandbox to reach its ports.
 PORTS_VERB: Final = "connect"
@@ -106,10 +112,14 @@ class KubeReviewer:
     async def authenticate(self, token: str) -> Identity | None:
         from kubernetes_asyncio import client as k8s
 
-        spec: dict[str, Any] = {"token": token}
+        spec: TokenReviewSpecBody = {"token": token}
         if self._audiences:
             spec["audiences"] = list(self._audiences)
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        body: TokenReviewBody = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": spec,
+        }
         answer = await k8s.AuthenticationV1Api(self._api).create_token_review(body)  # type: ignore[arg-type]
         status = answer.status
         if status is None or not status.authenticated or status.user is None:
@@ -121,7 +131,7 @@ class KubeReviewer:
     async def authorize(self, who: Identity, namespace: str, sandbox: str) -> bool:
         from kubernetes_asyncio import client as k8s
 
-        body = {
+        body: AccessReviewBody = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
             "spec": access_review_spec(who, namespace, sandbox),
@@ -132,9 +142,9 @@ class KubeReviewer:
         return bool(answer.status is not None and answer.status.allowed)
 
 
-def access_review_spec(who: Identity, namespace: str, sandbox: str) -> dict[str, Any]:
+def access_review_spec(who: Identity, namespace: str, sandbox: str) -> AccessReviewSpecBody:
     """The SubjectAccessReview's spec: verb connect on sandboxes/ports of this Sandbox."""
-    spec: dict[str, Any] = {
+    spec: AccessReviewSpecBody = {
         "user": who.user,
         "groups": list(who.groups),
         "resourceAttributes": {

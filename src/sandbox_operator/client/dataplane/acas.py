@@ -399,8 +399,8 @@ def acas_dataplane_factory(clients: Mapping[str, AcasClient]) -> DataPlaneFactor
     """The data plane factory for `AcasSandbox`-served sandboxes: picks the `AcasClient` of the
     backend named in the Sandbox's `status.backend` and the remote id from `servedBy.name`."""
 
-    def factory(_client: Any, obj: Mapping[str, Any]) -> DataPlane:
-        # A factory is public: its caller may hand the object as decoded (the wire boundary).
+    def factory(_client: Any, obj: SandboxView) -> DataPlane:
+        # A factory is public: a caller outside the type checker may hand a plain dict.
         status = SandboxView.of(obj).status
         client = clients.get(status.backend)
         if client is None:

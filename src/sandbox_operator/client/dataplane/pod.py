@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api
@@ -34,7 +34,13 @@ class PodTarget:
     namespace: str
     pod: str
     container: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _ExecContainer(TypedDict, total=False):
+    """The keyword argument of ``connect_get_namespaced_pod_exec`` set only when it applies:
+    the container (unset: the pod's only one)."""
+
+    container: str
 
 
 _STDIN, _STDOUT, _STDERR, _ERROR, _RESIZE = 0, 1, 2, 3, 4
@@ -78,7 +84,7 @@ class PodExecTransport:
 
         async def session() -> None:
             nonlocal started
-            kwargs: dict[str, Any] = {}
+            kwargs: _ExecContainer = {}
             if self.target.container:
                 kwargs["container"] = self.target.container
             connect: Any = await api.connect_get_namespaced_pod_exec(
@@ -154,6 +160,7 @@ class PodExecTransport:
         carries stderr too, as ``kubectl exec -t`` has it. A failed upgrade is retried as
         :meth:`run`'s is (the command never started); the caller bounds the whole."""
         api = CoreV1Api(self._ws)
+        # An encoder's output for the API client: its stubs lack the ``_headers`` it takes.
         kwargs: dict[str, Any] = {"_headers": {"sec-websocket-protocol": f"{_V5},{_V4}"}}
         if self.target.container:
             kwargs["container"] = self.target.container
@@ -321,10 +328,10 @@ def pod_dataplane(
     return ExecDataPlane(SessionExecTransport(direct), kill_transport=direct)
 
 
-def pod_factory(client: Any, obj: Mapping[str, Any], *, session: bool = False) -> DataPlane:
+def pod_factory(client: Any, obj: SandboxView, *, session: bool = False) -> DataPlane:
     """The data plane of a Sandbox served by a pod (``servedBy.kind: Pod``) in the client's own
     namespace, over the client's websocket API client (``client.ws_api``)."""
-    # A factory is public: its caller may hand the object as decoded (the wire boundary).
+    # A factory is public: a caller outside the type checker may hand a plain dict.
     view = SandboxView.of(obj)
     served = view.status.served_by
     namespace = served.namespace or view.metadata.namespace
@@ -333,7 +340,7 @@ def pod_factory(client: Any, obj: Mapping[str, Any], *, session: bool = False) -
     return pod_dataplane(client.ws_api, namespace, served.name, session=session)
 
 
-def pod_session_factory(client: Any, obj: Mapping[str, Any]) -> DataPlane:
+def pod_session_factory(client: Any, obj: SandboxView) -> DataPlane:
     """:func:`pod_factory` with an exec session per handle (opt-in:
     ``SandboxClient(dataplanes={"Pod": pod_session_factory})``, docs/exec-session.md)."""
     return pod_factory(client, obj, session=True)
