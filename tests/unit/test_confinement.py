@@ -83,6 +83,22 @@ FORGERIES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     ),
     "the host network": (_set("hostNetwork", True), "spec.hostNetwork"),
     "the host's PIDs": (_set("hostPID", True), "spec.hostPID"),
+    "the host's IPC": (_set("hostIPC", True), "spec.hostIPC"),
+    "the host's users": (_set("hostUsers", False), "spec.hostUsers"),
+    "a shared process namespace": (
+        _set("shareProcessNamespace", True),
+        "spec.shareProcessNamespace",
+    ),
+    "other arguments": (_set("containers.0.args", ["-c", "id"]), "spec.containers"),
+    "another working directory": (_set("containers.0.workingDir", "/"), "spec.containers"),
+    "environment from a Secret": (
+        _set("containers.0.envFrom", [{"secretRef": {"name": "s"}}]),
+        "spec.containers",
+    ),
+    "a block device": (
+        _set("containers.0.volumeDevices", [{"name": "d", "devicePath": "/dev/x"}]),
+        "spec.containers",
+    ),
     "a sidecar": (
         lambda s: s["containers"].append(copy.deepcopy(s["containers"][0]) | {"name": "x"}),
         "spec.containers",
