@@ -51,6 +51,7 @@ __all__ = [
     "ResourceRequirements",
     "Role",
     "RoleBinding",
+    "RunAs",
     "SeccompProfile",
     "Secret",
     "SecretVolumeSource",
@@ -126,24 +127,26 @@ class SeccompProfile(TypedDict):
     type: Literal["RuntimeDefault"]
 
 
-class SecurityContext(TypedDict, total=False):
+class RunAs(TypedDict, total=False):
+    """Who a container's processes run as: what a container's and a pod's security context
+    share."""
+
+    runAsNonRoot: bool
+    runAsUser: int
+    runAsGroup: int
+    seccompProfile: SeccompProfile
+
+
+class SecurityContext(RunAs, total=False):
     """A container's security context."""
 
     allowPrivilegeEscalation: bool
     privileged: bool
     capabilities: Capabilities
-    seccompProfile: SeccompProfile
     readOnlyRootFilesystem: bool
-    runAsNonRoot: bool
-    runAsUser: int
-    runAsGroup: int
 
 
-class PodSecurityContext(TypedDict, total=False):
-    runAsNonRoot: bool
-    seccompProfile: SeccompProfile
-    runAsUser: int
-    runAsGroup: int
+class PodSecurityContext(RunAs, total=False):
     fsGroup: int
 
 

@@ -34,6 +34,7 @@ from sandbox_operator.backends.manifests import (
     PodSecurityContext,
     PodSpec,
     ResourceRequirements,
+    RunAs,
     SecurityContext,
     Volume,
     VolumeMount,
@@ -115,11 +116,16 @@ def container_security_context(pod: PodSettings) -> SecurityContext:
         "readOnlyRootFilesystem": pod.read_only_root_filesystem,
         "runAsNonRoot": pod.run_as_non_root,
     }
-    if pod.run_as_user is not None:
-        ctx["runAsUser"] = pod.run_as_user
-    if pod.run_as_group is not None:
-        ctx["runAsGroup"] = pod.run_as_group
+    _run_as(pod, ctx)
     return ctx
+
+
+def _run_as(pod: PodSettings, context: RunAs) -> None:
+    """The backend's user and group where set, into a container's or the pod's context."""
+    if pod.run_as_user is not None:
+        context["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        context["runAsGroup"] = pod.run_as_group
 
 
 def proxy_by_name(url: str | None) -> bool:
@@ -292,10 +298,7 @@ def _pod_security_context(pod: PodSettings) -> PodSecurityContext:
         "runAsNonRoot": pod.run_as_non_root,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    if pod.run_as_user is not None:
-        found["runAsUser"] = pod.run_as_user
-    if pod.run_as_group is not None:
-        found["runAsGroup"] = pod.run_as_group
+    _run_as(pod, found)
     if pod.fs_group is not None:
         found["fsGroup"] = pod.fs_group
     return found
