@@ -15,56 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, Required, TypedDict
 
-__all__ = [
-    "Capabilities",
-    "ClusterRoleRef",
-    "ConfigMap",
-    "ConfigMapVolumeSource",
-    "Container",
-    "ContainerPort",
-    "Deployment",
-    "EmptyDirVolumeSource",
-    "EnvVar",
-    "HostAlias",
-    "KeyToPath",
-    "LabelSelector",
-    "MetadataPatch",
-    "NetworkPolicy",
-    "NetworkPolicyEgressRule",
-    "NetworkPolicyIngressRule",
-    "NetworkPolicyPeer",
-    "NetworkPolicyPort",
-    "NetworkPolicySpec",
-    "ObjectMeta",
-    "OwnerReference",
-    "OwnerReferencesOnly",
-    "PersistentVolumeClaim",
-    "PersistentVolumeClaimSpec",
-    "Pod",
-    "PodDNSConfig",
-    "PodDNSConfigOption",
-    "PodSecurityContext",
-    "PodSpec",
-    "PodTemplate",
-    "PolicyRule",
-    "ProxyObject",
-    "ResourceRequirements",
-    "Role",
-    "RoleBinding",
-    "RunAs",
-    "SeccompProfile",
-    "Secret",
-    "SecretVolumeSource",
-    "SecurityContext",
-    "Service",
-    "ServiceAccount",
-    "ServicePort",
-    "Subject",
-    "Volume",
-    "VolumeMount",
-]
-
-
 # ---- metadata ------------------------------------------------------------------------------
 
 
