@@ -29,6 +29,7 @@ from sandbox_operator.backends.runtimeclass import (
 from sandbox_operator.contract import ConditionReason
 from sandbox_operator.reconcile import pool as pools
 from sandbox_operator.reconcile.views import Views
+from sandbox_operator.views import ObjectView
 from tests.fixtures.runtimeclass import KEY, NAME, NS, UID, FakeApi, backend, driver, request
 
 # ---- pure builders ------------------------------------------------------------------------------
@@ -87,11 +88,11 @@ def test_the_pod_mounts_the_claim_at_the_work_dir_and_keeps_tmp_an_empty_dir() -
 
 
 def test_a_claim_of_another_sandbox_or_being_deleted_is_foreign() -> None:
-    def claim(uid: str, deleting: bool = False) -> dict[str, Any]:
+    def claim(uid: str, deleting: bool = False) -> ObjectView:
         meta: dict[str, Any] = {"name": "c", "ownerReferences": [{"uid": uid}]}
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        return {"metadata": meta}
+        return ObjectView({"metadata": meta})
 
     assert foreign_claim(claim(UID), UID) == ""
     assert "another Sandbox" in foreign_claim(claim("uid-old"), UID)

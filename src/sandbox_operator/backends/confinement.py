@@ -21,65 +21,104 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from sandbox_operator.views import PodView
+from sandbox_operator.views.pod import ContainerSpecView, PodSpecView
 
 #: The key a slim pod in the operator's views keeps its digest under (in ``spec``).
 CONFINEMENT: Final = PodView.confinement.key
-#: The container fields that decide what the container can reach.
-CONTAINER_FIELDS: Final = (
-    "name",
-    "image",
-    "command",
-    "args",
-    "workingDir",
-    "env",
-    "envFrom",
-    "securityContext",
-    "volumeMounts",
-    "volumeDevices",
-)
-#: Pod booleans the API server omits when false.
-_HOST_FLAGS: Final = ("hostNetwork", "hostPID", "hostIPC", "hostUsers", "shareProcessNamespace")
 
 
-def _container(container: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: container.get(key) or None for key in CONTAINER_FIELDS}
+class ContainerConfinement(TypedDict):
+    """The fields of a container that decide what it can reach, as the pod spec holds them
+    (an empty one as None): compared and digested, never interpreted."""
+
+    name: Any
+    image: Any
+    command: Any
+    args: Any
+    workingDir: Any
+    env: Any
+    envFrom: Any
+    securityContext: Any
+    volumeMounts: Any
+    volumeDevices: Any
 
 
-def confinement_projection(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a pod spec that confine it, with the API server's defaults folded."""
-    flags = {key: bool(pod_spec.get(key)) for key in _HOST_FLAGS if key != "hostUsers"}
-    # hostUsers defaults to true (no user namespace); only an explicit false is a difference.
-    flags["hostUsers"] = pod_spec.get("hostUsers") is not False
+class Confinement(TypedDict):
+    """What confines a pod, with the API server's defaults folded (in the order a difference is
+    named in)."""
+
+    runtimeClassName: Any
+    serviceAccountName: Any
+    automountServiceAccountToken: bool
+    hostNetwork: bool
+    hostPID: bool
+    hostIPC: bool
+    shareProcessNamespace: bool
+    hostUsers: bool
+    securityContext: Any
+    volumes: Any
+    containers: list[ContainerConfinement]
+    initContainers: list[ContainerConfinement]
+    ephemeralContainers: list[ContainerConfinement]
+
+
+def _container(container: ContainerSpecView) -> ContainerConfinement:
+    c = container
     return {
-        "runtimeClassName": pod_spec.get("runtimeClassName"),
-        "serviceAccountName": pod_spec.get("serviceAccountName") or "default",
+        "name": c.name or None,
+        "image": c.image or None,
+        "command": c.command or None,
+        "args": c.args or None,
+        "workingDir": c.working_dir or None,
+        "env": c.env or None,
+        "envFrom": c.env_from or None,
+        "securityContext": c.security_context or None,
+        "volumeMounts": c.volume_mounts or None,
+        "volumeDevices": c.volume_devices or None,
+    }
+
+
+def confinement_projection(pod_spec: PodSpecView) -> Confinement:
+    """The fields of a pod spec that confine it, with the API server's defaults folded (a false
+    host flag omitted, an unset service account ``default``, an absent list empty)."""
+    spec = pod_spec
+    return {
+        "runtimeClassName": spec.runtime_class_name,
+        "serviceAccountName": spec.service_account_name or "default",
         # Unset means the token is mounted (the service account's default).
-        "automountServiceAccountToken": pod_spec.get("automountServiceAccountToken") is not False,
-        **flags,
-        "securityContext": pod_spec.get("securityContext") or None,
-        "volumes": pod_spec.get("volumes") or [],
-        "containers": [_container(c) for c in pod_spec.get("containers") or []],
-        "initContainers": [_container(c) for c in pod_spec.get("initContainers") or []],
-        "ephemeralContainers": [_container(c) for c in pod_spec.get("ephemeralContainers") or []],
+        "automountServiceAccountToken": spec.automount_service_account_token is not False,
+        "hostNetwork": bool(spec.host_network),
+        "hostPID": bool(spec.host_pid),
+        "hostIPC": bool(spec.host_ipc),
+        "shareProcessNamespace": bool(spec.share_process_namespace),
+        # hostUsers defaults to true (no user namespace); only an explicit false is a difference.
+        "hostUsers": spec.host_users is not False,
+        "securityContext": spec.security_context or None,
+        "volumes": spec.volumes or [],
+        "containers": [_container(c) for c in spec.containers],
+        "initContainers": [_container(c) for c in spec.init_containers],
+        "ephemeralContainers": [_container(c) for c in spec.ephemeral_containers],
     }
 
 
 def confinement_digest(pod_spec: Mapping[str, Any]) -> str:
     """A short, stable digest of :func:`confinement_projection`: equal for two pod specs exactly
-    when they confine their code alike (what the views keep of every pod)."""
-    text = json.dumps(confinement_projection(pod_spec), sort_keys=True, separators=(",", ":"))
+    when they confine their code alike (what the views keep of every pod). ``pod_spec``: as the
+    API server sent it or as a builder made it, the JSON this digests."""
+    projection = confinement_projection(PodSpecView.of(pod_spec))
+    text = json.dumps(projection, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def confinement_difference(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+def confinement_difference(actual: PodSpecView, expected: PodSpecView) -> str | None:
     """The first confining field (``spec.<field>``) where pod spec ``actual`` differs from
     ``expected``, or None: for a message that names what is wrong with a pod found in the
     cluster."""
-    have, want = confinement_projection(actual), confinement_projection(expected)
-    for key in want:
-        if have[key] != want[key]:
+    have = dict(confinement_projection(actual).items())
+    for key, want in confinement_projection(expected).items():
+        if have[key] != want:
             return f"spec.{key}"
     return None

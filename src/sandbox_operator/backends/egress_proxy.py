@@ -77,10 +77,11 @@ from sandbox_operator.backends.egress_proxy_objects import (
     service_address,
     with_owner,
 )
+from sandbox_operator.backends.manifests import OwnerReferencesOnly, ProxyObject
 from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import read_or_none
-from sandbox_operator.views import PodView, ServiceView
+from sandbox_operator.views import ObjectView, PodView, ServiceView
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ class ManagedEgressProxy:
         }
         return calls[kind]
 
-    async def _apply(self, body: dict[str, Any], manager: str) -> dict[str, Any]:
+    async def _apply(self, body: ProxyObject | OwnerReferencesOnly, manager: str) -> ObjectView:
+        """Server-side apply ``body`` under ``manager``; the object as the API server answers."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         meta = body["metadata"]
@@ -212,8 +214,7 @@ class ManagedEgressProxy:
                 f"(HTTP {status}): {_api_message(exc)}",
                 permanent=permanent,
             ) from None
-        out: dict[str, Any] = self._api.sanitize_for_serialization(result)
-        return out
+        return ObjectView(self._api.sanitize_for_serialization(result))
 
     async def read_service(self, namespace: str) -> ServiceView | None:
         found = await read_or_none(
@@ -302,7 +303,7 @@ class ManagedEgressProxy:
             if sandbox.uid:
                 await self._apply(owner_only(obj, sandbox), own)
             if obj["kind"] == "Service":
-                service = ServiceView(applied)
+                service = ServiceView(applied.raw)
         address = service_address(service)
         if address is None:
             raise ProxyError("the egress proxy Service has no cluster IP", permanent=True)

@@ -6,19 +6,35 @@ without a cluster; :mod:`sandbox_operator.backends.egress_proxy` applies them.""
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import ipaddress
-import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 
 from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import PoolRef, SandboxRef
+from sandbox_operator.backends.manifests import (
+    ConfigMap,
+    Container,
+    Deployment,
+    ObjectMeta,
+    OwnerReferencesOnly,
+    PodSpec,
+    PolicyRule,
+    ProxyObject,
+    ResourceRequirements,
+    Role,
+    RoleBinding,
+    Secret,
+    Service,
+    ServiceAccount,
+    ServiceSpec,
+)
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.egress.config import (
     CA_BUNDLE_KEY,
@@ -54,7 +70,7 @@ PROXY_UID = 65532
 #: Events, write the ``status.egress`` summary and read its own Service. The operator must hold
 #: every one of these itself to create the Role (RBAC refuses escalation); the chart grants them
 #: (tests/unit/test_chart_rbac).
-PROXY_ROLE_RULES: tuple[dict[str, Any], ...] = (
+PROXY_ROLE_RULES: tuple[PolicyRule, ...] = (
     {"apiGroups": [lbl.GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [lbl.GROUP], "resources": ["sandboxes/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
@@ -135,13 +151,11 @@ def sandbox_field_manager(sandbox: SandboxRef | PoolRef) -> str:
     return f"{FIELD_MANAGER}/{sandbox.uid}"
 
 
-def _proxy_metadata(namespace: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": PROXY_NAME, "namespace": namespace, "labels": proxy_labels()}
-    meta.update(extra or {})
-    return meta
+def _proxy_metadata(namespace: str, name: str = PROXY_NAME) -> ObjectMeta:
+    return {"name": name, "namespace": namespace, "labels": proxy_labels()}
 
 
-def build_service_account(namespace: str) -> dict[str, Any]:
+def build_service_account(namespace: str) -> ServiceAccount:
     return {
         "apiVersion": "v1",
         "kind": kubeobj.SERVICE_ACCOUNT_KIND,
@@ -149,16 +163,16 @@ def build_service_account(namespace: str) -> dict[str, Any]:
     }
 
 
-def build_role(namespace: str) -> dict[str, Any]:
+def build_role(namespace: str) -> Role:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kubeobj.ROLE_KIND,
         "metadata": _proxy_metadata(namespace),
-        "rules": [json.loads(json.dumps(rule)) for rule in PROXY_ROLE_RULES],
+        "rules": [copy.deepcopy(rule) for rule in PROXY_ROLE_RULES],
     }
 
 
-def build_role_binding(namespace: str) -> dict[str, Any]:
+def build_role_binding(namespace: str) -> RoleBinding:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kubeobj.ROLE_BINDING_KIND,
@@ -181,11 +195,11 @@ def build_role_binding(namespace: str) -> dict[str, Any]:
 CREDENTIALS_BINDING = f"{PROXY_NAME}-credentials"
 
 
-def build_credentials_binding(namespace: str, cluster_role: str) -> dict[str, Any]:
+def build_credentials_binding(namespace: str, cluster_role: str) -> RoleBinding:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kubeobj.ROLE_BINDING_KIND,
-        "metadata": {**_proxy_metadata(namespace), "name": CREDENTIALS_BINDING},
+        "metadata": _proxy_metadata(namespace, CREDENTIALS_BINDING),
         "roleRef": {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "ClusterRole",
@@ -216,7 +230,7 @@ class ProxyCA:
 
 def build_config_map(
     namespace: str, settings: ManagedEgressProxySettings, ca: ProxyCA | None = None
-) -> dict[str, Any]:
+) -> ConfigMap:
     """The proxy's config file; with ``ca`` also the CA's certificate and the bundle of public
     roots and the CA (what sandbox pods mount, those two keys only)."""
     data = {CONFIG_FILE: proxy_config_text(settings)}
@@ -232,7 +246,7 @@ def build_config_map(
     }
 
 
-def build_ca_secret(namespace: str, ca: ProxyCA) -> dict[str, Any]:
+def build_ca_secret(namespace: str, ca: ProxyCA) -> Secret:
     """The CA's key (and certificate) for the proxy's pod: the only pod that mounts it."""
     return {
         "apiVersion": "v1",
@@ -248,14 +262,14 @@ def build_ca_secret(namespace: str, ca: ProxyCA) -> dict[str, Any]:
 
 def build_deployment(
     namespace: str, settings: ManagedEgressProxySettings, ca: ProxyCA | None = None
-) -> dict[str, Any]:
+) -> Deployment:
     """One proxy pod, hardened like a sandbox pod; a changed config file (or a new CA: the pod
     must sign with the key whose certificate the sandboxes are given) rolls it."""
     rolled_by = proxy_config_text(settings) + (ca.cert_pem if ca is not None else "")
     checksum = hashlib.sha256(rolled_by.encode()).hexdigest()
     labels = proxy_labels()
     intercepting = settings.config.interception.enabled
-    container: dict[str, Any] = {
+    container: Container = {
         "name": CONTAINER_NAME,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
@@ -281,14 +295,7 @@ def build_deployment(
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "resources": {
-            part: dict(values)
-            for part, values in (
-                ("requests", settings.resources.requests),
-                ("limits", settings.resources.limits),
-            )
-            if values
-        },
+        "resources": _proxy_resources(settings),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
@@ -301,7 +308,7 @@ def build_deployment(
         },
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
-    pod_spec: dict[str, Any] = {
+    pod_spec: PodSpec = {
         "serviceAccountName": PROXY_NAME,
         "automountServiceAccountToken": True,  # it reads Sandboxes and posts Events
         "enableServiceLinks": False,
@@ -358,11 +365,21 @@ def build_deployment(
     }
 
 
+def _proxy_resources(settings: ManagedEgressProxySettings) -> ResourceRequirements:
+    """The proxy container's requests and limits, each only where configured."""
+    resources: ResourceRequirements = {}
+    if settings.resources.requests:
+        resources["requests"] = {k: v for k, v in settings.resources.requests.items()}
+    if settings.resources.limits:
+        resources["limits"] = {k: v for k, v in settings.resources.limits.items()}
+    return resources
+
+
 def build_service(
     namespace: str, settings: ManagedEgressProxySettings, cluster_ip: str | None = None
-) -> dict[str, Any]:
+) -> Service:
     """The ClusterIP Service; ``cluster_ip`` asks for a given address (recovery)."""
-    spec: dict[str, Any] = {
+    spec: ServiceSpec = {
         "type": "ClusterIP",
         "selector": proxy_labels(),
         "ports": [
@@ -389,7 +406,7 @@ def build_objects(
     settings: ManagedEgressProxySettings,
     cluster_ip: str | None = None,
     ca: ProxyCA | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ProxyObject]:
     """Every proxy object of a namespace, in :data:`APPLIED` order, without owners (the Secret
     only with ``ca``: while the proxy terminates TLS; the credentials RoleBinding only with
     ``credentialsClusterRole``)."""
@@ -406,15 +423,15 @@ def build_objects(
     ]
 
 
-def with_owner(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
-    """``obj`` with the Sandbox's ownerReference (what the common manager applies)."""
-    out: dict[str, Any] = json.loads(json.dumps(obj))
+def with_owner(obj: ProxyObject, sandbox: SandboxRef | PoolRef) -> ProxyObject:
+    """A copy of ``obj`` with the Sandbox's ownerReference (what the common manager applies)."""
+    out = copy.deepcopy(obj)
     if sandbox.uid:
         out["metadata"]["ownerReferences"] = [owner_reference(sandbox, controller=False)]
     return out
 
 
-def owner_only(obj: Mapping[str, Any], sandbox: SandboxRef | PoolRef) -> dict[str, Any]:
+def owner_only(obj: ProxyObject, sandbox: SandboxRef | PoolRef) -> OwnerReferencesOnly:
     """Only the Sandbox's ownerReference: what the Sandbox's own field manager applies."""
     meta = obj["metadata"]
     return {

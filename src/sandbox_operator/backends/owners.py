@@ -7,13 +7,12 @@ egress proxy of its namespace can never disagree on what "owned by this Sandbox"
 
 from __future__ import annotations
 
-from typing import Any
-
 from sandbox_operator.backends.base import PoolRef, SandboxRef
+from sandbox_operator.backends.manifests import OwnerReference
 from sandbox_operator.contract import API_VERSION, SANDBOX_KIND, SANDBOX_WARM_POOL_KIND
 
 
-def owner_reference(sandbox: SandboxRef | PoolRef, *, controller: bool = True) -> dict[str, Any]:
+def owner_reference(sandbox: SandboxRef | PoolRef, *, controller: bool = True) -> OwnerReference:
     """``sandbox`` (or a SandboxWarmPool) as an owner.
 
     ``controller=True`` (a sandbox's own pod and NetworkPolicy): the Sandbox controls the object

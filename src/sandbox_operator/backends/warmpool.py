@@ -14,7 +14,6 @@ at which a pool pod is selected by no policy at all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,13 @@ from sandbox_operator.backends.base import (
     WatchedObjects,
 )
 from sandbox_operator.backends.egress_proxy import ProxyAddress
+from sandbox_operator.backends.manifests import (
+    MetadataPatch,
+    NetworkPolicy,
+    ObjectMeta,
+    OwnerReference,
+    Pod,
+)
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.contract import (
     SANDBOX_WARM_POOL_KIND,
@@ -46,7 +52,7 @@ if TYPE_CHECKING:  # the runtime-class package imports this module: no import cy
 POOL_POD_PREFIX = f"{SANDBOX_OBJECT_PREFIX}wp-"
 
 
-def pool_owner(pool: PoolRef) -> dict[str, Any]:
+def pool_owner(pool: PoolRef) -> OwnerReference:
     """The pool as the controlling owner of its idle pods and its NetworkPolicy: deleting the
     pool lets the garbage collector delete them."""
     return owner_reference(pool)
@@ -64,7 +70,7 @@ def pool_network_policy_name(pool: str) -> str:
     return f"{POOL_POD_PREFIX}{slug(pool, 50)}"
 
 
-def build_pool_network_policy(pool: PoolRef, backend: str) -> dict[str, Any]:
+def build_pool_network_policy(pool: PoolRef, backend: str) -> NetworkPolicy:
     """Deny all ingress and egress to every pod of the pool (idle or claimed)."""
     labels = pool_labels(pool.name, backend)
     return {
@@ -92,7 +98,7 @@ def build_pool_pod(
     backend: RuntimeClassBackendConfig,
     shape: str,
     managed_proxy: ProxyAddress | None = None,
-) -> dict[str, Any]:
+) -> Pod:
     """An idle pod of the pool: the sandbox pod for ``spec`` (resolved under the host policy),
     owned by the pool, named by the API server. ``managed_proxy``: the namespace's egress proxy
     address, for an allowlist template on a backend whose proxy the operator runs."""
@@ -100,7 +106,7 @@ def build_pool_pod(
 
     labels = pool_labels(pool.name, backend.name)
     labels[lbl.POOL_SHAPE_LABEL] = shape
-    metadata: dict[str, Any] = {
+    metadata: ObjectMeta = {
         "generateName": f"{POOL_POD_PREFIX}{slug(pool.name, 40)}-",
         "namespace": pool.namespace,
         "labels": labels,
@@ -128,9 +134,7 @@ def pool_name_of(obj: ObjectView) -> str | None:
     return str(meta.annotations.get(lbl.POOL_NAME_ANNOTATION) or label)
 
 
-def claim_patch(
-    pod: PodView, request: EnsureRequest, now: datetime | None = None
-) -> dict[str, Any]:
+def claim_patch(pod: PodView, request: EnsureRequest, now: datetime | None = None) -> MetadataPatch:
     """The merge patch that gives an idle pool pod to one Sandbox, conditional on the pod being
     unchanged since it was seen (its resourceVersion)."""
     meta = pod.metadata
@@ -206,11 +210,10 @@ class WarmPoolPods:
             ) from None
         self._network_policies.upsert(created)
 
-    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        ns = str(manifest["metadata"]["namespace"])
-        created: dict[str, Any] = await call_json(self._core.create_namespaced_pod, ns, manifest)
-        self._pods.upsert(created)
-        return created
+    async def create(self, manifest: Pod) -> PodView:
+        """Create a pool pod; the API server's answer goes into the views at once."""
+        ns = manifest["metadata"]["namespace"]
+        return self._pods.upsert(await call_json(self._core.create_namespaced_pod, ns, manifest))
 
     async def delete(self, pod: PodView) -> bool:
         """Delete an idle pod only if it is still as seen (not claimed meanwhile). False: it

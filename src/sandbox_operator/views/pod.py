@@ -12,6 +12,8 @@ from sandbox_operator.views.fields import (
     mapping,
     mapping_field,
     optional_int,
+    raw_field,
+    sequence,
     text,
     text_field,
     truthy,
@@ -92,3 +94,53 @@ class PodView(ObjectView):
     #: keep in place of its spec (reconcile/slim.py, backends/confinement.py); empty on a pod
     #: read from the API server.
     confinement = text_field(under="spec")
+
+
+class ContainerSpecView(Raw):
+    """One container of a pod's ``spec`` (``containers``, ``initContainers`` or
+    ``ephemeralContainers``): the fields that decide what it can reach, each as the wire holds
+    it (backends/confinement.py compares and digests them as they are)."""
+
+    __slots__ = ()
+    name = raw_field()
+    image = raw_field()
+    command = raw_field()
+    args = raw_field()
+    working_dir = raw_field()
+    env = raw_field()
+    env_from = raw_field()
+    security_context = raw_field()
+    volume_mounts = raw_field()
+    volume_devices = raw_field()
+
+
+class PodSpecView(Raw):
+    """A pod's ``spec``, from the API server or as a backend builds it: the fields that confine
+    the pod (backends/confinement.py), each as it is held (absent: None), and its containers."""
+
+    __slots__ = ()
+    runtime_class_name = raw_field()
+    service_account_name = raw_field()
+    automount_service_account_token = raw_field()
+    host_network = raw_field()
+    host_pid = raw_field("hostPID")
+    host_ipc = raw_field("hostIPC")
+    host_users = raw_field()
+    share_process_namespace = raw_field()
+    security_context = raw_field()
+    volumes = raw_field()
+
+    @property
+    def containers(self) -> list[ContainerSpecView]:
+        return self._containers("containers")
+
+    @property
+    def init_containers(self) -> list[ContainerSpecView]:
+        return self._containers("initContainers")
+
+    @property
+    def ephemeral_containers(self) -> list[ContainerSpecView]:
+        return self._containers("ephemeralContainers")
+
+    def _containers(self, key: str) -> list[ContainerSpecView]:
+        return [ContainerSpecView(c) for c in sequence(self._raw.get(key))]

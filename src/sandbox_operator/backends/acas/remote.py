@@ -6,9 +6,9 @@ phases every driver reports. Pure functions: no I/O.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.acas.bodies import CreateSandboxContent, EgressPolicy, LifecyclePolicy
 from sandbox_operator.acas.config import AcasBackendConfig
 from sandbox_operator.acas.errors import AcasBadRequest, AcasNotFound, AcasPayloadTooLarge
 from sandbox_operator.acas.models import REMOTE_KIND, RemoteSandbox, SandboxState
@@ -73,12 +73,12 @@ def remote_labels(request: EnsureRequest, backend: str) -> dict[str, str]:
     return out
 
 
-def egress_policy(spec: SandboxSpec) -> dict[str, Any]:
+def egress_policy(spec: SandboxSpec) -> EgressPolicy:
     """The inline egress policy for a spec: closed -> Deny everything (HTTP and L3/L4);
     allowlist -> Deny by default, Allow each named host; unrestricted -> Allow."""
     if spec.egress is Egress.UNRESTRICTED:
         return {"http": {"defaultAction": "Allow"}}
-    policy: dict[str, Any] = {
+    policy: EgressPolicy = {
         "http": {
             "defaultAction": "Deny",
             "hostRules": [{"pattern": host, "action": "Allow"} for host in spec.egress_allow],
@@ -89,7 +89,7 @@ def egress_policy(spec: SandboxSpec) -> dict[str, Any]:
     return policy
 
 
-def lifecycle_policy(spec: SandboxSpec, config: AcasBackendConfig) -> dict[str, Any]:
+def lifecycle_policy(spec: SandboxSpec, config: AcasBackendConfig) -> LifecyclePolicy:
     """Auto-delete after the Sandbox's ttl plus grace (at most `maxLifetimeSeconds`), counted
     from creation; auto-suspend after the idle timeout (at most `idleSuspendSeconds`)."""
     limits = config.lifetime
@@ -110,10 +110,10 @@ def lifecycle_policy(spec: SandboxSpec, config: AcasBackendConfig) -> dict[str, 
     }
 
 
-def create_content(request: EnsureRequest, config: AcasBackendConfig) -> dict[str, Any]:
+def create_content(request: EnsureRequest, config: AcasBackendConfig) -> CreateSandboxContent:
     """The `CreateSandboxContent` body for a request."""
     spec = request.spec
-    content: dict[str, Any] = {
+    content: CreateSandboxContent = {
         "labels": remote_labels(request, config.name),
         "sourcesRef": {"diskImage": {"name": config.image_for(spec.image), "isPublic": True}},
         "egressPolicy": egress_policy(spec),

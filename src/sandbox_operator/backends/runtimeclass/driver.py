@@ -70,6 +70,7 @@ from sandbox_operator.egress.config import ManagedEgressProxySettings
 from sandbox_operator.kubeapi import api_message
 from sandbox_operator.kubecalls import call_json
 from sandbox_operator.views import MetaView, ObjectView, OwnerRef, PodView
+from sandbox_operator.views.pod import PodSpecView
 
 #: The package's logger (the name it had when the package was one module).
 log = logging.getLogger(__package__)
@@ -292,7 +293,9 @@ class RuntimeClassDriver(RuntimeClassObjects):
             field = None
             with contextlib.suppress(ApiException):
                 full = PodView(await call_json(self._core.read_namespaced_pod, name, ns))
-                field = confinement_difference(full.spec, manifest["spec"])
+                field = confinement_difference(
+                    PodSpecView(full.spec), PodSpecView(manifest["spec"])
+                )
             raise StartupError(
                 ConditionReason.KEY_UNCLEAN,
                 f"pod {name} exists and names this Sandbox as its owner, but it is not the pod "

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from sandbox_operator import labels as lbl
 from sandbox_operator import naming
@@ -26,6 +25,7 @@ from sandbox_operator.backends.base import (
     TransientError,
     WatchedObjects,
 )
+from sandbox_operator.backends.manifests import NetworkPolicy
 from sandbox_operator.backends.runtimeclass.config import RuntimeClassBackendConfig
 from sandbox_operator.backends.runtimeclass.observe import backend_object, foreign_claim
 from sandbox_operator.backends.runtimeclass.pods import (
@@ -54,7 +54,13 @@ from sandbox_operator.views.fields import mapping
 log = logging.getLogger(__package__)
 
 
-def _delete_options(kind: str, grace: int | None) -> dict[str, Any]:
+class DeleteOptions(TypedDict, total=False):
+    """The keyword arguments of a kubernetes_asyncio delete call the backend sets."""
+
+    grace_period_seconds: int
+
+
+def _delete_options(kind: str, grace: int | None) -> DeleteOptions:
     """The query of a delete of ``kind``: a pod's with ``grace`` seconds (the backend's
     ``pod.disposalGracePeriodSeconds`` for a disposal); none (the pod's own grace, and every
     other kind's delete) when ``grace`` is None."""
@@ -164,12 +170,12 @@ class RuntimeClassObjects:
             call.add_done_callback(done)
         await asyncio.shield(call)
 
-    async def _put_egress_policy(self, want: dict[str, Any]) -> None:
+    async def _put_egress_policy(self, want: NetworkPolicy) -> None:
         """Create ``want``, or replace the policy under its name when that differs."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         meta = want["metadata"]
-        ns, name = str(meta["namespace"]), str(meta["name"])
+        ns, name = meta["namespace"], meta["name"]
         try:
             have: ObjectView | None
             if self._network_policies is not None:
@@ -184,7 +190,7 @@ class RuntimeClassObjects:
             elif self.egress_policy_current(have):
                 return
             else:
-                body = {
+                body: NetworkPolicy = {
                     **want,
                     "metadata": {**meta, "resourceVersion": have.metadata.resource_version},
                 }
@@ -264,11 +270,11 @@ class RuntimeClassObjects:
             ) from None
         return True
 
-    async def _sandbox_events(self, pod: Mapping[str, Any]) -> list[EventView] | None:
+    async def _sandbox_events(self, pod: ObjectView) -> list[EventView] | None:
         """The kubelet's ``FailedCreatePodSandBox`` events of ``pod``; None when unreadable."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        meta = ObjectView(pod).metadata
+        meta = pod.metadata
         try:
             listed = await self._core.list_namespaced_event(
                 meta.namespace,
@@ -522,9 +528,9 @@ class RuntimeClassObjects:
         claims = await self._core.list_namespaced_persistent_volume_claim(
             namespace, label_selector=selector
         )
-        out = [backend_object(POD, self._sanitize(p)) for p in pods.items]
-        out += [backend_object(NETWORK_POLICY, self._sanitize(n)) for n in nps.items]
-        out += [backend_object(CLAIM, self._sanitize(c)) for c in claims.items]
+        out = [backend_object(POD, ObjectView(self._sanitize(p))) for p in pods.items]
+        out += [backend_object(NETWORK_POLICY, ObjectView(self._sanitize(n))) for n in nps.items]
+        out += [backend_object(CLAIM, ObjectView(self._sanitize(c))) for c in claims.items]
         return self._this_backend(out)
 
     async def list_by_scope(

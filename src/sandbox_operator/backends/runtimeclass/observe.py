@@ -5,10 +5,9 @@ not the sandbox's own, and any owned object as a :class:`BackendObject`."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import (
@@ -179,10 +178,10 @@ def awaits_pod_sandbox(pod: PodView, now: datetime) -> bool:
     return created is not None and (now - created).total_seconds() >= SANDBOX_EVENTS_AFTER_SECONDS
 
 
-def foreign_claim(claim: Mapping[str, Any], uid: str) -> str:
+def foreign_claim(claim: ObjectView, uid: str) -> str:
     """Why a sandbox (Sandbox ``uid``) may not start on the work volume ``claim`` found under
     its name, or "": the claim belongs to another Sandbox, or is being deleted."""
-    meta = ObjectView(claim).metadata
+    meta = claim.metadata
     name = meta.name
     owners = [o.uid for o in meta.owner_references]
     if uid and uid not in owners:
@@ -195,8 +194,10 @@ def foreign_claim(claim: Mapping[str, Any], uid: str) -> str:
     return ""
 
 
-def backend_object(kind: str, obj: Mapping[str, Any]) -> BackendObject:
-    meta = ObjectView(obj).metadata
+def backend_object(kind: str, obj: ObjectView) -> BackendObject:
+    """What disposal and listing know of one of this backend's objects (a view's or an API
+    answer's)."""
+    meta = obj.metadata
     labels = dict(meta.labels)
     owner = next((o.uid for o in meta.owner_references if o.kind == SANDBOX_KIND), "")
     return BackendObject(

@@ -19,6 +19,26 @@ from sandbox_operator.backends.egress_proxy import (
     ProxyAddress,
     proxy_labels,
 )
+from sandbox_operator.backends.manifests import (
+    Container,
+    EmptyDirVolumeSource,
+    EnvVar,
+    KeyToPath,
+    NetworkPolicy,
+    NetworkPolicyPeer,
+    NetworkPolicySpec,
+    ObjectMeta,
+    PersistentVolumeClaim,
+    PersistentVolumeClaimSpec,
+    Pod,
+    PodSecurityContext,
+    PodSpec,
+    ResourceRequirements,
+    RunAs,
+    SecurityContext,
+    Volume,
+    VolumeMount,
+)
 from sandbox_operator.backends.owners import owner_reference
 from sandbox_operator.backends.runtimeclass.config import PodSettings, RuntimeClassBackendConfig
 from sandbox_operator.contract import Egress, SandboxSpec
@@ -57,8 +77,8 @@ NO_DNS_OPTIONS: Final = (("use-vc", None), ("timeout", "1"), ("attempts", "1"))
 POD_TEMPLATE_VERSION: Final = 2
 
 
-def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {
+def _metadata(request: EnsureRequest, name: str) -> ObjectMeta:
+    meta: ObjectMeta = {
         "name": name,
         "namespace": request.sandbox.namespace,
         "labels": dict(request.labels),
@@ -69,7 +89,7 @@ def _metadata(request: EnsureRequest, name: str) -> dict[str, Any]:
     return meta
 
 
-def _resources(spec: SandboxSpec) -> dict[str, Any]:
+def _resources(spec: SandboxSpec) -> ResourceRequirements:
     """Requests and limits of the sandbox container, always both for cpu and memory.
 
     ``spec`` is expected to carry resources resolved under the host policy (the reconciler passes
@@ -80,14 +100,15 @@ def _resources(spec: SandboxSpec) -> dict[str, Any]:
     from sandbox_operator.policy import resolve_resources
 
     resolved = resolve_resources(HostPolicy(), spec)
+    requests, limits = resolved.requests, resolved.limits
     return {
-        part: {r: str(getattr(getattr(resolved, part), r)) for r in ("cpu", "memory")}
-        for part in ("requests", "limits")
+        "requests": {"cpu": str(requests.cpu), "memory": str(requests.memory)},
+        "limits": {"cpu": str(limits.cpu), "memory": str(limits.memory)},
     }
 
 
-def container_security_context(pod: PodSettings) -> dict[str, Any]:
-    ctx: dict[str, Any] = {
+def container_security_context(pod: PodSettings) -> SecurityContext:
+    ctx: SecurityContext = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "capabilities": {"drop": ["ALL"]},
@@ -95,11 +116,16 @@ def container_security_context(pod: PodSettings) -> dict[str, Any]:
         "readOnlyRootFilesystem": pod.read_only_root_filesystem,
         "runAsNonRoot": pod.run_as_non_root,
     }
-    if pod.run_as_user is not None:
-        ctx["runAsUser"] = pod.run_as_user
-    if pod.run_as_group is not None:
-        ctx["runAsGroup"] = pod.run_as_group
+    _run_as(pod, ctx)
     return ctx
+
+
+def _run_as(pod: PodSettings, context: RunAs) -> None:
+    """The backend's user and group where set, into a container's or the pod's context."""
+    if pod.run_as_user is not None:
+        context["runAsUser"] = pod.run_as_user
+    if pod.run_as_group is not None:
+        context["runAsGroup"] = pod.run_as_group
 
 
 def proxy_by_name(url: str | None) -> bool:
@@ -115,7 +141,7 @@ def proxy_by_name(url: str | None) -> bool:
     return False
 
 
-def dns_settings(spec: SandboxSpec, proxy_url: str | None) -> dict[str, Any]:
+def dns_settings(spec: SandboxSpec, proxy_url: str | None) -> PodSpec:
     """``dnsPolicy``/``dnsConfig`` of a sandbox pod: the cluster's resolver only where one is
     reachable and needed; otherwise a configuration that fails every lookup at once.
 
@@ -136,13 +162,15 @@ def dns_settings(spec: SandboxSpec, proxy_url: str | None) -> dict[str, Any]:
         spec.egress is Egress.ALLOWLIST and proxy_by_name(proxy_url)
     ):
         return {"dnsPolicy": "ClusterFirst"}
-    options = [
-        {"name": name} if value is None else {"name": name, "value": value}
-        for name, value in NO_DNS_OPTIONS
-    ]
     return {
         "dnsPolicy": "None",
-        "dnsConfig": {"nameservers": [NO_DNS_NAMESERVER], "options": options},
+        "dnsConfig": {
+            "nameservers": [NO_DNS_NAMESERVER],
+            "options": [
+                {"name": name} if value is None else {"name": name, "value": value}
+                for name, value in NO_DNS_OPTIONS
+            ],
+        },
     }
 
 
@@ -150,7 +178,7 @@ def build_pod(
     request: EnsureRequest,
     backend: RuntimeClassBackendConfig,
     managed_proxy: ProxyAddress | None = None,
-) -> dict[str, Any]:
+) -> Pod:
     """The pod manifest that serves a sandbox on a runtime-class backend.
 
     ``managed_proxy``: the address of the namespace's operator-run egress proxy (for a backend
@@ -163,14 +191,14 @@ def build_pod(
     return pod_manifest(request.spec, backend, metadata, managed_proxy, work_claim=claim)
 
 
-def build_work_volume_claim(request: EnsureRequest) -> dict[str, Any]:
+def build_work_volume_claim(request: EnsureRequest) -> PersistentVolumeClaim:
     """The PersistentVolumeClaim of a sandbox's work directory (``spec.storage``): labelled and
     owned like its pod (so disposal, scope purges and the garbage collector find it), sized and
     classed by the spec (no ``storageClassName``: the cluster's default class)."""
     storage = request.spec.storage
     if storage is None:
         raise ValueError("the spec asks for no storage")
-    spec: dict[str, Any] = {
+    spec: PersistentVolumeClaimSpec = {
         "accessModes": [str(storage.access_mode)],
         "resources": {"requests": {"storage": str(storage.size)}},
     }
@@ -187,11 +215,11 @@ def build_work_volume_claim(request: EnsureRequest) -> dict[str, Any]:
 def pod_manifest(
     spec: SandboxSpec,
     backend: RuntimeClassBackendConfig,
-    metadata: dict[str, Any],
+    metadata: ObjectMeta,
     managed_proxy: ProxyAddress | None = None,
     *,
     work_claim: str | None = None,
-) -> dict[str, Any]:
+) -> Pod:
     """The pod for ``spec`` on ``backend`` with the given metadata: everything of a sandbox pod
     but who it serves (a Sandbox's pod, or a warm pool's pod made before it serves anyone).
 
@@ -199,23 +227,26 @@ def pod_manifest(
     instead of an emptyDir; ``/tmp`` stays an emptyDir either way."""
     pod = backend.pod
     work_dir = spec.work_dir
-    work_volume: dict[str, Any] = {"name": WORK_VOLUME, "emptyDir": {}}
+    work_volume: Volume
     if work_claim is not None:
         work_volume = {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": work_claim}}
-    elif pod.work_dir_size_limit:
-        work_volume["emptyDir"]["sizeLimit"] = pod.work_dir_size_limit
-    mounts: list[dict[str, Any]] = [{"name": WORK_VOLUME, "mountPath": work_dir}]
+    else:
+        empty_dir: EmptyDirVolumeSource = {}
+        if pod.work_dir_size_limit:
+            empty_dir["sizeLimit"] = pod.work_dir_size_limit
+        work_volume = {"name": WORK_VOLUME, "emptyDir": empty_dir}
+    mounts: list[VolumeMount] = [{"name": WORK_VOLUME, "mountPath": work_dir}]
     volumes = [work_volume]
     if work_dir != "/tmp":
         mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
         volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": pod.tmp_size_limit}})
-    env = [
+    env: list[EnvVar] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "SANDBOX_WORK_DIR", "value": work_dir},
     ]
     proxy = backend.egress_proxy
     proxy_url = _wire_egress_proxy(spec, backend, managed_proxy, env, mounts, volumes)
-    container: dict[str, Any] = {
+    container: Container = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": pod.image_pull_policy,
@@ -235,7 +266,7 @@ def pod_manifest(
             {"name": port_slot_name(i), "containerPort": p.port, "protocol": "TCP"}
             for i, p in enumerate(spec.ports)
         ]
-    pod_spec: dict[str, Any] = {
+    pod_spec: PodSpec = {
         "runtimeClassName": backend.runtime_class_name,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -248,8 +279,8 @@ def pod_manifest(
         "securityContext": _pod_security_context(pod),
         "containers": [container],
         "volumes": volumes,
-        **dns_settings(spec, proxy_url),
     }
+    pod_spec.update(dns_settings(spec, proxy_url))
     if pod.node_selector:
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
@@ -260,20 +291,16 @@ def pod_manifest(
     return {"apiVersion": "v1", "kind": kubeobj.POD_KIND, "metadata": metadata, "spec": pod_spec}
 
 
-def _pod_security_context(pod: PodSettings) -> dict[str, Any]:
+def _pod_security_context(pod: PodSettings) -> PodSecurityContext:
     """The pod-level security context: never root (unless the backend says so), the runtime's
     default seccomp profile, and the backend's user, group and fsGroup where set."""
-    found: dict[str, Any] = {
+    found: PodSecurityContext = {
         "runAsNonRoot": pod.run_as_non_root,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    for key, value in (
-        ("runAsUser", pod.run_as_user),
-        ("runAsGroup", pod.run_as_group),
-        ("fsGroup", pod.fs_group),
-    ):
-        if value is not None:
-            found[key] = value
+    _run_as(pod, found)
+    if pod.fs_group is not None:
+        found["fsGroup"] = pod.fs_group
     return found
 
 
@@ -281,9 +308,9 @@ def _wire_egress_proxy(
     spec: SandboxSpec,
     backend: RuntimeClassBackendConfig,
     managed_proxy: ProxyAddress | None,
-    env: list[dict[str, Any]],
-    mounts: list[dict[str, Any]],
-    volumes: list[dict[str, Any]],
+    env: list[EnvVar],
+    mounts: list[VolumeMount],
+    volumes: list[Volume],
 ) -> str | None:
     """Point an allowlist pod at its egress proxy (the proxy variables, and for an intercepting
     proxy its CA, mounted from the proxy's ConfigMap), adding to ``env``, ``mounts`` and
@@ -307,21 +334,21 @@ def _wire_egress_proxy(
         # The proxy's ConfigMap, applied before any pod is given its address; only its CA keys
         # are projected (not the proxy's configuration). Optional: never a pod stuck on a
         # ConfigMap that is being re-applied.
-        items = [{"key": k, "path": k} for k in (CA_CERT_KEY, CA_BUNDLE_KEY)]
+        items: list[KeyToPath] = [{"key": k, "path": k} for k in (CA_CERT_KEY, CA_BUNDLE_KEY)]
         volumes.append(
             {"name": CA_VOLUME, "configMap": {"name": PROXY_NAME, "items": items, "optional": True}}
         )
     return proxy_url
 
 
-def proxy_ca_env() -> list[dict[str, str]]:
+def proxy_ca_env() -> list[EnvVar]:
     """How a guest is told to trust the intercepting proxy's CA: the common TLS stacks' variables
     (OpenSSL and Python's ssl, requests, curl, git) name the bundle of the proxy image's roots
     and the CA; Node.js adds the CA to its own roots. A program that reads none of them must be
     pointed at ``/etc/sandbox-egress/bundle.crt`` itself (docs/egress-proxy.md)."""
     bundle = f"{CA_MOUNT_DIR}/{CA_BUNDLE_KEY}"
     names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
-    env = [{"name": n, "value": bundle} for n in names]
+    env: list[EnvVar] = [{"name": n, "value": bundle} for n in names]
     env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{CA_MOUNT_DIR}/{CA_CERT_KEY}"})
     return env
 
@@ -331,7 +358,7 @@ def build_egress_policy(
     egress: Egress,
     backend: RuntimeClassBackendConfig,
     managed: ManagedEgressProxySettings | None = None,
-) -> dict[str, Any]:
+) -> NetworkPolicy:
     """The NetworkPolicy of every sandbox pod of one backend and egress mode in a namespace (it
     selects them by ``lbl.egress_policy_labels``): no ingress ever; egress by the mode.
 
@@ -348,7 +375,7 @@ def build_egress_policy(
     again when deleted while pods need it, and is replaced when it differs from this.
     """
     labels = lbl.egress_policy_labels(backend.name, egress.value)
-    spec: dict[str, Any] = {
+    spec: NetworkPolicySpec = {
         "podSelector": {"matchLabels": dict(labels)},
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [],
@@ -367,9 +394,10 @@ def build_egress_policy(
                 }
             ]
     elif egress is Egress.ALLOWLIST and proxy is not None:
-        peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
+        peer: NetworkPolicyPeer = {"podSelector": {"matchLabels": dict(proxy.pod_selector)}}
         if proxy.namespace_selector is not None:
             peer["namespaceSelector"] = {"matchLabels": dict(proxy.namespace_selector)}
+        assert proxy.port is not None  # an external proxy's port is required (its validator)
         spec["egress"] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": proxy.port}]}]
     return {
         "apiVersion": "networking.k8s.io/v1",
