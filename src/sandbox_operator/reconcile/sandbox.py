@@ -314,8 +314,9 @@ def _egress_edit(
     )
     if not edit.fields:
         return admission
-    fields = {**admission.fields, **edit.fields}
-    return replace(admission, fields=fields, events=admission.events + edit.events)
+    return replace(
+        admission, fields={**admission.fields, **edit.fields}, events=admission.events + edit.events
+    )
 
 
 async def _reset(
