@@ -151,7 +151,7 @@ async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched |
         patch_body(plural, patch),
         meta.resource_version or None,
     )
-    return Patched(None if written is None else ObjectView(written))
+    return Patched(written)
 
 
 def sandbox_gone(rt: Runtime, obj: ObjectView) -> None:
