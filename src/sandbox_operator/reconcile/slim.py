@@ -147,18 +147,23 @@ class SlimOwner(TypedDict):
 
 
 class SlimMeta(TypedDict, total=False):
+    """What ``_slim_meta`` keeps of an object's metadata."""
+
     name: str
     namespace: str
     uid: str
     resourceVersion: str
+    ownerReferences: list[SlimOwner]
+    finalizers: list[str]
+    #: ``_KEPT_META``, when the wire has them.
     generation: int
     creationTimestamp: str
     deletionTimestamp: str
+    #: A child's: only the labels selection and the drivers read (``_CHILD_LABELS``).
     labels: dict[str, str]
+    #: Only ``_KEPT_ANNOTATIONS``; the size of all of them when large (``ANNOTATIONS_SIZE``).
     annotations: dict[str, str]
     annotationsSize: int
-    finalizers: list[str]
-    ownerReferences: list[SlimOwner]
 
 
 class SlimPodCondition(TypedDict, total=False):
