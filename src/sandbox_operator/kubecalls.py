@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from sandbox_operator.views import ListView, WatchEvent
 from sandbox_operator.views.fields import mapping
+from sandbox_operator.views.objects import Raw
 
-V = TypeVar("V")
+V = TypeVar("V", bound=Raw)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ async def call_json_status(call: Any, *args: Any, **kwargs: Any) -> tuple[dict[s
         exc = ApiException(status=resp.status, reason=resp.reason)
         exc.body = data.decode("utf-8", "replace")
         raise exc
-    parsed: dict[str, Any] = json.loads(data) if data else {}
-    return parsed, int(resp.status)
+    return (json.loads(data) if data else {}), int(resp.status)
 
 
 async def read_or_none(api: Any, call: Any, *args: Any) -> dict[str, Any] | None:
@@ -65,7 +65,7 @@ WATCH_SECONDS: Final = 300
 async def list_then_watch(
     list_call: Any,
     *args: Any,
-    view: Callable[[Mapping[str, Any]], V],
+    view: type[V],
     on_list: Callable[[list[V]], None],
     on_change: Callable[[str, V], None],
     what: str,

@@ -28,6 +28,7 @@ from sandbox_operator.backends import egress_proxy
 from sandbox_operator.backends.egress_proxy_objects import CREDENTIALS_BINDING
 from sandbox_operator.contract.published import PUBLISHED_CONFIGMAP
 from sandbox_operator.reconcile import access
+from sandbox_operator.views import SandboxScopeView
 from tests.fixtures.chart import ROOT, acas_values, by_kind, managed_proxy_values, template
 
 SRC = ROOT / "src" / "sandbox_operator"
@@ -330,7 +331,7 @@ def proxy_object_grants() -> set[Grant]:
 def conversation_access_grants() -> set[Grant]:
     """A bound scope's Role and RoleBinding (reconcile/access.py): server-side applied (create
     when missing), and RBAC lets the operator grant in the Role only what it holds itself."""
-    scope = {"metadata": {"name": "s", "namespace": "n", "uid": "u"}}
+    scope = SandboxScopeView({"metadata": {"name": "s", "namespace": "n", "uid": "u"}})
     role = access.role_manifest(scope, access.wanted_access(["agent"], ["sbx-a"]))
     held = {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]

@@ -115,7 +115,7 @@ def test_the_made_pod_and_its_stored_form_have_one_digest() -> None:
     assert confinement_digest(written["spec"]) == confinement_digest(made()["spec"])
     assert confinement_difference(PodSpecView(made()["spec"]), PodSpecView(written["spec"])) is None
     # What the views keep of a pod: the digest, beside the few fields reconciling reads.
-    assert slim_pod(made())["spec"][CONFINEMENT] == confinement_digest(written["spec"])
+    assert slim_pod(PodView(made()))["spec"][CONFINEMENT] == confinement_digest(written["spec"])
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
@@ -139,11 +139,11 @@ def test_resources_and_scheduling_are_not_confinement() -> None:
 async def test_the_driver_serves_only_a_pod_confined_as_it_makes_it(forgery: str) -> None:
     async with ApiClient(Configuration(host="http://127.0.0.1:9")) as api:
         driver = RuntimeClassDriver(backend(), api)
-        assert driver.confines_as_made(PodView(slim_pod(made())), SPEC, None)
+        assert driver.confines_as_made(PodView(slim_pod(PodView(made()))), SPEC, None)
         # a full pod, read from the API
         assert driver.confines_as_made(PodView(made()), SPEC, None)
         forged = made()
         FORGERIES[forgery][0](forged["spec"])
-        assert not driver.confines_as_made(PodView(slim_pod(forged)), SPEC, None)
-        assert not driver.pool_pod_serves(PodView(slim_pod(forged)), SPEC)
-        assert driver.pool_pod_serves(PodView(slim_pod(made())), SPEC)
+        assert not driver.confines_as_made(PodView(slim_pod(PodView(forged))), SPEC, None)
+        assert not driver.pool_pod_serves(PodView(slim_pod(PodView(forged))), SPEC)
+        assert driver.pool_pod_serves(PodView(slim_pod(PodView(made()))), SPEC)

@@ -33,7 +33,7 @@ from sandbox_operator.testing.egress import (
     start_echo_server,
     start_http_server,
 )
-from sandbox_operator.views import SandboxStatusView
+from sandbox_operator.views import SandboxStatusView, SandboxView
 
 NOW = datetime(2099, 1, 1, 12, 0, 0, tzinfo=UTC)
 RULE = {"host": "api.example.com", "schemes": ["http"], "methods": ["GET"]}
@@ -363,5 +363,5 @@ def test_the_views_keep_what_an_egress_edit_pass_reads() -> None:
     from sandbox_operator.reconcile.slim import slim_sandbox
 
     kept = {**ENFORCED, "admittedEgressRules": [RULE], "egressEditRefused": {"generation": 2}}
-    slim = slim_sandbox({"metadata": {"name": "a", "namespace": "ns"}, "status": kept})
+    slim = slim_sandbox(SandboxView({"metadata": {"name": "a", "namespace": "ns"}, "status": kept}))
     assert {k: slim["status"].get(k) for k in kept} == kept

@@ -158,11 +158,11 @@ async def test_deleted_under_live_pods_it_is_made_again_and_not_otherwise() -> N
     # No pod of its backend and mode (one of another mode, one being deleted): left gone.
     views.pods.upsert(_pod("sbx-open", "unrestricted"))
     views.pods.upsert(_pod("sbx-leaving", "closed", deleting=True))
-    await keep_egress_policy(rt, "DELETED", gone)
+    await keep_egress_policy(rt, "DELETED", ObjectView(gone))
     assert (NS, NAME) not in net.objects and net.calls == [("create", NAME)]
     # A live pod it confines: made again at once.
     views.pods.upsert(_pod("sbx-live", "closed"))
-    await keep_egress_policy(rt, "DELETED", gone)
+    await keep_egress_policy(rt, "DELETED", ObjectView(gone))
     assert (NS, NAME) in net.objects and net.calls[-1] == ("create", NAME)
 
 
@@ -176,16 +176,16 @@ async def test_an_edited_policy_is_put_back_at_its_event_and_others_are_left_alo
     edited["metadata"]["resourceVersion"] = str(net.rv)
     net.objects[(NS, NAME)] = edited
     views.network_policies.upsert(edited)
-    await keep_egress_policy(rt, "MODIFIED", edited)
+    await keep_egress_policy(rt, "MODIFIED", ObjectView(edited))
     assert net.calls[-1] == ("replace", NAME)
     calls = len(net.calls)
     # Its own answer's event: as it should be, nothing more.
-    await keep_egress_policy(rt, "MODIFIED", net.objects[(NS, NAME)])
+    await keep_egress_policy(rt, "MODIFIED", ObjectView(net.objects[(NS, NAME)]))
     # A pool's deny-all and a policy of a backend not configured here: not judged.
     pool_policy = {"metadata": {"name": "p", "namespace": NS, "labels": {lbl.POOL_LABEL: "p"}}}
-    await keep_egress_policy(rt, "DELETED", pool_policy)
+    await keep_egress_policy(rt, "DELETED", ObjectView(pool_policy))
     foreign = build_egress_policy(
         NS, Egress.CLOSED, gvisor_backend().model_copy(update={"name": "kata"})
     )
-    await keep_egress_policy(rt, "DELETED", foreign)
+    await keep_egress_policy(rt, "DELETED", ObjectView(foreign))
     assert len(net.calls) == calls

@@ -8,10 +8,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from sandbox_operator.backends.base import Observation, ObservedPhase, ServedBy
 from sandbox_operator.config import parse_config, profiles
 from sandbox_operator.contract import SandboxResourceSpec
 from sandbox_operator.reconcile import compute
+from sandbox_operator.reconcile.statusfields import served_by_wire
 from sandbox_operator.views import SandboxScopeView, SandboxStatusView
 from tests.fixtures.compute import (
     NOW,
@@ -180,3 +183,18 @@ def test_a_recalled_admission_never_rewrites_the_allowlist_from_the_spec() -> No
     status = {**admitted_status(NOW), "admittedEgressAllow": ["pypi.org"]}
     edited = {**ALLOWLIST_SPEC, "egressAllow": ["evil.example"]}
     assert admit_allowlist(sandbox(edited, status)).fields == {}
+
+
+@pytest.mark.parametrize(
+    "served",
+    [
+        ServedBy("Pod", "sbx-a", "ns"),
+        ServedBy("AcaSandbox", "sb-1"),
+        ServedBy("AcaSandbox", "b", ""),
+    ],
+)
+def test_status_served_by_is_the_contract_models_wire_form(served: ServedBy) -> None:
+    """``status.servedBy`` as the pass writes it (a typed dict built field by field) is what the
+    contract's ``ServedBy`` encodes: no namespace for a remote resource."""
+    assert served_by_wire(served) == served.to_wire()
+    assert served_by_wire(None) is None

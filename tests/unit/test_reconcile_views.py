@@ -12,6 +12,7 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.reconcile.slim import slim_plain, slim_pod
 from sandbox_operator.reconcile.views import Views
 from sandbox_operator.reconcile.workqueue import WorkQueue
+from sandbox_operator.views import PodView
 
 
 def sbx(name: str, rv: str, labels: dict[str, str] | None = None, **spec: Any) -> Any:
@@ -115,7 +116,7 @@ def test_children_are_found_by_the_sandbox_label() -> None:
     }
     views.pods.upsert(pod)
     assert [k for k, _ in views.children("ns", "a")] == ["Pod"]
-    assert "containers" not in slim_pod(pod)["spec"]  # only what classify_pod reads
+    assert "containers" not in slim_pod(PodView(pod))["spec"]  # only what classify_pod reads
     views.pods.remove("ns", "sbx-a", "someone-else")  # another object's deletion: kept
     assert views.children("ns", "a")
     views.pods.remove("ns", "sbx-a", "p")
@@ -134,7 +135,7 @@ def test_a_childs_view_keeps_the_labels_of_its_identity() -> None:
     }
     meta = {"name": "n", "namespace": "ns", "uid": "u", "resourceVersion": "1", "labels": labels}
     for slim in (slim_pod, slim_plain):
-        kept = slim({"metadata": meta, "spec": {}, "status": {}})["metadata"]["labels"]
+        kept = slim(PodView({"metadata": meta, "spec": {}, "status": {}}))["metadata"]["labels"]
         assert kept == {k: v for k, v in labels.items() if k != "team"}
 
 

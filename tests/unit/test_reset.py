@@ -244,7 +244,7 @@ def test_the_views_keep_what_a_reset_pass_reads() -> None:
     from sandbox_operator.reconcile.slim import slim_sandbox
 
     obj = sandbox({**SPEC, "resets": 2}, {"resets": 2, "resetAt": rfc(NOW), "resetRefused": "x"})
-    slim = slim_sandbox(obj)
+    slim = slim_sandbox(SandboxView(obj))
     assert slim["spec"]["resets"] == 2
     assert {k: slim["status"][k] for k in ("resets", "resetAt", "resetRefused")} == {
         "resets": 2,

@@ -200,8 +200,9 @@ def test_a_conversations_role_grants_its_agents_exactly_the_routers_question() -
     agents allows the router's SubjectAccessReview on the scope's own Sandboxes only."""
     from sandbox_operator.reconcile import access
     from sandbox_operator.router.reviews import access_review_spec
+    from sandbox_operator.views import SandboxScopeView
 
-    scope = {"metadata": {"name": "conv", "namespace": NS, "uid": "u"}}
+    scope = SandboxScopeView({"metadata": {"name": "conv", "namespace": NS, "uid": "u"}})
     role = access.role_manifest(scope, access.wanted_access(["agent"], [NAME]))
     asked = access_review_spec(Identity("system:serviceaccount:team-a:agent"), NS, NAME)
     attrs = asked["resourceAttributes"]

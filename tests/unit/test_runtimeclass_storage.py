@@ -335,6 +335,7 @@ def test_the_sandbox_view_keeps_what_suspension_is_judged_by() -> None:
     suspended, and the counts it increments, must be there (else every pass would suspend it
     afresh, and an idle-suspended one could never tell a use newer than its suspension)."""
     from sandbox_operator.reconcile.slim import slim_sandbox
+    from sandbox_operator.views import SandboxView
 
     status = {
         "suspendedBy": "idle",
@@ -345,7 +346,7 @@ def test_the_sandbox_view_keeps_what_suspension_is_judged_by() -> None:
         "kopf": {"progress": {}},
     }
     obj = {"metadata": {"name": NAME, "namespace": NS, "uid": UID}, "spec": {}, "status": status}
-    kept = slim_sandbox(obj)["status"]
+    kept = slim_sandbox(SandboxView(obj))["status"]
     assert kept == {k: v for k, v in status.items() if k != "kopf"}
 
 

@@ -58,13 +58,12 @@ def instrumented_session(info: Any) -> Any:
     trust_env) plus ``api_trace_config``. Must be called on the event loop."""
     import aiohttp
 
-    extra: dict[str, Any] = {"proxy": info.proxy_url} if info.proxy_url else {}
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
         headers=info.as_http_headers(),
+        proxy=info.proxy_url or None,  # None: no proxy (aiohttp's default)
         trust_env=info.trust_env,
         trace_configs=[api_trace_config(info.server)],
-        **extra,
     )
 
 

@@ -28,12 +28,19 @@ conversation), so a cleanup costs no write. The names are bounded by the scope's
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from sandbox_operator import kubeobj
 from sandbox_operator.contract import API_VERSION, GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL
+from sandbox_operator.reconcile.manifests import (
+    OwnerReference,
+    PolicyRule,
+    RoleBindingManifest,
+    RoleManifest,
+)
+from sandbox_operator.views import SandboxScopeView
 
 #: The router's question on a Sandbox (sandbox_operator.router.reviews asks it; the router's
 #: package sits beside the operator's, so the words are repeated, and a unit test holds them
@@ -75,22 +82,22 @@ def wanted_access(agents: Iterable[str], sandboxes: Iterable[str]) -> Conversati
     return ConversationAccess(tuple(sorted(set(agents))), frozenset(sandboxes))
 
 
-def _owner(scope: Mapping[str, Any]) -> dict[str, Any]:
-    meta = kubeobj.meta(scope)
+def _owner(scope: SandboxScopeView) -> OwnerReference:
+    meta = scope.metadata
     return {
         "apiVersion": API_VERSION,
         "kind": "SandboxScope",
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": meta.name,
+        "uid": meta.uid,
     }
 
 
-def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[str, Any]:
+def role_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleManifest:
     """The scope's Role: get and use on the scope, reads of its Sandboxes and connect on their
     ports, by name."""
-    meta = kubeobj.meta(scope)
-    name = str(meta["name"])
-    rules: list[dict[str, Any]] = [
+    meta = scope.metadata
+    name = meta.name
+    rules: list[PolicyRule] = [
         {
             "apiGroups": [GROUP],
             "resources": [SANDBOX_SCOPE_PLURAL],
@@ -120,23 +127,23 @@ def role_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[
         "kind": kubeobj.ROLE_KIND,
         "metadata": {
             "name": access_name(name),
-            "namespace": meta["namespace"],
+            "namespace": meta.namespace,
             "ownerReferences": [_owner(scope)],
         },
         "rules": rules,
     }
 
 
-def binding_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> dict[str, Any]:
+def binding_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleBindingManifest:
     """The scope's RoleBinding: its Role, to the ServiceAccounts the scope lists."""
-    meta = kubeobj.meta(scope)
-    name = access_name(str(meta["name"]))
+    meta = scope.metadata
+    name = access_name(meta.name)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kubeobj.ROLE_BINDING_KIND,
         "metadata": {
             "name": name,
-            "namespace": meta["namespace"],
+            "namespace": meta.namespace,
             "ownerReferences": [_owner(scope)],
         },
         "roleRef": {
@@ -145,7 +152,7 @@ def binding_manifest(scope: Mapping[str, Any], access: ConversationAccess) -> di
             "name": name,
         },
         "subjects": [
-            {"kind": kubeobj.SERVICE_ACCOUNT_KIND, "name": agent, "namespace": meta["namespace"]}
+            {"kind": kubeobj.SERVICE_ACCOUNT_KIND, "name": agent, "namespace": meta.namespace}
             for agent in access.agents
         ],
     }

@@ -20,10 +20,10 @@ Two steps, because the second needs the backend the first chose:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -42,7 +42,6 @@ from sandbox_operator.contract import (
     SandboxResourceSpec,
     SandboxScopeResourceSpec,
     Selection,
-    ServedBy,
     parse_isolation,
     refusal_condition_reason,
 )
@@ -51,6 +50,7 @@ from sandbox_operator.policy import BackendProfile, admit_request, effective_flo
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.lifecycle import TERMINAL_REASONS, Verdict, judge
 from sandbox_operator.reconcile.seal import NOT_CONFIGURED, Seal
+from sandbox_operator.reconcile.statusfields import ServedByStatus, StatusFields, served_by_wire
 from sandbox_operator.views import SandboxScopeView, SandboxStatusView, SandboxView
 from sandbox_operator.views.fields import timestamp
 
@@ -137,7 +137,7 @@ class Admission:
     backend: str | None = None
     isolation_scope: IsolationScope | None = None
     key: SandboxKey | None = None
-    fields: Mapping[str, Any] = field(default_factory=dict)  # status fields to set
+    fields: StatusFields = field(default_factory=lambda: StatusFields())  # status fields to set
     decided_now: bool = False  # a new admission (or refusal), not one recorded earlier
     events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message), posted once written
 
@@ -239,7 +239,7 @@ def admit(
 
 def port_fields(
     spec: SandboxResourceSpec, namespace: str, name: str, router_url: str | None
-) -> dict[str, Any]:
+) -> StatusFields:
     """``status.ports``: each declared port and, once a router is configured, its URL (nothing
     for a spec without ports)."""
     if not spec.ports:
@@ -247,12 +247,12 @@ def port_fields(
     return {"ports": [p.to_wire() for p in port_statuses(spec.ports, router_url, namespace, name)]}
 
 
-def admitted_allow(spec: SandboxResourceSpec) -> dict[str, Any]:
+def admitted_allow(spec: SandboxResourceSpec) -> StatusFields:
     """``status.admittedEgressAllow`` for a new admission: the hosts the policy just judged,
     which the egress proxy enforces from then on (never the live spec)."""
     if spec.egress is not Egress.ALLOWLIST:
         return {}
-    fields: dict[str, Any] = {"admittedEgressAllow": list(spec.egress_allow)}
+    fields: StatusFields = {"admittedEgressAllow": list(spec.egress_allow)}
     if spec.egress_rules:  # absent without rules: what older Sandboxes' status holds
         fields["admittedEgressRules"] = [r.to_wire() for r in spec.egress_rules]
     return fields
@@ -339,7 +339,7 @@ def suspended_plan(
             dispose=True,
             verdict=verdict,
         )
-    fields: dict[str, Any] = {"suspendedBy": by}
+    fields: StatusFields = {"suspendedBy": by}
     if not status.suspended_by:
         fields["suspendedAt"] = cnd.now_rfc3339(now)
         if status.backend:
@@ -371,7 +371,7 @@ def suspended_plan(
 def resume_plan(obj: SandboxView, admission: Admission, *, now: datetime) -> Plan:
     """A suspended Sandbox admitted again: record the resume; the next pass starts it."""
     status = obj.status
-    fields: dict[str, Any] = {**admission.fields, "suspendedBy": None}
+    fields: StatusFields = {**admission.fields, "suspendedBy": None}
     message = "resuming: starting the compute on the kept work volume"
     if status.suspend_count:
         fields["resumedAt"] = cnd.now_rfc3339(now)
@@ -397,7 +397,9 @@ def resuming(status: SandboxStatusView) -> bool:
 def refused_resume_plan(admission: Admission) -> Plan:
     """A resume the policy refuses: it stays suspended (nothing starts), and both conditions carry
     the refusal, as for a new Sandbox. Its backend stays on record (its volume is there)."""
-    fields = {k: v for k, v in admission.fields.items() if k == "effectiveFloor"}
+    fields: StatusFields = {}
+    if "effectiveFloor" in admission.fields:
+        fields["effectiveFloor"] = admission.fields["effectiveFloor"]
     return Plan(
         conditions=(
             (ADMITTED, False, admission.reason, f"resume refused: {admission.message}"),
@@ -416,7 +418,7 @@ class Plan:
     to look again (seconds from ``now``; None: only a watch event brings the next pass)."""
 
     conditions: tuple[Cond, ...] = ()
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: StatusFields = field(default_factory=lambda: StatusFields())
     create: bool = False
     dispose: bool = False
     suspend: bool = False
@@ -430,7 +432,7 @@ def refusal_plan(admission: Admission) -> Plan:
             (ADMITTED, False, admission.reason, admission.message),
             (READY, False, admission.reason, admission.message),
         ),
-        fields=dict(admission.fields),
+        fields=StatusFields(**admission.fields),
     )
 
 
@@ -497,7 +499,7 @@ def plan(
         now=now,
     )
     conditions: list[Cond] = [(ADMITTED, True, R.ADMITTED, admission.message)]
-    fields = dict(admission.fields)
+    fields = StatusFields(**admission.fields)
     fields["servedBy"] = served_by_status(observation)
     if observation.served_by is not None:
         # Observed, not remembered: a restarted operator reports it the same.
@@ -536,14 +538,9 @@ def plan(
     )
 
 
-def served_by_status(obs: Observation) -> dict[str, Any] | None:
+def served_by_status(obs: Observation) -> ServedByStatus | None:
     """``status.servedBy`` for what the driver observed serving the sandbox."""
     return served_by_wire(obs.served_by)
-
-
-def served_by_wire(served: ServedBy | None) -> dict[str, Any] | None:
-    """The contract's ``ServedBy`` on the wire (no namespace for a remote resource), or None."""
-    return None if served is None else served.to_wire()
 
 
 def next_deadline(

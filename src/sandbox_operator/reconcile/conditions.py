@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_operator.contract import Condition, ConditionReason, ConditionStatus, ConditionType
-from sandbox_operator.views import ConditionView
+from sandbox_operator.reconcile.statusfields import StatusWrite
+from sandbox_operator.views import Conditions, StatusView
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +45,17 @@ def status_of(value: bool | ConditionStatus) -> ConditionStatus:
     return ConditionStatus.TRUE if value else ConditionStatus.FALSE
 
 
-def parse_conditions(raw: Iterable[Mapping[str, Any]] | None) -> list[Condition]:
-    """The conditions of a status as read from the API server, as models. The CRD's schema
-    holds them to the same shape, so none is dropped in practice; one that does not validate
-    (written around the schema) is left out, and logged, rather than failing every pass."""
+def parse_conditions(held: Conditions) -> list[Condition]:
+    """The conditions of a status as read from the API server (a view of its list), as models.
+    The CRD's schema holds them to the same shape, so none is dropped in practice; one that does
+    not validate (written around the schema) is left out, and logged, rather than failing every
+    pass."""
     out: list[Condition] = []
-    for cond in raw or ():
+    for cond in held:
         try:
-            out.append(Condition.model_validate(cond))
+            out.append(Condition.model_validate(cond.raw))
         except ValidationError:
-            kind = ConditionView(cond).type
+            kind = cond.type
             log.warning("ignoring a status condition that does not validate: %r", kind)
     return out
 
@@ -93,7 +95,7 @@ def with_condition(
 
 
 def set_condition(
-    conditions: Iterable[Mapping[str, Any]] | None,
+    conditions: list[Any] | None,
     ctype: str,
     status: str,
     reason: str,
@@ -101,9 +103,10 @@ def set_condition(
     generation: int | None,
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`with_condition` on wire dicts (as read from the API server), giving wire dicts."""
+    """:func:`with_condition` on the wire's list (as read from the API server, read through
+    :class:`Conditions`), giving the conditions' wire encodings."""
     models = with_condition(
-        parse_conditions(conditions),
+        parse_conditions(Conditions(conditions)),
         ConditionType(ctype),
         ConditionStatus(status),
         ConditionReason(reason),
@@ -140,18 +143,20 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch that turns ``old`` into ``new`` for the keys of ``new``, or None.
+def status_patch(old: StatusView | None, new: StatusWrite) -> dict[str, Any] | None:
+    """The merge patch (the JSON sent) that turns ``old`` into ``new`` for the keys of ``new``,
+    or None.
 
     Only top-level keys present in ``new`` are compared; a key set to None in ``new`` is removed.
     Nothing is returned when nothing changed, so an unchanged status is never written.
     """
-    old = old or {}
-    patch: dict[str, Any] = {}
-    for key, value in new.items():
-        if value is None:
-            if old.get(key) is not None:
-                patch[key] = None
-        elif _normalize(old.get(key)) != _normalize(value):
-            patch[key] = value
+    held = old if old is not None else StatusView(None)
+    patch = {key: value for key, value in new.items() if _changed(held.get(key), value)}
     return patch or None
+
+
+def _changed(old: object, new: object) -> bool:
+    """Whether a status field differs from what is held (None: removed, if held)."""
+    if new is None:
+        return old is not None
+    return bool(_normalize(old) != _normalize(new))

@@ -225,7 +225,7 @@ async def finalize_sandbox(rt: Runtime, obj: SandboxView) -> Step:
         if released is None:  # 404: it went already
             sandbox_gone(rt, obj)
             return Step.wait()
-        released_view = SandboxView(released)
+        released_view = SandboxView(released.raw)
         released_meta = released_view.metadata
         if released_meta.finalizers:
             # Still held, by finalizers of someone else's: no DELETED event will come for a while,

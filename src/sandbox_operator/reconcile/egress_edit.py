@@ -13,10 +13,9 @@ the last accepted egress stays in force: ``status.egressPolicy`` says which gene
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,6 +28,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.contract.egressrules import EgressRule
 from sandbox_operator.policy import BackendProfile, check_egress
 from sandbox_operator.reconcile.conditions import now_rfc3339
+from sandbox_operator.reconcile.statusfields import EgressEditRefusedStatus, StatusFields
 from sandbox_operator.views import EgressEditRefusalView, SandboxStatusView
 
 R = ConditionReason
@@ -39,7 +39,7 @@ class EgressEdit:
     """What the pass writes for the sandbox's egress (``fields``, status fields in their wire
     spelling) and the Events it posts once that write is made: ``(type, reason, message)``."""
 
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: StatusFields = field(default_factory=lambda: StatusFields())
     events: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -47,19 +47,19 @@ def _hosts(value: object) -> frozenset[str]:
     return frozenset(str(h) for h in value) if isinstance(value, Sequence) else frozenset()
 
 
-def _rules(value: object) -> dict[str, dict[str, Any]] | None:
-    """Rules by host in one spelling (their wire form), so an order or default-only difference
-    is no edit; None when what status holds does not parse (then it is replaced)."""
+def _rules(value: object) -> dict[str, EgressRule] | None:
+    """Rules by host as models (one spelling), so an order or default-only difference is no
+    edit; None when what status holds does not parse (then it is replaced)."""
     if not isinstance(value, Sequence):
         return {}
     try:
         parsed = [EgressRule.model_validate(r) for r in value]
     except ValidationError:
         return None
-    return {r.host: r.to_wire() for r in parsed}
+    return {r.host: r for r in parsed}
 
 
-def _describe(allow: frozenset[str], rules: Mapping[str, Any]) -> str:
+def _describe(allow: frozenset[str], rules: Iterable[str]) -> str:
     hosts = ", ".join(sorted(allow)) or "none"
     ruled = ", ".join(sorted(rules)) or "none"
     return f"egressAllow [{hosts}], egressRules for [{ruled}]"
@@ -68,7 +68,7 @@ def _describe(allow: frozenset[str], rules: Mapping[str, Any]) -> str:
 def egress_edit(
     spec: SandboxResourceSpec,
     status: SandboxStatusView,
-    admitted: Mapping[str, Any],
+    admitted: StatusFields,
     *,
     generation: int,
     backend: BackendProfile | None,
@@ -105,14 +105,15 @@ def egress_edit(
     refusal = held.egress_edit_refused
     refused_at = EgressEditRefusalView(refusal).generation if refusal is not None else None
     new_allow = frozenset(spec.egress_allow)
-    new_rules = {r.host: r.to_wire() for r in spec.egress_rules}
+    new_rules = {r.host: r for r in spec.egress_rules}
     # Cheap first (every pass of every allowlist sandbox asks): the lists exactly as written.
-    same_rules = (raw_rules or []) == list(new_rules.values()) or _rules(raw_rules) == new_rules
+    new_wire = [r.to_wire() for r in new_rules.values()]
+    same_rules = (raw_rules or []) == new_wire or _rules(raw_rules) == new_rules
     # This pass's admission records the spec's lists itself (a new admission, a resume judged
     # afresh): they are this generation's.
     fresh = "admittedEgressAllow" in admitted and recorded_generation != generation
     if old_allow is not None and _hosts(old_allow) == new_allow and same_rules:
-        fields: dict[str, Any] = {}
+        fields: StatusFields = {}
         if fresh or not recorded:
             fields["egressPolicy"] = {"generation": generation, "appliedAt": now_rfc3339(now)}
         if refusal is not None:
@@ -128,7 +129,7 @@ def egress_edit(
             f"egress edit of generation {generation} refused ({reason}): {message}; the egress "
             f"of generation {kept} stays enforced"
         )
-        refused = {"generation": generation, "reason": reason, "message": message}
+        refused = EgressEditRefusedStatus(generation=generation, reason=reason, message=message)
         return EgressEdit(
             {"egressEditRefused": refused}, (("Warning", R.EGRESS_EDIT_REFUSED.value, text),)
         )

@@ -10,8 +10,6 @@ operator's start."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.backends.base import StartupError
@@ -33,10 +31,10 @@ def pods_under(rt: Runtime, namespace: str, backend: str, egress: str) -> list[s
     ]
 
 
-async def keep_egress_policy(rt: Runtime, type_: str, body: Mapping[str, Any]) -> None:
+async def keep_egress_policy(rt: Runtime, type_: str, policy: ObjectView) -> None:
     """Bring a namespace's egress policy back to what its backend makes, after its watch event
-    (``type_``: the watch's ADDED, MODIFIED or DELETED). Other NetworkPolicies are left alone."""
-    policy = ObjectView(body)
+    (``type_``: the watch's ADDED, MODIFIED or DELETED; ``policy``: the event's object). Other
+    NetworkPolicies are left alone."""
     key = egress_policy_key(policy)
     if key is None:
         return

@@ -354,7 +354,7 @@ def probe_backends(memo: kopf.Memo, **_: Any) -> dict[str, str]:
     return {name: rt.unavailable.get(name, "available") for name in rt.drivers}
 
 
-def _ns_name(body: Mapping[str, Any]) -> tuple[str, str, str]:
+def _ns_name(body: kopf.Body) -> tuple[str, str, str]:
     meta = ObjectView(body).metadata
     return meta.namespace, meta.name, meta.uid
 
@@ -525,7 +525,7 @@ async def network_policy_event(type: str, body: kopf.Body, memo: kopf.Memo, **_:
     if type == "DELETED":
         _child_event(rt, type, body, rt.views.network_policies)
     # A namespace's egress policy deleted under live pods, or changed: made what it should be.
-    await keep_egress_policy(rt, type, body)
+    await keep_egress_policy(rt, type, ObjectView(body))
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels=_MANAGED)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox_operator import kubeobj
 from sandbox_operator.contract import (
@@ -22,12 +22,29 @@ from sandbox_operator.contract import (
     VERSION,
 )
 from sandbox_operator.reconcile.conditions import now_rfc3339
-from sandbox_operator.views import ApiStatusView, ListView, ObjectView
+from sandbox_operator.reconcile.manifests import (
+    EventBody,
+    MetadataPatch,
+    ObjectMeta,
+    RoleBindingManifest,
+    RoleManifest,
+    StatusPatch,
+)
+from sandbox_operator.views import (
+    ApiStatusView,
+    ListView,
+    ObjectView,
+    PodView,
+    SandboxScopeView,
+    SandboxView,
+)
 from sandbox_operator.views.fields import mapping
 
 log = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "sandbox-operator"
+
+V = TypeVar("V", bound=ObjectView)
 
 
 class Conflict(Exception):
@@ -47,34 +64,36 @@ class Kube:
     def _status(exc: Exception) -> int | None:
         return getattr(exc, "status", None)
 
-    async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _get(self, plural: str, namespace: str, name: str, view: type[V]) -> V | None:
+        """The object as the API answers it, in ``view`` (None: 404)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
+            obj = await self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, plural, name
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return obj
+        return view(mapping(obj))
 
-    async def get_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._get(SANDBOX_PLURAL, namespace, name)
+    async def get_sandbox(self, namespace: str, name: str) -> SandboxView | None:
+        return await self._get(SANDBOX_PLURAL, namespace, name, SandboxView)
 
-    async def get_scope(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._get(SANDBOX_SCOPE_PLURAL, namespace, name)
+    async def get_scope(self, namespace: str, name: str) -> SandboxScopeView | None:
+        return await self._get(SANDBOX_SCOPE_PLURAL, namespace, name, SandboxScopeView)
 
-    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A pod as JSON, None when there is none: only to confirm the views before a Ready
-        sandbox is taken for lost (the runtime-class driver makes every other pod call)."""
+    async def get_pod(self, namespace: str, name: str) -> PodView | None:
+        """A pod (a view over its JSON), None when there is none: only to confirm the views
+        before a Ready sandbox is taken for lost (the runtime-class driver makes every other
+        pod call)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         from sandbox_operator.kubecalls import call_json
 
         try:
-            return await call_json(self._core.read_namespaced_pod, name, namespace)
+            return PodView(await call_json(self._core.read_namespaced_pod, name, namespace))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -82,24 +101,22 @@ class Kube:
 
     async def list_sandboxes(
         self, namespace: str, label_selector: str | None = None
-    ) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {}
-        if label_selector:
-            kwargs["label_selector"] = label_selector
+    ) -> list[SandboxView]:
+        selector = {"label_selector": label_selector} if label_selector else {}
         result = await self._custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, SANDBOX_PLURAL, **kwargs
+            GROUP, VERSION, namespace, SANDBOX_PLURAL, **selector
         )
-        return [dict(mapping(item)) for item in ListView(result).objects]
+        return [SandboxView(mapping(item)) for item in ListView(result).objects]
 
     async def _patch(
         self,
         plural: str,
         namespace: str,
         name: str,
-        body: Mapping[str, Any],
+        body: StatusPatch | MetadataPatch,
         *,
         status: bool,
-    ) -> dict[str, Any] | None:
+    ) -> ObjectView | None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         call = (
@@ -108,13 +125,13 @@ class Kube:
             else self._custom.patch_namespaced_custom_object
         )
         try:
-            result: dict[str, Any] = await call(
+            result = await call(
                 GROUP,
                 VERSION,
                 namespace,
                 plural,
                 name,
-                dict(body),
+                body,
                 _content_type="application/merge-patch+json",
             )
         except ApiException as exc:
@@ -123,7 +140,7 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
-        return result
+        return ObjectView(mapping(result))
 
     async def patch_status(
         self,
@@ -132,8 +149,10 @@ class Kube:
         name: str,
         status: Mapping[str, Any],
         resource_version: str | None,
-    ) -> dict[str, Any] | None:
-        body: dict[str, Any] = {"status": dict(status)}
+    ) -> ObjectView | None:
+        """Merge ``status`` (the JSON its kind's model encoded) into the status subresource;
+        the object as written, None when it is gone."""
+        body: StatusPatch = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         return await self._patch(plural, namespace, name, body, status=True)
@@ -148,11 +167,11 @@ class Kube:
         *,
         finalizers: list[str] | None = None,
         resource_version: str | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> ObjectView | None:
         """Merge labels and annotations in; replace the finalizer list when given (then with
         ``resource_version`` as a precondition, so a finalizer someone else added meanwhile is
         never dropped: a 409 raises :class:`Conflict`)."""
-        meta: dict[str, Any] = {}
+        meta: ObjectMeta = {}
         if labels:
             meta["labels"] = dict(labels)
         if annotations:
@@ -163,7 +182,9 @@ class Kube:
             meta["resourceVersion"] = resource_version
         return await self._patch(plural, namespace, name, {"metadata": meta}, status=False)
 
-    async def apply_rbac(self, body: Mapping[str, Any], field_manager: str) -> None:
+    async def apply_rbac(
+        self, body: RoleManifest | RoleBindingManifest, field_manager: str
+    ) -> None:
         """Server-side apply one Role or RoleBinding (``reconcile/access.py``), forcing
         ownership of its fields: the operator is the only writer of what it makes."""
         call = (
@@ -175,7 +196,7 @@ class Kube:
         await call(
             meta["name"],
             meta["namespace"],
-            dict(body),
+            body,
             field_manager=field_manager,
             force=True,
             _content_type="application/apply-patch+yaml",
@@ -211,7 +232,7 @@ class Kube:
         meta = obj.metadata
         namespace = meta.namespace or "default"
         stamp = now_rfc3339()
-        body = {
+        body: EventBody = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_PLURAL, SandboxKey
 from sandbox_operator.reconcile import compute
 from sandbox_operator.reconcile.runtime import FINALIZER, Runtime
-from sandbox_operator.views import MetaView, SandboxView
+from sandbox_operator.views import MetaView, ObjectView, SandboxView
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ async def ensure_metadata(
     if not labels and not annotations and not need_finalizer:
         return obj
 
-    async def patch(annotations: dict[str, str]) -> dict[str, Any] | None:
+    async def patch(annotations: dict[str, str]) -> ObjectView | None:
         return await rt.kube.patch_metadata(
             SANDBOX_PLURAL,
             meta.namespace,

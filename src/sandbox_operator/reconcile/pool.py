@@ -61,6 +61,7 @@ from sandbox_operator.contract import (
 from sandbox_operator.policy import BackendProfile, resolve_spec, select_backend
 from sandbox_operator.reconcile.runtime import Runtime
 from sandbox_operator.reconcile.status import Draft, send_status_patch
+from sandbox_operator.reconcile.statusfields import StatusFields
 from sandbox_operator.views import PodView, SandboxWarmPoolView
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class PoolPlan:
 
     create: int = 0
     delete: list[PodView] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: StatusFields = field(default_factory=lambda: StatusFields())
     condition: tuple[bool, ConditionReason, str] = (False, R.FILLING, "")
 
 
@@ -194,7 +195,7 @@ def plan_pool(
     }
     if judgement.shape is None:
         plan.delete = list(idle)
-        plan.status.update(replicas=0, readyReplicas=0)
+        plan.status.update({"replicas": 0, "readyReplicas": 0})
         plan.condition = (False, judgement.reason, judgement.message)
         return plan
     shaped = [
@@ -226,7 +227,7 @@ def _size(plan: PoolPlan, live: list[PodView], wanted: int, max_creating: int) -
     else:
         plan.create = max(0, min(wanted - len(live), max_creating - len(starting)))
     kept_ready = [p for p in ready if p not in plan.delete]
-    plan.status.update(replicas=min(len(live), wanted), readyReplicas=len(kept_ready))
+    plan.status.update({"replicas": min(len(live), wanted), "readyReplicas": len(kept_ready)})
     stuck = sorted({r for p in starting if (r := _waiting_reason(p)) in _STUCK_REASONS})
     filling = f"{len(kept_ready)} of {wanted} idle pods ready"
     if len(kept_ready) >= wanted:

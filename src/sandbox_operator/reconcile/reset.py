@@ -10,9 +10,9 @@ that took its place.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sandbox_operator.contract import SandboxResourceSpec
+from sandbox_operator.reconcile.statusfields import StatusFields
 from sandbox_operator.views import SandboxStatusView
 
 
@@ -26,12 +26,12 @@ def reset_wanted(spec: SandboxResourceSpec, status: SandboxStatusView) -> int | 
     return spec.resets
 
 
-def reset_fields(wanted: int, now: datetime) -> dict[str, Any]:
+def reset_fields(wanted: int, now: datetime) -> StatusFields:
     """The status of a reset done (the old pod gone, the new one claimed or created)."""
     return {"resets": wanted, "resetAt": now.isoformat(), "resetRefused": None}
 
 
-def reset_refused(backend: str) -> dict[str, Any]:
+def reset_refused(backend: str) -> StatusFields:
     """The status of a reset the backend cannot make; the sandbox serves on as it was."""
     return {
         "resetRefused": (

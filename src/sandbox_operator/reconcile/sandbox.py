@@ -117,8 +117,7 @@ async def _scope_object(rt: Runtime, namespace: str, scope_ref: str) -> SandboxS
     held = rt.views.scopes.get(namespace, scope_ref)
     if held is not None:
         return held
-    found = await rt.kube.get_scope(namespace, scope_ref)
-    return None if found is None else SandboxScopeView(found)
+    return await rt.kube.get_scope(namespace, scope_ref)
 
 
 @dataclass(frozen=True)
@@ -314,8 +313,9 @@ def _egress_edit(
     )
     if not edit.fields:
         return admission
-    fields = {**admission.fields, **edit.fields}
-    return replace(admission, fields=fields, events=admission.events + edit.events)
+    return replace(
+        admission, fields={**admission.fields, **edit.fields}, events=admission.events + edit.events
+    )
 
 
 async def _reset(
@@ -595,4 +595,4 @@ async def _being_deleted(rt: Runtime, namespace: str, name: str) -> bool:
     if current is None:
         return True
     rt.views.put_sandbox(current)
-    return SandboxView(current).metadata.deleting
+    return current.metadata.deleting

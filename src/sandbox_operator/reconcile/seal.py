@@ -240,10 +240,11 @@ async def follow_seal(api: Any, policy: str, on_seal: Callable[[Seal], None]) ->
 
     watches = []
     for name in seal_names(policy):
-        for kind, call, view in (
+        kinds: tuple[tuple[str, Any, type[SealObject]], ...] = (
             ("policy", admission.list_validating_admission_policy, AdmissionPolicyView),
             ("binding", admission.list_validating_admission_policy_binding, PolicyBindingView),
-        ):
+        )
+        for kind, call, view in kinds:
             listed, changed = follower(kind, name)
             watches.append(
                 list_then_watch(

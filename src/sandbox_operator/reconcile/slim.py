@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final, Literal, Required, TypedDict
 
-from sandbox_operator import kubeobj
 from sandbox_operator import labels as lbl
-from sandbox_operator.backends.confinement import CONFINEMENT, confinement_digest
+from sandbox_operator.backends.confinement import confinement_digest
 from sandbox_operator.contract import GROUP, SANDBOX_KIND, ConditionStatus
 from sandbox_operator.views import (
     ConditionView,
@@ -26,9 +25,6 @@ from sandbox_operator.views import (
     SandboxView,
     SandboxWarmPoolView,
 )
-
-#: A slim copy as stored (encoded to JSON, the wire's form: views are made over its decoding).
-Obj = dict[str, Any]
 
 #: Annotations of our own that reconciling reads; every other annotation (kopf's bookkeeping,
 #: ``kubectl.kubernetes.io/last-applied-configuration``, users' own) is left out of the views.
@@ -46,7 +42,8 @@ _KEPT_ANNOTATIONS = frozenset(
 
 #: In a view's metadata: the size of the object's annotations (``labels.annotations_size``), kept
 #: only from ANNOTATIONS_SIZE_KEPT_FROM bytes on (below, any patch of ours fits).
-ANNOTATIONS_SIZE = MetaView.annotations_size.key
+#: (``MetaView.annotations_size``'s key.)
+ANNOTATIONS_SIZE: Final = "annotationsSize"
 ANNOTATIONS_SIZE_KEPT_FROM = 64 * 1024
 
 
@@ -132,17 +129,100 @@ _TRANSITION = "lastTransitionTime"
 
 
 #: Metadata fields kept as the wire has them, when present.
-_KEPT_META = ("generation", "creationTimestamp", "deletionTimestamp")
+_KEPT_META: Final[tuple[Literal["generation", "creationTimestamp", "deletionTimestamp"], ...]] = (
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
 UID = "uid"
 
 
+# ---- the slim copies' shapes: what is stored (encoded to JSON) and read back through views ----
+
+
+class SlimOwner(TypedDict):
+    kind: str
+    name: str
+    uid: str | None
+
+
+class SlimMeta(TypedDict, total=False):
+    """What ``_slim_meta`` keeps of an object's metadata."""
+
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    ownerReferences: list[SlimOwner]
+    finalizers: list[str]
+    #: ``_KEPT_META``, when the wire has them.
+    generation: int
+    creationTimestamp: str
+    deletionTimestamp: str
+    #: A child's: only the labels selection and the drivers read (``_CHILD_LABELS``).
+    labels: dict[str, str]
+    #: Only ``_KEPT_ANNOTATIONS``; the size of all of them when large (``ANNOTATIONS_SIZE``).
+    annotations: dict[str, str]
+    annotationsSize: int
+
+
+class SlimPodCondition(TypedDict, total=False):
+    type: str
+    status: str
+    lastTransitionTime: str | None
+    reason: str
+    message: str
+
+
+class SlimContainerStatus(TypedDict):
+    name: str
+    ready: bool
+    image: str
+    state: dict[str, Any]  # the wire's, copied (its one key: waiting, running or terminated)
+
+
+class SlimPodStatus(TypedDict, total=False):
+    phase: str
+    reason: str
+    message: str
+    podIP: str
+    conditions: list[SlimPodCondition]
+    containerStatuses: list[SlimContainerStatus]
+
+
+class SlimPodSpec(TypedDict, total=False):
+    nodeName: str
+    #: ``backends.confinement.CONFINEMENT`` (the key ``PodView.confinement`` reads).
+    confinement: str
+
+
+class SlimPod(TypedDict):
+    """A pod as the views keep it: what selecting, classifying and claiming it read."""
+
+    metadata: SlimMeta
+    spec: SlimPodSpec
+    status: SlimPodStatus
+
+
+class Slim(TypedDict, total=False):
+    """Any other object as the views keep it: its metadata; of this package's kinds (and of a
+    namespace's egress NetworkPolicy) the wire's spec copied whole (read through the views, or
+    validated into its model) and the status fields kept (``_SANDBOX_STATUS`` ...), copied as
+    the wire has them."""
+
+    apiVersion: str
+    kind: str
+    metadata: Required[SlimMeta]
+    spec: dict[str, Any]
+    status: dict[str, Any]
+
+
 def _slim_meta(
-    obj: Mapping[str, Any], *, annotations: bool = True, labels: frozenset[str] | None = None
-) -> Obj:
+    meta: MetaView, *, annotations: bool = True, labels: frozenset[str] | None = None
+) -> SlimMeta:
     """The part of an object's metadata the views keep (a copy: the views never hold a
     watch's body)."""
-    meta = MetaView(kubeobj.meta(obj))
-    out: Obj = {
+    out: SlimMeta = {
         "name": intern(meta.name),
         "namespace": intern(meta.namespace),
         "uid": meta.uid,
@@ -179,46 +259,41 @@ def _slim_meta(
 
 
 def _slim_resource(
-    view: ObjectView, default_kind: str, status: Obj, *, annotations: bool = True
-) -> Obj:
-    """The slim copy of one of this package's kinds: identity, spec whole, the kept status."""
+    view: ObjectView, default_kind: str, keys: Iterable[str], *, annotations: bool = True
+) -> Slim:
+    """The slim copy of one of this package's kinds: identity, spec whole, the status fields
+    ``keys`` (those present)."""
+    status = view.raw_status
     return {
         "apiVersion": view.api_version,
         "kind": view.kind or default_kind,
-        "metadata": _slim_meta(view.raw, annotations=annotations),
+        "metadata": _slim_meta(view.metadata, annotations=annotations),
         "spec": _plain(view.spec),
-        "status": status,
+        "status": {k: _plain(status[k]) for k in keys if k in status},
     }
 
 
-def _kept(status: Mapping[str, Any], keys: Iterable[str]) -> Obj:
-    return {k: _plain(status[k]) for k in keys if k in status}
-
-
-def slim_sandbox(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxView(obj)
-    slim_status = _kept(view.raw_status, _SANDBOX_STATUS)
+def slim_sandbox(view: SandboxView) -> Slim:
+    out = _slim_resource(view, SANDBOX_KIND, _SANDBOX_STATUS)
     egress = view.status.egress
     if egress.admitted:
-        slim_status["egress"] = {"admitted": egress["admitted"]}
+        kept = {"admitted": egress["admitted"]}
         if egress.final:  # the disposal waits for it (egress_final_wait)
-            slim_status["egress"]["final"] = True
-    return _slim_resource(view, SANDBOX_KIND, slim_status)
+            kept["final"] = True
+        out["status"]["egress"] = kept
+    return out
 
 
-def slim_scope(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxScopeView(obj)
-    return _slim_resource(view, "SandboxScope", _kept(view.raw_status, _SCOPE_STATUS))
+def slim_scope(view: SandboxScopeView) -> Slim:
+    return _slim_resource(view, "SandboxScope", _SCOPE_STATUS)
 
 
-def slim_pool(obj: Mapping[str, Any]) -> Obj:
-    view = SandboxWarmPoolView(obj)
-    status = _kept(view.raw_status, _POOL_STATUS)
-    return _slim_resource(view, "SandboxWarmPool", status, annotations=False)
+def slim_pool(view: SandboxWarmPoolView) -> Slim:
+    return _slim_resource(view, "SandboxWarmPool", _POOL_STATUS, annotations=False)
 
 
-def _slim_pod_condition(c: ConditionView) -> Obj:
-    cond: Obj = {
+def _slim_pod_condition(c: ConditionView) -> SlimPodCondition:
+    cond: SlimPodCondition = {
         "type": intern(c.type),
         "status": intern(c.status),
         "lastTransitionTime": c.raw.get(_TRANSITION),
@@ -230,17 +305,19 @@ def _slim_pod_condition(c: ConditionView) -> Obj:
     return cond
 
 
-def slim_pod(obj: Mapping[str, Any]) -> Obj:
-    pod = PodView(obj)
+def slim_pod(pod: PodView) -> SlimPod:
     status = pod.status
-    out_status: Obj = {"phase": intern(status.phase)}
-    for k in ("reason", "message", "podIP"):
-        if status.get(k):
-            out_status[k] = str(status[k])
+    out_status: SlimPodStatus = {"phase": intern(status.phase)}
+    if status.reason:
+        out_status["reason"] = status.reason
+    if status.message:
+        out_status["message"] = status.message
+    if status.pod_ip:
+        out_status["podIP"] = status.pod_ip
     conds = [_slim_pod_condition(c) for c in status.conditions if c.type in _POD_CONDITIONS]
     if conds:
         out_status["conditions"] = conds
-    statuses = [
+    statuses: list[SlimContainerStatus] = [
         {
             "name": intern(cs.name),
             "ready": cs.ready,
@@ -251,31 +328,30 @@ def slim_pod(obj: Mapping[str, Any]) -> Obj:
     ]
     if statuses:
         out_status["containerStatuses"] = statuses
-    out_spec: Obj = {}
+    out_spec: SlimPodSpec = {}
     if pod.node_name:
         out_spec["nodeName"] = intern(pod.node_name)
     # What confines it, as one digest: a pod is claimed or adopted only when this equals the
     # digest of the pod the backend would make (labels and owners can be copied by anyone who
     # may create pods).
-    out_spec[CONFINEMENT] = confinement_digest(pod.spec)
+    out_spec["confinement"] = confinement_digest(pod.spec)
     return {
-        "metadata": _slim_meta(obj, labels=_CHILD_LABELS),
+        "metadata": _slim_meta(pod.metadata, labels=_CHILD_LABELS),
         "spec": out_spec,
         "status": out_status,
     }
 
 
-def slim_plain(obj: Mapping[str, Any]) -> Obj:
+def slim_plain(view: ObjectView) -> Slim:
     """Metadata only (PersistentVolumeClaims: their existence, labels, owners and deletion are
     what counts)."""
-    return {"metadata": _slim_meta(obj, annotations=False, labels=_CHILD_LABELS)}
+    return {"metadata": _slim_meta(view.metadata, annotations=False, labels=_CHILD_LABELS)}
 
 
-def slim_network_policy(obj: Mapping[str, Any]) -> Obj:
+def slim_network_policy(view: ObjectView) -> Slim:
     """Metadata, and the spec of a namespace's egress policy (one per backend and egress mode:
     few, and compared with what its backend makes, to replace one that differs)."""
-    out = slim_plain(obj)
-    view = ObjectView(obj)
+    out = slim_plain(view)
     if lbl.EGRESS_LABEL in view.metadata.labels:
         out["spec"] = _plain(view.spec)
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from sandbox_operator.backends.base import SandboxRef, ServedBy
 from sandbox_operator.contract import (
@@ -31,6 +31,7 @@ from sandbox_operator.contract import (
 )
 from sandbox_operator.reconcile import conditions as cnd
 from sandbox_operator.reconcile.runtime import Runtime
+from sandbox_operator.reconcile.statusfields import StatusFields, StatusWrite
 from sandbox_operator.views import ObjectView, SandboxStatusView, SandboxView, StatusView
 
 ADMITTED = ConditionType.ADMITTED
@@ -71,10 +72,13 @@ class Draft:
 
     obj: ObjectView
     conditions: list[Condition] = field(init=False)
-    fields: dict[str, Any] = field(init=False)
+    fields: StatusFields = field(init=False)
+    #: The status as held (a view over the object's own ``status``: no copy).
+    old: StatusView = field(init=False)
 
     def __post_init__(self) -> None:
-        self.conditions = cnd.parse_conditions(StatusView(self.old).conditions.raw)
+        self.old = StatusView(self.view.raw_status)
+        self.conditions = cnd.parse_conditions(self.old.conditions)
         self.fields = {"observedGeneration": self.generation}
 
     @property
@@ -82,16 +86,12 @@ class Draft:
         return self.obj
 
     @property
-    def old(self) -> Mapping[str, Any]:
-        return self.view.raw_status
-
-    @property
     def generation(self) -> int | None:
         """``metadata.generation``; None when the object has none (the API server's start at 1)."""
         return self.view.metadata.generation or None
 
     @property
-    def values(self) -> dict[str, Any]:
+    def values(self) -> StatusWrite:
         """The status as it would be written (for the keys this pass sets)."""
         return {"conditions": [c.to_wire() for c in self.conditions], **self.fields}
 
@@ -106,7 +106,7 @@ class Draft:
             self.conditions, ctype, status, reason, message, self.generation
         )
 
-    def set(self, **fields: Any) -> None:
+    def set(self, **fields: Unpack[StatusFields]) -> None:
         self.fields.update(fields)
 
     def condition(self, ctype: ConditionType) -> Condition | None:
@@ -125,9 +125,7 @@ def patch_body(plural: str, patch: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch as written: what it sets validated as the kind's status model and
     serialised from it (by alias, unset and None fields left out); what it removes, null."""
     model = STATUS_MODELS[plural].model_validate({k: v for k, v in patch.items() if v is not None})
-    body: dict[str, Any] = model.model_dump(
-        mode="json", by_alias=True, exclude_none=True, exclude_unset=True
-    )
+    body = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
     return {k: (body[k] if v is not None else None) for k, v in patch.items()}
 
 
@@ -135,7 +133,7 @@ def patch_body(plural: str, patch: Mapping[str, Any]) -> dict[str, Any]:
 class Patched:
     """The answer to a status patch: the object as written, or None when it is gone (404)."""
 
-    obj: dict[str, Any] | None
+    obj: ObjectView | None
 
 
 async def send_status_patch(rt: Runtime, plural: str, draft: Draft) -> Patched | None:
@@ -198,7 +196,7 @@ async def write_status(rt: Runtime, plural: str, draft: Draft) -> bool:
 async def _post_events(rt: Runtime, draft: Draft) -> None:
     """An Event for each condition whose reason or status this write changed, but for the
     transitions every Sandbox makes (``SILENT_REASONS``)."""
-    old_conds = StatusView(draft.old).conditions
+    old_conds = draft.old.conditions
     for ctype in (ADMITTED, READY, DISPOSED):
         new = draft.condition(ctype)
         old = old_conds.find(ctype)
@@ -222,12 +220,12 @@ async def _post_events(rt: Runtime, draft: Draft) -> None:
 MESSAGE_DEBOUNCE_SECONDS = 10.0
 
 
-def message_only(old: Mapping[str, Any], draft: Draft) -> bool:
+def message_only(old: StatusView, draft: Draft) -> bool:
     """Whether the draft differs from the old status only in condition messages."""
     patch = cnd.status_patch(old, draft.values)
     if not patch or set(patch) != {"conditions"}:
         return False
-    old_conds = StatusView(old).conditions
+    old_conds = old.conditions
     for new in draft.conditions:
         before = old_conds.find(ConditionType(new.type))
         if before is None:

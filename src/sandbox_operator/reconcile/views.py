@@ -31,7 +31,8 @@ from sandbox_operator import labels as lbl
 from sandbox_operator.contract import SANDBOX_KIND, ConditionType
 from sandbox_operator.reconcile.slim import (
     INDEXED_LABELS,
-    Obj,
+    Slim,
+    SlimPod,
     intern,
     slim_network_policy,
     slim_plain,
@@ -40,7 +41,8 @@ from sandbox_operator.reconcile.slim import (
     slim_sandbox,
     slim_scope,
 )
-from sandbox_operator.views import MetaView, ObjectView, PodView
+from sandbox_operator.views import ObjectView, PodView
+from sandbox_operator.views.objects import Raw
 from sandbox_operator.views.resources import SandboxScopeView, SandboxView, SandboxWarmPoolView
 
 #: The view a Store hands its objects out as.
@@ -48,9 +50,9 @@ V = TypeVar("V", bound=ObjectView)
 ObjKey = tuple[str, str]  # (namespace, name)
 
 
-def _rv(obj: Mapping[str, Any]) -> int:
+def _rv(obj: ObjectView) -> int:
     try:
-        return int(ObjectView(obj).metadata.resource_version or 0)
+        return int(obj.metadata.resource_version or 0)
     except ValueError:
         return 0
 
@@ -70,7 +72,7 @@ class _Entry:
     summary: Any = None
 
 
-def _encode(obj: Obj) -> bytes:
+def _encode(obj: Slim | SlimPod) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -86,12 +88,15 @@ class Store(Generic[V]):
     ``summarize`` keeps a small value per object beside it (e.g. a Sandbox's Ready reason and
     backend, for the metrics census) that can be read without decoding the object."""
 
-    slim: Callable[[Mapping[str, Any]], Obj]
-    view: Callable[[Obj], V]
-    summarize: Callable[[Obj], Any] | None = None
-    #: The (label, value) pairs to index an object under; default: its labels. (A SandboxScope
-    #: is indexed under the conversation its spec names, which no label of its own carries.)
-    index_of: Callable[[Obj], Mapping[str, str]] | None = None
+    #: The slim copy of an object (given as a view over the wire's), e.g. ``slim_sandbox``.
+    slim: Callable[[V], Slim | SlimPod]
+    view: type[V]
+    #: Given the view over the slim copy held.
+    summarize: Callable[[V], Any] | None = None
+    #: The (label, value) pairs to index an object under (given the view over the slim copy);
+    #: default: its labels. (A SandboxScope is indexed under the conversation its spec names,
+    #: which no label of its own carries.)
+    index_of: Callable[[V], Mapping[str, str]] | None = None
     items: dict[ObjKey, _Entry] = field(default_factory=dict)
     # (namespace, label, value) -> the name holding it, or the set of names when several do
     # (most key and sandbox label values are held by one object: no set for those).
@@ -119,33 +124,34 @@ class Store(Generic[V]):
         return None if entry is None else entry.uid
 
     def upsert(self, obj: Mapping[str, Any]) -> V:
-        """Keep ``obj`` (a watch's body or an answer: the wire) unless the view holds this
-        version of it or a newer one (such as the watch event of the operator's own write, whose
-        answer put it here: then nothing is copied); return what the view holds now."""
-        meta = MetaView(kubeobj.meta(obj))
-        k, uid, rv = (meta.namespace, meta.name), meta.uid, _rv(obj)
+        """Keep ``obj`` (a watch's body or an answer: the wire, or a view over it) unless the
+        view holds this version of it or a newer one (such as the watch event of the operator's
+        own write, whose answer put it here: then nothing is copied); return what the view
+        holds now."""
+        given = self.view(obj.raw if isinstance(obj, Raw) else obj)
+        meta = given.metadata
+        k, uid, rv = (meta.namespace, meta.name), meta.uid, _rv(given)
         old = self.items.get(k)
         if old is not None and old.uid == uid and old.rv >= rv:
             return self.view(json.loads(old.data))
-        slim = self.slim(obj)
+        slim = self.slim(given)
+        held = self.view(slim)
         if uid and uid in self._gone:
-            return self.view(slim)  # removed already: this is an older word about it
+            return held  # removed already: this is an older word about it
         if old is not None:
             self._unindex(k, old)
         k = (slim["metadata"]["namespace"], slim["metadata"]["name"])  # interned (_slim_meta)
-        labels = (
-            self.index_of(slim) if self.index_of is not None else MetaView(slim["metadata"]).labels
-        )
+        labels = self.index_of(held) if self.index_of is not None else held.metadata.labels
         entry = _Entry(
             uid=uid,
             rv=rv,
             indexed=tuple(labels.get(label) for label in INDEXED_LABELS),
             data=_encode(slim),
-            summary=self.summarize(slim) if self.summarize is not None else None,
+            summary=self.summarize(held) if self.summarize is not None else None,
         )
         self.items[k] = entry
         self._index(k, entry)
-        return self.view(slim)
+        return held
 
     def remove(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Forget an object that is gone (its DELETED event, a 404, a delete answered with a
@@ -210,10 +216,9 @@ class Store(Generic[V]):
                 del self._by_label[ix]
 
 
-def scope_conversation(obj: Mapping[str, Any]) -> dict[str, str]:
+def scope_conversation(view: SandboxScopeView) -> dict[str, str]:
     """A SandboxScope's index: the conversation label value of its spec's scope and threadId
-    (``obj``: a view, or the slim copy being stored)."""
-    view = obj if isinstance(obj, SandboxScopeView) else SandboxScopeView(obj)
+    (``view``: a watch event's body, or the slim copy being stored)."""
     scope, thread = view.scope, view.thread_id
     if scope and thread:
         return {lbl.CONVERSATION_LABEL: lbl.conversation_value(scope, thread)}
@@ -226,12 +231,12 @@ def _age_key(obj: ObjectView) -> tuple[str, str]:
     return (meta.creation_timestamp or "9999", meta.name)
 
 
-def sandbox_summary(obj: Obj) -> tuple[str, str, bool]:
+def sandbox_summary(obj: SandboxView) -> tuple[str, str, bool]:
     """(Ready reason, backend, admitted) of a Sandbox: the census metric, and which Sandboxes
     wait for something (a scope, a key) without decoding them."""
     reason = "Pending"
     admitted = False
-    status = SandboxView(obj).status
+    status = obj.status
     for cond in status.conditions:
         if cond.type == ConditionType.READY:
             reason = intern(cond.reason or "Pending")

@@ -31,6 +31,7 @@ from sandbox_operator.reconcile.status import (
     sandbox_ref,
     write_status,
 )
+from sandbox_operator.reconcile.statusfields import served_by_wire
 from sandbox_operator.reconcile.step import Step, sooner
 from sandbox_operator.views import SandboxStatusView, SandboxView
 
@@ -82,7 +83,7 @@ async def _dispose_planned(
     retry = await dispose_into(rt, drivers, target, draft)
     if draft.reason(DISPOSED) == R.DISPOSAL_FAILED and target.served_by:
         # Keep what is still to be disposed on record: the retry needs it, listed or not.
-        draft.set(servedBy=plan.fields.get("servedBy") or compute.served_by_wire(target.served_by))
+        draft.set(servedBy=plan.fields.get("servedBy") or served_by_wire(target.served_by))
     return retry
 
 
