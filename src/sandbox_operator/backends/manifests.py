@@ -19,29 +19,34 @@ from typing import Any, Literal, NotRequired, Required, TypedDict
 
 
 class OwnerReference(TypedDict):
+    """One entry of ``metadata.ownerReferences`` (a controller's, or a plain owner's)."""
+
     apiVersion: str
     kind: str
     name: str
     uid: str
-    controller: bool
-    blockOwnerDeletion: bool
+    controller: NotRequired[bool]
+    blockOwnerDeletion: NotRequired[bool]
 
 
 class ObjectMeta(TypedDict, total=False):
-    """``metadata`` as written: a name or a ``generateName`` (a pool's pods), the labels and
-    annotations, the owners, and a ``resourceVersion`` where a write is conditional on it."""
+    """``metadata`` as written: a name or a ``generateName`` (a pool's pods, Events), the labels
+    and annotations, the owners, finalizers (a merge patch replaces them), and a
+    ``resourceVersion`` where a write is conditional on it."""
 
     name: str
     generateName: str
     namespace: str
     labels: dict[str, str]
     annotations: dict[str, str]
+    finalizers: list[str]
     ownerReferences: list[OwnerReference]
     resourceVersion: str
 
 
 class MetadataPatch(TypedDict):
-    """A merge patch of an object's metadata alone (a warm pool pod's claim)."""
+    """A merge patch of an object's metadata alone (a warm pool pod's claim, the reconciler's
+    labels, annotations and finalizers)."""
 
     metadata: ObjectMeta
 

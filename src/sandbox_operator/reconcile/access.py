@@ -33,13 +33,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from sandbox_operator import kubeobj
+from sandbox_operator.backends.manifests import OwnerReference, PolicyRule, Role, RoleBinding
 from sandbox_operator.contract import API_VERSION, GROUP, SANDBOX_PLURAL, SANDBOX_SCOPE_PLURAL
-from sandbox_operator.reconcile.manifests import (
-    OwnerReference,
-    PolicyRule,
-    RoleBindingManifest,
-    RoleManifest,
-)
 from sandbox_operator.views import SandboxScopeView
 
 #: The router's question on a Sandbox (sandbox_operator.router.reviews asks it; the router's
@@ -92,7 +87,7 @@ def _owner(scope: SandboxScopeView) -> OwnerReference:
     }
 
 
-def role_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleManifest:
+def role_manifest(scope: SandboxScopeView, access: ConversationAccess) -> Role:
     """The scope's Role: get and use on the scope, reads of its Sandboxes and connect on their
     ports, by name."""
     meta = scope.metadata
@@ -134,7 +129,7 @@ def role_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleMa
     }
 
 
-def binding_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleBindingManifest:
+def binding_manifest(scope: SandboxScopeView, access: ConversationAccess) -> RoleBinding:
     """The scope's RoleBinding: its Role, to the ServiceAccounts the scope lists."""
     meta = scope.metadata
     name = access_name(meta.name)

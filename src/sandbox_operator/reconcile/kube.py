@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from sandbox_operator import kubeobj
+from sandbox_operator.backends.manifests import MetadataPatch, ObjectMeta, Role, RoleBinding
 from sandbox_operator.contract import (
     API_VERSION,
     GROUP,
@@ -22,14 +23,7 @@ from sandbox_operator.contract import (
     VERSION,
 )
 from sandbox_operator.reconcile.conditions import now_rfc3339
-from sandbox_operator.reconcile.manifests import (
-    EventBody,
-    MetadataPatch,
-    ObjectMeta,
-    RoleBindingManifest,
-    RoleManifest,
-    StatusPatch,
-)
+from sandbox_operator.reconcile.manifests import EventBody, StatusPatch
 from sandbox_operator.views import (
     ApiStatusView,
     ListView,
@@ -182,9 +176,7 @@ class Kube:
             meta["resourceVersion"] = resource_version
         return await self._patch(plural, namespace, name, {"metadata": meta}, status=False)
 
-    async def apply_rbac(
-        self, body: RoleManifest | RoleBindingManifest, field_manager: str
-    ) -> None:
+    async def apply_rbac(self, body: Role | RoleBinding, field_manager: str) -> None:
         """Server-side apply one Role or RoleBinding (``reconcile/access.py``), forcing
         ownership of its fields: the operator is the only writer of what it makes."""
         call = (

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from sandbox_operator import labels as lbl
+from sandbox_operator.backends.manifests import ConfigMap
 from sandbox_operator.config import OperatorConfig
 from sandbox_operator.contract.published import (
     PUBLISHED_CONFIGMAP,
@@ -35,7 +36,6 @@ from sandbox_operator.contract.published import (
     PublishedBackends,
 )
 from sandbox_operator.kubecalls import call_json, list_then_watch, read_or_none
-from sandbox_operator.reconcile.manifests import ConfigMapManifest
 from sandbox_operator.reconcile.namespaces import ServedNamespaces
 from sandbox_operator.views import ConfigMapView, ListView, NamespaceView
 from sandbox_operator.views.fields import mapping
@@ -73,7 +73,7 @@ def document_text(document: PublishedBackends) -> str:
     return document.model_dump_json(by_alias=True)
 
 
-def config_map(namespace: str, text: str) -> ConfigMapManifest:
+def config_map(namespace: str, text: str) -> ConfigMap:
     """The applied ConfigMap (every field the operator owns in it)."""
     return {
         "apiVersion": "v1",
